@@ -1,0 +1,293 @@
+//! FileCluster: pods and NetworkAttachmentDefinitions read from a directory of Kubernetes manifests.
+//!
+//! Every `.yaml`, `.yml` and `.json` file directly in the directory is read (multi-document YAML and
+//! `kind: List` are understood); objects of other kinds are skipped. The network-status annotation value
+//! is written to `status/<namespace>/<pod>.json` below the same directory, atomically.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::{Cluster, ClusterError};
+
+const NAD_API_GROUP: &str = "k8s.cni.cncf.io/";
+
+/// A cluster source backed by a directory of manifests.
+#[derive(Debug)]
+pub struct FileCluster {
+    root: PathBuf,
+    dir: Dir,
+}
+
+#[derive(Deserialize)]
+struct Meta {
+    name: String,
+    #[serde(default)]
+    namespace: Option<String>,
+    #[serde(default)]
+    uid: Option<String>,
+    #[serde(default)]
+    labels: BTreeMap<String, String>,
+    #[serde(default)]
+    annotations: BTreeMap<String, String>,
+}
+
+impl FileCluster {
+    /// Opens the manifest directory. It must exist; nothing is read until a lookup.
+    pub fn open(root: impl AsRef<Path>) -> Result<Self, ClusterError> {
+        let root = root.as_ref().to_path_buf();
+        let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|source| ClusterError::Io {
+            path: root.display().to_string(),
+            source,
+        })?;
+        Ok(Self { root, dir })
+    }
+
+    fn io_err(&self, rel: &str, source: std::io::Error) -> ClusterError {
+        ClusterError::Io { path: self.root.join(rel).display().to_string(), source }
+    }
+
+    /// Every object in every manifest file, in file-name order, with the file it came from.
+    fn objects(&self) -> Result<Vec<(String, Value)>, ClusterError> {
+        let mut names = Vec::new();
+        for entry in self.dir.entries().map_err(|e| self.io_err(".", e))? {
+            let entry = entry.map_err(|e| self.io_err(".", e))?;
+            let name = entry.file_name().to_string_lossy().into_owned();
+            let is_manifest = [".yaml", ".yml", ".json"].iter().any(|ext| name.ends_with(ext));
+            if is_manifest && entry.file_type().map_err(|e| self.io_err(&name, e))?.is_file() {
+                names.push(name);
+            }
+        }
+        names.sort();
+        let mut out = Vec::new();
+        for name in names {
+            let text = self.dir.read_to_string(&name).map_err(|e| self.io_err(&name, e))?;
+            for doc in parse_documents(&text).map_err(|reason| ClusterError::Invalid {
+                what: format!("manifest {}", self.root.join(&name).display()),
+                reason,
+            })? {
+                flatten_list(doc, &mut |obj| out.push((name.clone(), obj)));
+            }
+        }
+        Ok(out)
+    }
+
+    fn find(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<(String, Value, Meta)>, ClusterError> {
+        for (file, obj) in self.objects()? {
+            if obj.get("kind").and_then(Value::as_str) != Some(kind) {
+                continue;
+            }
+            let meta: Meta = match obj.get("metadata").cloned().map(serde_json::from_value) {
+                Some(Ok(m)) => m,
+                _ => {
+                    return Err(ClusterError::Invalid {
+                        what: format!("{kind} in {}", self.root.join(&file).display()),
+                        reason: "metadata.name is missing".into(),
+                    })
+                }
+            };
+            let ns = meta.namespace.as_deref().unwrap_or("default");
+            if ns == namespace && meta.name == name {
+                return Ok(Some((file, obj, meta)));
+            }
+        }
+        Ok(None)
+    }
+}
+
+fn parse_documents(text: &str) -> Result<Vec<Value>, String> {
+    let mut docs = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(text) {
+        let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
+        if !value.is_null() {
+            docs.push(value);
+        }
+    }
+    Ok(docs)
+}
+
+fn flatten_list(obj: Value, sink: &mut dyn FnMut(Value)) {
+    if obj.get("kind").and_then(Value::as_str) == Some("List") {
+        if let Some(Value::Array(items)) = obj.get("items") {
+            for item in items.clone() {
+                flatten_list(item, sink);
+            }
+        }
+        return;
+    }
+    sink(obj);
+}
+
+impl Cluster for FileCluster {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        let Some((_, _, meta)) = self.find("Pod", &pod.namespace, &pod.name)? else {
+            return Err(ClusterError::NotFound { kind: "pod", namespace: pod.namespace.clone(), name: pod.name.clone() });
+        };
+        if let (Some(expected), Some(actual)) = (&pod.uid, &meta.uid) {
+            if expected != actual {
+                return Err(ClusterError::UidMismatch {
+                    pod: pod.to_string(),
+                    expected: expected.clone(),
+                    actual: actual.clone(),
+                });
+            }
+        }
+        Ok(Pod {
+            namespace: pod.namespace.clone(),
+            name: meta.name,
+            uid: meta.uid,
+            labels: meta.labels,
+            annotations: meta.annotations,
+        })
+    }
+
+    fn nad(&self, namespace: &str, name: &str) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        let Some((file, obj, meta)) = self.find("NetworkAttachmentDefinition", namespace, name)? else {
+            return Err(ClusterError::NotFound {
+                kind: "NetworkAttachmentDefinition",
+                namespace: namespace.into(),
+                name: name.into(),
+            });
+        };
+        let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        if !api.starts_with(NAD_API_GROUP) {
+            return Err(ClusterError::Invalid {
+                what: format!("NetworkAttachmentDefinition {namespace}/{name} in {}", self.root.join(file).display()),
+                reason: format!("apiVersion {api:?} is not in group k8s.cni.cncf.io"),
+            });
+        }
+        let config = match obj.pointer("/spec/config") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) if s.trim().is_empty() => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(other) => {
+                return Err(ClusterError::Invalid {
+                    what: format!("NetworkAttachmentDefinition {namespace}/{name}"),
+                    reason: format!("spec.config must be a string, found {other}"),
+                })
+            }
+        };
+        Ok(NetworkAttachmentDefinition { namespace: namespace.into(), name: name.into(), config, annotations: meta.annotations })
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        let ns_dir = format!("status/{}", pod.namespace);
+        self.dir.create_dir_all(&ns_dir).map_err(|e| self.io_err(&ns_dir, e))?;
+        let dir = self.dir.open_dir(&ns_dir).map_err(|e| self.io_err(&ns_dir, e))?;
+        let final_name = format!("{}.json", pod.name);
+        let tmp_name = format!(".{}.json.tmp.{}", pod.name, std::process::id());
+        let rel = format!("{ns_dir}/{final_name}");
+        let write = || -> std::io::Result<()> {
+            let mut f = dir.create(&tmp_name)?;
+            f.write_all(network_status.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            dir.rename(&tmp_name, &dir, &final_name)
+        };
+        write().map_err(|e| {
+            let _ = dir.remove_file(&tmp_name);
+            self.io_err(&rel, e)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cluster(files: &[(&str, &str)]) -> (tempfile::TempDir, FileCluster) {
+        let tmp = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(tmp.path().join(name), text).unwrap();
+        }
+        let c = FileCluster::open(tmp.path()).unwrap();
+        (tmp, c)
+    }
+
+    const MANIFESTS: &str = r#"
+apiVersion: v1
+kind: Pod
+metadata:
+  name: web
+  namespace: team-a
+  uid: 1111
+  labels: {app: web}
+  annotations:
+    k8s.v1.cni.cncf.io/networks: net-a
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: net-a
+  namespace: team-a
+spec:
+  config: '{"cniVersion":"1.0.0","type":"bridge"}'
+---
+apiVersion: k8s.cni.cncf.io/v1
+kind: NetworkAttachmentDefinition
+metadata:
+  name: bare
+"#;
+
+    #[test]
+    fn reads_pod_and_nads_from_multi_document_yaml() {
+        let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
+        let pod = c.pod(&PodRef { namespace: "team-a".into(), name: "web".into(), uid: None }).unwrap();
+        assert_eq!(pod.networks_annotation(), Some("net-a"));
+        assert_eq!(pod.labels["app"], "web");
+        assert_eq!(pod.uid.as_deref(), Some("1111"));
+        let nad = c.nad("team-a", "net-a").unwrap();
+        assert!(nad.config.unwrap().contains("bridge"));
+        // No namespace in metadata means "default"; no spec means no config (spec 3.2.4).
+        assert_eq!(c.nad("default", "bare").unwrap().config, None);
+    }
+
+    #[test]
+    fn missing_objects_name_namespace_and_name() {
+        let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
+        let err = c.nad("team-b", "net-a").unwrap_err();
+        assert_eq!(err.to_string(), "NetworkAttachmentDefinition team-b/net-a not found");
+        let err = c.pod(&PodRef { namespace: "team-a".into(), name: "nope".into(), uid: None }).unwrap_err();
+        assert_eq!(err.to_string(), "pod team-a/nope not found");
+    }
+
+    #[test]
+    fn uid_mismatch_is_an_error() {
+        let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
+        let err = c.pod(&PodRef { namespace: "team-a".into(), name: "web".into(), uid: Some("2222".into()) });
+        assert!(matches!(err, Err(ClusterError::UidMismatch { .. })));
+    }
+
+    #[test]
+    fn json_list_and_broken_yaml() {
+        let list = r#"{"kind":"List","items":[{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{"name":"x","namespace":"n"},"spec":{"config":"{}"}}]}"#;
+        let (_t, c) = cluster(&[("list.json", list)]);
+        assert_eq!(c.nad("n", "x").unwrap().config.as_deref(), Some("{}"));
+        let (_t2, c2) = cluster(&[("bad.yaml", "kind: [unclosed")]);
+        let err = c2.nad("n", "x").unwrap_err().to_string();
+        assert!(err.contains("bad.yaml"), "{err}");
+    }
+
+    #[test]
+    fn nad_with_wrong_api_group_is_rejected() {
+        let (_t, c) = cluster(&[("n.yaml", "apiVersion: example.com/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: x}\n")]);
+        assert!(c.nad("default", "x").unwrap_err().to_string().contains("k8s.cni.cncf.io"));
+    }
+
+    #[test]
+    fn write_status_lands_in_status_dir() {
+        let (t, c) = cluster(&[]);
+        let pod = PodRef { namespace: "ns".into(), name: "p".into(), uid: None };
+        c.write_status(&pod, r#"[{"name":"x"}]"#).unwrap();
+        let text = std::fs::read_to_string(t.path().join("status/ns/p.json")).unwrap();
+        assert_eq!(text.trim(), r#"[{"name":"x"}]"#);
+        let leftovers: Vec<_> = std::fs::read_dir(t.path().join("status/ns")).unwrap().collect();
+        assert_eq!(leftovers.len(), 1, "no temp file left behind");
+    }
+}

@@ -1,0 +1,49 @@
+//! Cluster sources: where Plexus reads pods and NetworkAttachmentDefinitions and writes network-status.
+//!
+//! The orchestration only sees the [`Cluster`] trait. [`FileCluster`] reads a directory of manifests
+//! (development, demos, tests); the Kubernetes API source lives beside it.
+
+mod file;
+
+pub use file::FileCluster;
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+
+/// What can go wrong talking to a cluster source. Messages name the object involved.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("{kind} {namespace}/{name} not found")]
+    NotFound { kind: &'static str, namespace: String, name: String },
+    #[error("pod {pod} has uid {actual}, but the runtime asked for uid {expected}")]
+    UidMismatch { pod: String, expected: String, actual: String },
+    #[error("forbidden: {0}")]
+    Forbidden(String),
+    #[error("cluster source unavailable: {0}")]
+    Unavailable(String),
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: String, reason: String },
+    #[error("{path}: {source}")]
+    Io { path: String, #[source] source: std::io::Error },
+}
+
+impl ClusterError {
+    /// True when retrying later could succeed (maps to CNI code 11, "try again later").
+    pub fn is_transient(&self) -> bool {
+        matches!(self, ClusterError::Unavailable(_))
+    }
+}
+
+/// A source of pods and NetworkAttachmentDefinitions, and the sink for network-status.
+///
+/// Implementations are synchronous: a CNI invocation is one short-lived process doing one thing at a time.
+pub trait Cluster {
+    /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
+    /// The NetworkAttachmentDefinition `namespace/name`.
+    fn nad(&self, namespace: &str, name: &str) -> Result<NetworkAttachmentDefinition, ClusterError>;
+    /// Publishes the network-status annotation value (a JSON list, spec 5) on the pod.
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
+    /// Records that an interface was added (a Kubernetes Event where the source supports it).
+    fn record_attachment(&self, _pod: &PodRef, _message: &str) -> Result<(), ClusterError> {
+        Ok(())
+    }
+}

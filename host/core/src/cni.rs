@@ -1,0 +1,1 @@
+//! CNI specification types: versions, error objects, network configurations and results.

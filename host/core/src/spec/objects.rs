@@ -1,0 +1,53 @@
+//! The Kubernetes objects Plexus reads: the parts of a Pod and of a NetworkAttachmentDefinition it uses.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+/// The selection annotation (spec 4.1).
+pub const NETWORKS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/networks";
+/// The status annotation (spec 5).
+pub const NETWORK_STATUS_ANNOTATION: &str = "k8s.v1.cni.cncf.io/network-status";
+
+/// Which pod an invocation is for, from `K8S_POD_NAMESPACE`, `K8S_POD_NAME`, `K8S_POD_UID` in `CNI_ARGS`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub uid: Option<String>,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// The parts of a Pod that Plexus reads.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Pod {
+    pub namespace: String,
+    pub name: String,
+    pub uid: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub annotations: BTreeMap<String, String>,
+}
+
+impl Pod {
+    /// The raw value of the selection annotation, if the pod has one.
+    pub fn networks_annotation(&self) -> Option<&str> {
+        self.annotations.get(NETWORKS_ANNOTATION).map(String::as_str)
+    }
+}
+
+/// A NetworkAttachmentDefinition (spec 3.2), as Plexus sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct NetworkAttachmentDefinition {
+    pub namespace: String,
+    pub name: String,
+    /// `spec.config`: a CNI config or config list as a JSON string. `None` when the object has no spec or
+    /// an empty config (spec 3.2.4: the implementation resolves the name itself).
+    pub config: Option<String>,
+    pub annotations: BTreeMap<String, String>,
+}

@@ -1,0 +1,1 @@
+//! WebAssembly hooks: the wasmtime engine, component cache, limits and the deny-by-default sandbox.

@@ -1,0 +1,1 @@
+//! The Plexus guest SDK.

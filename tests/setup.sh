@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs everything Plexus's demo, tests and benchmarks need on a fresh Debian machine of the project's kind.
+# Idempotent: packages already present are not fetched again. Must run as root.
+set -euo pipefail
+
+PKGS=(
+  # the CNI reference plugins (bridge, host-local, macvlan, static, tuning, portmap, bandwidth, ...)
+  containernetworking-plugins
+  # the reference runtime library libcni, for the Go client driver used in tests
+  golang-go golang-github-appc-cni-dev
+  # network namespaces, veth, routes; the plugins' iptables/tc needs
+  iproute2 iptables nftables
+  # the Debian route to wasm32-wasip1 guests (see ../shared/guest-toolchain.md)
+  rustc-web cargo-web rust-web-src lld-22 wasi-libc
+  # benchmarks: plots and profiles
+  python3-matplotlib valgrind
+  jq
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing ${missing[*]}" >&2
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# The reference plugins keep IPAM state under /var/lib/cni; make sure the directory exists.
+mkdir -p /var/lib/cni /run/netns
+echo "setup: ok" >&2

@@ -1,0 +1,1 @@
+//! The one integration-test harness (see design.md, Style 7).
