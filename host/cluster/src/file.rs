@@ -83,15 +83,11 @@ impl FileCluster {
             if obj.get("kind").and_then(Value::as_str) != Some(kind) {
                 continue;
             }
-            let meta: Meta = match obj.get("metadata").cloned().map(serde_json::from_value) {
-                Some(Ok(m)) => m,
-                _ => {
-                    return Err(ClusterError::Invalid {
-                        what: format!("{kind} in {}", self.root.join(&file).display()),
-                        reason: "metadata.name is missing".into(),
-                    })
-                }
-            };
+            let meta: Meta = serde_json::from_value(obj.get("metadata").cloned().unwrap_or(Value::Null))
+                .map_err(|e| ClusterError::Invalid {
+                    what: format!("{kind} metadata in {}", self.root.join(&file).display()),
+                    reason: e.to_string(),
+                })?;
             let ns = meta.namespace.as_deref().unwrap_or("default");
             if ns == namespace && meta.name == name {
                 return Ok(Some((file, obj, meta)));
@@ -216,7 +212,7 @@ kind: Pod
 metadata:
   name: web
   namespace: team-a
-  uid: 1111
+  uid: "1111"
   labels: {app: web}
   annotations:
     k8s.v1.cni.cncf.io/networks: net-a
