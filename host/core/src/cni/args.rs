@@ -67,7 +67,11 @@ impl CniArgs {
     }
 
     /// Appends a pair.
-    pub fn push(&mut self, key: impl Into<String>, value: impl Into<String>) -> Result<(), ArgsError> {
+    pub fn push(
+        &mut self,
+        key: impl Into<String>,
+        value: impl Into<String>,
+    ) -> Result<(), ArgsError> {
         let (key, value) = (key.into(), value.into());
         if key.is_empty() || key.contains([';', '=']) || value.contains([';', '=']) {
             return Err(ArgsError::Unencodable { key, value });
@@ -78,7 +82,11 @@ impl CniArgs {
 
     /// The value of the last pair with this key.
     pub fn get(&self, key: &str) -> Option<&str> {
-        self.pairs.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
+        self.pairs
+            .iter()
+            .rev()
+            .find(|(k, _)| k == key)
+            .map(|(_, v)| v.as_str())
     }
 
     /// The pairs, in order.
@@ -176,9 +184,21 @@ mod tests {
 
     #[test]
     fn refuses_to_build_unencodable_pairs() {
-        for (k, v) in [("", "x"), ("a;b", "x"), ("a=b", "x"), ("a", "x;y"), ("a", "x=y")] {
+        for (k, v) in [
+            ("", "x"),
+            ("a;b", "x"),
+            ("a=b", "x"),
+            ("a", "x;y"),
+            ("a", "x=y"),
+        ] {
             let err = CniArgs::from_pairs([(k, v)]).unwrap_err();
-            assert_eq!(err, ArgsError::Unencodable { key: k.into(), value: v.into() });
+            assert_eq!(
+                err,
+                ArgsError::Unencodable {
+                    key: k.into(),
+                    value: v.into()
+                }
+            );
         }
         let mut a = CniArgs::new();
         assert!(a.push("ok", "fine").is_ok());

@@ -71,7 +71,10 @@ pub fn is_valid_plugin_type(t: &str) -> bool {
 }
 
 fn field(field: impl Into<String>, reason: impl Into<String>) -> ConfError {
-    ConfError::InvalidField { field: field.into(), reason: reason.into() }
+    ConfError::InvalidField {
+        field: field.into(),
+        reason: reason.into(),
+    }
 }
 
 /// The version to use: with `cniVersions`, the highest supported among it and `cniVersion` (entries
@@ -81,7 +84,12 @@ fn select_version(obj: &Map<String, Value>) -> Result<CniVersion, ConfError> {
     let version = match obj.get("cniVersion") {
         None => None,
         Some(Value::String(s)) => Some(s.as_str()),
-        Some(other) => return Err(ConfError::InvalidCniVersion(format!("expected a string, got {}", kind(other)))),
+        Some(other) => {
+            return Err(ConfError::InvalidCniVersion(format!(
+                "expected a string, got {}",
+                kind(other)
+            )))
+        }
     };
     let Some(list) = obj.get("cniVersions") else {
         return match version {
@@ -89,21 +97,28 @@ fn select_version(obj: &Map<String, Value>) -> Result<CniVersion, ConfError> {
             Some(v) => v.parse().map_err(ConfError::UnsupportedCniVersion),
         };
     };
-    let list = list
-        .as_array()
-        .ok_or_else(|| ConfError::InvalidCniVersion(format!("\"cniVersions\" must be an array, got {}", kind(list))))?;
+    let list = list.as_array().ok_or_else(|| {
+        ConfError::InvalidCniVersion(format!(
+            "\"cniVersions\" must be an array, got {}",
+            kind(list)
+        ))
+    })?;
     let mut candidates = Vec::with_capacity(list.len() + 1);
     for (i, v) in list.iter().enumerate() {
-        let s = v
-            .as_str()
-            .ok_or_else(|| ConfError::InvalidCniVersion(format!("cniVersions[{i}] is {}, not a string", kind(v))))?;
+        let s = v.as_str().ok_or_else(|| {
+            ConfError::InvalidCniVersion(format!("cniVersions[{i}] is {}, not a string", kind(v)))
+        })?;
         candidates.push(s);
     }
     candidates.extend(version.filter(|v| !v.is_empty()));
     let mut best: Option<CniVersion> = None;
     for s in &candidates {
-        let triple = parse_triple(s).ok_or_else(|| ConfError::InvalidCniVersion(format!("{s:?} is not a version")))?;
-        let known = CniVersion::ALL.iter().copied().find(|v| v.triple() == triple);
+        let triple = parse_triple(s)
+            .ok_or_else(|| ConfError::InvalidCniVersion(format!("{s:?} is not a version")))?;
+        let known = CniVersion::ALL
+            .iter()
+            .copied()
+            .find(|v| v.triple() == triple);
         if let Some(v) = known {
             best = best.max(Some(v));
         }
@@ -127,7 +142,10 @@ fn read_bool(obj: &Map<String, Value>, key: &str) -> Result<bool, ConfError> {
             "false" => Ok(false),
             _ => Err(field(key, format!("expected true or false, got {s:?}"))),
         },
-        Some(other) => Err(field(key, format!("expected a boolean, got {}", kind(other)))),
+        Some(other) => Err(field(
+            key,
+            format!("expected a boolean, got {}", kind(other)),
+        )),
     }
 }
 
@@ -136,18 +154,32 @@ fn check_plugin(index: usize, plugin: &Map<String, Value>) -> Result<(), ConfErr
         None | Some(Value::Null) => return Err(ConfError::MissingType { index }),
         Some(Value::String(t)) if t.is_empty() => return Err(ConfError::MissingType { index }),
         Some(Value::String(t)) if !is_valid_plugin_type(t) => {
-            return Err(ConfError::InvalidType { index, type_name: t.clone() })
+            return Err(ConfError::InvalidType {
+                index,
+                type_name: t.clone(),
+            })
         }
         Some(Value::String(_)) => {}
-        Some(other) => return Err(ConfError::InvalidType { index, type_name: other.to_string() }),
+        Some(other) => {
+            return Err(ConfError::InvalidType {
+                index,
+                type_name: other.to_string(),
+            })
+        }
     }
     match plugin.get("capabilities") {
         None | Some(Value::Null) => Ok(()),
         Some(Value::Object(caps)) => match caps.iter().find(|(_, v)| !v.is_boolean()) {
             None => Ok(()),
-            Some((k, v)) => Err(field(format!("plugins[{index}].capabilities.{k}"), format!("expected a boolean, got {v}"))),
+            Some((k, v)) => Err(field(
+                format!("plugins[{index}].capabilities.{k}"),
+                format!("expected a boolean, got {v}"),
+            )),
         },
-        Some(other) => Err(field(format!("plugins[{index}].capabilities"), format!("expected an object, got {}", kind(other)))),
+        Some(other) => Err(field(
+            format!("plugins[{index}].capabilities"),
+            format!("expected an object, got {}", kind(other)),
+        )),
     }
 }
 
@@ -164,33 +196,50 @@ impl NetworkConfigList {
         value: &Value,
         default_name: Option<&str>,
     ) -> Result<NetworkConfigList, ConfError> {
-        let obj = value.as_object().ok_or(ConfError::NotAnObject(kind(value)))?;
+        let obj = value
+            .as_object()
+            .ok_or(ConfError::NotAnObject(kind(value)))?;
         let cni_version = select_version(obj)?;
         let name = match obj.get("name") {
             None | Some(Value::Null) => None,
             Some(Value::String(s)) if s.is_empty() => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(other) => return Err(field("name", format!("expected a string, got {}", kind(other)))),
+            Some(other) => {
+                return Err(field(
+                    "name",
+                    format!("expected a string, got {}", kind(other)),
+                ))
+            }
         };
-        let name = name.or_else(|| default_name.map(str::to_owned)).ok_or(ConfError::MissingName)?;
+        let name = name
+            .or_else(|| default_name.map(str::to_owned))
+            .ok_or(ConfError::MissingName)?;
         if !is_valid_network_name(&name) {
             return Err(ConfError::InvalidName(name));
         }
 
         let (plugins, disable_check, disable_gc) = match obj.get("plugins") {
             Some(list) => {
-                let list = list
-                    .as_array()
-                    .ok_or_else(|| field("plugins", format!("expected an array, got {}", kind(list))))?;
+                let list = list.as_array().ok_or_else(|| {
+                    field("plugins", format!("expected an array, got {}", kind(list)))
+                })?;
                 if list.is_empty() {
                     return Err(ConfError::NoPlugins);
                 }
                 let plugins = list
                     .iter()
                     .enumerate()
-                    .map(|(index, p)| p.as_object().cloned().ok_or(ConfError::PluginNotObject { index }))
+                    .map(|(index, p)| {
+                        p.as_object()
+                            .cloned()
+                            .ok_or(ConfError::PluginNotObject { index })
+                    })
                     .collect::<Result<Vec<_>, _>>()?;
-                (plugins, read_bool(obj, "disableCheck")?, read_bool(obj, "disableGC")?)
+                (
+                    plugins,
+                    read_bool(obj, "disableCheck")?,
+                    read_bool(obj, "disableGC")?,
+                )
             }
             // A single plugin configuration (.conf).
             None => (vec![obj.clone()], false, false),
@@ -198,7 +247,13 @@ impl NetworkConfigList {
         for (index, p) in plugins.iter().enumerate() {
             check_plugin(index, p)?;
         }
-        Ok(NetworkConfigList { cni_version, name, disable_check, disable_gc, plugins })
+        Ok(NetworkConfigList {
+            cni_version,
+            name,
+            disable_check,
+            disable_gc,
+            plugins,
+        })
     }
 
     /// The list as a `.conflist` object (re-parses to an equal list); for caching.
@@ -212,7 +267,10 @@ impl NetworkConfigList {
         if self.disable_gc {
             o.insert("disableGC".into(), true.into());
         }
-        o.insert("plugins".into(), Value::Array(self.plugins.iter().cloned().map(Value::Object).collect()));
+        o.insert(
+            "plugins".into(),
+            Value::Array(self.plugins.iter().cloned().map(Value::Object).collect()),
+        );
         Value::Object(o)
     }
 
@@ -331,7 +389,9 @@ mod tests {
     #[test]
     fn plugin_config_injects_like_libcni() {
         let l = NetworkConfigList::parse(&dbnet()).unwrap();
-        let caps = map(json!({"mac": "c2:11:22:33:44:55", "portMappings": [{"hostPort": 8080}], "bandwidth": {"x": 1}}));
+        let caps = map(
+            json!({"mac": "c2:11:22:33:44:55", "portMappings": [{"hostPort": 8080}], "bandwidth": {"x": 1}}),
+        );
         // First plugin: no capabilities → no runtimeConfig; no prevResult for the first ADD.
         let pc0 = l.plugin_config(0, &caps, None);
         assert_eq!(
@@ -351,7 +411,10 @@ mod tests {
         );
         // bandwidth is declared false: not passed even though the runtime provides it.
         let pc2 = l.plugin_config(2, &caps, Some(&prev));
-        assert_eq!(pc2["runtimeConfig"], json!({"portMappings": [{"hostPort": 8080}]}));
+        assert_eq!(
+            pc2["runtimeConfig"],
+            json!({"portMappings": [{"hostPort": 8080}]})
+        );
         assert!(pc2.get("capabilities").is_none());
         // No matching capability args → no runtimeConfig key at all.
         let pc2 = l.plugin_config(2, &map(json!({"mac": "x"})), None);
@@ -374,8 +437,11 @@ mod tests {
         // libcni only overwrites these when it has something to put there.
         assert_eq!(pc["runtimeConfig"], json!({"static": true}));
         assert_eq!(pc["prevResult"], json!({"old": 1}));
-        let l2 = NetworkConfigList { plugins: vec![map(json!({"type": "p", "capabilities": {"c": true},
-            "runtimeConfig": {"static": true}}))], ..l };
+        let l2 = NetworkConfigList {
+            plugins: vec![map(json!({"type": "p", "capabilities": {"c": true},
+            "runtimeConfig": {"static": true}}))],
+            ..l
+        };
         let pc = l2.plugin_config(0, &map(json!({"c": 1})), Some(&json!({"new": 1})));
         assert_eq!(pc["runtimeConfig"], json!({"c": 1}));
         assert_eq!(pc["prevResult"], json!({"new": 1}));
@@ -384,7 +450,9 @@ mod tests {
     #[test]
     #[should_panic]
     fn plugin_config_index_out_of_range_panics() {
-        NetworkConfigList::parse(&dbnet()).unwrap().plugin_config(3, &Map::new(), None);
+        NetworkConfigList::parse(&dbnet())
+            .unwrap()
+            .plugin_config(3, &Map::new(), None);
     }
 
     #[test]
@@ -394,10 +462,20 @@ mod tests {
         let l = NetworkConfigList::parse_with_default_name(&conf, Some("my-nad")).unwrap();
         assert_eq!(l.name, "my-nad");
         let conf_empty = json!({"cniVersion": "1.0.0", "name": "", "type": "bridge"});
-        assert_eq!(NetworkConfigList::parse_with_default_name(&conf_empty, Some("nad")).unwrap().name, "nad");
+        assert_eq!(
+            NetworkConfigList::parse_with_default_name(&conf_empty, Some("nad"))
+                .unwrap()
+                .name,
+            "nad"
+        );
         // A configured name wins over the default.
         let named = json!({"cniVersion": "1.0.0", "name": "cfg", "type": "bridge"});
-        assert_eq!(NetworkConfigList::parse_with_default_name(&named, Some("nad")).unwrap().name, "cfg");
+        assert_eq!(
+            NetworkConfigList::parse_with_default_name(&named, Some("nad"))
+                .unwrap()
+                .name,
+            "cfg"
+        );
         // The default must be a valid name too.
         assert_eq!(
             NetworkConfigList::parse_with_default_name(&conf, Some("bad/name")),
@@ -412,31 +490,61 @@ mod tests {
             o.extend(map(v));
             NetworkConfigList::parse(&Value::Object(o))
         };
-        assert_eq!(with(json!({"cniVersion": "0.4.0"})).unwrap().cni_version, CniVersion::V0_4_0);
+        assert_eq!(
+            with(json!({"cniVersion": "0.4.0"})).unwrap().cni_version,
+            CniVersion::V0_4_0
+        );
         // cniVersions: the highest supported wins; newer ones are skipped.
         assert_eq!(
-            with(json!({"cniVersion": "0.3.1", "cniVersions": ["0.4.0", "1.0.0", "2.0.0"]})).unwrap().cni_version,
+            with(json!({"cniVersion": "0.3.1", "cniVersions": ["0.4.0", "1.0.0", "2.0.0"]}))
+                .unwrap()
+                .cni_version,
             CniVersion::V1_0_0
         );
         assert_eq!(
-            with(json!({"cniVersion": "9.9.9", "cniVersions": ["0.3.1"]})).unwrap().cni_version,
+            with(json!({"cniVersion": "9.9.9", "cniVersions": ["0.3.1"]}))
+                .unwrap()
+                .cni_version,
             CniVersion::V0_3_1
         );
-        assert_eq!(with(json!({"cniVersions": ["1.1.0", "0.2.0"]})).unwrap().cni_version, CniVersion::V1_1_0);
+        assert_eq!(
+            with(json!({"cniVersions": ["1.1.0", "0.2.0"]}))
+                .unwrap()
+                .cni_version,
+            CniVersion::V1_1_0
+        );
         assert_eq!(with(json!({})), Err(ConfError::MissingCniVersion));
-        assert_eq!(with(json!({"cniVersion": ""})), Err(ConfError::MissingCniVersion));
-        assert_eq!(with(json!({"cniVersions": []})), Err(ConfError::MissingCniVersion));
+        assert_eq!(
+            with(json!({"cniVersion": ""})),
+            Err(ConfError::MissingCniVersion)
+        );
+        assert_eq!(
+            with(json!({"cniVersions": []})),
+            Err(ConfError::MissingCniVersion)
+        );
         assert_eq!(
             with(json!({"cniVersion": "1.2.0"})),
-            Err(ConfError::UnsupportedCniVersion(UnsupportedVersion("1.2.0".into())))
+            Err(ConfError::UnsupportedCniVersion(UnsupportedVersion(
+                "1.2.0".into()
+            )))
         );
         assert_eq!(
             with(json!({"cniVersions": ["2.0.0", "1.2.0"]})),
-            Err(ConfError::UnsupportedCniVersion(UnsupportedVersion("2.0.0, 1.2.0".into())))
+            Err(ConfError::UnsupportedCniVersion(UnsupportedVersion(
+                "2.0.0, 1.2.0".into()
+            )))
         );
-        for bad in [json!({"cniVersion": 1}), json!({"cniVersions": "1.0.0"}), json!({"cniVersions": [1]}),
-                    json!({"cniVersions": ["x.y"]}), json!({"cniVersion": "bogus", "cniVersions": ["1.0.0"]})] {
-            assert!(matches!(with(bad.clone()), Err(ConfError::InvalidCniVersion(_))), "{bad}");
+        for bad in [
+            json!({"cniVersion": 1}),
+            json!({"cniVersions": "1.0.0"}),
+            json!({"cniVersions": [1]}),
+            json!({"cniVersions": ["x.y"]}),
+            json!({"cniVersion": "bogus", "cniVersions": ["1.0.0"]}),
+        ] {
+            assert!(
+                matches!(with(bad.clone()), Err(ConfError::InvalidCniVersion(_))),
+                "{bad}"
+            );
         }
         let err = with(json!({"cniVersion": "0.5.0"})).unwrap_err();
         assert!(err.to_string().contains("0.5.0"), "{err}");
@@ -447,38 +555,117 @@ mod tests {
     fn errors_name_what_is_wrong() {
         let cases: Vec<(Value, ConfError)> = vec![
             (json!("x"), ConfError::NotAnObject("a string")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": []}), ConfError::NoPlugins),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a"}, 3]}), ConfError::PluginNotObject { index: 1 }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a"}, {"bridge": "x"}]}), ConfError::MissingType { index: 1 }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": ""}]}), ConfError::MissingType { index: 0 }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "bridge": "x"}), ConfError::MissingType { index: 0 }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "../bin/sh"}]}),
-             ConfError::InvalidType { index: 0, type_name: "../bin/sh".into() }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "type": "a\\b"}), ConfError::InvalidType { index: 0, type_name: "a\\b".into() }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "type": ".."}), ConfError::InvalidType { index: 0, type_name: "..".into() }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "type": "a\u{0}b"}), ConfError::InvalidType { index: 0, type_name: "a\u{0}b".into() }),
-            (json!({"cniVersion": "1.0.0", "name": "n", "type": 5}), ConfError::InvalidType { index: 0, type_name: "5".into() }),
-            (json!({"cniVersion": "1.0.0", "name": "-net", "type": "a"}), ConfError::InvalidName("-net".into())),
-            (json!({"cniVersion": "1.0.0", "name": "a b", "type": "a"}), ConfError::InvalidName("a b".into())),
-            (json!({"cniVersion": "1.0.0", "name": "né", "type": "a"}), ConfError::InvalidName("né".into())),
-            (json!({"cniVersion": "1.0.0", "name": 7, "type": "a"}), field("name", "expected a string, got a number")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": {}}), field("plugins", "expected an array, got an object")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "disableCheck": "yes", "plugins": [{"type": "a"}]}),
-             field("disableCheck", "expected true or false, got \"yes\"")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "disableGC": 1, "plugins": [{"type": "a"}]}),
-             field("disableGC", "expected a boolean, got a number")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a", "capabilities": {"mac": "true"}}]}),
-             field("plugins[0].capabilities.mac", "expected a boolean, got \"true\"")),
-            (json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a", "capabilities": []}]}),
-             field("plugins[0].capabilities", "expected an object, got an array")),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": []}),
+                ConfError::NoPlugins,
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a"}, 3]}),
+                ConfError::PluginNotObject { index: 1 },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a"}, {"bridge": "x"}]}),
+                ConfError::MissingType { index: 1 },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": ""}]}),
+                ConfError::MissingType { index: 0 },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "bridge": "x"}),
+                ConfError::MissingType { index: 0 },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "../bin/sh"}]}),
+                ConfError::InvalidType {
+                    index: 0,
+                    type_name: "../bin/sh".into(),
+                },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "type": "a\\b"}),
+                ConfError::InvalidType {
+                    index: 0,
+                    type_name: "a\\b".into(),
+                },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "type": ".."}),
+                ConfError::InvalidType {
+                    index: 0,
+                    type_name: "..".into(),
+                },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "type": "a\u{0}b"}),
+                ConfError::InvalidType {
+                    index: 0,
+                    type_name: "a\u{0}b".into(),
+                },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "type": 5}),
+                ConfError::InvalidType {
+                    index: 0,
+                    type_name: "5".into(),
+                },
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "-net", "type": "a"}),
+                ConfError::InvalidName("-net".into()),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "a b", "type": "a"}),
+                ConfError::InvalidName("a b".into()),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "né", "type": "a"}),
+                ConfError::InvalidName("né".into()),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": 7, "type": "a"}),
+                field("name", "expected a string, got a number"),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": {}}),
+                field("plugins", "expected an array, got an object"),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "disableCheck": "yes", "plugins": [{"type": "a"}]}),
+                field("disableCheck", "expected true or false, got \"yes\""),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "disableGC": 1, "plugins": [{"type": "a"}]}),
+                field("disableGC", "expected a boolean, got a number"),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a", "capabilities": {"mac": "true"}}]}),
+                field(
+                    "plugins[0].capabilities.mac",
+                    "expected a boolean, got \"true\"",
+                ),
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "a", "capabilities": []}]}),
+                field(
+                    "plugins[0].capabilities",
+                    "expected an object, got an array",
+                ),
+            ),
         ];
         for (v, want) in cases {
             let got = NetworkConfigList::parse(&v);
             assert_eq!(got, Err(want.clone()), "{v}");
             assert!(!want.to_string().is_empty());
         }
-        let e = NetworkConfigList::parse(&json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "x/y"}]})).unwrap_err();
-        assert!(e.to_string().contains("plugins[0]") && e.to_string().contains("x/y"), "{e}");
+        let e = NetworkConfigList::parse(
+            &json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "x/y"}]}),
+        )
+        .unwrap_err();
+        assert!(
+            e.to_string().contains("plugins[0]") && e.to_string().contains("x/y"),
+            "{e}"
+        );
         assert_eq!(e.cni_code(), 7);
     }
 
@@ -508,7 +695,10 @@ mod tests {
                    "plugins": [{"type": "a", "x": [1, 2]}, {"type": "b", "capabilities": {"mac": true}}]})
         );
         assert_eq!(NetworkConfigList::parse(&cached).unwrap(), l);
-        let l = NetworkConfigList::parse(&json!({"cniVersion": "0.4.0", "name": "n", "disableCheck": false, "type": "a"})).unwrap();
+        let l = NetworkConfigList::parse(
+            &json!({"cniVersion": "0.4.0", "name": "n", "disableCheck": false, "type": "a"}),
+        )
+        .unwrap();
         let cached = l.to_value();
         assert!(cached.get("disableCheck").is_none() && cached.get("disableGC").is_none());
         assert_eq!(NetworkConfigList::parse(&cached).unwrap(), l);

@@ -131,7 +131,10 @@ impl CniError {
     }
 
     /// The error object for any error that knows its code; `msg` is its `Display`.
-    pub fn from_error<E: CniErrorCode + fmt::Display + ?Sized>(version: CniVersion, err: &E) -> CniError {
+    pub fn from_error<E: CniErrorCode + fmt::Display + ?Sized>(
+        version: CniVersion,
+        err: &E,
+    ) -> CniError {
         CniError::new(version, err.cni_code(), err.to_string(), "")
     }
 
@@ -149,15 +152,17 @@ impl CniError {
     /// `code` is required and must be a non-negative integer; `cniVersion`, `msg` and `details`
     /// default to empty (old plugins omit `cniVersion`). Unknown keys are ignored.
     pub fn parse(value: &Value) -> Result<CniError, ErrorParseError> {
-        let obj = value
-            .as_object()
-            .ok_or_else(|| ErrorParseError(format!("expected a JSON object, got {}", kind(value))))?;
+        let obj = value.as_object().ok_or_else(|| {
+            ErrorParseError(format!("expected a JSON object, got {}", kind(value)))
+        })?;
         let code = match obj.get("code") {
             None => return Err(ErrorParseError("missing \"code\"".into())),
             Some(c) => c
                 .as_u64()
                 .and_then(|c| u32::try_from(c).ok())
-                .ok_or_else(|| ErrorParseError(format!("\"code\" is not a non-negative integer: {c}")))?,
+                .ok_or_else(|| {
+                    ErrorParseError(format!("\"code\" is not a non-negative integer: {c}"))
+                })?,
         };
         let string = |key: &str| -> Result<String, ErrorParseError> {
             match obj.get(key) {
@@ -249,13 +254,21 @@ mod tests {
 
     #[test]
     fn serializes_exactly_as_the_spec_object() {
-        let e = CniError::new(CniVersion::V1_1_0, ErrorCode::InvalidConfig, "Invalid Configuration", "too small");
+        let e = CniError::new(
+            CniVersion::V1_1_0,
+            ErrorCode::InvalidConfig,
+            "Invalid Configuration",
+            "too small",
+        );
         assert_eq!(
             serde_json::to_string(&e).unwrap(),
             r#"{"cniVersion":"1.1.0","code":7,"msg":"Invalid Configuration","details":"too small"}"#
         );
         let e = CniError::new(CniVersion::V0_4_0, 11u32, "busy", "");
-        assert_eq!(e.to_json(), json!({"cniVersion": "0.4.0", "code": 11, "msg": "busy"}));
+        assert_eq!(
+            e.to_json(),
+            json!({"cniVersion": "0.4.0", "code": 11, "msg": "busy"})
+        );
         assert!(!e.to_json().as_object().unwrap().contains_key("details"));
     }
 
@@ -268,10 +281,21 @@ mod tests {
         assert_eq!(e.cni_version, "1.0.0");
         assert_eq!(e.code, 7);
         assert_eq!(e.well_known(), Some(ErrorCode::InvalidConfig));
-        assert_eq!(e.to_string(), "Invalid Configuration; Network 192.168.0.0/31 too small to allocate from.");
+        assert_eq!(
+            e.to_string(),
+            "Invalid Configuration; Network 192.168.0.0/31 too small to allocate from."
+        );
         // Old plugins omit cniVersion and details.
         let e = CniError::parse(&json!({"code": 100, "msg": "plugin specific"})).unwrap();
-        assert_eq!(e, CniError { cni_version: String::new(), code: 100, msg: "plugin specific".into(), details: String::new() });
+        assert_eq!(
+            e,
+            CniError {
+                cni_version: String::new(),
+                code: 100,
+                msg: "plugin specific".into(),
+                details: String::new()
+            }
+        );
         assert_eq!(e.well_known(), None);
         assert_eq!(e.to_string(), "plugin specific");
     }
@@ -290,7 +314,10 @@ mod tests {
             assert!(err.to_string().contains(needle), "{v}: {err}");
             assert_eq!(err.cni_code(), 6);
         }
-        assert!(CniError::parse_bytes(b"not json").unwrap_err().to_string().contains("invalid JSON"));
+        assert!(CniError::parse_bytes(b"not json")
+            .unwrap_err()
+            .to_string()
+            .contains("invalid JSON"));
     }
 
     #[test]
@@ -309,10 +336,20 @@ mod tests {
 
         assert_eq!(ResultError::UnsupportedVersion(v.clone()).cni_code(), 1);
         assert_eq!(
-            ResultError::Invalid { path: "ips[0].address".into(), reason: "bad".into() }.cni_code(),
+            ResultError::Invalid {
+                path: "ips[0].address".into(),
+                reason: "bad".into()
+            }
+            .cni_code(),
             6
         );
-        assert_eq!(ResultError::NoIpAddresses { target: CniVersion::V0_2_0 }.cni_code(), 1);
+        assert_eq!(
+            ResultError::NoIpAddresses {
+                target: CniVersion::V0_2_0
+            }
+            .cni_code(),
+            1
+        );
 
         assert_eq!(ArgsError::InvalidPair("x".into()).cni_code(), 4);
         let delegate = CniError::new(CniVersion::V1_1_0, 123u32, "m", "");

@@ -84,7 +84,9 @@ impl Serialize for IpNet {
 
 impl<'de> Deserialize<'de> for IpNet {
     fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        String::deserialize(d)?.parse().map_err(serde::de::Error::custom)
+        String::deserialize(d)?
+            .parse()
+            .map_err(serde::de::Error::custom)
     }
 }
 
@@ -126,7 +128,15 @@ pub struct Route {
 impl Route {
     /// A route with only a destination and an optional gateway.
     pub fn new(dst: IpNet, gw: Option<IpAddr>) -> Route {
-        Route { dst, gw, mtu: None, advmss: None, priority: None, table: None, scope: None }
+        Route {
+            dst,
+            gw,
+            mtu: None,
+            advmss: None,
+            priority: None,
+            table: None,
+            scope: None,
+        }
     }
 }
 
@@ -141,7 +151,10 @@ pub struct Dns {
 
 impl Dns {
     pub fn is_empty(&self) -> bool {
-        self.nameservers.is_empty() && self.domain.is_none() && self.search.is_empty() && self.options.is_empty()
+        self.nameservers.is_empty()
+            && self.domain.is_none()
+            && self.search.is_empty()
+            && self.options.is_empty()
     }
 }
 
@@ -181,7 +194,10 @@ impl CniErrorCode for ResultError {
 }
 
 fn invalid(path: impl Into<String>, reason: impl Into<String>) -> ResultError {
-    ResultError::Invalid { path: path.into(), reason: reason.into() }
+    ResultError::Invalid {
+        path: path.into(),
+        reason: reason.into(),
+    }
 }
 
 fn join(path: &str, key: &str) -> String {
@@ -202,7 +218,14 @@ impl<'a> Obj<'a> {
     fn new(v: &'a Value, path: String) -> Result<Obj<'a>, ResultError> {
         match v {
             Value::Object(map) => Ok(Obj { map, path }),
-            other => Err(invalid(if path.is_empty() { "result".into() } else { path }, format!("expected an object, got {}", kind(other)))),
+            other => Err(invalid(
+                if path.is_empty() {
+                    "result".into()
+                } else {
+                    path
+                },
+                format!("expected an object, got {}", kind(other)),
+            )),
         }
     }
 
@@ -219,7 +242,10 @@ impl<'a> Obj<'a> {
             None => Ok(None),
             Some(Value::String(s)) if s.is_empty() => Ok(None),
             Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(other) => Err(invalid(self.at(key), format!("expected a string, got {}", kind(other)))),
+            Some(other) => Err(invalid(
+                self.at(key),
+                format!("expected a string, got {}", kind(other)),
+            )),
         }
     }
 
@@ -230,7 +256,12 @@ impl<'a> Obj<'a> {
                 .as_u64()
                 .and_then(|n| u32::try_from(n).ok())
                 .map(Some)
-                .ok_or_else(|| invalid(self.at(key), format!("expected an unsigned 32-bit integer, got {v}"))),
+                .ok_or_else(|| {
+                    invalid(
+                        self.at(key),
+                        format!("expected an unsigned 32-bit integer, got {v}"),
+                    )
+                }),
         }
     }
 
@@ -242,8 +273,13 @@ impl<'a> Obj<'a> {
     fn ipnet(&self, key: &str) -> Result<IpNet, ResultError> {
         match self.get(key) {
             None => Err(invalid(self.at(key), "missing")),
-            Some(Value::String(s)) => s.parse().map_err(|e: IpNetParseError| invalid(self.at(key), e.to_string())),
-            Some(other) => Err(invalid(self.at(key), format!("expected a CIDR string, got {}", kind(other)))),
+            Some(Value::String(s)) => s
+                .parse()
+                .map_err(|e: IpNetParseError| invalid(self.at(key), e.to_string())),
+            Some(other) => Err(invalid(
+                self.at(key),
+                format!("expected a CIDR string, got {}", kind(other)),
+            )),
         }
     }
 
@@ -262,7 +298,10 @@ impl<'a> Obj<'a> {
         match self.get(key) {
             None => Ok(&[]),
             Some(Value::Array(a)) => Ok(a),
-            Some(other) => Err(invalid(self.at(key), format!("expected an array, got {}", kind(other)))),
+            Some(other) => Err(invalid(
+                self.at(key),
+                format!("expected an array, got {}", kind(other)),
+            )),
         }
     }
 
@@ -272,7 +311,10 @@ impl<'a> Obj<'a> {
             .enumerate()
             .map(|(i, v)| match v {
                 Value::String(s) => Ok(s.clone()),
-                other => Err(invalid(format!("{}[{i}]", self.at(key)), format!("expected a string, got {}", kind(other)))),
+                other => Err(invalid(
+                    format!("{}[{i}]", self.at(key)),
+                    format!("expected a string, got {}", kind(other)),
+                )),
             })
             .collect()
     }
@@ -316,7 +358,13 @@ fn parse_dns(o: &Obj<'_>) -> Result<Dns, ResultError> {
 impl CniResult {
     /// An empty result of `version`.
     pub fn new(cni_version: CniVersion) -> CniResult {
-        CniResult { cni_version, interfaces: Vec::new(), ips: Vec::new(), routes: Vec::new(), dns: Dns::default() }
+        CniResult {
+            cni_version,
+            interfaces: Vec::new(),
+            ips: Vec::new(),
+            routes: Vec::new(),
+            dns: Dns::default(),
+        }
     }
 
     /// The version the result was parsed from.
@@ -332,7 +380,12 @@ impl CniResult {
             None => CniVersion::V0_1_0,
             Some(Value::String(s)) if s.is_empty() => CniVersion::V0_1_0,
             Some(Value::String(s)) => s.parse()?,
-            Some(other) => return Err(invalid("cniVersion", format!("expected a string, got {}", kind(other)))),
+            Some(other) => {
+                return Err(invalid(
+                    "cniVersion",
+                    format!("expected a string, got {}", kind(other)),
+                ))
+            }
         };
         let mut result = CniResult::new(version);
         result.dns = parse_dns(&o)?;
@@ -343,9 +396,19 @@ impl CniResult {
                 let ipc = Obj::new(v, key.to_owned())?;
                 let address = ipc.ipnet("ip")?;
                 if address.is_ipv4() != (key == "ip4") {
-                    return Err(invalid(ipc.at("ip"), format!("{address} is not an {} address", if key == "ip4" { "IPv4" } else { "IPv6" })));
+                    return Err(invalid(
+                        ipc.at("ip"),
+                        format!(
+                            "{address} is not an {} address",
+                            if key == "ip4" { "IPv4" } else { "IPv6" }
+                        ),
+                    ));
                 }
-                result.ips.push(IpConfig { address, gateway: ipc.ip("gateway")?, interface: None });
+                result.ips.push(IpConfig {
+                    address,
+                    gateway: ipc.ip("gateway")?,
+                    interface: None,
+                });
                 for r in ipc.objects("routes")? {
                     result.routes.push(parse_route(&r)?);
                 }
@@ -369,15 +432,27 @@ impl CniResult {
                 match ipc.get("version") {
                     None => {}
                     Some(Value::String(s)) if s == "4" || s == "6" => {}
-                    Some(other) => return Err(invalid(ipc.at("version"), format!("expected \"4\" or \"6\", got {other}"))),
+                    Some(other) => {
+                        return Err(invalid(
+                            ipc.at("version"),
+                            format!("expected \"4\" or \"6\", got {other}"),
+                        ))
+                    }
                 }
                 if let Some(Value::String(s)) = ipc.get("version") {
                     if (s == "4") != address.is_ipv4() {
-                        return Err(invalid(ipc.at("version"), format!("{s:?} does not match address {address}")));
+                        return Err(invalid(
+                            ipc.at("version"),
+                            format!("{s:?} does not match address {address}"),
+                        ));
                     }
                 }
             }
-            result.ips.push(IpConfig { address, gateway: ipc.ip("gateway")?, interface: ipc.uint("interface")? });
+            result.ips.push(IpConfig {
+                address,
+                gateway: ipc.ip("gateway")?,
+                interface: ipc.uint("interface")?,
+            });
         }
         for r in o.objects("routes")? {
             result.routes.push(parse_route(&r)?);
@@ -400,11 +475,19 @@ impl CniResult {
             let full = target >= CniVersion::V1_1_0;
             let with_version = target < CniVersion::V1_0_0;
             if !self.interfaces.is_empty() {
-                let list = self.interfaces.iter().map(|i| interface_json(i, full)).collect();
+                let list = self
+                    .interfaces
+                    .iter()
+                    .map(|i| interface_json(i, full))
+                    .collect();
                 out.insert("interfaces".into(), Value::Array(list));
             }
             if !self.ips.is_empty() {
-                let list = self.ips.iter().map(|ip| ip_json(ip, with_version)).collect();
+                let list = self
+                    .ips
+                    .iter()
+                    .map(|ip| ip_json(ip, with_version))
+                    .collect();
                 out.insert("ips".into(), Value::Array(list));
             }
             if !self.routes.is_empty() {
@@ -418,7 +501,11 @@ impl CniResult {
         Ok(Value::Object(out))
     }
 
-    fn write_legacy(&self, target: CniVersion, out: &mut Map<String, Value>) -> Result<(), ResultError> {
+    fn write_legacy(
+        &self,
+        target: CniVersion,
+        out: &mut Map<String, Value>,
+    ) -> Result<(), ResultError> {
         let ip4 = self.ips.iter().find(|ip| ip.address.is_ipv4());
         let ip6 = self.ips.iter().find(|ip| !ip.address.is_ipv4());
         if ip4.is_none() && ip6.is_none() && !self.cni_version.legacy_result() {
@@ -476,7 +563,10 @@ fn interface_json(i: &Interface, full: bool) -> Value {
 fn ip_json(ip: &IpConfig, with_version: bool) -> Value {
     let mut o = Map::new();
     if with_version {
-        o.insert("version".into(), if ip.address.is_ipv4() { "4" } else { "6" }.into());
+        o.insert(
+            "version".into(),
+            if ip.address.is_ipv4() { "4" } else { "6" }.into(),
+        );
     }
     put_u32(&mut o, "interface", ip.interface);
     o.insert("address".into(), ip.address.to_string().into());
@@ -533,8 +623,21 @@ mod tests {
         assert_eq!(net("2001:DB8::1/64").to_string(), "2001:db8::1/64");
         assert_eq!(net("0.0.0.0/0").prefix_len, 0);
         assert!(net("::/0").addr.is_ipv6());
-        for bad in ["10.1.2.3", "10.1.2.3/33", "::1/129", "10.1.2.3/", "x/24", "10.1.2.3/+1", "10.1.2.3/0024", "/24"] {
-            assert_eq!(bad.parse::<IpNet>(), Err(IpNetParseError(bad.into())), "{bad}");
+        for bad in [
+            "10.1.2.3",
+            "10.1.2.3/33",
+            "::1/129",
+            "10.1.2.3/",
+            "x/24",
+            "10.1.2.3/+1",
+            "10.1.2.3/0024",
+            "/24",
+        ] {
+            assert_eq!(
+                bad.parse::<IpNet>(),
+                Err(IpNetParseError(bad.into())),
+                "{bad}"
+            );
         }
         let v: IpNet = serde_json::from_value(json!("192.168.0.1/16")).unwrap();
         assert_eq!(serde_json::to_value(v).unwrap(), json!("192.168.0.1/16"));
@@ -557,7 +660,11 @@ mod tests {
         assert_eq!(r.interfaces[0].pci_id.as_deref(), Some("0000:00:1f.6"));
         assert_eq!(r.ips[0].interface, Some(0));
         assert_eq!(r.ips[0].gateway, Some("10.1.0.1".parse().unwrap()));
-        assert_eq!(r.routes[0].table, Some(0), "table 0 is meaningful (a pointer in libcni)");
+        assert_eq!(
+            r.routes[0].table,
+            Some(0),
+            "table 0 is meaningful (a pointer in libcni)"
+        );
         assert_eq!(r.routes[0].scope, Some(253));
         assert_eq!(r.routes[0].advmss, Some(1360));
         assert_eq!(r.dns.options, ["ndots:5"]);
@@ -578,22 +685,70 @@ mod tests {
         for (v, path) in [
             (json!([]), "result"),
             (json!({"cniVersion": 1}), "cniVersion"),
-            (json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1"}]}), "ips[0].address"),
-            (json!({"cniVersion": "1.0.0", "ips": [{}]}), "ips[0].address"),
-            (json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1/8", "gateway": "nope"}]}), "ips[0].gateway"),
-            (json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1/8", "interface": -1}]}), "ips[0].interface"),
-            (json!({"cniVersion": "1.0.0", "interfaces": {}}), "interfaces"),
-            (json!({"cniVersion": "1.0.0", "interfaces": [{"name": 3}]}), "interfaces[0].name"),
-            (json!({"cniVersion": "1.1.0", "interfaces": [{"name": "a", "mtu": "1500"}]}), "interfaces[0].mtu"),
-            (json!({"cniVersion": "1.1.0", "routes": [{"dst": "0.0.0.0/0", "table": 1.5}]}), "routes[0].table"),
-            (json!({"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}), "routes[0].dst"),
-            (json!({"cniVersion": "1.0.0", "dns": {"nameservers": [1]}}), "dns.nameservers[0]"),
-            (json!({"cniVersion": "0.4.0", "ips": [{"version": "4", "address": "fd00::1/64"}]}), "ips[0].version"),
-            (json!({"cniVersion": "0.3.1", "ips": [{"version": "5", "address": "10.0.0.1/8"}]}), "ips[0].version"),
-            (json!({"cniVersion": "0.3.0", "ips": [{"version": 4, "address": "10.0.0.1/8"}]}), "ips[0].version"),
-            (json!({"cniVersion": "0.2.0", "ip4": {"ip": "fd00::1/64"}}), "ip4.ip"),
-            (json!({"cniVersion": "0.2.0", "ip6": {"ip": "10.0.0.1/8"}}), "ip6.ip"),
-            (json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.1/8", "routes": [{"dst": 1}]}}), "ip4.routes[0].dst"),
+            (
+                json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1"}]}),
+                "ips[0].address",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "ips": [{}]}),
+                "ips[0].address",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1/8", "gateway": "nope"}]}),
+                "ips[0].gateway",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "ips": [{"address": "10.0.0.1/8", "interface": -1}]}),
+                "ips[0].interface",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "interfaces": {}}),
+                "interfaces",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "interfaces": [{"name": 3}]}),
+                "interfaces[0].name",
+            ),
+            (
+                json!({"cniVersion": "1.1.0", "interfaces": [{"name": "a", "mtu": "1500"}]}),
+                "interfaces[0].mtu",
+            ),
+            (
+                json!({"cniVersion": "1.1.0", "routes": [{"dst": "0.0.0.0/0", "table": 1.5}]}),
+                "routes[0].table",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "routes": [{"gw": "10.0.0.1"}]}),
+                "routes[0].dst",
+            ),
+            (
+                json!({"cniVersion": "1.0.0", "dns": {"nameservers": [1]}}),
+                "dns.nameservers[0]",
+            ),
+            (
+                json!({"cniVersion": "0.4.0", "ips": [{"version": "4", "address": "fd00::1/64"}]}),
+                "ips[0].version",
+            ),
+            (
+                json!({"cniVersion": "0.3.1", "ips": [{"version": "5", "address": "10.0.0.1/8"}]}),
+                "ips[0].version",
+            ),
+            (
+                json!({"cniVersion": "0.3.0", "ips": [{"version": 4, "address": "10.0.0.1/8"}]}),
+                "ips[0].version",
+            ),
+            (
+                json!({"cniVersion": "0.2.0", "ip4": {"ip": "fd00::1/64"}}),
+                "ip4.ip",
+            ),
+            (
+                json!({"cniVersion": "0.2.0", "ip6": {"ip": "10.0.0.1/8"}}),
+                "ip6.ip",
+            ),
+            (
+                json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.0.0.1/8", "routes": [{"dst": 1}]}}),
+                "ip4.routes[0].dst",
+            ),
         ] {
             match CniResult::parse(&v) {
                 Err(ResultError::Invalid { path: p, .. }) => assert_eq!(p, path, "{v}"),
@@ -601,15 +756,23 @@ mod tests {
             }
         }
         let err = CniResult::parse(&json!({"cniVersion": "0.5.0"})).unwrap_err();
-        assert_eq!(err, ResultError::UnsupportedVersion(UnsupportedVersion("0.5.0".into())));
+        assert_eq!(
+            err,
+            ResultError::UnsupportedVersion(UnsupportedVersion("0.5.0".into()))
+        );
         assert!(err.to_string().contains("0.5.0"));
     }
 
     #[test]
     fn version_field_is_ignored_in_1x_and_optional_in_0x() {
-        let r = CniResult::parse(&json!({"cniVersion": "1.0.0", "ips": [{"version": "4", "address": "fd00::1/64"}]})).unwrap();
+        let r = CniResult::parse(
+            &json!({"cniVersion": "1.0.0", "ips": [{"version": "4", "address": "fd00::1/64"}]}),
+        )
+        .unwrap();
         assert_eq!(r.ips[0].address, net("fd00::1/64"));
-        let r = CniResult::parse(&json!({"cniVersion": "0.4.0", "ips": [{"address": "fd00::1/64"}]})).unwrap();
+        let r =
+            CniResult::parse(&json!({"cniVersion": "0.4.0", "ips": [{"address": "fd00::1/64"}]}))
+                .unwrap();
         let out = r.to_json(CniVersion::V0_4_0).unwrap();
         assert_eq!(out["ips"][0]["version"], "6", "derived from the address");
     }
@@ -633,13 +796,22 @@ mod tests {
 
     #[test]
     fn empty_result_to_legacy() {
-        let ipam_less = CniResult::parse(&json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}]})).unwrap();
+        let ipam_less =
+            CniResult::parse(&json!({"cniVersion": "1.0.0", "interfaces": [{"name": "eth0"}]}))
+                .unwrap();
         for t in [CniVersion::V0_1_0, CniVersion::V0_2_0] {
-            assert_eq!(ipam_less.to_json(t), Err(ResultError::NoIpAddresses { target: t }));
+            assert_eq!(
+                ipam_less.to_json(t),
+                Err(ResultError::NoIpAddresses { target: t })
+            );
         }
         assert!(ipam_less.to_json(CniVersion::V0_3_0).is_ok());
         // libcni only refuses when going down from 0.3.0+; a legacy result without IPs stays convertible.
-        let legacy = CniResult::parse(&json!({"cniVersion": "0.2.0", "dns": {"domain": "x"}})).unwrap();
-        assert_eq!(legacy.to_json(CniVersion::V0_1_0).unwrap(), json!({"cniVersion": "0.1.0", "dns": {"domain": "x"}}));
+        let legacy =
+            CniResult::parse(&json!({"cniVersion": "0.2.0", "dns": {"domain": "x"}})).unwrap();
+        assert_eq!(
+            legacy.to_json(CniVersion::V0_1_0).unwrap(),
+            json!({"cniVersion": "0.1.0", "dns": {"domain": "x"}})
+        );
     }
 }

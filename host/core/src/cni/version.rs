@@ -101,7 +101,9 @@ impl fmt::Display for CniVersion {
 
 /// A version string that is not one of [`CniVersion::ALL`].
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("unsupported CNI version {0:?} (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)")]
+#[error(
+    "unsupported CNI version {0:?} (supported: 0.1.0, 0.2.0, 0.3.0, 0.3.1, 0.4.0, 1.0.0, 1.1.0)"
+)]
 pub struct UnsupportedVersion(pub String);
 
 impl CniErrorCode for UnsupportedVersion {
@@ -142,7 +144,9 @@ mod tests {
 
     #[test]
     fn round_trips_every_version_string() {
-        let strings = ["0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0"];
+        let strings = [
+            "0.1.0", "0.2.0", "0.3.0", "0.3.1", "0.4.0", "1.0.0", "1.1.0",
+        ];
         assert_eq!(CniVersion::ALL.len(), strings.len());
         for (v, s) in CniVersion::ALL.iter().zip(strings) {
             assert_eq!(v.to_string(), s);
@@ -162,7 +166,9 @@ mod tests {
 
     #[test]
     fn unsupported_versions_are_named() {
-        for bad in ["", "0.5.0", "1.2.0", "0.3", "1.0", "v1.0.0", " 1.0.0", "1.0.0 "] {
+        for bad in [
+            "", "0.5.0", "1.2.0", "0.3", "1.0", "v1.0.0", " 1.0.0", "1.0.0 ",
+        ] {
             let err = bad.parse::<CniVersion>().unwrap_err();
             assert_eq!(err, UnsupportedVersion(bad.to_owned()));
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
@@ -173,11 +179,20 @@ mod tests {
     #[test]
     fn feature_predicates() {
         use CniVersion::*;
-        let check: Vec<_> = CniVersion::ALL.iter().filter(|v| v.supports_check()).collect();
+        let check: Vec<_> = CniVersion::ALL
+            .iter()
+            .filter(|v| v.supports_check())
+            .collect();
         assert_eq!(check, [&V0_4_0, &V1_0_0, &V1_1_0]);
-        let gc: Vec<_> = CniVersion::ALL.iter().filter(|v| v.supports_status_gc()).collect();
+        let gc: Vec<_> = CniVersion::ALL
+            .iter()
+            .filter(|v| v.supports_status_gc())
+            .collect();
         assert_eq!(gc, [&V1_1_0]);
-        let legacy: Vec<_> = CniVersion::ALL.iter().filter(|v| v.legacy_result()).collect();
+        let legacy: Vec<_> = CniVersion::ALL
+            .iter()
+            .filter(|v| v.legacy_result())
+            .collect();
         assert_eq!(legacy, [&V0_1_0, &V0_2_0]);
     }
 
@@ -185,7 +200,10 @@ mod tests {
     fn serde_as_string() {
         let v: CniVersion = serde_json::from_str("\"0.3.1\"").unwrap();
         assert_eq!(v, CniVersion::V0_3_1);
-        assert_eq!(serde_json::to_string(&CniVersion::V1_1_0).unwrap(), "\"1.1.0\"");
+        assert_eq!(
+            serde_json::to_string(&CniVersion::V1_1_0).unwrap(),
+            "\"1.1.0\""
+        );
         let err = serde_json::from_str::<CniVersion>("\"9.9.9\"").unwrap_err();
         assert!(err.to_string().contains("9.9.9"), "{err}");
         assert!(serde_json::from_str::<CniVersion>("1").is_err());
