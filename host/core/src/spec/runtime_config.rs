@@ -209,16 +209,16 @@ pub fn merge_cni_args(plugin: &mut Map<String, Value>, annotation_args: &Map<Str
 /// [`merge_cni_args`] applied to a whole configuration: each plugin of a configuration list, or the single
 /// configuration.
 pub fn merge_cni_args_into_config(config: &mut Value, annotation_args: &Map<String, Value>) {
-    match config {
-        Value::Object(obj) => match obj.get_mut("plugins") {
-            Some(Value::Array(ps)) => {
-                for p in ps.iter_mut().filter_map(Value::as_object_mut) {
-                    merge_cni_args(p, annotation_args);
-                }
+    let Value::Object(obj) = config else {
+        return;
+    };
+    match obj.get_mut("plugins") {
+        Some(Value::Array(ps)) => {
+            for p in ps.iter_mut().filter_map(Value::as_object_mut) {
+                merge_cni_args(p, annotation_args);
             }
-            Some(_) => {}
-            None => merge_cni_args(obj, annotation_args),
-        },
-        _ => {}
+        }
+        Some(_) => {}
+        None => merge_cni_args(obj, annotation_args),
     }
 }

@@ -758,10 +758,12 @@ fn parse_bandwidth(v: &Value) -> Result<Bandwidth, String> {
             "ingressBurst" => &mut bw.ingress_burst,
             "egressRate" => &mut bw.egress_rate,
             "egressBurst" => &mut bw.egress_burst,
-            other => return Err(format!(
+            other => {
+                return Err(format!(
                 "{} is not a bandwidth key (ingressRate, ingressBurst, egressRate, egressBurst)",
                 quote(other)
-            )),
+            ))
+            }
         };
         match val.as_u64() {
             Some(n) if n > 0 => *slot = Some(n),
