@@ -8,7 +8,7 @@ use plexus_core::spec::{
 };
 
 #[test]
-fn cni_container_id_rule() {
+fn cni_spec_container_id_rule() {
     for ok in ["a", "0", "abc123", "A_b.c-d", "3f2a8c9e1b7d_x", "x..__--"] {
         assert_eq!(validate_container_id(ok), Ok(()), "{ok}");
     }
@@ -28,7 +28,7 @@ fn cni_container_id_rule() {
 }
 
 #[test]
-fn cni_network_name_rule() {
+fn cni_spec_network_name_rule() {
     for ok in ["mynet", "my-net_1.0", "9"] {
         assert_eq!(validate_network_name(ok), Ok(()), "{ok}");
     }
@@ -43,7 +43,7 @@ fn cni_network_name_rule() {
 }
 
 #[test]
-fn cni_ifname_kernel_rule() {
+fn cni_spec_ifname_kernel_rule() {
     assert_eq!(MAX_IFNAME_LEN, 15);
     for ok in ["eth0", "net1", "a", "123456789012345", "veth-x_y.z", "é"] {
         assert_eq!(validate_ifname(ok), Ok(()), "{ok:?}");

@@ -19,7 +19,7 @@ fn obj(v: Value) -> Map<String, Value> {
 }
 
 #[test]
-fn runtime_config_all_keys_golden() {
+fn s4_1_2_1_runtime_config_all_keys_golden() {
     let s = one(include_str!(
         "../../../tests/data/spec/selection/all_keys.annotation"
     ));
@@ -169,7 +169,7 @@ fn s4_1_2_1_7_2_and_8_2_capability_checks() {
 }
 
 #[test]
-fn single_conf_is_its_own_plugin_list() {
+fn s4_1_2_1_3_2_single_conf_is_its_own_plugin_list() {
     let p = config_plugins(&json!({"type": "bridge", "capabilities": {"mac": true}}));
     assert_eq!(p.len(), 1);
     assert!(has_capability(&p[0], "mac"));
@@ -177,7 +177,7 @@ fn single_conf_is_its_own_plugin_list() {
 }
 
 #[test]
-fn runtime_config_filtered_per_plugin_capabilities() {
+fn s4_1_2_1_runtime_config_filtered_per_plugin_capabilities() {
     let s = one(include_str!(
         "../../../tests/data/spec/selection/all_keys.annotation"
     ));
