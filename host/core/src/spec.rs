@@ -17,8 +17,9 @@ pub use naming::{
 pub use objects::{NetworkAttachmentDefinition, Pod, PodRef};
 pub use resolve::{resolve_nad, ConfigSource, OnDiskConf, ResolveError, ResolvedConfig};
 pub use runtime_config::{
-    check_capabilities, config_plugins, filter_runtime_config, has_capability, merge_cni_args,
-    merge_cni_args_into_config, CapabilityError, DEFAULT_BURST_BITS, IPAM_CLAIM_REFERENCE_ARG,
+    check_capabilities, config_plugins, filter_runtime_config, has_capability,
+    inject_runtime_config, merge_cni_args, merge_cni_args_into_config, CapabilityError,
+    DEFAULT_BURST_BITS, IPAM_CLAIM_REFERENCE_ARG,
 };
 pub use selection::{
     parse_selection_annotation, parse_selections, validate_selections, Bandwidth,

@@ -1,9 +1,9 @@
 //! The CNI Delegating Plugin requirements of 4.1.2.1.x: runtimeConfig, capabilities, args.cni.
 
 use plexus_core::spec::{
-    check_capabilities, config_plugins, filter_runtime_config, has_capability, merge_cni_args,
-    merge_cni_args_into_config, parse_selections, CapabilityError, Selection, DEFAULT_BURST_BITS,
-    IPAM_CLAIM_REFERENCE_ARG,
+    check_capabilities, config_plugins, filter_runtime_config, has_capability,
+    inject_runtime_config, merge_cni_args, merge_cni_args_into_config, parse_selections,
+    CapabilityError, Selection, DEFAULT_BURST_BITS, IPAM_CLAIM_REFERENCE_ARG,
 };
 use serde_json::{json, Map, Value};
 
@@ -264,4 +264,17 @@ fn s4_1_2_1_11_ipam_claim_reference_carried_in_args_cni() {
         Value::Object(s.delegate_cni_args().unwrap()),
         json!({"ipam-claim-reference": "mine", "x": 1})
     );
+}
+
+#[test]
+fn s4_1_2_1_runtime_config_injected_per_plugin_like_libcni() {
+    let s = one(r#"[{"name": "n", "mac": "02:23:45:67:89:01", "ips": ["10.0.0.2/24"]}]"#);
+    let rc = s.runtime_config();
+    let mut tuning =
+        obj(json!({"type": "tuning", "capabilities": {"mac": true}, "runtimeConfig": {"old": 1}}));
+    inject_runtime_config(&mut tuning, &rc);
+    assert_eq!(tuning["runtimeConfig"], json!({"mac": "02:23:45:67:89:01"}));
+    let mut plain = obj(json!({"type": "bridge"}));
+    inject_runtime_config(&mut plain, &rc);
+    assert_eq!(Value::Object(plain), json!({"type": "bridge"}));
 }

@@ -175,6 +175,16 @@ pub fn filter_runtime_config(
         .collect()
 }
 
+/// Sets `plugin["runtimeConfig"]` to the part of `runtime_config` the plugin declares (see
+/// [`filter_runtime_config`]), as libcni's `injectRuntimeConfig` does: when nothing applies the plugin is
+/// left unchanged; otherwise its `runtimeConfig` is replaced.
+pub fn inject_runtime_config(plugin: &mut Map<String, Value>, runtime_config: &Map<String, Value>) {
+    let rc = filter_runtime_config(runtime_config, plugin);
+    if !rc.is_empty() {
+        plugin.insert("runtimeConfig".into(), Value::Object(rc));
+    }
+}
+
 /// Writes `annotation_args` into `plugin["args"]["cni"]` (4.1.2.1.6.2): keys from the annotation win over
 /// the configuration's own `args.cni` keys of the same name; the configuration's other keys stay. A
 /// non-object `args` or `args.cni` (invalid per CNI, where `args` is a dictionary) is replaced.
