@@ -42,15 +42,20 @@ impl FileCluster {
     /// Opens the manifest directory. It must exist; nothing is read until a lookup.
     pub fn open(root: impl AsRef<Path>) -> Result<Self, ClusterError> {
         let root = root.as_ref().to_path_buf();
-        let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|source| ClusterError::Io {
-            path: root.display().to_string(),
-            source,
+        let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|source| {
+            ClusterError::Io {
+                path: root.display().to_string(),
+                source,
+            }
         })?;
         Ok(Self { root, dir })
     }
 
     fn io_err(&self, rel: &str, source: std::io::Error) -> ClusterError {
-        ClusterError::Io { path: self.root.join(rel).display().to_string(), source }
+        ClusterError::Io {
+            path: self.root.join(rel).display().to_string(),
+            source,
+        }
     }
 
     /// Every object in every manifest file, in file-name order, with the file it came from.
@@ -59,15 +64,25 @@ impl FileCluster {
         for entry in self.dir.entries().map_err(|e| self.io_err(".", e))? {
             let entry = entry.map_err(|e| self.io_err(".", e))?;
             let name = entry.file_name().to_string_lossy().into_owned();
-            let is_manifest = [".yaml", ".yml", ".json"].iter().any(|ext| name.ends_with(ext));
-            if is_manifest && entry.file_type().map_err(|e| self.io_err(&name, e))?.is_file() {
+            let is_manifest = [".yaml", ".yml", ".json"]
+                .iter()
+                .any(|ext| name.ends_with(ext));
+            if is_manifest
+                && entry
+                    .file_type()
+                    .map_err(|e| self.io_err(&name, e))?
+                    .is_file()
+            {
                 names.push(name);
             }
         }
         names.sort();
         let mut out = Vec::new();
         for name in names {
-            let text = self.dir.read_to_string(&name).map_err(|e| self.io_err(&name, e))?;
+            let text = self
+                .dir
+                .read_to_string(&name)
+                .map_err(|e| self.io_err(&name, e))?;
             for doc in parse_documents(&text).map_err(|reason| ClusterError::Invalid {
                 what: format!("manifest {}", self.root.join(&name).display()),
                 reason,
@@ -78,16 +93,22 @@ impl FileCluster {
         Ok(out)
     }
 
-    fn find(&self, kind: &str, namespace: &str, name: &str) -> Result<Option<(String, Value, Meta)>, ClusterError> {
+    fn find(
+        &self,
+        kind: &str,
+        namespace: &str,
+        name: &str,
+    ) -> Result<Option<(String, Value, Meta)>, ClusterError> {
         for (file, obj) in self.objects()? {
             if obj.get("kind").and_then(Value::as_str) != Some(kind) {
                 continue;
             }
-            let meta: Meta = serde_json::from_value(obj.get("metadata").cloned().unwrap_or(Value::Null))
-                .map_err(|e| ClusterError::Invalid {
-                    what: format!("{kind} metadata in {}", self.root.join(&file).display()),
-                    reason: e.to_string(),
-                })?;
+            let meta: Meta =
+                serde_json::from_value(obj.get("metadata").cloned().unwrap_or(Value::Null))
+                    .map_err(|e| ClusterError::Invalid {
+                        what: format!("{kind} metadata in {}", self.root.join(&file).display()),
+                        reason: e.to_string(),
+                    })?;
             let ns = meta.namespace.as_deref().unwrap_or("default");
             if ns == namespace && meta.name == name {
                 return Ok(Some((file, obj, meta)));
@@ -123,7 +144,11 @@ fn flatten_list(obj: Value, sink: &mut dyn FnMut(Value)) {
 impl Cluster for FileCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         let Some((_, _, meta)) = self.find("Pod", &pod.namespace, &pod.name)? else {
-            return Err(ClusterError::NotFound { kind: "pod", namespace: pod.namespace.clone(), name: pod.name.clone() });
+            return Err(ClusterError::NotFound {
+                kind: "pod",
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            });
         };
         if let (Some(expected), Some(actual)) = (&pod.uid, &meta.uid) {
             if expected != actual {
@@ -143,18 +168,29 @@ impl Cluster for FileCluster {
         })
     }
 
-    fn nad(&self, namespace: &str, name: &str) -> Result<NetworkAttachmentDefinition, ClusterError> {
-        let Some((file, obj, meta)) = self.find("NetworkAttachmentDefinition", namespace, name)? else {
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        let Some((file, obj, meta)) = self.find("NetworkAttachmentDefinition", namespace, name)?
+        else {
             return Err(ClusterError::NotFound {
                 kind: "NetworkAttachmentDefinition",
                 namespace: namespace.into(),
                 name: name.into(),
             });
         };
-        let api = obj.get("apiVersion").and_then(Value::as_str).unwrap_or_default();
+        let api = obj
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .unwrap_or_default();
         if !api.starts_with(NAD_API_GROUP) {
             return Err(ClusterError::Invalid {
-                what: format!("NetworkAttachmentDefinition {namespace}/{name} in {}", self.root.join(file).display()),
+                what: format!(
+                    "NetworkAttachmentDefinition {namespace}/{name} in {}",
+                    self.root.join(file).display()
+                ),
                 reason: format!("apiVersion {api:?} is not in group k8s.cni.cncf.io"),
             });
         }
@@ -169,13 +205,23 @@ impl Cluster for FileCluster {
                 })
             }
         };
-        Ok(NetworkAttachmentDefinition { namespace: namespace.into(), name: name.into(), config, annotations: meta.annotations })
+        Ok(NetworkAttachmentDefinition {
+            namespace: namespace.into(),
+            name: name.into(),
+            config,
+            annotations: meta.annotations,
+        })
     }
 
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
         let ns_dir = format!("status/{}", pod.namespace);
-        self.dir.create_dir_all(&ns_dir).map_err(|e| self.io_err(&ns_dir, e))?;
-        let dir = self.dir.open_dir(&ns_dir).map_err(|e| self.io_err(&ns_dir, e))?;
+        self.dir
+            .create_dir_all(&ns_dir)
+            .map_err(|e| self.io_err(&ns_dir, e))?;
+        let dir = self
+            .dir
+            .open_dir(&ns_dir)
+            .map_err(|e| self.io_err(&ns_dir, e))?;
         let final_name = format!("{}.json", pod.name);
         let tmp_name = format!(".{}.json.tmp.{}", pod.name, std::process::id());
         let rel = format!("{ns_dir}/{final_name}");
@@ -234,7 +280,13 @@ metadata:
     #[test]
     fn reads_pod_and_nads_from_multi_document_yaml() {
         let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
-        let pod = c.pod(&PodRef { namespace: "team-a".into(), name: "web".into(), uid: None }).unwrap();
+        let pod = c
+            .pod(&PodRef {
+                namespace: "team-a".into(),
+                name: "web".into(),
+                uid: None,
+            })
+            .unwrap();
         assert_eq!(pod.networks_annotation(), Some("net-a"));
         assert_eq!(pod.labels["app"], "web");
         assert_eq!(pod.uid.as_deref(), Some("1111"));
@@ -248,15 +300,28 @@ metadata:
     fn missing_objects_name_namespace_and_name() {
         let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
         let err = c.nad("team-b", "net-a").unwrap_err();
-        assert_eq!(err.to_string(), "NetworkAttachmentDefinition team-b/net-a not found");
-        let err = c.pod(&PodRef { namespace: "team-a".into(), name: "nope".into(), uid: None }).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "NetworkAttachmentDefinition team-b/net-a not found"
+        );
+        let err = c
+            .pod(&PodRef {
+                namespace: "team-a".into(),
+                name: "nope".into(),
+                uid: None,
+            })
+            .unwrap_err();
         assert_eq!(err.to_string(), "pod team-a/nope not found");
     }
 
     #[test]
     fn uid_mismatch_is_an_error() {
         let (_t, c) = cluster(&[("all.yaml", MANIFESTS)]);
-        let err = c.pod(&PodRef { namespace: "team-a".into(), name: "web".into(), uid: Some("2222".into()) });
+        let err = c.pod(&PodRef {
+            namespace: "team-a".into(),
+            name: "web".into(),
+            uid: Some("2222".into()),
+        });
         assert!(matches!(err, Err(ClusterError::UidMismatch { .. })));
     }
 
@@ -272,18 +337,31 @@ metadata:
 
     #[test]
     fn nad_with_wrong_api_group_is_rejected() {
-        let (_t, c) = cluster(&[("n.yaml", "apiVersion: example.com/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: x}\n")]);
-        assert!(c.nad("default", "x").unwrap_err().to_string().contains("k8s.cni.cncf.io"));
+        let (_t, c) = cluster(&[(
+            "n.yaml",
+            "apiVersion: example.com/v1\nkind: NetworkAttachmentDefinition\nmetadata: {name: x}\n",
+        )]);
+        assert!(c
+            .nad("default", "x")
+            .unwrap_err()
+            .to_string()
+            .contains("k8s.cni.cncf.io"));
     }
 
     #[test]
     fn write_status_lands_in_status_dir() {
         let (t, c) = cluster(&[]);
-        let pod = PodRef { namespace: "ns".into(), name: "p".into(), uid: None };
+        let pod = PodRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: None,
+        };
         c.write_status(&pod, r#"[{"name":"x"}]"#).unwrap();
         let text = std::fs::read_to_string(t.path().join("status/ns/p.json")).unwrap();
         assert_eq!(text.trim(), r#"[{"name":"x"}]"#);
-        let leftovers: Vec<_> = std::fs::read_dir(t.path().join("status/ns")).unwrap().collect();
+        let leftovers: Vec<_> = std::fs::read_dir(t.path().join("status/ns"))
+            .unwrap()
+            .collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
     }
 }

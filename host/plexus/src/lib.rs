@@ -1,1 +1,9 @@
 //! Plexus's orchestration: the CNI entry point, delegate execution, locks, the attachment cache.
+//!
+//! Everything here is driven by an [`invocation::Invocation`] value: no process-global state, no exit, no
+//! reading of the environment or stdin below the entry point in `main.rs`.
+
+pub mod cache;
+pub mod error;
+pub mod exec;
+pub mod lock;

@@ -37,7 +37,9 @@ pub struct Pod {
 impl Pod {
     /// The raw value of the selection annotation, if the pod has one.
     pub fn networks_annotation(&self) -> Option<&str> {
-        self.annotations.get(NETWORKS_ANNOTATION).map(String::as_str)
+        self.annotations
+            .get(NETWORKS_ANNOTATION)
+            .map(String::as_str)
     }
 }
 
