@@ -1,1 +1,4 @@
 //! The one integration-test harness (see design.md, Style 7).
+
+pub mod libcni;
+pub mod netns;
