@@ -4,7 +4,9 @@
 //! (development, demos, tests); the Kubernetes API source lives beside it.
 
 mod file;
+mod kube;
 
+pub use self::kube::{KubeCluster, KubeSettings};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
@@ -12,9 +14,17 @@ use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 #[derive(Debug, thiserror::Error)]
 pub enum ClusterError {
     #[error("{kind} {namespace}/{name} not found")]
-    NotFound { kind: &'static str, namespace: String, name: String },
+    NotFound {
+        kind: &'static str,
+        namespace: String,
+        name: String,
+    },
     #[error("pod {pod} has uid {actual}, but the runtime asked for uid {expected}")]
-    UidMismatch { pod: String, expected: String, actual: String },
+    UidMismatch {
+        pod: String,
+        expected: String,
+        actual: String,
+    },
     #[error("forbidden: {0}")]
     Forbidden(String),
     #[error("cluster source unavailable: {0}")]
@@ -22,7 +32,11 @@ pub enum ClusterError {
     #[error("invalid {what}: {reason}")]
     Invalid { what: String, reason: String },
     #[error("{path}: {source}")]
-    Io { path: String, #[source] source: std::io::Error },
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 impl ClusterError {
@@ -39,7 +53,8 @@ pub trait Cluster {
     /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
     /// The NetworkAttachmentDefinition `namespace/name`.
-    fn nad(&self, namespace: &str, name: &str) -> Result<NetworkAttachmentDefinition, ClusterError>;
+    fn nad(&self, namespace: &str, name: &str)
+        -> Result<NetworkAttachmentDefinition, ClusterError>;
     /// Publishes the network-status annotation value (a JSON list, spec 5) on the pod.
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
     /// Records that an interface was added (a Kubernetes Event where the source supports it).

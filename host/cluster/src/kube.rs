@@ -1,0 +1,691 @@
+//! KubeCluster: pods and NetworkAttachmentDefinitions read from the Kubernetes API, network-status written back.
+//!
+//! The [`Cluster`] trait is synchronous, so a `KubeCluster` owns a current-thread tokio runtime and blocks on
+//! each request. Nothing (runtime, configuration, client) is built until the first call needs it, so a CNI
+//! invocation that never touches the API pays nothing for it.
+//!
+//! Every request has its own timeout, and every trait call a total deadline. Connection errors, timeouts and
+//! the API server's 429, 500, 502, 503 and 504 answers are retried with exponential backoff until the
+//! retries or the deadline run out, which yields [`ClusterError::Unavailable`] (CNI "try again later").
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod as KubePod};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+use k8s_openapi::NamespaceResourceScope;
+use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::config::{KubeConfigOptions, Kubeconfig};
+use kube::{Client, Config};
+use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use serde::{Deserialize, Serialize};
+
+use crate::{Cluster, ClusterError};
+
+/// How Plexus talks to the Kubernetes API: the `cluster` object of a plexus conf with `"source": "kube"`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "camelCase", default, deny_unknown_fields)]
+pub struct KubeSettings {
+    /// A kubeconfig file; without one, the in-cluster service account configuration is used.
+    pub kubeconfig: Option<PathBuf>,
+    /// Upper bound for one HTTP request, connection set-up included.
+    pub request_timeout_ms: u64,
+    /// Upper bound for one operation (a read or a write) with all its retries.
+    pub deadline_ms: u64,
+    /// How often a request failing transiently is retried (the first attempt not counted).
+    pub retries: u32,
+    /// Pause before the first retry; it doubles with every further retry.
+    pub initial_backoff_ms: u64,
+    /// Upper bound for the pause between two retries.
+    pub max_backoff_ms: u64,
+    /// How often the status patch is retried when the API server answers 409 Conflict.
+    pub conflict_retries: u32,
+    /// Post an `AddedInterface` Event on the pod for each attachment.
+    pub events: bool,
+}
+
+impl Default for KubeSettings {
+    fn default() -> Self {
+        Self {
+            kubeconfig: None,
+            request_timeout_ms: 5000,
+            deadline_ms: 20000,
+            retries: 5,
+            initial_backoff_ms: 200,
+            max_backoff_ms: 3000,
+            conflict_retries: 5,
+            events: true,
+        }
+    }
+}
+
+/// The environment variable kubelet sets in every pod; its absence means "not running in a cluster".
+const SERVICE_HOST_ENV: &str = "KUBERNETES_SERVICE_HOST";
+const NAD_GROUP: &str = "k8s.cni.cncf.io";
+const NAD_PLURAL: &str = "network-attachment-definitions";
+const EVENT_REASON: &str = "AddedInterface";
+const COMPONENT: &str = "plexus";
+
+/// A cluster source backed by the Kubernetes API server.
+pub struct KubeCluster {
+    settings: KubeSettings,
+    /// Built on first use; shared by every later call.
+    conn: Mutex<Option<Arc<Connection>>>,
+}
+
+struct Connection {
+    runtime: tokio::runtime::Runtime,
+    client: Client,
+}
+
+impl std::fmt::Debug for KubeCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("KubeCluster")
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The NetworkAttachmentDefinition custom resource (spec 3.2) as kube-rs sees it.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+struct NadObject {
+    metadata: ObjectMeta,
+    #[serde(default)]
+    spec: Option<NadSpec>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
+struct NadSpec {
+    #[serde(default)]
+    config: Option<String>,
+}
+
+impl kube::Resource for NadObject {
+    type DynamicType = ();
+    type Scope = NamespaceResourceScope;
+
+    fn kind(_: &()) -> std::borrow::Cow<'_, str> {
+        "NetworkAttachmentDefinition".into()
+    }
+    fn group(_: &()) -> std::borrow::Cow<'_, str> {
+        NAD_GROUP.into()
+    }
+    fn version(_: &()) -> std::borrow::Cow<'_, str> {
+        "v1".into()
+    }
+    fn plural(_: &()) -> std::borrow::Cow<'_, str> {
+        NAD_PLURAL.into()
+    }
+    fn meta(&self) -> &ObjectMeta {
+        &self.metadata
+    }
+    fn meta_mut(&mut self) -> &mut ObjectMeta {
+        &mut self.metadata
+    }
+}
+
+/// What a request was for, so that errors can name the object and the permission involved.
+struct Op<'a> {
+    verb: &'static str,
+    /// The RBAC resource, with its subresource (`pods/status`).
+    resource: &'static str,
+    /// The API group; empty for the core group.
+    group: &'static str,
+    namespace: &'a str,
+    name: &'a str,
+}
+
+impl Op<'_> {
+    fn forbidden(&self) -> ClusterError {
+        let group = if self.group.is_empty() {
+            "core".to_string()
+        } else {
+            format!("{:?}", self.group)
+        };
+        ClusterError::Forbidden(format!(
+            "missing permission to {} {} (API group {group}) in namespace {:?}",
+            self.verb, self.resource, self.namespace
+        ))
+    }
+
+    fn describe(&self) -> String {
+        format!(
+            "{} {} {}/{}",
+            self.verb, self.resource, self.namespace, self.name
+        )
+    }
+}
+
+/// Why a request with its retries did not succeed.
+enum Failure {
+    /// The API server answered with a status that retrying does not change.
+    Api(Box<kube::core::Status>),
+    /// Retries or the deadline ran out; the text says what went wrong last.
+    Exhausted(String),
+    /// The request could not be made or its answer not understood.
+    Broken(String),
+}
+
+/// A transient failure is retried; anything else ends the operation.
+enum Attempt {
+    Transient(String),
+    Final(Failure),
+}
+
+fn classify(err: kube::Error) -> Attempt {
+    match err {
+        kube::Error::Api(status) if matches!(status.code, 429 | 500 | 502 | 503 | 504) => {
+            Attempt::Transient(format!(
+                "API server answered {} {}",
+                status.code, status.reason
+            ))
+        }
+        kube::Error::Api(status) => Attempt::Final(Failure::Api(status)),
+        kube::Error::HyperError(e) => Attempt::Transient(format!("connection error: {e}")),
+        kube::Error::Service(e) => {
+            Attempt::Transient(format!("connection error: {}", error_chain(&*e)))
+        }
+        kube::Error::SerdeError(e) => {
+            Attempt::Final(Failure::Broken(format!("malformed response: {e}")))
+        }
+        other => Attempt::Final(Failure::Broken(error_chain(&other))),
+    }
+}
+
+/// An error and its sources in one line: connection errors hide the useful part (refused, reset) deep down.
+fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = err.to_string();
+    let mut source = err.source();
+    while let Some(s) = source {
+        let text = s.to_string();
+        if !out.contains(&text) {
+            out.push_str(": ");
+            out.push_str(&text);
+        }
+        source = s.source();
+    }
+    out
+}
+
+impl KubeCluster {
+    /// Checks the settings; builds nothing yet. Without a kubeconfig this must run inside a pod.
+    pub fn new(settings: KubeSettings) -> Result<KubeCluster, ClusterError> {
+        let invalid = |reason: String| ClusterError::Invalid {
+            what: "kube cluster settings".into(),
+            reason,
+        };
+        if settings.request_timeout_ms == 0 {
+            return Err(invalid("requestTimeoutMs must be greater than 0".into()));
+        }
+        if settings.deadline_ms == 0 {
+            return Err(invalid("deadlineMs must be greater than 0".into()));
+        }
+        if settings.initial_backoff_ms > settings.max_backoff_ms {
+            return Err(invalid(format!(
+                "initialBackoffMs ({}) is greater than maxBackoffMs ({})",
+                settings.initial_backoff_ms, settings.max_backoff_ms
+            )));
+        }
+        if settings.kubeconfig.is_none() && std::env::var_os(SERVICE_HOST_ENV).is_none() {
+            return Err(invalid(format!(
+                "no kubeconfig given and not running in a cluster ({SERVICE_HOST_ENV} is not set)"
+            )));
+        }
+        Ok(KubeCluster {
+            settings,
+            conn: Mutex::new(None),
+        })
+    }
+
+    /// The settings this source was built with.
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
+    }
+
+    fn connection(&self) -> Result<Arc<Connection>, ClusterError> {
+        if tokio::runtime::Handle::try_current().is_ok() {
+            return Err(ClusterError::Invalid {
+                what: "kube cluster source".into(),
+                reason: "it blocks and cannot be called from inside an async runtime".into(),
+            });
+        }
+        let mut slot = self
+            .conn
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if let Some(conn) = slot.as_ref() {
+            return Ok(conn.clone());
+        }
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|source| ClusterError::Io {
+                path: "tokio runtime for the kube cluster source".into(),
+                source,
+            })?;
+        let config = runtime.block_on(self.config())?;
+        // The client spawns its request buffer onto the runtime it is built in.
+        let client = runtime
+            .block_on(async { Client::try_from(config) })
+            .map_err(|e| ClusterError::Invalid {
+                what: "kube client configuration".into(),
+                reason: error_chain(&e),
+            })?;
+        let conn = Arc::new(Connection { runtime, client });
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    async fn config(&self) -> Result<Config, ClusterError> {
+        let mut config = match &self.settings.kubeconfig {
+            Some(path) => {
+                let what = || format!("kubeconfig {}", path.display());
+                let kubeconfig =
+                    Kubeconfig::read_from(path).map_err(|e| ClusterError::Invalid {
+                        what: what(),
+                        reason: error_chain(&e),
+                    })?;
+                Config::from_custom_kubeconfig(kubeconfig, &KubeConfigOptions::default())
+                    .await
+                    .map_err(|e| ClusterError::Invalid {
+                        what: what(),
+                        reason: error_chain(&e),
+                    })?
+            }
+            None => Config::incluster().map_err(|e| ClusterError::Invalid {
+                what: "in-cluster kube configuration".into(),
+                reason: error_chain(&e),
+            })?,
+        };
+        // Retries are ours (bounded by the deadline); kube-rs's own policy would multiply them.
+        config.default_retry = false;
+        config.connect_timeout = Some(Duration::from_millis(self.settings.request_timeout_ms));
+        Ok(config)
+    }
+
+    fn deadline(&self) -> Instant {
+        Instant::now() + Duration::from_millis(self.settings.deadline_ms)
+    }
+
+    /// Runs `request` until it succeeds, fails for good, or retries or the deadline run out.
+    async fn call<T, F, Fut>(
+        &self,
+        op: &Op<'_>,
+        deadline: Instant,
+        retries: u32,
+        mut request: F,
+    ) -> Result<T, Failure>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<T, kube::Error>>,
+    {
+        let started = Instant::now();
+        let per_request = Duration::from_millis(self.settings.request_timeout_ms);
+        let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
+        let max_backoff = Duration::from_millis(self.settings.max_backoff_ms);
+        let mut attempts = 0u32;
+        loop {
+            attempts += 1;
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            let limit = per_request.min(remaining);
+            let last = match tokio::time::timeout(limit, request()).await {
+                Ok(Ok(value)) => return Ok(value),
+                Ok(Err(err)) => match classify(err) {
+                    Attempt::Transient(reason) => reason,
+                    Attempt::Final(failure) => return Err(failure),
+                },
+                Err(_) => format!("no answer within {} ms", limit.as_millis()),
+            };
+            let out_of_time = Instant::now() + backoff >= deadline;
+            if attempts > retries || out_of_time {
+                return Err(Failure::Exhausted(format!(
+                    "{}: {last} (gave up after {attempts} attempt{} in {} ms)",
+                    op.describe(),
+                    if attempts == 1 { "" } else { "s" },
+                    started.elapsed().as_millis()
+                )));
+            }
+            tracing::debug!(request = %op.describe(), attempt = attempts, error = %last, "retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(max_backoff);
+        }
+    }
+
+    /// The error for a failure that has no more specific meaning for the operation.
+    fn generic(op: &Op<'_>, kind: &'static str, failure: Failure) -> ClusterError {
+        match failure {
+            Failure::Exhausted(reason) => ClusterError::Unavailable(reason),
+            Failure::Broken(reason) => ClusterError::Invalid {
+                what: op.describe(),
+                reason,
+            },
+            Failure::Api(status) => match status.code {
+                404 => ClusterError::NotFound {
+                    kind,
+                    namespace: op.namespace.into(),
+                    name: op.name.into(),
+                },
+                403 => {
+                    tracing::warn!(request = %op.describe(), message = %status.message, "forbidden");
+                    op.forbidden()
+                }
+                401 => ClusterError::Forbidden(format!(
+                    "the API server rejected the credentials (401 Unauthorized) for {}",
+                    op.describe()
+                )),
+                code => ClusterError::Invalid {
+                    what: op.describe(),
+                    reason: format!(
+                        "API server answered {code} {}: {}",
+                        status.reason, status.message
+                    ),
+                },
+            },
+        }
+    }
+
+    async fn post_event(
+        &self,
+        client: &Client,
+        pod: &PodRef,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{}.", pod.name)),
+                namespace: Some(pod.namespace.clone()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some("v1".into()),
+                kind: Some("Pod".into()),
+                name: Some(pod.name.clone()),
+                namespace: Some(pod.namespace.clone()),
+                uid: pod.uid.clone(),
+                ..ObjectReference::default()
+            },
+            reason: Some(EVENT_REASON.into()),
+            message: Some(message.into()),
+            type_: Some("Normal".into()),
+            source: Some(EventSource {
+                component: Some(COMPONENT.into()),
+                host: None,
+            }),
+            reporting_component: Some(COMPONENT.into()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        let api: Api<Event> = Api::namespaced(client.clone(), &pod.namespace);
+        let op = Op {
+            verb: "create",
+            resource: "events",
+            group: "",
+            namespace: &pod.namespace,
+            name: &pod.name,
+        };
+        // Best effort: one attempt, so a slow API server cannot stretch the ADD with an event nobody awaits.
+        let params = PostParams::default();
+        self.call(&op, self.deadline(), 0, || api.create(&params, &event))
+            .await
+            .map(drop)
+            .map_err(|f| Self::generic(&op, "event", f))
+    }
+}
+
+fn pod_from_kube(namespace: &str, pod: KubePod) -> Pod {
+    let meta = pod.metadata;
+    Pod {
+        namespace: meta.namespace.unwrap_or_else(|| namespace.to_string()),
+        name: meta.name.unwrap_or_default(),
+        uid: meta.uid,
+        labels: meta.labels.unwrap_or_default(),
+        annotations: meta.annotations.unwrap_or_default(),
+    }
+}
+
+/// The merge patch that sets the network-status annotation and touches nothing else.
+fn status_patch(network_status: &str) -> serde_json::Value {
+    let annotations: BTreeMap<&str, &str> = [(NETWORK_STATUS_ANNOTATION, network_status)].into();
+    serde_json::json!({ "metadata": { "annotations": annotations } })
+}
+
+impl Cluster for KubeCluster {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        let conn = self.connection()?;
+        let api: Api<KubePod> = Api::namespaced(conn.client.clone(), &pod.namespace);
+        let op = Op {
+            verb: "get",
+            resource: "pods",
+            group: "",
+            namespace: &pod.namespace,
+            name: &pod.name,
+        };
+        let found = conn
+            .runtime
+            .block_on(self.call(&op, self.deadline(), self.settings.retries, || {
+                api.get(&pod.name)
+            }))
+            .map_err(|f| Self::generic(&op, "pod", f))?;
+        let found = pod_from_kube(&pod.namespace, found);
+        if let Some(expected) = &pod.uid {
+            let actual = found.uid.clone().unwrap_or_default();
+            if *expected != actual {
+                return Err(ClusterError::UidMismatch {
+                    pod: pod.to_string(),
+                    expected: expected.clone(),
+                    actual,
+                });
+            }
+        }
+        Ok(found)
+    }
+
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        let conn = self.connection()?;
+        let api: Api<NadObject> = Api::namespaced(conn.client.clone(), namespace);
+        let op = Op {
+            verb: "get",
+            resource: NAD_PLURAL,
+            group: NAD_GROUP,
+            namespace,
+            name,
+        };
+        let found = conn
+            .runtime
+            .block_on(self.call(&op, self.deadline(), self.settings.retries, || {
+                api.get(name)
+            }))
+            .map_err(|f| Self::generic(&op, "NetworkAttachmentDefinition", f))?;
+        let config = found
+            .spec
+            .and_then(|s| s.config)
+            .filter(|c| !c.trim().is_empty());
+        Ok(NetworkAttachmentDefinition {
+            namespace: namespace.into(),
+            name: name.into(),
+            config,
+            annotations: found.metadata.annotations.unwrap_or_default(),
+        })
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        let conn = self.connection()?;
+        let api: Api<KubePod> = Api::namespaced(conn.client.clone(), &pod.namespace);
+        let op = Op {
+            verb: "patch",
+            resource: "pods/status",
+            group: "",
+            namespace: &pod.namespace,
+            name: &pod.name,
+        };
+        let patch_body = status_patch(network_status);
+        let patch = Patch::Merge(&patch_body);
+        let params = PatchParams::default();
+        let deadline = self.deadline();
+        let mut conflicts = 0u32;
+        let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
+        conn.runtime.block_on(async {
+            loop {
+                let sent = self
+                    .call(&op, deadline, self.settings.retries, || {
+                        api.patch_status(&pod.name, &params, &patch)
+                    })
+                    .await;
+                match sent {
+                    Ok(_) => return Ok(()),
+                    Err(Failure::Api(status)) if status.code == 404 => {
+                        tracing::warn!(pod = %pod, "pod vanished before its network-status could be written");
+                        return Ok(());
+                    }
+                    Err(Failure::Api(status)) if status.code == 409 => {
+                        conflicts += 1;
+                        if conflicts > self.settings.conflict_retries || Instant::now() + backoff >= deadline {
+                            return Err(ClusterError::Unavailable(format!(
+                                "{}: still conflicting after {conflicts} attempts",
+                                op.describe()
+                            )));
+                        }
+                        tracing::debug!(pod = %pod, conflicts, "status patch conflicted, retrying");
+                        tokio::time::sleep(backoff).await;
+                        backoff = (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
+                    }
+                    Err(failure) => return Err(Self::generic(&op, "pod", failure)),
+                }
+            }
+        })
+    }
+
+    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
+        if !self.settings.events {
+            return Ok(());
+        }
+        let conn = self.connection()?;
+        if let Err(err) = conn
+            .runtime
+            .block_on(self.post_event(&conn.client, pod, message))
+        {
+            tracing::warn!(pod = %pod, error = %err, "could not post the AddedInterface event");
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn settings_defaults_and_camel_case() {
+        let s: KubeSettings = serde_json::from_str("{}").unwrap();
+        assert_eq!(s, KubeSettings::default());
+        assert_eq!(
+            (s.request_timeout_ms, s.deadline_ms, s.events),
+            (5000, 20000, true)
+        );
+        let s: KubeSettings = serde_json::from_str(
+            r#"{"kubeconfig":"/k","requestTimeoutMs":10,"deadlineMs":50,"retries":1,"conflictRetries":2,"events":false}"#,
+        )
+        .unwrap();
+        assert_eq!(s.kubeconfig.as_deref(), Some(std::path::Path::new("/k")));
+        assert_eq!(
+            (
+                s.request_timeout_ms,
+                s.deadline_ms,
+                s.retries,
+                s.conflict_retries
+            ),
+            (10, 50, 1, 2)
+        );
+        assert!(!s.events);
+    }
+
+    #[test]
+    fn settings_reject_typos() {
+        let err = serde_json::from_str::<KubeSettings>(r#"{"requestTimeout":10}"#).unwrap_err();
+        assert!(err.to_string().contains("requestTimeout"), "{err}");
+    }
+
+    #[test]
+    fn settings_fit_a_tagged_cluster_object() {
+        // The plexus conf's `cluster` object carries `"source"` beside these keys.
+        #[derive(Deserialize)]
+        #[serde(tag = "source", rename_all = "lowercase")]
+        enum Source {
+            Kube(KubeSettings),
+        }
+        let Source::Kube(s) =
+            serde_json::from_str(r#"{"source":"kube","kubeconfig":"/k","retries":2}"#).unwrap();
+        assert_eq!(s.retries, 2);
+    }
+
+    #[test]
+    fn new_validates_settings() {
+        let with = |f: fn(&mut KubeSettings)| {
+            let mut s = KubeSettings {
+                kubeconfig: Some("/nonexistent".into()),
+                ..KubeSettings::default()
+            };
+            f(&mut s);
+            KubeCluster::new(s)
+        };
+        assert!(
+            with(|_| {}).is_ok(),
+            "a missing kubeconfig is only read on first use"
+        );
+        let err = with(|s| s.request_timeout_ms = 0).unwrap_err().to_string();
+        assert!(err.contains("requestTimeoutMs"), "{err}");
+        let err = with(|s| s.initial_backoff_ms = s.max_backoff_ms + 1)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("initialBackoffMs"), "{err}");
+    }
+
+    #[test]
+    fn missing_kubeconfig_is_reported_on_first_use() {
+        let c = KubeCluster::new(KubeSettings {
+            kubeconfig: Some("/nonexistent/kubeconfig".into()),
+            ..KubeSettings::default()
+        })
+        .unwrap();
+        let err = c.nad("ns", "n").unwrap_err().to_string();
+        assert!(
+            err.starts_with("invalid kubeconfig /nonexistent/kubeconfig"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn status_patch_sets_only_the_annotation() {
+        let patch = status_patch(r#"[{"name":"x"}]"#);
+        assert_eq!(
+            patch.to_string(),
+            r#"{"metadata":{"annotations":{"k8s.v1.cni.cncf.io/network-status":"[{\"name\":\"x\"}]"}}}"#
+        );
+    }
+
+    #[test]
+    fn forbidden_names_verb_resource_and_namespace() {
+        let op = Op {
+            verb: "get",
+            resource: NAD_PLURAL,
+            group: NAD_GROUP,
+            namespace: "team-a",
+            name: "n",
+        };
+        assert_eq!(
+            op.forbidden().to_string(),
+            r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a""#
+        );
+    }
+}
