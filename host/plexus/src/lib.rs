@@ -4,6 +4,12 @@
 //! reading of the environment or stdin below the entry point in `main.rs`.
 
 pub mod cache;
+pub mod conf;
+pub mod entry;
 pub mod error;
 pub mod exec;
+pub mod invocation;
 pub mod lock;
+pub mod orchestrate;
+pub mod podnet;
+pub mod runner;

@@ -1,0 +1,267 @@
+//! The plexus CNI configuration (design.md, "The plexus CNI configuration"): raw form, then validated.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plexus_core::cni::CniVersion;
+use serde::Deserialize;
+use serde_json::{Map, Value};
+
+use crate::error::PlexusError;
+
+/// What the runtime put on stdin, as it came.
+#[derive(Debug, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct RawConf {
+    cni_version: Option<String>,
+    name: Option<String>,
+    cluster_network: Option<String>,
+    #[serde(default)]
+    default_networks: Vec<String>,
+    plexus_namespace: Option<String>,
+    conf_dir: Option<PathBuf>,
+    bin_dir: Option<PathBuf>,
+    cache_dir: Option<PathBuf>,
+    run_dir: Option<PathBuf>,
+    cluster: Option<Value>,
+    readiness_indicator_file: Option<PathBuf>,
+    readiness_timeout_ms: Option<u64>,
+    delegate_timeout_ms: Option<u64>,
+    invalid_selections: Option<String>,
+    #[serde(default)]
+    hooks: Vec<Value>,
+    log_level: Option<String>,
+    log_file: Option<PathBuf>,
+    #[serde(default)]
+    runtime_config: Map<String, Value>,
+    prev_result: Option<Value>,
+    #[serde(rename = "cni.dev/valid-attachments")]
+    valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+/// A `(containerID, ifname)` pair the runtime still uses (CNI 1.1 GC).
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+pub struct ValidAttachment {
+    #[serde(rename = "containerID")]
+    pub container_id: String,
+    pub ifname: String,
+}
+
+/// Where pods and NADs come from.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClusterSource {
+    /// No cluster source: only the cluster network is attached.
+    None,
+    Files {
+        dir: PathBuf,
+    },
+    /// The Kubernetes API; the object holds the source's own settings (kubeconfig, timeouts, ...).
+    Kube(Value),
+}
+
+/// The validated plexus configuration.
+#[derive(Debug, Clone)]
+pub struct PlexusConf {
+    pub cni_version: CniVersion,
+    pub name: String,
+    pub cluster_network: String,
+    pub default_networks: Vec<String>,
+    pub plexus_namespace: String,
+    pub conf_dir: PathBuf,
+    pub bin_dir: Option<PathBuf>,
+    pub cache_dir: PathBuf,
+    pub run_dir: PathBuf,
+    pub cluster: ClusterSource,
+    pub readiness_indicator_file: Option<PathBuf>,
+    pub readiness_timeout: Duration,
+    pub delegate_timeout: Duration,
+    pub ignore_invalid_selections: bool,
+    pub hooks: Vec<Value>,
+    pub log_level: String,
+    pub log_file: Option<PathBuf>,
+    pub runtime_config: Map<String, Value>,
+    pub prev_result: Option<Value>,
+    pub valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
+    if p.is_absolute() {
+        Ok(p)
+    } else {
+        Err(PlexusError::Config(format!(
+            "{key} must be an absolute path, got {:?}",
+            p.display()
+        )))
+    }
+}
+
+impl PlexusConf {
+    /// Parses stdin. `in_kubernetes` says whether `KUBERNETES_SERVICE_HOST` was set (the default source).
+    pub fn parse(stdin: &[u8], in_kubernetes: bool) -> Result<Self, PlexusError> {
+        if stdin.iter().all(u8::is_ascii_whitespace) {
+            return Err(PlexusError::Decode(
+                "empty network configuration on stdin".into(),
+            ));
+        }
+        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+            PlexusError::Decode(format!(
+                "network configuration on stdin is not valid JSON: {e}"
+            ))
+        })?;
+        if !value.is_object() {
+            return Err(PlexusError::Decode(
+                "network configuration on stdin is not a JSON object".into(),
+            ));
+        }
+        let raw: RawConf = serde_json::from_value(value)
+            .map_err(|e| PlexusError::Config(format!("plexus configuration: {e}")))?;
+        let version_str = raw
+            .cni_version
+            .ok_or_else(|| PlexusError::Config("cniVersion is missing".into()))?;
+        let cni_version: CniVersion =
+            version_str
+                .parse()
+                .map_err(|e: plexus_core::cni::UnsupportedVersion| {
+                    PlexusError::Version(e.to_string())
+                })?;
+        let cluster_network = raw
+            .cluster_network
+            .filter(|s| !s.trim().is_empty())
+            .ok_or_else(|| PlexusError::Config("clusterNetwork is required".into()))?;
+        let cluster = match raw.cluster {
+            None if in_kubernetes => ClusterSource::Kube(Value::Object(Map::new())),
+            None => ClusterSource::None,
+            Some(Value::Object(mut m)) => match m.remove("source").as_ref().and_then(Value::as_str)
+            {
+                Some("files") => {
+                    let dir = m.get("dir").and_then(Value::as_str).ok_or_else(|| {
+                        PlexusError::Config("cluster.dir is required for source \"files\"".into())
+                    })?;
+                    ClusterSource::Files {
+                        dir: absolute("cluster.dir", dir.into())?,
+                    }
+                }
+                Some("kube") => ClusterSource::Kube(Value::Object(m)),
+                other => {
+                    return Err(PlexusError::Config(format!(
+                        "cluster.source must be \"files\" or \"kube\", got {}",
+                        other.map_or("nothing".to_string(), |s| format!("{s:?}"))
+                    )))
+                }
+            },
+            Some(other) => {
+                return Err(PlexusError::Config(format!(
+                    "cluster must be an object, got {other}"
+                )))
+            }
+        };
+        let ignore_invalid_selections = match raw.invalid_selections.as_deref() {
+            None | Some("fail") => false,
+            Some("ignore") => true,
+            Some(other) => {
+                return Err(PlexusError::Config(format!(
+                    "invalidSelections must be \"fail\" or \"ignore\", got {other:?}"
+                )))
+            }
+        };
+        let log_level = raw.log_level.unwrap_or_else(|| "info".into());
+        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
+            return Err(PlexusError::Config(format!(
+                "logLevel {log_level:?} is not one of error, warn, info, debug, trace"
+            )));
+        }
+        Ok(Self {
+            cni_version,
+            name: raw.name.unwrap_or_else(|| "plexus".into()),
+            cluster_network,
+            default_networks: raw.default_networks,
+            plexus_namespace: raw.plexus_namespace.unwrap_or_else(|| "kube-system".into()),
+            conf_dir: absolute(
+                "confDir",
+                raw.conf_dir
+                    .unwrap_or_else(|| "/etc/cni/plexus/net.d".into()),
+            )?,
+            bin_dir: raw.bin_dir.map(|p| absolute("binDir", p)).transpose()?,
+            cache_dir: absolute(
+                "cacheDir",
+                raw.cache_dir.unwrap_or_else(|| "/var/lib/plexus".into()),
+            )?,
+            run_dir: absolute(
+                "runDir",
+                raw.run_dir.unwrap_or_else(|| "/run/plexus".into()),
+            )?,
+            cluster,
+            readiness_indicator_file: raw.readiness_indicator_file,
+            readiness_timeout: Duration::from_millis(raw.readiness_timeout_ms.unwrap_or(30_000)),
+            delegate_timeout: Duration::from_millis(raw.delegate_timeout_ms.unwrap_or(120_000)),
+            ignore_invalid_selections,
+            hooks: raw.hooks,
+            log_level,
+            log_file: raw.log_file,
+            runtime_config: raw.runtime_config,
+            prev_result: raw.prev_result,
+            valid_attachments: raw.valid_attachments,
+        })
+    }
+
+    /// Only the cniVersion, for VERSION (which must work with any stdin a runtime sends).
+    pub fn version_only(stdin: &[u8]) -> Option<String> {
+        serde_json::from_slice::<Value>(stdin)
+            .ok()?
+            .get("cniVersion")?
+            .as_str()
+            .map(str::to_string)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_and_required_keys() {
+        let c = PlexusConf::parse(
+            br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","clusterNetwork":"cbr0"}"#,
+            false,
+        )
+        .unwrap();
+        assert_eq!(c.plexus_namespace, "kube-system");
+        assert_eq!(c.cache_dir, PathBuf::from("/var/lib/plexus"));
+        assert_eq!(c.cluster, ClusterSource::None);
+        let c =
+            PlexusConf::parse(br#"{"cniVersion":"1.0.0","clusterNetwork":"cbr0"}"#, true).unwrap();
+        assert!(matches!(c.cluster, ClusterSource::Kube(_)));
+        let e = PlexusConf::parse(br#"{"cniVersion":"1.0.0"}"#, false).unwrap_err();
+        assert_eq!(
+            (e.cni_code(), e.to_string().as_str()),
+            (7, "clusterNetwork is required")
+        );
+    }
+
+    #[test]
+    fn bad_stdin_maps_to_the_right_codes() {
+        assert_eq!(PlexusConf::parse(b"", false).unwrap_err().cni_code(), 6);
+        assert_eq!(
+            PlexusConf::parse(b"{nope", false).unwrap_err().cni_code(),
+            6
+        );
+        assert_eq!(
+            PlexusConf::parse(br#"{"cniVersion":"9.9.9","clusterNetwork":"x"}"#, false)
+                .unwrap_err()
+                .cni_code(),
+            1
+        );
+        let e = PlexusConf::parse(
+            br#"{"cniVersion":"1.0.0","clusterNetwork":"x","cacheDir":"rel"}"#,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("cacheDir"), "{e}");
+        let e = PlexusConf::parse(
+            br#"{"cniVersion":"1.0.0","clusterNetwork":"x","cluster":{"source":"etcd"}}"#,
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("etcd"), "{e}");
+    }
+}

@@ -1,0 +1,118 @@
+//! The CNI entry point as a function: environment and stdin in, stdout text and exit status out.
+
+use std::collections::BTreeMap;
+use std::fs::OpenOptions;
+use std::sync::Mutex;
+
+use plexus_cluster::{Cluster, FileCluster};
+use plexus_core::cni::{CniError, CniVersion};
+use serde_json::json;
+
+use crate::conf::{ClusterSource, PlexusConf};
+use crate::error::PlexusError;
+use crate::exec::ProcessExec;
+use crate::invocation::{command_of, Command, Invocation};
+use crate::orchestrate::{self, Effects, HookRunner, NoHooks};
+use crate::podnet::IpRoute;
+
+/// What the process prints on stdout and how it exits.
+#[derive(Debug)]
+pub struct Outcome {
+    pub stdout: Option<String>,
+    pub success: bool,
+}
+
+/// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`).
+pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
+    let requested = PlexusConf::version_only(stdin);
+    let reply_version = orchestrate::reply_version(requested.as_deref());
+    match run_inner(env, stdin, &reply_version) {
+        Ok(stdout) => Outcome {
+            stdout,
+            success: true,
+        },
+        Err(e) => {
+            tracing::error!(code = e.cni_code(), "{e}");
+            let version: CniVersion = reply_version.parse().unwrap_or(CniVersion::V1_1_0);
+            let err = CniError::new(version, e.cni_code(), e.to_string(), e.details());
+            Outcome {
+                stdout: Some(err.to_json().to_string()),
+                success: false,
+            }
+        }
+    }
+}
+
+fn run_inner(
+    env: &BTreeMap<String, String>,
+    stdin: &[u8],
+    reply_version: &str,
+) -> Result<Option<String>, PlexusError> {
+    let command = command_of(env)?;
+    if command == Command::Version {
+        let supported: Vec<&str> = CniVersion::ALL.iter().map(|v| v.as_str()).collect();
+        return Ok(Some(
+            json!({"cniVersion": reply_version, "supportedVersions": supported}).to_string(),
+        ));
+    }
+    let inv = Invocation::from_env(env, stdin)?;
+    init_logging(&inv.conf);
+    tracing::debug!(command = command.as_str(), container = %inv.container_id, "invoked");
+
+    let file_cluster;
+    let cluster: Option<&dyn Cluster> = match &inv.conf.cluster {
+        ClusterSource::None => None,
+        ClusterSource::Files { dir } => {
+            file_cluster = FileCluster::open(dir)?;
+            Some(&file_cluster)
+        }
+        ClusterSource::Kube(_) => {
+            return Err(PlexusError::Config(
+                "the kube cluster source is not built into this plexus yet".into(),
+            ))
+        }
+    };
+    let hooks = load_hooks(&inv)?;
+    let fx = Effects {
+        exec: &ProcessExec,
+        cluster,
+        podnet: &IpRoute,
+        hooks: hooks.as_ref(),
+    };
+    match command {
+        Command::Add => orchestrate::add(&inv, &fx).map(|r| Some(r.to_string())),
+        Command::Del => orchestrate::del(&inv, &fx).map(|()| None),
+        Command::Check => orchestrate::check(&inv, &fx).map(|()| None),
+        Command::Status => orchestrate::status(&inv, &fx).map(|()| None),
+        Command::Gc => orchestrate::gc(&inv, &fx).map(|()| None),
+        Command::Version => unreachable!("handled above"),
+    }
+}
+
+fn load_hooks(inv: &Invocation) -> Result<Box<dyn HookRunner>, PlexusError> {
+    if inv.conf.hooks.is_empty() {
+        return Ok(Box::new(NoHooks));
+    }
+    Err(PlexusError::Config(
+        "hooks are configured but this plexus has no hook runtime yet".into(),
+    ))
+}
+
+fn init_logging(conf: &PlexusConf) {
+    let filter = tracing_subscriber::EnvFilter::new(format!(
+        "plexus={0},plexus_cluster={0},plexus_hooks={0}",
+        conf.log_level
+    ));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(false);
+    let file = conf
+        .log_file
+        .as_ref()
+        .and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
+    let _ = match file {
+        Some(f) => builder.with_writer(Mutex::new(f)).try_init(),
+        None => builder.with_writer(std::io::stderr).try_init(),
+    };
+}

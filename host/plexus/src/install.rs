@@ -1,0 +1,614 @@
+//! `plexus install`: puts Plexus on a node — the binary, a service-account kubeconfig, the CNI conflist.
+//!
+//! Run by the DaemonSet (see `examples/deploy/`): an init container installs once, the main container runs
+//! `--watch` to keep the kubeconfig in step with the projected token and the conflist with the cluster
+//! network's conf. Every file is written to a temporary name in its directory, synced and renamed, so the
+//! container runtime never reads half a conf and a running `plexus` never blocks the binary update
+//! ("text file busy"). This module depends on std, serde_json and thiserror only.
+
+use std::fs;
+use std::io::Write;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Map, Value};
+
+/// The file Plexus's conf is installed as; `00-` sorts it before the cluster network's own conf.
+pub const CONFLIST_NAME: &str = "00-plexus.conflist";
+/// The installed binary's name in the CNI bin dir (the `type` of the conflist's plugin).
+pub const BINARY_NAME: &str = "plexus";
+pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
+pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
+pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
+pub const DEFAULT_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
+const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
+const DEFAULT_POLL: Duration = Duration::from_secs(5);
+const MIN_POLL: Duration = Duration::from_millis(100);
+const MAX_POLL: Duration = Duration::from_secs(60);
+
+const USAGE: &str = "usage: plexus install [--watch | --uninstall] [--bin-dir DIR] [--conf-dir DIR]
+       [--cni-bin-source FILE] [--kubeconfig-out FILE] [--cluster-network-conf NAME|PATH]
+       [--timeout DURATION] [--poll-interval DURATION] [--token-file FILE] [--ca-file FILE]
+
+Copies the plexus binary into --bin-dir (default /opt/cni/bin), writes a kubeconfig for the pod's service
+account to --kubeconfig-out (default <conf-dir>/plexus.d/plexus.kubeconfig), waits up to --timeout
+(default 300s, 0 = forever) for the cluster network's CNI conf in --conf-dir (default /etc/cni/net.d),
+then writes 00-plexus.conflist delegating to it. --watch keeps both files current, checking every
+--poll-interval (default 5s, 100ms..60s). --uninstall removes the conflist and the kubeconfig.
+Durations: 30, 30s, 500ms, 5m.";
+
+/// What can go wrong installing Plexus on a node. Messages name the file or flag involved.
+#[derive(Debug, thiserror::Error)]
+pub enum InstallError {
+    #[error("{0}\n{USAGE}")]
+    Usage(String),
+    /// `--help`: not a failure, the caller prints [`usage`].
+    #[error("{USAGE}")]
+    Help,
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("cluster network conf {path}: {reason}")]
+    BadClusterConf { path: PathBuf, reason: String },
+    #[error("no cluster network conf {what} appeared in {dir} within {waited}")]
+    Timeout {
+        what: String,
+        dir: PathBuf,
+        waited: String,
+    },
+    #[error("service account: {0}")]
+    ServiceAccount(String),
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
+    move |source| InstallError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
+}
+
+/// What to do, from the command line.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstallOptions {
+    pub bin_dir: PathBuf,
+    pub conf_dir: PathBuf,
+    /// The binary to install; `None` means the running executable.
+    pub cni_bin_source: Option<PathBuf>,
+    pub kubeconfig_out: PathBuf,
+    /// A conf's `name` or file name in `conf_dir`, or an absolute path; `None` picks the first conf in
+    /// `conf_dir` that is not Plexus's own.
+    pub cluster_network_conf: Option<String>,
+    /// How long to wait for the cluster network's conf; zero waits forever.
+    pub timeout: Duration,
+    pub poll_interval: Duration,
+    pub token_file: PathBuf,
+    pub ca_file: PathBuf,
+    pub watch: bool,
+    pub uninstall: bool,
+}
+
+impl Default for InstallOptions {
+    fn default() -> Self {
+        Self {
+            bin_dir: DEFAULT_BIN_DIR.into(),
+            conf_dir: DEFAULT_CONF_DIR.into(),
+            cni_bin_source: None,
+            kubeconfig_out: Path::new(DEFAULT_CONF_DIR).join("plexus.d/plexus.kubeconfig"),
+            cluster_network_conf: None,
+            timeout: DEFAULT_TIMEOUT,
+            poll_interval: DEFAULT_POLL,
+            token_file: DEFAULT_TOKEN_FILE.into(),
+            ca_file: DEFAULT_CA_FILE.into(),
+            watch: false,
+            uninstall: false,
+        }
+    }
+}
+
+/// The command line help.
+pub fn usage() -> &'static str {
+    USAGE
+}
+
+/// `30`, `30s`, `500ms`, `5m`.
+pub fn parse_duration(text: &str) -> Option<Duration> {
+    let (digits, unit) = text
+        .find(|c: char| !c.is_ascii_digit())
+        .map_or((text, ""), |i| text.split_at(i));
+    let n: u64 = digits.parse().ok()?;
+    match unit {
+        "" | "s" => Some(Duration::from_secs(n)),
+        "ms" => Some(Duration::from_millis(n)),
+        "m" => Some(Duration::from_secs(n.checked_mul(60)?)),
+        _ => None,
+    }
+}
+
+fn fmt_duration(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}ms", d.as_millis())
+    }
+}
+
+/// Parses the arguments after `install` (a leading `install` is skipped too).
+pub fn parse_args(args: &[String]) -> Result<InstallOptions, InstallError> {
+    let mut opts = InstallOptions::default();
+    let mut kubeconfig_out = None;
+    let args = match args.first() {
+        Some(first) if first == "install" => &args[1..],
+        _ => args,
+    };
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        let (flag, inline) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |flag: &str| -> Result<String, InstallError> {
+            match inline.clone().or_else(|| it.next().cloned()) {
+                Some(v) if !v.is_empty() => Ok(v),
+                _ => Err(InstallError::Usage(format!("{flag} needs a value"))),
+            }
+        };
+        let duration = |flag: &str, v: String| {
+            parse_duration(&v)
+                .ok_or_else(|| InstallError::Usage(format!("{flag}: {v:?} is not a duration")))
+        };
+        match flag {
+            "--bin-dir" => opts.bin_dir = value(flag)?.into(),
+            "--conf-dir" => opts.conf_dir = value(flag)?.into(),
+            "--cni-bin-source" => opts.cni_bin_source = Some(value(flag)?.into()),
+            "--kubeconfig-out" => kubeconfig_out = Some(PathBuf::from(value(flag)?)),
+            "--cluster-network-conf" => opts.cluster_network_conf = Some(value(flag)?),
+            "--timeout" => opts.timeout = duration(flag, value(flag)?)?,
+            "--poll-interval" => opts.poll_interval = duration(flag, value(flag)?)?,
+            "--token-file" => opts.token_file = value(flag)?.into(),
+            "--ca-file" => opts.ca_file = value(flag)?.into(),
+            "--watch" if inline.is_none() => opts.watch = true,
+            "--uninstall" if inline.is_none() => opts.uninstall = true,
+            "-h" | "--help" => return Err(InstallError::Help),
+            other => return Err(InstallError::Usage(format!("unknown argument {other:?}"))),
+        }
+    }
+    if opts.watch && opts.uninstall {
+        return Err(InstallError::Usage(
+            "--watch and --uninstall exclude each other".into(),
+        ));
+    }
+    if !(MIN_POLL..=MAX_POLL).contains(&opts.poll_interval) {
+        return Err(InstallError::Usage(format!(
+            "--poll-interval must be between {} and {}",
+            fmt_duration(MIN_POLL),
+            fmt_duration(MAX_POLL)
+        )));
+    }
+    opts.kubeconfig_out =
+        kubeconfig_out.unwrap_or_else(|| opts.conf_dir.join("plexus.d/plexus.kubeconfig"));
+    Ok(opts)
+}
+
+/// Replaces `path` with `contents` atomically: temp file in the same directory, fsync, rename, fsync dir.
+/// Returns false (and writes nothing) when the file already has exactly these contents and mode.
+pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<bool, InstallError> {
+    if let Ok(existing) = fs::read(path) {
+        let same_mode = fs::metadata(path)
+            .map(|m| m.permissions().mode() & 0o7777 == mode)
+            .unwrap_or(false);
+        if existing == contents && same_mode {
+            return Ok(false);
+        }
+    }
+    let dir = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    fs::create_dir_all(dir).map_err(io_err(dir))?;
+    let file_name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    // Hidden and without a conf extension, so a runtime scanning the dir never picks it up.
+    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
+    let result = (|| -> std::io::Result<()> {
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(mode)
+            .open(&tmp)?;
+        f.write_all(contents)?;
+        f.set_permissions(fs::Permissions::from_mode(mode))?;
+        f.sync_all()?;
+        fs::rename(&tmp, path)?;
+        fs::File::open(dir)?.sync_all()
+    })();
+    if let Err(source) = result {
+        let _ = fs::remove_file(&tmp);
+        return Err(InstallError::Io {
+            path: path.to_path_buf(),
+            source,
+        });
+    }
+    Ok(true)
+}
+
+/// Copies the plexus binary into `bin_dir` under [`BINARY_NAME`]; a running copy keeps its old inode.
+pub fn install_binary(source: &Path, bin_dir: &Path) -> Result<(PathBuf, bool), InstallError> {
+    let bytes = fs::read(source).map_err(io_err(source))?;
+    let target = bin_dir.join(BINARY_NAME);
+    let changed = write_atomic(&target, &bytes, 0o755)?;
+    Ok((target, changed))
+}
+
+/// The service account identity a kubeconfig is made from.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ServiceAccount {
+    /// `https://host:port`
+    pub server: String,
+    pub token: String,
+    pub ca_pem: Vec<u8>,
+}
+
+impl ServiceAccount {
+    /// From `KUBERNETES_SERVICE_HOST`/`_PORT` values and the projected token and CA files.
+    pub fn load(
+        host: &str,
+        port: &str,
+        token_file: &Path,
+        ca_file: &Path,
+    ) -> Result<Self, InstallError> {
+        if host.is_empty() || port.is_empty() || port.parse::<u16>().is_err() {
+            return Err(InstallError::ServiceAccount(format!(
+                "API server address {host:?}:{port:?} is not usable"
+            )));
+        }
+        let host = if host.contains(':') && !host.starts_with('[') {
+            format!("[{host}]")
+        } else {
+            host.to_string()
+        };
+        let token = fs::read_to_string(token_file)
+            .map_err(io_err(token_file))?
+            .trim()
+            .to_string();
+        if token.is_empty() {
+            return Err(InstallError::ServiceAccount(format!(
+                "token file {} is empty",
+                token_file.display()
+            )));
+        }
+        let ca_pem = fs::read(ca_file).map_err(io_err(ca_file))?;
+        Ok(Self {
+            server: format!("https://{host}:{port}"),
+            token,
+            ca_pem,
+        })
+    }
+
+    /// A kubeconfig with the token and CA embedded: the host's `plexus` cannot read the pod's projected volume.
+    pub fn kubeconfig(&self) -> String {
+        format!(
+            "# Written by plexus install; rewritten when the service account token changes.\n\
+             apiVersion: v1\nkind: Config\n\
+             clusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
+             users:\n- name: plexus\n  user:\n    token: {token}\n\
+             contexts:\n- name: plexus\n  context:\n    cluster: local\n    user: plexus\n\
+             current-context: plexus\n",
+            server = self.server,
+            ca = base64(&self.ca_pem),
+            token = self.token,
+        )
+    }
+}
+
+/// Standard base64 with padding (RFC 4648 section 4).
+pub fn base64(data: &[u8]) -> String {
+    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
+    for chunk in data.chunks(3) {
+        let b = [
+            chunk[0],
+            *chunk.get(1).unwrap_or(&0),
+            *chunk.get(2).unwrap_or(&0),
+        ];
+        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
+        for i in 0..4 {
+            if i <= chunk.len() {
+                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
+            } else {
+                out.push('=');
+            }
+        }
+    }
+    out
+}
+
+fn is_conf_file(name: &str) -> bool {
+    !name.starts_with('.')
+        && [".conf", ".conflist", ".json"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
+}
+
+/// True for a conf whose (first) plugin is Plexus itself: never a cluster network candidate.
+fn is_plexus_conf(conf: &Value) -> bool {
+    let ty = conf.pointer("/plugins/0/type").or_else(|| conf.get("type"));
+    ty.and_then(Value::as_str) == Some(BINARY_NAME)
+}
+
+/// Finds the cluster network's conf now: by absolute path, by `name` or file name in `conf_dir`, or the first
+/// conf in `conf_dir` (in file-name order, as the runtime picks) that is not Plexus's own. Files that do not
+/// parse yet (half-written by their installer) count as absent.
+pub fn find_cluster_conf(
+    conf_dir: &Path,
+    selector: Option<&str>,
+) -> Result<Option<(PathBuf, Value)>, InstallError> {
+    if let Some(path) = selector.filter(|s| s.starts_with('/')) {
+        let path = PathBuf::from(path);
+        return Ok(read_conf(&path).map(|conf| (path, conf)));
+    }
+    let mut names = Vec::new();
+    match fs::read_dir(conf_dir) {
+        Ok(entries) => {
+            for entry in entries {
+                let entry = entry.map_err(io_err(conf_dir))?;
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name != CONFLIST_NAME && is_conf_file(&name) && entry.path().is_file() {
+                    names.push(name);
+                }
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+        Err(source) => {
+            return Err(InstallError::Io {
+                path: conf_dir.to_path_buf(),
+                source,
+            })
+        }
+    }
+    names.sort();
+    for name in names {
+        let path = conf_dir.join(&name);
+        let Some(conf) = read_conf(&path) else {
+            continue;
+        };
+        if is_plexus_conf(&conf) {
+            continue;
+        }
+        let wanted = match selector {
+            None => true,
+            Some(s) => conf.get("name").and_then(Value::as_str) == Some(s) || name == s,
+        };
+        if wanted {
+            return Ok(Some((path, conf)));
+        }
+    }
+    Ok(None)
+}
+
+fn read_conf(path: &Path) -> Option<Value> {
+    let text = fs::read(path).ok()?;
+    serde_json::from_slice::<Value>(&text)
+        .ok()
+        .filter(Value::is_object)
+}
+
+/// Waits (spec 6.1) until the cluster network's conf is in place; polls every `poll`; a zero `timeout` waits
+/// forever.
+pub fn wait_for_cluster_conf(
+    conf_dir: &Path,
+    selector: Option<&str>,
+    timeout: Duration,
+    poll: Duration,
+) -> Result<(PathBuf, Value), InstallError> {
+    let started = Instant::now();
+    loop {
+        if let Some(found) = find_cluster_conf(conf_dir, selector)? {
+            return Ok(found);
+        }
+        if !timeout.is_zero() && started.elapsed() >= timeout {
+            return Err(InstallError::Timeout {
+                what: selector.map_or_else(|| "(any)".to_string(), |s| format!("{s:?}")),
+                dir: conf_dir.to_path_buf(),
+                waited: fmt_duration(timeout),
+            });
+        }
+        std::thread::sleep(poll);
+    }
+}
+
+/// Plexus's conflist, delegating to the cluster network conf at `cluster_path` and advertising the
+/// capabilities that conf's plugins take (spec 7.5: they are passed on to the cluster network only).
+pub fn plexus_conflist(
+    cluster_path: &Path,
+    cluster_conf: &Value,
+    kubeconfig: Option<&Path>,
+) -> Result<Value, InstallError> {
+    let bad = |reason: &str| InstallError::BadClusterConf {
+        path: cluster_path.to_path_buf(),
+        reason: reason.into(),
+    };
+    let plugins: Vec<&Value> = match cluster_conf.get("plugins") {
+        Some(Value::Array(list)) if !list.is_empty() => list.iter().collect(),
+        Some(_) => return Err(bad("\"plugins\" must be a non-empty list")),
+        None if cluster_conf.get("type").is_some_and(Value::is_string) => vec![cluster_conf],
+        None => return Err(bad("has neither \"plugins\" nor \"type\"")),
+    };
+    let mut capabilities = Map::new();
+    for plugin in plugins {
+        match plugin.get("capabilities") {
+            None => {}
+            Some(Value::Object(caps)) => {
+                for (cap, on) in caps {
+                    if on.as_bool() == Some(true) {
+                        capabilities.insert(cap.clone(), Value::Bool(true));
+                    }
+                }
+            }
+            Some(_) => return Err(bad("\"capabilities\" must be an object")),
+        }
+    }
+    let cni_version = match cluster_conf.get("cniVersion") {
+        Some(Value::String(v)) => v.clone(),
+        None => "1.0.0".into(),
+        Some(_) => return Err(bad("\"cniVersion\" must be a string")),
+    };
+    let mut plugin = json!({
+        "type": BINARY_NAME,
+        "clusterNetwork": cluster_path.to_string_lossy(),
+    });
+    if let Some(k) = kubeconfig {
+        plugin["cluster"] = json!({ "source": "kube", "kubeconfig": k.to_string_lossy() });
+    }
+    if !capabilities.is_empty() {
+        plugin["capabilities"] = Value::Object(capabilities);
+    }
+    Ok(json!({ "cniVersion": cni_version, "name": "plexus", "plugins": [plugin] }))
+}
+
+/// Writes `00-plexus.conflist` into `conf_dir`; false when it was already up to date.
+pub fn write_conflist(conf_dir: &Path, conflist: &Value) -> Result<bool, InstallError> {
+    let mut text = serde_json::to_string_pretty(conflist).expect("a JSON value serializes");
+    text.push('\n');
+    write_atomic(&conf_dir.join(CONFLIST_NAME), text.as_bytes(), 0o644)
+}
+
+/// Removes the conflist and the kubeconfig; returns what was there. The binary stays: pods attached
+/// while Plexus was installed still need it for DEL.
+pub fn uninstall(conf_dir: &Path, kubeconfig_out: &Path) -> Result<Vec<PathBuf>, InstallError> {
+    let mut removed = Vec::new();
+    for path in [conf_dir.join(CONFLIST_NAME), kubeconfig_out.to_path_buf()] {
+        match fs::remove_file(&path) {
+            Ok(()) => removed.push(path),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(InstallError::Io { path, source }),
+        }
+    }
+    Ok(removed)
+}
+
+/// Where the API server is, from `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ApiServerEnv {
+    pub host: Option<String>,
+    pub port: Option<String>,
+}
+
+/// One pass of installation: the kubeconfig (when in a cluster) and the conflist, each rewritten only if it
+/// changed. Without a cluster network conf the conflist is removed, so the node reports the network as not
+/// ready instead of failing every pod (spec 6.1). Returns the files it wrote or removed.
+pub fn refresh(
+    opts: &InstallOptions,
+    env: &ApiServerEnv,
+    wait: bool,
+) -> Result<Vec<PathBuf>, InstallError> {
+    let mut touched = Vec::new();
+    let kubeconfig = match (&env.host, &env.port) {
+        (Some(host), Some(port)) => {
+            let sa = ServiceAccount::load(host, port, &opts.token_file, &opts.ca_file)?;
+            if write_atomic(&opts.kubeconfig_out, sa.kubeconfig().as_bytes(), 0o600)? {
+                touched.push(opts.kubeconfig_out.clone());
+            }
+            Some(opts.kubeconfig_out.as_path())
+        }
+        _ => None,
+    };
+    let selector = opts.cluster_network_conf.as_deref();
+    let found = if wait {
+        Some(wait_for_cluster_conf(
+            &opts.conf_dir,
+            selector,
+            opts.timeout,
+            opts.poll_interval,
+        )?)
+    } else {
+        find_cluster_conf(&opts.conf_dir, selector)?
+    };
+    let ours = opts.conf_dir.join(CONFLIST_NAME);
+    match found {
+        Some((path, conf)) => {
+            if write_conflist(&opts.conf_dir, &plexus_conflist(&path, &conf, kubeconfig)?)? {
+                touched.push(ours);
+            }
+        }
+        None => match fs::remove_file(&ours) {
+            Ok(()) => touched.push(ours),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(source) => return Err(InstallError::Io { path: ours, source }),
+        },
+    }
+    Ok(touched)
+}
+
+/// Everything `plexus install` does, given its options and the API server's address.
+pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError> {
+    if opts.uninstall {
+        for path in uninstall(&opts.conf_dir, &opts.kubeconfig_out)? {
+            eprintln!("plexus install: removed {}", path.display());
+        }
+        return Ok(());
+    }
+    let source = match &opts.cni_bin_source {
+        Some(p) => p.clone(),
+        None => std::env::current_exe().map_err(io_err(Path::new("/proc/self/exe")))?,
+    };
+    let (target, changed) = install_binary(&source, &opts.bin_dir)?;
+    if changed {
+        eprintln!("plexus install: installed {}", target.display());
+    }
+    if env.host.is_none() {
+        eprintln!("plexus install: KUBERNETES_SERVICE_HOST is not set, writing no kubeconfig");
+    }
+    for path in refresh(opts, env, true)? {
+        eprintln!("plexus install: wrote {}", path.display());
+    }
+    while opts.watch {
+        std::thread::sleep(opts.poll_interval);
+        match refresh(opts, env, false) {
+            Ok(touched) => {
+                for path in touched {
+                    eprintln!("plexus install: updated {}", path.display());
+                }
+            }
+            // A token mid-rotation or a conf mid-write: the next poll sees the settled state.
+            Err(err) => eprintln!("plexus install: {err}"),
+        }
+    }
+    Ok(())
+}
+
+/// `plexus install [flags]`; `args` are the arguments after the program name.
+pub fn main(args: &[String]) -> ExitCode {
+    let opts = match parse_args(args) {
+        Ok(opts) => opts,
+        Err(InstallError::Help) => {
+            println!("{}", usage());
+            return ExitCode::SUCCESS;
+        }
+        Err(err) => {
+            eprintln!("plexus install: {err}");
+            return ExitCode::from(2);
+        }
+    };
+    let env = ApiServerEnv {
+        host: std::env::var("KUBERNETES_SERVICE_HOST")
+            .ok()
+            .filter(|h| !h.is_empty()),
+        port: std::env::var("KUBERNETES_SERVICE_PORT")
+            .ok()
+            .filter(|p| !p.is_empty()),
+    };
+    match run(&opts, &env) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("plexus install: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}

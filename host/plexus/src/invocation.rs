@@ -1,0 +1,225 @@
+//! One CNI invocation: the `CNI_*` environment and stdin, parsed in two steps (raw, then validated).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+
+use plexus_core::cni::CniArgs;
+use plexus_core::spec::naming::{validate_container_id, validate_ifname};
+use plexus_core::spec::PodRef;
+
+use crate::conf::PlexusConf;
+use crate::error::PlexusError;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Command {
+    Add,
+    Del,
+    Check,
+    Version,
+    Status,
+    Gc,
+}
+
+impl Command {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Command::Add => "ADD",
+            Command::Del => "DEL",
+            Command::Check => "CHECK",
+            Command::Version => "VERSION",
+            Command::Status => "STATUS",
+            Command::Gc => "GC",
+        }
+    }
+}
+
+/// A validated invocation. Everything below the entry point works from this value alone.
+#[derive(Debug, Clone)]
+pub struct Invocation {
+    pub command: Command,
+    pub container_id: String,
+    pub netns: Option<String>,
+    pub ifname: String,
+    pub args: CniArgs,
+    /// `binDir` (when configured) followed by `CNI_PATH`.
+    pub path: Vec<PathBuf>,
+    pub pod: Option<PodRef>,
+    pub conf: PlexusConf,
+    /// The environment handed to delegates besides the `CNI_*` variables (e.g. PATH for iptables).
+    pub base_env: Vec<(String, String)>,
+}
+
+/// The parts of the process environment Plexus reads.
+pub fn command_of(env: &BTreeMap<String, String>) -> Result<Command, PlexusError> {
+    match env.get("CNI_COMMAND").map(String::as_str) {
+        Some("ADD") => Ok(Command::Add),
+        Some("DEL") => Ok(Command::Del),
+        Some("CHECK") => Ok(Command::Check),
+        Some("VERSION") => Ok(Command::Version),
+        Some("STATUS") => Ok(Command::Status),
+        Some("GC") => Ok(Command::Gc),
+        Some(other) => Err(PlexusError::Env(format!("unknown CNI_COMMAND {other:?}"))),
+        None => Err(PlexusError::Env("CNI_COMMAND is not set".into())),
+    }
+}
+
+impl Invocation {
+    /// Builds an invocation for any command but VERSION from the environment and stdin.
+    pub fn from_env(env: &BTreeMap<String, String>, stdin: &[u8]) -> Result<Self, PlexusError> {
+        let command = command_of(env)?;
+        let per_container = matches!(command, Command::Add | Command::Del | Command::Check);
+        let get = |k: &str| env.get(k).filter(|v| !v.is_empty()).cloned();
+        let require = |k: &str| {
+            get(k).ok_or_else(|| {
+                PlexusError::Env(format!("{k} is required for {}", command.as_str()))
+            })
+        };
+
+        let (container_id, ifname) = if per_container {
+            let id = require("CNI_CONTAINERID")?;
+            validate_container_id(&id)
+                .map_err(|e| PlexusError::Env(format!("CNI_CONTAINERID: {e}")))?;
+            let ifname = require("CNI_IFNAME")?;
+            validate_ifname(&ifname).map_err(|e| PlexusError::Env(format!("CNI_IFNAME: {e}")))?;
+            (id, ifname)
+        } else {
+            (String::new(), String::new())
+        };
+        let netns = match command {
+            Command::Add | Command::Check => Some(require("CNI_NETNS")?),
+            _ => get("CNI_NETNS"),
+        };
+        let args = CniArgs::parse(env.get("CNI_ARGS").map(String::as_str).unwrap_or(""))
+            .map_err(|e| PlexusError::Env(format!("CNI_ARGS: {e}")))?;
+        let conf = PlexusConf::parse(stdin, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
+        let mut path: Vec<PathBuf> = conf.bin_dir.iter().cloned().collect();
+        path.extend(
+            env.get("CNI_PATH")
+                .map(|p| std::env::split_paths(p).collect::<Vec<_>>())
+                .unwrap_or_default(),
+        );
+        if path.is_empty() && command != Command::Gc {
+            return Err(PlexusError::Env(
+                "CNI_PATH is not set and no binDir is configured".into(),
+            ));
+        }
+        let pod = match (args.get("K8S_POD_NAMESPACE"), args.get("K8S_POD_NAME")) {
+            (Some(ns), Some(name)) if !ns.is_empty() && !name.is_empty() => Some(PodRef {
+                namespace: ns.into(),
+                name: name.into(),
+                uid: args
+                    .get("K8S_POD_UID")
+                    .filter(|u| !u.is_empty())
+                    .map(Into::into),
+            }),
+            _ => None,
+        };
+        let base_env = env
+            .iter()
+            .filter(|(k, _)| !k.starts_with("CNI_"))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        Ok(Self {
+            command,
+            container_id,
+            netns,
+            ifname,
+            args,
+            path,
+            pod,
+            conf,
+            base_env,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CONF: &[u8] =
+        br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","clusterNetwork":"cbr0"}"#;
+
+    fn env(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn add_needs_container_netns_ifname_path() {
+        let full = [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", "abc"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/opt/cni/bin:/usr/lib/cni"),
+            (
+                "CNI_ARGS",
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p;K8S_POD_UID=u1",
+            ),
+            ("PATH", "/usr/bin"),
+        ];
+        let inv = Invocation::from_env(&env(&full), CONF).unwrap();
+        assert_eq!(
+            inv.pod,
+            Some(PodRef {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: Some("u1".into())
+            })
+        );
+        assert_eq!(
+            inv.path,
+            vec![PathBuf::from("/opt/cni/bin"), PathBuf::from("/usr/lib/cni")]
+        );
+        assert_eq!(
+            inv.base_env,
+            vec![("PATH".to_string(), "/usr/bin".to_string())]
+        );
+        for missing in ["CNI_CONTAINERID", "CNI_NETNS", "CNI_IFNAME", "CNI_PATH"] {
+            let e: Vec<_> = full
+                .iter()
+                .copied()
+                .filter(|(k, _)| *k != missing)
+                .collect();
+            let err = Invocation::from_env(&env(&e), CONF).unwrap_err();
+            assert_eq!(err.cni_code(), 4, "{missing}");
+            assert!(err.to_string().contains(missing), "{err}");
+        }
+    }
+
+    #[test]
+    fn hostile_ids_and_unknown_commands_are_rejected() {
+        let base = [
+            ("CNI_NETNS", "/n"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/b"),
+        ];
+        let mut e = env(&base);
+        e.insert("CNI_COMMAND".into(), "ADD".into());
+        e.insert("CNI_CONTAINERID".into(), "../../etc/passwd".into());
+        assert_eq!(Invocation::from_env(&e, CONF).unwrap_err().cni_code(), 4);
+        e.insert("CNI_CONTAINERID".into(), "ok".into());
+        e.insert("CNI_IFNAME".into(), "eth0/../x".into());
+        assert_eq!(Invocation::from_env(&e, CONF).unwrap_err().cni_code(), 4);
+        e.insert("CNI_COMMAND".into(), "FROB".into());
+        let err = Invocation::from_env(&e, CONF).unwrap_err();
+        assert_eq!(
+            (err.cni_code(), err.to_string()),
+            (4, "unknown CNI_COMMAND \"FROB\"".to_string())
+        );
+    }
+
+    #[test]
+    fn del_does_not_need_netns() {
+        let e = env(&[
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/b"),
+        ]);
+        assert_eq!(Invocation::from_env(&e, CONF).unwrap().netns, None);
+    }
+}

@@ -1,0 +1,776 @@
+//! ADD, DEL, CHECK, STATUS and GC for a pod: plan, persist, delegate, adjust routes, publish status.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use plexus_cluster::Cluster;
+use plexus_core::cni::{CniResult, CniVersion, NetworkConfigList};
+use plexus_core::spec::naming::IfNameAllocator;
+use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
+use plexus_core::spec::selection::{
+    parse_selection_annotation, validate_selections, InvalidSelectionPolicy, Selection,
+};
+use plexus_core::spec::status::{
+    network_status, status_default_route, validate_status_entries, NetworkStatus,
+};
+use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDefinition, Pod};
+use serde_json::{json, Map, Value};
+
+use crate::cache::{Attachment, AttachmentCache, AttachmentPlan};
+use crate::error::PlexusError;
+use crate::exec::Exec;
+use crate::invocation::Invocation;
+use crate::lock::ContainerLock;
+use crate::podnet::PodNetwork;
+use crate::runner::{Delegator, RuntimeParams};
+
+/// A policy hook's verdict on a pod's selections.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyVerdict {
+    Admit(Vec<Value>),
+    Deny { hook: String, reason: String },
+}
+
+/// The hook points (design.md, "Hooks"), as orchestration sees them.
+pub trait HookRunner {
+    fn is_empty(&self) -> bool;
+    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyVerdict, PlexusError>;
+    fn resolve(
+        &self,
+        pod: &Pod,
+        selection: &Value,
+        nad: &Value,
+        config: Option<&Value>,
+    ) -> Result<Option<Value>, PlexusError>;
+    fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
+}
+
+/// No hooks configured.
+#[derive(Debug, Default)]
+pub struct NoHooks;
+
+impl HookRunner for NoHooks {
+    fn is_empty(&self) -> bool {
+        true
+    }
+    fn policy(&self, _: &Pod, selections: Vec<Value>) -> Result<PolicyVerdict, PlexusError> {
+        Ok(PolicyVerdict::Admit(selections))
+    }
+    fn resolve(
+        &self,
+        _: &Pod,
+        _: &Value,
+        _: &Value,
+        _: Option<&Value>,
+    ) -> Result<Option<Value>, PlexusError> {
+        Ok(None)
+    }
+    fn status(&self, _: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
+        Ok(entries)
+    }
+}
+
+/// Every outside effect orchestration has, behind its trait.
+pub struct Effects<'a> {
+    pub exec: &'a dyn Exec,
+    pub cluster: Option<&'a dyn Cluster>,
+    pub podnet: &'a dyn PodNetwork,
+    pub hooks: &'a dyn HookRunner,
+}
+
+struct Ctx<'a> {
+    inv: &'a Invocation,
+    fx: &'a Effects<'a>,
+    on_disk: std::cell::OnceCell<Vec<OnDiskConf>>,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(inv: &'a Invocation, fx: &'a Effects<'a>) -> Self {
+        Self {
+            inv,
+            fx,
+            on_disk: std::cell::OnceCell::new(),
+        }
+    }
+
+    fn delegator(&self) -> Delegator<'_> {
+        Delegator { exec: self.fx.exec }
+    }
+
+    fn rt<'b>(&'b self, ifname: &'b str) -> RuntimeParams<'b> {
+        RuntimeParams {
+            container_id: &self.inv.container_id,
+            netns: self.inv.netns.as_deref(),
+            ifname,
+            args: &self.inv.args,
+            path: &self.inv.path,
+            base_env: &self.inv.base_env,
+            timeout: self.inv.conf.delegate_timeout,
+        }
+    }
+
+    fn pod_label(&self) -> String {
+        self.inv.pod.as_ref().map_or_else(
+            || format!("container {}", self.inv.container_id),
+            |p| format!("pod {p}"),
+        )
+    }
+
+    /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
+    fn on_disk(&self) -> &[OnDiskConf] {
+        self.on_disk
+            .get_or_init(|| read_conf_dir(&self.inv.conf.conf_dir))
+    }
+
+    fn cluster(&self) -> Result<&'a dyn Cluster, PlexusError> {
+        self.fx.cluster.ok_or_else(|| {
+            PlexusError::Config(
+                "a NetworkAttachmentDefinition is needed but no cluster source is configured"
+                    .into(),
+            )
+        })
+    }
+
+    /// Resolves `clusterNetwork`/`defaultNetworks` entries: an absolute path, `ns/name` of a NAD, or a name
+    /// found in `confDir` first and then as a NAD in `plexusNamespace`. Returns (status name, list).
+    fn resolve_ref(
+        &self,
+        reference: &str,
+        pod: Option<&Pod>,
+    ) -> Result<(String, NetworkConfigList), PlexusError> {
+        if reference.starts_with('/') {
+            let text = std::fs::read(reference).map_err(|source| PlexusError::Io {
+                path: reference.into(),
+                source,
+            })?;
+            let value: Value = serde_json::from_slice(&text).map_err(|e| {
+                PlexusError::Config(format!(
+                    "network configuration {reference}: invalid JSON: {e}"
+                ))
+            })?;
+            let list = NetworkConfigList::parse(&value).map_err(|e| {
+                PlexusError::Config(format!("network configuration {reference}: {e}"))
+            })?;
+            return Ok((list.name.clone(), list));
+        }
+        let (ns, name) = match reference.split_once('/') {
+            Some((ns, name)) => (ns.to_string(), name.to_string()),
+            None => {
+                let bare = NetworkAttachmentDefinition {
+                    namespace: self.inv.conf.plexus_namespace.clone(),
+                    name: reference.into(),
+                    config: None,
+                    annotations: BTreeMap::new(),
+                };
+                if let Ok(found) = resolve_nad(&bare, self.on_disk()) {
+                    let list = parse_list(&found.config, reference)?;
+                    return Ok((list.name.clone(), list));
+                }
+                if self.fx.cluster.is_none() {
+                    return Err(PlexusError::Config(format!(
+                        "network {reference:?} is not in {} and no cluster source is configured",
+                        self.inv.conf.conf_dir.display()
+                    )));
+                }
+                (
+                    self.inv.conf.plexus_namespace.clone(),
+                    reference.to_string(),
+                )
+            }
+        };
+        let nad = self.cluster()?.nad(&ns, &name)?;
+        let list = self.resolve_nad_config(&nad, None, pod)?;
+        Ok((format!("{ns}/{name}"), list))
+    }
+
+    /// Spec 3.4.1 with resolver hooks first: a hook may supply or rewrite the config.
+    fn resolve_nad_config(
+        &self,
+        nad: &NetworkAttachmentDefinition,
+        selection: Option<&Value>,
+        pod: Option<&Pod>,
+    ) -> Result<NetworkConfigList, PlexusError> {
+        let label = format!("NetworkAttachmentDefinition {}/{}", nad.namespace, nad.name);
+        let current = match &nad.config {
+            Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
+                PlexusError::Config(format!("{label}: spec.config is not valid JSON: {e}"))
+            })?),
+            None => None,
+        };
+        if let (false, Some(pod)) = (self.fx.hooks.is_empty(), pod) {
+            let nad_json = json!({
+                "apiVersion": "k8s.cni.cncf.io/v1",
+                "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
+                "spec": nad.config.as_ref().map(|c| json!({"config": c})).unwrap_or(json!({})),
+            });
+            let sel = selection
+                .cloned()
+                .unwrap_or_else(|| json!({"name": nad.name, "namespace": nad.namespace}));
+            if let Some(cfg) = self
+                .fx
+                .hooks
+                .resolve(pod, &sel, &nad_json, current.as_ref())?
+            {
+                return parse_list(&cfg, &nad.name)
+                    .map_err(|e| e.context(format!("{label} (from resolver hook)")));
+            }
+        }
+        let resolved =
+            resolve_nad(nad, self.on_disk()).map_err(|e| PlexusError::Config(e.to_string()))?;
+        parse_list(&resolved.config, &nad.name).map_err(|e| e.context(label))
+    }
+
+    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4).
+    fn plan(&self, pod: Option<&Pod>) -> Result<AttachmentPlan, PlexusError> {
+        let inv = self.inv;
+        let mut plan = AttachmentPlan::new(
+            &inv.container_id,
+            inv.netns.as_deref(),
+            inv.conf.cni_version.as_str(),
+            inv.pod.clone(),
+        );
+        let (name, list) = self
+            .resolve_ref(&inv.conf.cluster_network, pod)
+            .map_err(|e| e.context("cluster network"))?;
+        plan.attachments.push(Attachment {
+            network: name,
+            ifname: inv.ifname.clone(),
+            is_default: true,
+            config: list.to_value(),
+            // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
+            capability_args: inv.conf.runtime_config.clone(),
+            selection: None,
+            result: None,
+        });
+        let mut ifnames = IfNameAllocator::new(&inv.ifname);
+        if inv.pod.is_none() {
+            return Ok(plan);
+        }
+        for reference in &inv.conf.default_networks {
+            let (name, list) = self
+                .resolve_ref(reference, pod)
+                .map_err(|e| e.context(format!("default network {reference:?}")))?;
+            let ifname = ifnames
+                .next(None)
+                .map_err(|e| PlexusError::Config(e.to_string()))?;
+            plan.attachments.push(Attachment {
+                network: name,
+                ifname,
+                is_default: false,
+                config: list.to_value(),
+                capability_args: Map::new(),
+                selection: None,
+                result: None,
+            });
+        }
+        let Some(pod) = pod else { return Ok(plan) };
+        let selections = self.selections(pod)?;
+        for sel in selections {
+            let network = sel.namespaced_name();
+            let ctx = |e: PlexusError| e.context(format!("network {network}"));
+            let nad = self
+                .cluster()?
+                .nad(&sel.namespace, &sel.name)
+                .map_err(|e| ctx(e.into()))?;
+            let sel_json = sel.to_json();
+            let mut list = self
+                .resolve_nad_config(&nad, Some(&sel_json), Some(pod))
+                .map_err(ctx)?;
+            check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
+                .map_err(|e| ctx(PlexusError::Config(e.to_string())))?;
+            if let Some(args) = sel.delegate_cni_args() {
+                for plugin in &mut list.plugins {
+                    merge_cni_args(plugin, &args);
+                }
+            }
+            let ifname = ifnames
+                .next(sel.interface.as_deref())
+                .map_err(|e| ctx(PlexusError::Config(e.to_string())))?;
+            plan.attachments.push(Attachment {
+                network,
+                ifname,
+                is_default: false,
+                config: list.to_value(),
+                capability_args: sel.runtime_config(),
+                selection: Some(sel_json),
+                result: None,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
+    fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+        let Some(raw) = pod.networks_annotation() else {
+            return Ok(Vec::new());
+        };
+        let policy = if self.inv.conf.ignore_invalid_selections {
+            InvalidSelectionPolicy::Ignore
+        } else {
+            InvalidSelectionPolicy::Fail
+        };
+        let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
+            .map_err(|e| PlexusError::Config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
+        if let Some(ignored) = &parsed.ignored {
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
+        }
+        if self.fx.hooks.is_empty() {
+            return Ok(parsed.selections);
+        }
+        let input: Vec<Value> = parsed.selections.iter().map(Selection::to_json).collect();
+        match self.fx.hooks.policy(pod, input)? {
+            PolicyVerdict::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
+                "pod {}/{}: selection rejected by policy hook {hook:?}: {reason}",
+                pod.namespace, pod.name
+            ))),
+            PolicyVerdict::Admit(list) => {
+                let sels = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Selection::from_json(v, &pod.namespace, i))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
+                validate_selections(&sels)
+                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
+                Ok(sels)
+            }
+        }
+    }
+
+    /// DEL of every attachment in `plan` whose index is in `range`, in reverse; all are attempted.
+    fn teardown(&self, plan: &AttachmentPlan, upto: usize) -> Vec<PlexusError> {
+        let mut errors = Vec::new();
+        for att in plan.attachments[..upto].iter().rev() {
+            let res = NetworkConfigList::parse(&att.config)
+                .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
+                .and_then(|list| {
+                    self.delegator().del(
+                        &list,
+                        &self.rt(&att.ifname),
+                        &att.capability_args,
+                        att.result.as_ref(),
+                    )
+                });
+            if let Err(e) = res {
+                errors.push(e.context(format!("network {} ({})", att.network, att.ifname)));
+            }
+        }
+        errors
+    }
+}
+
+fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
+    NetworkConfigList::parse_with_default_name(config, Some(default_name))
+        .map_err(|e| PlexusError::Config(e.to_string()))
+}
+
+fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut confs: Vec<OnDiskConf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+        .filter_map(|e| {
+            let file_name = e.file_name().to_string_lossy().into_owned();
+            std::fs::read_to_string(e.path())
+                .ok()
+                .map(|contents| OnDiskConf {
+                    file_name,
+                    contents,
+                })
+        })
+        .collect();
+    confs.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+    confs
+}
+
+/// Spec 6.1.2: block until the readiness indicator exists, for a bounded time.
+fn wait_ready(inv: &Invocation) -> Result<(), PlexusError> {
+    let Some(file) = &inv.conf.readiness_indicator_file else {
+        return Ok(());
+    };
+    let deadline = Instant::now() + inv.conf.readiness_timeout;
+    loop {
+        if file.exists() {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            return Err(PlexusError::NotReady(format!(
+                "cluster network not ready: readiness indicator file {} did not appear within {:?}",
+                file.display(),
+                inv.conf.readiness_timeout
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// Verifies that requested ips and mac were honoured (spec v1.0 4.1.2.1.3/4: "must assign").
+fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError> {
+    let Some(sel) = &att.selection else {
+        return Ok(());
+    };
+    let status = network_status(&att.network, Some(result), &att.ifname, false);
+    let have: BTreeSet<IpAddr> = status
+        .ips
+        .iter()
+        .filter_map(|ip| ip.split('/').next()?.parse().ok())
+        .collect();
+    for ip in sel
+        .get("ips")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(Value::as_str)
+    {
+        let addr: Option<IpAddr> = ip.split('/').next().and_then(|a| a.parse().ok());
+        if !addr.is_some_and(|a| have.contains(&a)) {
+            return Err(PlexusError::Config(format!(
+                "requested ip {ip} was not assigned to {} (result has {:?})",
+                att.ifname, status.ips
+            )));
+        }
+    }
+    if let Some(mac) = sel.get("mac").and_then(Value::as_str) {
+        if !status
+            .mac
+            .as_deref()
+            .is_some_and(|m| m.eq_ignore_ascii_case(mac))
+        {
+            return Err(PlexusError::Config(format!(
+                "requested mac {mac} was not assigned to {} (result has {})",
+                att.ifname,
+                status.mac.as_deref().unwrap_or("no mac")
+            )));
+        }
+    }
+    Ok(())
+}
+
+fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
+    let list = att.selection.as_ref()?.get("default-route")?.as_array()?;
+    Some(
+        list.iter()
+            .filter_map(|v| v.as_str()?.parse().ok())
+            .collect(),
+    )
+}
+
+/// ADD: returns the cluster network's result in the requested cniVersion.
+pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
+    let ctx = Ctx::new(inv, fx);
+    wait_ready(inv)?;
+    let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
+    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
+    if let Some(stale) = cache.load(&inv.container_id)? {
+        // ADD twice without DEL breaks the runtime contract; tear the old attachments down so nothing leaks.
+        tracing::warn!(container = %inv.container_id, "ADD over an existing plan: tearing the old attachments down first");
+        let errors = ctx.teardown(&stale, stale.attachments.len());
+        if !errors.is_empty() {
+            return Err(PlexusError::Many {
+                summary: "cannot replace the previous attachments".into(),
+                errors,
+            });
+        }
+        cache.remove(&inv.container_id)?;
+    }
+    let pod = match (&inv.pod, fx.cluster) {
+        (Some(pod_ref), Some(cluster)) => Some(cluster.pod(pod_ref)?),
+        _ => None,
+    };
+    let mut plan = ctx
+        .plan(pod.as_ref())
+        .map_err(|e| e.context(ctx.pod_label()))?;
+    cache.store(&plan)?;
+
+    let rollback = |plan: &AttachmentPlan, upto: usize, err: PlexusError| -> PlexusError {
+        let errors = ctx.teardown(plan, upto);
+        if errors.is_empty() {
+            if let Err(e) = cache.remove(&inv.container_id) {
+                return PlexusError::Many {
+                    summary: err.to_string(),
+                    errors: vec![e],
+                };
+            }
+            return err;
+        }
+        PlexusError::Many {
+            summary: format!(
+                "{err}; rolling back also failed (the plan stays in {} for DEL)",
+                cache.path_of(&inv.container_id).display()
+            ),
+            errors,
+        }
+    };
+
+    for i in 0..plan.attachments.len() {
+        let att = &plan.attachments[i];
+        let label = format!(
+            "{}: network {} ({})",
+            ctx.pod_label(),
+            att.network,
+            att.ifname
+        );
+        let outcome = NetworkConfigList::parse(&att.config)
+            .map_err(|e| PlexusError::Decode(e.to_string()))
+            .and_then(|list| {
+                ctx.delegator()
+                    .add(&list, &ctx.rt(&att.ifname), &att.capability_args)
+            })
+            .and_then(|result| verify_requested(att, &result).map(|()| result));
+        match outcome {
+            Ok(result) => {
+                plan.attachments[i].result = Some(result);
+                if let Err(e) = cache.store(&plan) {
+                    return Err(rollback(&plan, i + 1, e));
+                }
+            }
+            Err(e) => return Err(rollback(&plan, i + 1, e.context(label))),
+        }
+    }
+
+    let n = plan.attachments.len();
+    if let Err(e) = finish_add(&ctx, &plan, pod.as_ref()) {
+        return Err(rollback(&plan, n, e.context(ctx.pod_label())));
+    }
+    let cluster_result = plan.attachments[0].result.as_ref().expect("set above");
+    let out = CniResult::parse(cluster_result)
+        .and_then(|r| r.to_json(inv.conf.cni_version))
+        .map_err(|e| {
+            PlexusError::Version(format!(
+                "cluster network result as cniVersion {}: {e}",
+                inv.conf.cni_version
+            ))
+        });
+    match out {
+        Ok(v) => Ok(v),
+        Err(e) => Err(rollback(&plan, n, e)),
+    }
+}
+
+/// After every delegate succeeded: default route, status entries, status hooks, publish.
+fn finish_add(ctx: &Ctx<'_>, plan: &AttachmentPlan, pod: Option<&Pod>) -> Result<(), PlexusError> {
+    let routed: Vec<(&Attachment, Vec<IpAddr>)> = plan
+        .attachments
+        .iter()
+        .filter_map(|a| default_route_of(a).map(|g| (a, g)))
+        .collect();
+    if let Some((target, gateways)) = routed.first() {
+        let netns = ctx.inv.netns.as_deref().unwrap_or_default();
+        let clear: Vec<String> = plan.attachments.iter().map(|a| a.ifname.clone()).collect();
+        ctx.fx
+            .podnet
+            .set_default_route(netns, &target.ifname, gateways, &clear)?;
+    }
+    let (Some(pod), Some(pod_ref)) = (pod, ctx.inv.pod.as_ref()) else {
+        return Ok(());
+    };
+    let mut entries: Vec<Value> = plan
+        .attachments
+        .iter()
+        .map(|a| {
+            let mut st: NetworkStatus =
+                network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
+            if let Some(gws) = default_route_of(a) {
+                st.default_route = status_default_route(Some(&gws), a.result.as_ref());
+            }
+            st.to_json()
+        })
+        .collect();
+    if !ctx.fx.hooks.is_empty() {
+        entries = ctx.fx.hooks.status(pod, entries)?;
+        validate_status_entries(&entries)
+            .map_err(|e| PlexusError::HookFault(format!("status hook output: {e}")))?;
+    }
+    let value = serde_json::to_string(&entries).map_err(|e| PlexusError::Decode(e.to_string()))?;
+    if let Some(cluster) = ctx.fx.cluster {
+        // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
+        // fail a pod whose networks are all attached.
+        if let Err(e) = cluster.write_status(pod_ref, &value) {
+            tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
+        }
+        for a in plan.attachments.iter().filter(|a| !a.is_default) {
+            let _ = cluster.record_attachment(
+                pod_ref,
+                &format!("Add {} [{}] from {}", a.ifname, ips_of(a), a.network),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ips_of(a: &Attachment) -> String {
+    network_status(&a.network, a.result.as_ref(), &a.ifname, false)
+        .ips
+        .join(",")
+}
+
+/// DEL: from the cache when there is one; every attachment is torn down even if some fail (spec 7.2).
+pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    let ctx = Ctx::new(inv, fx);
+    let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
+    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
+    let plan = match cache.load(&inv.container_id)? {
+        Some(plan) => plan,
+        None => {
+            // No cache: ADD never got as far as planning, or DEL is repeated. Re-plan best effort.
+            let pod = match (&inv.pod, fx.cluster) {
+                (Some(p), Some(c)) => c.pod(p).ok(),
+                _ => None,
+            };
+            match ctx.plan(pod.as_ref()) {
+                Ok(plan) => plan,
+                Err(e) => {
+                    tracing::warn!(container = %inv.container_id, "DEL without a cached plan and the networks cannot be resolved ({e}); nothing to tear down");
+                    return Ok(());
+                }
+            }
+        }
+    };
+    let errors = ctx.teardown(&plan, plan.attachments.len());
+    if errors.is_empty() {
+        cache.remove(&inv.container_id)?;
+        return Ok(());
+    }
+    Err(PlexusError::Many {
+        summary: format!(
+            "{}: {} of {} detachments failed",
+            ctx.pod_label(),
+            errors.len(),
+            plan.attachments.len()
+        ),
+        errors,
+    })
+}
+
+/// CHECK: every cached attachment, in order, against its cached result.
+pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    if !inv.conf.cni_version.supports_check() {
+        return Err(PlexusError::Version(format!(
+            "CHECK is not supported by cniVersion {}",
+            inv.conf.cni_version
+        )));
+    }
+    let ctx = Ctx::new(inv, fx);
+    let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
+    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
+    let plan = cache
+        .load(&inv.container_id)?
+        .ok_or_else(|| PlexusError::Delegate {
+            code: crate::error::CODE_UNKNOWN_CONTAINER,
+            msg: format!(
+                "no attachments are known for container {}",
+                inv.container_id
+            ),
+            details: String::new(),
+        })?;
+    for att in &plan.attachments {
+        let label = format!(
+            "{}: network {} ({})",
+            ctx.pod_label(),
+            att.network,
+            att.ifname
+        );
+        let list = NetworkConfigList::parse(&att.config)
+            .map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let result = att
+            .result
+            .as_ref()
+            .ok_or_else(|| PlexusError::Config(format!("{label}: was never attached")))?;
+        ctx.delegator()
+            .check(&list, &ctx.rt(&att.ifname), &att.capability_args, result)
+            .map_err(|e| e.context(label))?;
+    }
+    Ok(())
+}
+
+/// STATUS (CNI 1.1): ready when the readiness indicator exists and the cluster network answers.
+pub fn status(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    if let Some(file) = &inv.conf.readiness_indicator_file {
+        if !file.exists() {
+            return Err(PlexusError::NotAvailable(format!(
+                "readiness indicator file {} does not exist",
+                file.display()
+            )));
+        }
+    }
+    let ctx = Ctx::new(inv, fx);
+    let (_, list) = ctx
+        .resolve_ref(&inv.conf.cluster_network, None)
+        .map_err(|e| PlexusError::NotAvailable(format!("cluster network: {e}")))?;
+    ctx.delegator().status(&list, &ctx.rt(""))
+}
+
+/// GC (CNI 1.1): tears down cached plans of containers the runtime no longer knows, then passes GC on to
+/// every 1.1.0 delegate network with the attachments that remain valid for it.
+pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    let ctx = Ctx::new(inv, fx);
+    let valid: BTreeSet<&str> = inv
+        .conf
+        .valid_attachments
+        .iter()
+        .flatten()
+        .map(|a| a.container_id.as_str())
+        .collect();
+    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
+    let mut errors = Vec::new();
+    let mut per_network: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
+    for id in cache.container_ids()? {
+        let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
+        let Some(plan) = cache.load(&id)? else {
+            continue;
+        };
+        if valid.contains(id.as_str()) {
+            for a in &plan.attachments {
+                let name = a
+                    .config
+                    .get("name")
+                    .and_then(Value::as_str)
+                    .unwrap_or_default()
+                    .to_string();
+                let entry = per_network
+                    .entry(name)
+                    .or_insert_with(|| (a.config.clone(), Vec::new()));
+                entry.1.push(json!({"containerID": id, "ifname": a.ifname}));
+            }
+            continue;
+        }
+        let mut del_inv = inv.clone();
+        del_inv.container_id = id.clone();
+        del_inv.netns = plan.netns.clone();
+        let del_ctx = Ctx::new(&del_inv, fx);
+        let errs = del_ctx.teardown(&plan, plan.attachments.len());
+        if errs.is_empty() {
+            cache.remove(&id)?;
+        } else {
+            errors.extend(errs);
+        }
+    }
+    for (config, attachments) in per_network.values() {
+        if let Ok(list) = NetworkConfigList::parse(config) {
+            if let Err(e) = ctx.delegator().gc(&list, &ctx.rt(""), attachments) {
+                errors.push(e.context(format!("GC of network {}", list.name)));
+            }
+        }
+    }
+    if errors.is_empty() {
+        Ok(())
+    } else {
+        Err(PlexusError::Many {
+            summary: "garbage collection failed".into(),
+            errors,
+        })
+    }
+}
+
+/// The version the runtime asked for, for error objects (falls back to the newest).
+pub fn reply_version(requested: Option<&str>) -> String {
+    requested
+        .filter(|v| v.parse::<CniVersion>().is_ok())
+        .unwrap_or(CniVersion::V1_1_0.as_str())
+        .to_string()
+}

@@ -1,0 +1,232 @@
+//! Plexus as a CNI runtime towards its delegates: runs a configuration list the way libcni does.
+//!
+//! ADD runs the plugins in order, chaining `prevResult`; DEL runs them in reverse with the cached result;
+//! CHECK runs them in order with the cached result; STATUS and GC go to lists of CNI 1.1.0.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plexus_core::cni::{CniArgs, CniError, CniResult, CniVersion, NetworkConfigList};
+use serde_json::{Map, Value};
+
+use crate::error::{PlexusError, CODE_DELEGATE_FAILED, CODE_DELEGATE_TIMEOUT};
+use crate::exec::{Exec, ExecRequest};
+use crate::invocation::Command;
+
+/// The runtime side of one attachment: the unique [container, network, ifname] tuple and its environment.
+#[derive(Debug, Clone)]
+pub struct RuntimeParams<'a> {
+    pub container_id: &'a str,
+    pub netns: Option<&'a str>,
+    pub ifname: &'a str,
+    pub args: &'a CniArgs,
+    pub path: &'a [PathBuf],
+    pub base_env: &'a [(String, String)],
+    pub timeout: Duration,
+}
+
+pub struct Delegator<'a> {
+    pub exec: &'a dyn Exec,
+}
+
+/// How much of a delegate's stderr is kept in the log.
+const STDERR_LOG_CAP: usize = 16 * 1024;
+
+impl Delegator<'_> {
+    pub fn add(
+        &self,
+        list: &NetworkConfigList,
+        rt: &RuntimeParams<'_>,
+        caps: &Map<String, Value>,
+    ) -> Result<Value, PlexusError> {
+        let mut prev: Option<Value> = None;
+        for i in 0..list.plugins.len() {
+            let conf = list.plugin_config(i, caps, prev.as_ref());
+            let out = self.invoke(Command::Add, list, i, &conf, rt)?;
+            let ty = plugin_type(list, i);
+            let result = out.ok_or_else(|| {
+                PlexusError::Decode(format!("plugin {ty:?} printed no result for ADD"))
+            })?;
+            CniResult::parse(&result).map_err(|e| {
+                PlexusError::Decode(format!("plugin {ty:?} printed an invalid result: {e}"))
+            })?;
+            prev = Some(result);
+        }
+        prev.ok_or_else(|| PlexusError::Config(format!("network {:?} has no plugins", list.name)))
+    }
+
+    pub fn del(
+        &self,
+        list: &NetworkConfigList,
+        rt: &RuntimeParams<'_>,
+        caps: &Map<String, Value>,
+        cached: Option<&Value>,
+    ) -> Result<(), PlexusError> {
+        // libcni passes the cached result to DEL only from 0.4.0 on.
+        let prev = cached.filter(|_| list.cni_version >= CniVersion::V0_4_0);
+        for i in (0..list.plugins.len()).rev() {
+            let conf = list.plugin_config(i, caps, prev);
+            self.invoke(Command::Del, list, i, &conf, rt)?;
+        }
+        Ok(())
+    }
+
+    /// CHECK; a list below 0.4.0 or with `disableCheck` is skipped (returns false).
+    pub fn check(
+        &self,
+        list: &NetworkConfigList,
+        rt: &RuntimeParams<'_>,
+        caps: &Map<String, Value>,
+        cached: &Value,
+    ) -> Result<bool, PlexusError> {
+        if list.disable_check || !list.cni_version.supports_check() {
+            return Ok(false);
+        }
+        for i in 0..list.plugins.len() {
+            let conf = list.plugin_config(i, caps, Some(cached));
+            self.invoke(Command::Check, list, i, &conf, rt)?;
+        }
+        Ok(true)
+    }
+
+    /// STATUS for a 1.1.0 list; older lists cannot answer and count as available.
+    pub fn status(
+        &self,
+        list: &NetworkConfigList,
+        rt: &RuntimeParams<'_>,
+    ) -> Result<(), PlexusError> {
+        if !list.cni_version.supports_status_gc() {
+            return Ok(());
+        }
+        for i in 0..list.plugins.len() {
+            let conf = list.plugin_config(i, &Map::new(), None);
+            self.invoke(Command::Status, list, i, &conf, rt)?;
+        }
+        Ok(())
+    }
+
+    /// GC for a 1.1.0 list without `disableGC`, telling it which attachments are still valid.
+    pub fn gc(
+        &self,
+        list: &NetworkConfigList,
+        rt: &RuntimeParams<'_>,
+        valid: &[Value],
+    ) -> Result<(), PlexusError> {
+        if !list.cni_version.supports_status_gc() || list.disable_gc {
+            return Ok(());
+        }
+        for i in 0..list.plugins.len() {
+            let mut conf = list.plugin_config(i, &Map::new(), None);
+            conf["cni.dev/valid-attachments"] = Value::Array(valid.to_vec());
+            self.invoke(Command::Gc, list, i, &conf, rt)?;
+        }
+        Ok(())
+    }
+
+    fn invoke(
+        &self,
+        command: Command,
+        list: &NetworkConfigList,
+        index: usize,
+        conf: &Value,
+        rt: &RuntimeParams<'_>,
+    ) -> Result<Option<Value>, PlexusError> {
+        let ty = plugin_type(list, index);
+        let plugin = self.exec.find(&ty, rt.path).ok_or_else(|| {
+            let dirs: Vec<_> = rt.path.iter().map(|p| p.display().to_string()).collect();
+            PlexusError::Config(format!("plugin {ty:?} not found in {}", dirs.join(":")))
+        })?;
+        let mut env: Vec<(String, String)> = rt.base_env.to_vec();
+        env.push(("CNI_COMMAND".into(), command.as_str().into()));
+        let path = std::env::join_paths(rt.path)
+            .map_err(|e| PlexusError::Env(format!("CNI_PATH: {e}")))?;
+        env.push(("CNI_PATH".into(), path.to_string_lossy().into_owned()));
+        if !matches!(command, Command::Status | Command::Gc) {
+            env.push(("CNI_CONTAINERID".into(), rt.container_id.into()));
+            env.push(("CNI_IFNAME".into(), rt.ifname.into()));
+            env.push(("CNI_NETNS".into(), rt.netns.unwrap_or_default().into()));
+            env.push(("CNI_ARGS".into(), rt.args.to_string()));
+        }
+        let stdin = serde_json::to_vec(conf).map_err(|e| PlexusError::Decode(e.to_string()))?;
+        tracing::debug!(plugin = %plugin.display(), command = command.as_str(), network = %list.name, ifname = rt.ifname, "exec delegate");
+        let out = self
+            .exec
+            .run(&ExecRequest {
+                plugin: &plugin,
+                env: &env,
+                stdin: &stdin,
+                timeout: rt.timeout,
+            })
+            .map_err(|source| PlexusError::Io {
+                path: plugin.display().to_string(),
+                source,
+            })?;
+        if !out.stderr.is_empty() {
+            let text = String::from_utf8_lossy(&out.stderr[..out.stderr.len().min(STDERR_LOG_CAP)]);
+            tracing::info!(plugin = %ty, command = command.as_str(), network = %list.name, "delegate stderr: {}", text.trim_end());
+        }
+        tracing::debug!(plugin = %ty, elapsed_ms = out.elapsed.as_secs_f64() * 1e3, "delegate done");
+        if out.timed_out {
+            return Err(PlexusError::Delegate {
+                code: CODE_DELEGATE_TIMEOUT,
+                msg: format!(
+                    "plugin {ty:?} ({}) did not finish within {:?} and was killed",
+                    command.as_str(),
+                    rt.timeout
+                ),
+                details: String::new(),
+            });
+        }
+        if out.code != Some(0) {
+            if let Ok(err) = CniError::parse_bytes(&out.stdout) {
+                return Err(PlexusError::Delegate {
+                    code: err.code,
+                    msg: format!("plugin {ty:?} failed {}: {}", command.as_str(), err.msg),
+                    details: err.details,
+                });
+            }
+            let status = out.code.map_or("killed by a signal".to_string(), |c| {
+                format!("exit status {c}")
+            });
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            let stdout = String::from_utf8_lossy(&out.stdout);
+            let hint = [stderr.trim(), stdout.trim()]
+                .into_iter()
+                .find(|s| !s.is_empty())
+                .unwrap_or("no output");
+            return Err(PlexusError::Delegate {
+                code: CODE_DELEGATE_FAILED,
+                msg: format!(
+                    "plugin {ty:?} failed {} ({status}) without a CNI error: {}",
+                    command.as_str(),
+                    truncate(hint, 512)
+                ),
+                details: String::new(),
+            });
+        }
+        if out.stdout.iter().all(u8::is_ascii_whitespace) {
+            return Ok(None);
+        }
+        serde_json::from_slice(&out.stdout).map(Some).map_err(|e| {
+            PlexusError::Decode(format!(
+                "plugin {ty:?} printed invalid JSON for {}: {e}",
+                command.as_str()
+            ))
+        })
+    }
+}
+
+fn plugin_type(list: &NetworkConfigList, index: usize) -> String {
+    list.plugins[index]
+        .get("type")
+        .and_then(Value::as_str)
+        .unwrap_or_default()
+        .to_string()
+}
+
+fn truncate(s: &str, max: usize) -> &str {
+    match s.char_indices().nth(max) {
+        Some((i, _)) => &s[..i],
+        None => s,
+    }
+}
