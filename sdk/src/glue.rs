@@ -161,7 +161,8 @@ pub(crate) fn entry_to_wire(e: StatusEntry) -> w::StatusEntry {
 
 fn parse_optional_json(text: Option<String>, what: &str) -> Result<Option<Value>, Error> {
     text.map(|t| {
-        serde_json::from_str(&t).map_err(|e| Error::msg(format_args!("{what} is not valid JSON: {e}")))
+        serde_json::from_str(&t)
+            .map_err(|e| Error::msg(format_args!("{what} is not valid JSON: {e}")))
     })
     .transpose()
 }
@@ -197,7 +198,8 @@ pub fn resolver_resolve<R: Resolver>(
     let selection = selection_from_wire(selection).map_err(|e| e.to_string())?;
     let nad = parse_optional_json(nad, "the NAD").map_err(|e| e.to_string())?;
     let config = parse_optional_json(config, "the config").map_err(|e| e.to_string())?;
-    let out = R::resolve(&pod, &selection, nad.as_ref(), config.as_ref()).map_err(|e| e.to_string())?;
+    let out =
+        R::resolve(&pod, &selection, nad.as_ref(), config.as_ref()).map_err(|e| e.to_string())?;
     Ok(out.map(|v| v.to_string()))
 }
 

@@ -61,7 +61,10 @@ impl Harness {
 
     /// Calls `P::check` as the host would.
     pub fn check<P: Policy>(&self, selections: Vec<Selection>) -> Result<Decision, Error> {
-        let wire: Vec<_> = selections.into_iter().map(glue::selection_to_wire).collect();
+        let wire: Vec<_> = selections
+            .into_iter()
+            .map(glue::selection_to_wire)
+            .collect();
         let pod = glue::pod_to_wire(&self.pod);
         let out = self.run(|| glue::policy_check::<P>(pod, wire))?;
         glue::decision_from_wire(out)

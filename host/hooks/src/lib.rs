@@ -1,1 +1,587 @@
 //! WebAssembly hooks: the wasmtime engine, component cache, limits and the deny-by-default sandbox.
+//!
+//! [`Hooks::load`] compiles (or loads from the cache) the components of the plexus configuration's
+//! `hooks` list; [`Hooks::policy`], [`Hooks::resolve`] and [`Hooks::status`] run the hooks of one kind
+//! in configured order, each call in a fresh store with an epoch deadline and a memory limit. The WIT
+//! contract is `wit/plexus-hooks.wit`; `docs/hooks.md` describes it for hook authors.
+
+mod cache;
+mod convert;
+mod engine;
+mod error;
+mod sandbox;
+mod spec;
+
+pub use cache::ArtifactSource;
+pub use error::{Fault, HookError, LoadError};
+pub use spec::{FailurePolicy, HookKind, HookSpec, DEFAULT_MEMORY_LIMIT_MIB, DEFAULT_TIMEOUT_MS};
+
+use bindings::exports::plexus::hooks::{policy, resolver, status};
+use plexus_core::spec::Pod;
+use sandbox::{HookInfo, State};
+use serde_json::Value;
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use wasmtime::component::{Component, HasSelf, Instance, InstancePre, Linker};
+use wasmtime::{Engine, Store, Trap};
+
+/// The version of the `plexus:hooks` WIT package this host implements.
+pub const WIT_VERSION: &str = "0.1.0";
+
+/// Longest deny reason passed on (the rest is cut).
+const REASON_CAP: usize = 4096;
+
+#[allow(clippy::all)]
+mod bindings {
+    wasmtime::component::bindgen!({
+        path: "../../wit",
+        world: "hooks",
+    });
+}
+
+/// What the policy hooks decided.
+#[derive(Debug, Clone, PartialEq)]
+pub enum PolicyOutcome {
+    /// Go ahead with these selections (the input, or a hook's rewrite).
+    Admit(Vec<Value>),
+    /// A hook refused the pod; `reason` is its message for the CNI error.
+    Deny { hook: String, reason: String },
+}
+
+/// How a hook's component was made ready by [`Hooks::load`].
+#[derive(Debug, Clone)]
+pub struct Artifact {
+    pub hook: String,
+    pub module: PathBuf,
+    pub sha256: String,
+    pub source: ArtifactSource,
+    /// Time spent reading, hashing and compiling or deserializing.
+    pub elapsed: Duration,
+}
+
+/// What `plexus hook inspect` shows about a component file.
+#[derive(Debug, Clone)]
+pub struct Inspection {
+    pub path: PathBuf,
+    pub size: u64,
+    pub sha256: String,
+    /// Every export and import of the component, by name.
+    pub exports: Vec<String>,
+    pub imports: Vec<String>,
+    /// The hook kinds it serves (its `plexus:hooks/<kind>` exports this host understands).
+    pub kinds: Vec<HookKind>,
+    /// Versions of the `plexus:hooks` package it was built against.
+    pub wit_versions: Vec<String>,
+}
+
+enum Exports {
+    Policy(policy::GuestIndices),
+    Resolver(resolver::GuestIndices),
+    Status(status::GuestIndices),
+}
+
+struct LoadedHook {
+    name: String,
+    kind: HookKind,
+    failure_policy: FailurePolicy,
+    timeout_ms: u64,
+    memory_mib: u64,
+    info: Arc<HookInfo>,
+    pre: InstancePre<State>,
+    exports: Exports,
+}
+
+struct Runtime {
+    engine: Engine,
+    // Declared after `engine` only for readability; the ticker holds its own engine handle.
+    ticker: engine::Ticker,
+}
+
+/// The loaded hooks of one plexus configuration.
+pub struct Hooks {
+    hooks: Vec<LoadedHook>,
+    artifacts: Vec<Artifact>,
+    runtime: Option<Runtime>,
+}
+
+impl std::fmt::Debug for Hooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hooks")
+            .field("artifacts", &self.artifacts)
+            .finish()
+    }
+}
+
+fn read_module(path: &Path) -> Result<(Vec<u8>, String), LoadError> {
+    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let sha = cache::sha256_hex(&bytes);
+    Ok((bytes, sha))
+}
+
+fn new_linker(engine: &Engine) -> Result<Linker<State>, String> {
+    let mut linker = Linker::new(engine);
+    wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("{e:#}"))?;
+    bindings::Hooks::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
+        .map_err(|e| format!("{e:#}"))?;
+    Ok(linker)
+}
+
+fn check_specs(specs: &[HookSpec]) -> Result<(), HookError> {
+    let mut seen = std::collections::HashSet::new();
+    for s in specs {
+        if s.name.is_empty() {
+            return Err(HookError::Config("a hook has an empty name".into()));
+        }
+        if !seen.insert((s.name.as_str(), s.kind)) {
+            return Err(HookError::Config(format!(
+                "two {} hooks are named {:?}",
+                s.kind, s.name
+            )));
+        }
+        if s.timeout_ms == Some(0) {
+            return Err(HookError::Config(format!(
+                "hook {:?}: timeoutMs must be positive",
+                s.name
+            )));
+        }
+        if let Some(m) = s.memory_limit_mib {
+            if m == 0 || m > 4096 {
+                return Err(HookError::Config(format!(
+                    "hook {:?}: memoryLimitMiB must be between 1 and 4096",
+                    s.name
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
+impl Hooks {
+    /// Loads the hooks in configured order, compiling each distinct component once and caching the
+    /// result under `cache_dir/hooks`.
+    pub fn load(specs: &[HookSpec], cache_dir: &Path) -> Result<Hooks, HookError> {
+        Self::load_inner(specs, Some(cache_dir))
+    }
+
+    /// Like [`Hooks::load`], without reading or writing a cache (for one-off runs).
+    pub fn load_uncached(specs: &[HookSpec]) -> Result<Hooks, HookError> {
+        Self::load_inner(specs, None)
+    }
+
+    fn load_inner(specs: &[HookSpec], cache_dir: Option<&Path>) -> Result<Hooks, HookError> {
+        if specs.is_empty() {
+            return Ok(Hooks {
+                hooks: Vec::new(),
+                artifacts: Vec::new(),
+                runtime: None,
+            });
+        }
+        check_specs(specs)?;
+        let engine = engine::new_engine().map_err(HookError::Engine)?;
+        let linker = new_linker(&engine).map_err(HookError::Engine)?;
+        let mut components: HashMap<String, Component> = HashMap::new();
+        let mut hooks = Vec::new();
+        let mut artifacts = Vec::new();
+        for spec in specs {
+            let load_err = |error| HookError::Load {
+                hook: spec.name.clone(),
+                kind: spec.kind,
+                error,
+            };
+            let start = Instant::now();
+            let (bytes, sha) = read_module(&spec.module).map_err(load_err)?;
+            if let Some(pin) = &spec.sha256 {
+                let pin = pin
+                    .trim()
+                    .trim_start_matches("sha256:")
+                    .to_ascii_lowercase();
+                if pin != sha {
+                    return Err(load_err(LoadError::Sha256Mismatch {
+                        path: spec.module.clone(),
+                        expected: pin,
+                        actual: sha,
+                    }));
+                }
+            }
+            let component = match components.get(&sha) {
+                Some(c) => c.clone(),
+                None => {
+                    let (c, source) =
+                        cache::load(&engine, &bytes, &sha, cache_dir).map_err(|reason| {
+                            load_err(LoadError::Compile {
+                                path: spec.module.clone(),
+                                reason,
+                            })
+                        })?;
+                    tracing::debug!(hook = %spec.name, ?source, elapsed = ?start.elapsed(), "hook component ready");
+                    artifacts.push(Artifact {
+                        hook: spec.name.clone(),
+                        module: spec.module.clone(),
+                        sha256: sha.clone(),
+                        source,
+                        elapsed: start.elapsed(),
+                    });
+                    components.insert(sha.clone(), c.clone());
+                    c
+                }
+            };
+            let pre = linker.instantiate_pre(&component).map_err(|e| {
+                load_err(LoadError::Link {
+                    path: spec.module.clone(),
+                    reason: format!("{e:#}"),
+                })
+            })?;
+            let missing = |_| {
+                load_err(LoadError::MissingExport {
+                    path: spec.module.clone(),
+                    interface: spec.kind.interface(),
+                })
+            };
+            let exports = match spec.kind {
+                HookKind::Policy => {
+                    Exports::Policy(policy::GuestIndices::new(&pre).map_err(missing)?)
+                }
+                HookKind::Resolver => {
+                    Exports::Resolver(resolver::GuestIndices::new(&pre).map_err(missing)?)
+                }
+                HookKind::Status => {
+                    Exports::Status(status::GuestIndices::new(&pre).map_err(missing)?)
+                }
+            };
+            let memory_mib = spec.memory_limit_mib();
+            hooks.push(LoadedHook {
+                name: spec.name.clone(),
+                kind: spec.kind,
+                failure_policy: spec.failure_policy,
+                timeout_ms: spec.timeout_ms(),
+                memory_mib,
+                info: Arc::new(HookInfo {
+                    name: spec.name.clone(),
+                    settings: spec
+                        .settings
+                        .as_ref()
+                        .map_or_else(|| "null".to_string(), Value::to_string),
+                    memory_bytes: (memory_mib as usize) << 20,
+                }),
+                pre,
+                exports,
+            });
+        }
+        let ticker = engine::Ticker::start(engine.clone()).map_err(HookError::Engine)?;
+        Ok(Hooks {
+            hooks,
+            artifacts,
+            runtime: Some(Runtime { engine, ticker }),
+        })
+    }
+
+    /// True when no hooks are configured (every call then passes its input through).
+    pub fn is_empty(&self) -> bool {
+        self.hooks.is_empty()
+    }
+
+    /// How each distinct component was made ready (compiled or loaded from the cache).
+    pub fn artifacts(&self) -> &[Artifact] {
+        &self.artifacts
+    }
+
+    /// Runs the policy hooks in order. `selections` are spec selection elements (validated, namespace
+    /// filled); each hook sees the previous one's rewrite. The first deny ends the chain.
+    pub fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, HookError> {
+        let wpod = convert::pod(pod);
+        let mut current = selections;
+        for hook in self.of_kind(HookKind::Policy) {
+            let Exports::Policy(idx) = &hook.exports else {
+                continue;
+            };
+            let step = (|| {
+                let wire = current
+                    .iter()
+                    .map(convert::selection_to_wire)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(Fault::Input)?;
+                let decision = self.call(hook, |store, inst| {
+                    idx.load(&mut *store, inst)?
+                        .call_check(&mut *store, &wpod, &wire)
+                })?;
+                Ok(match decision {
+                    policy::Decision::Admit => None,
+                    policy::Decision::Deny(reason) => Some(Err(cut(reason, REASON_CAP))),
+                    policy::Decision::Rewrite(list) => {
+                        let allowed = convert::reserved_extras(&current, &convert::SELECTION_KEYS);
+                        let list = list
+                            .into_iter()
+                            .map(|s| convert::selection_from_wire(s, &allowed))
+                            .collect::<Result<Vec<_>, _>>()
+                            .map_err(Fault::InvalidOutput)?;
+                        Some(Ok(list))
+                    }
+                })
+            })();
+            match step {
+                Ok(None) => {}
+                Ok(Some(Ok(list))) => current = list,
+                Ok(Some(Err(reason))) => {
+                    return Ok(PolicyOutcome::Deny {
+                        hook: hook.name.clone(),
+                        reason,
+                    })
+                }
+                Err(fault) => self.fault(hook, fault)?,
+            }
+        }
+        Ok(PolicyOutcome::Admit(current))
+    }
+
+    /// Runs the resolver hooks in order for one selection. `nad` is the NetworkAttachmentDefinition
+    /// object, `config` the delegate configuration found so far. Each hook sees the previous one's
+    /// output; `None` means no hook supplied or changed anything.
+    pub fn resolve(
+        &self,
+        pod: &Pod,
+        selection: &Value,
+        nad: Option<&Value>,
+        config: Option<&Value>,
+    ) -> Result<Option<Value>, HookError> {
+        let mut resolvers = self.of_kind(HookKind::Resolver).peekable();
+        if resolvers.peek().is_none() {
+            return Ok(None);
+        }
+        let wpod = convert::pod(pod);
+        let nad_text = nad.map(Value::to_string);
+        let mut current = config.cloned();
+        let mut changed = false;
+        for hook in resolvers {
+            let Exports::Resolver(idx) = &hook.exports else {
+                continue;
+            };
+            let step = (|| {
+                let sel = convert::selection_to_wire(selection).map_err(Fault::Input)?;
+                let cfg_text = current.as_ref().map(Value::to_string);
+                let out = self.call(hook, |store, inst| {
+                    idx.load(&mut *store, inst)?.call_resolve(
+                        &mut *store,
+                        &wpod,
+                        &sel,
+                        nad_text.as_deref(),
+                        cfg_text.as_deref(),
+                    )
+                })?;
+                out.map(|text| {
+                    let v: Value = serde_json::from_str(&text).map_err(|e| {
+                        Fault::InvalidOutput(format!("the config is not valid JSON: {e}"))
+                    })?;
+                    convert::check_cni_config(&v).map_err(Fault::InvalidOutput)?;
+                    Ok(v)
+                })
+                .transpose()
+            })();
+            match step {
+                Ok(None) => {}
+                Ok(Some(v)) => {
+                    current = Some(v);
+                    changed = true;
+                }
+                Err(fault) => self.fault(hook, fault)?,
+            }
+        }
+        Ok(if changed { current } else { None })
+    }
+
+    /// Runs the status hooks in order over the network-status entries (spec 5) before they are
+    /// written; each hook sees the previous one's output.
+    pub fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, HookError> {
+        let wpod = convert::pod(pod);
+        let mut current = entries;
+        for hook in self.of_kind(HookKind::Status) {
+            let Exports::Status(idx) = &hook.exports else {
+                continue;
+            };
+            let step = (|| {
+                let wire = current
+                    .iter()
+                    .map(convert::entry_to_wire)
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(Fault::Input)?;
+                let out = self.call(hook, |store, inst| {
+                    idx.load(&mut *store, inst)?
+                        .call_shape(&mut *store, &wpod, &wire)
+                })?;
+                let allowed = convert::reserved_extras(&current, &convert::STATUS_KEYS);
+                let list = out
+                    .into_iter()
+                    .map(|e| convert::entry_from_wire(e, &allowed))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(Fault::InvalidOutput)?;
+                convert::check_status_list(&list).map_err(Fault::InvalidOutput)?;
+                Ok(list)
+            })();
+            match step {
+                Ok(list) => current = list,
+                Err(fault) => self.fault(hook, fault)?,
+            }
+        }
+        Ok(current)
+    }
+
+    fn of_kind(&self, kind: HookKind) -> impl Iterator<Item = &LoadedHook> {
+        self.hooks.iter().filter(move |h| h.kind == kind)
+    }
+
+    /// Applies the hook's failurePolicy to a fault.
+    fn fault(&self, hook: &LoadedHook, fault: Fault) -> Result<(), HookError> {
+        match hook.failure_policy {
+            FailurePolicy::Fail => Err(HookError::Fault {
+                hook: hook.name.clone(),
+                kind: hook.kind,
+                fault,
+            }),
+            FailurePolicy::Ignore => {
+                tracing::warn!(
+                    hook = %hook.name,
+                    kind = %hook.kind,
+                    "hook {:?} ({}): {fault}; skipped (failurePolicy Ignore)",
+                    hook.name,
+                    hook.kind
+                );
+                Ok(())
+            }
+        }
+    }
+
+    /// One call in a fresh store: instantiate from the `InstancePre`, run `f` under the deadline and
+    /// memory limit, turn whatever went wrong into a [`Fault`].
+    fn call<T>(
+        &self,
+        hook: &LoadedHook,
+        f: impl FnOnce(&mut Store<State>, &Instance) -> wasmtime::Result<Result<T, String>>,
+    ) -> Result<T, Fault> {
+        let Some(rt) = &self.runtime else {
+            return Err(Fault::Trap("no engine".into()));
+        };
+        let mut store = Store::new(&rt.engine, State::new(hook.info.clone()));
+        store.limiter(|s| &mut s.limits);
+        store.set_epoch_deadline(engine::deadline_ticks(hook.timeout_ms));
+        store.epoch_deadline_trap();
+        let start = Instant::now();
+        let result = {
+            let _running = rt.ticker.run();
+            hook.pre
+                .instantiate(&mut store)
+                .and_then(|inst| f(&mut store, &inst))
+        };
+        let elapsed = start.elapsed();
+        let out = match result {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(message)) => Err(Fault::Failed(cut(message, REASON_CAP))),
+            Err(e) => Err(classify(&e, &store, hook)),
+        };
+        sandbox::flush_output(store.data());
+        tracing::debug!(hook = %hook.name, kind = %hook.kind, ?elapsed, ok = out.is_ok(), "hook call");
+        out
+    }
+}
+
+fn classify(e: &wasmtime::Error, store: &Store<State>, hook: &LoadedHook) -> Fault {
+    let trap = e.downcast_ref::<Trap>();
+    if trap == Some(&Trap::Interrupt) {
+        return Fault::Timeout(hook.timeout_ms);
+    }
+    if store.data().limits.memory_denied {
+        return Fault::OutOfMemory(hook.memory_mib);
+    }
+    let what = match trap {
+        Some(t) => t.to_string(),
+        None => e.root_cause().to_string(),
+    };
+    match sandbox::last_stderr_line(store.data()) {
+        Some(line) => Fault::Trap(format!("{what} (guest stderr: {line})")),
+        None => Fault::Trap(what),
+    }
+}
+
+fn cut(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut end = max;
+        while !s.is_char_boundary(end) {
+            end -= 1;
+        }
+        s.truncate(end);
+        s.push_str("...");
+    }
+    s
+}
+
+/// Compiles a component into the cache under `cache_dir/hooks` (what `plexus hook compile` does).
+pub fn compile(path: &Path, cache_dir: &Path) -> Result<Artifact, LoadError> {
+    let start = Instant::now();
+    let (bytes, sha) = read_module(path)?;
+    let engine = engine::new_engine().map_err(|reason| LoadError::Compile {
+        path: path.to_path_buf(),
+        reason,
+    })?;
+    let (_, source) = cache::load(&engine, &bytes, &sha, Some(cache_dir)).map_err(|reason| {
+        LoadError::Compile {
+            path: path.to_path_buf(),
+            reason,
+        }
+    })?;
+    Ok(Artifact {
+        hook: path.display().to_string(),
+        module: path.to_path_buf(),
+        sha256: sha,
+        source,
+        elapsed: start.elapsed(),
+    })
+}
+
+/// Reads a component's exports, imports and digest (what `plexus hook inspect` shows).
+pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
+    let (bytes, sha) = read_module(path)?;
+    let compile_err = |reason| LoadError::Compile {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let engine = engine::new_engine().map_err(compile_err)?;
+    let component =
+        Component::from_binary(&engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?;
+    let ty = component.component_type();
+    let exports: Vec<String> = ty.exports(&engine).map(|(n, _)| n.to_string()).collect();
+    let imports: Vec<String> = ty.imports(&engine).map(|(n, _)| n.to_string()).collect();
+    let mut wit_versions: Vec<String> = exports
+        .iter()
+        .chain(&imports)
+        .filter_map(|n| n.strip_prefix("plexus:hooks/"))
+        .filter_map(|n| n.split_once('@').map(|(_, v)| v.to_string()))
+        .collect();
+    wit_versions.sort();
+    wit_versions.dedup();
+    let kinds = HookKind::ALL
+        .into_iter()
+        .filter(|k| exports.contains(&k.interface()))
+        .collect();
+    Ok(Inspection {
+        path: path.to_path_buf(),
+        size: bytes.len() as u64,
+        sha256: sha,
+        exports,
+        imports,
+        kinds,
+        wit_versions,
+    })
+}
+
+/// The cache file `Hooks::load` would use for this component (for tests and operators).
+pub fn artifact_path(module: &Path, cache_dir: &Path) -> Result<PathBuf, LoadError> {
+    let (_, sha) = read_module(module)?;
+    let engine = engine::new_engine().map_err(|reason| LoadError::Compile {
+        path: module.to_path_buf(),
+        reason,
+    })?;
+    Ok(cache::artifact_path(cache_dir, &engine, &sha))
+}

@@ -1,0 +1,90 @@
+#!/usr/bin/env bash
+# Builds every guest in this workspace into a component at $TARGET/guests/<guest-name>.wasm, where
+# $TARGET is $CARGO_TARGET_DIR or <repo>/target.
+#
+# Route, in order of preference:
+#   1. rustup has wasm32-wasip2: cargo builds components directly;
+#   2. rustup has wasm32-wasip1: cargo builds core modules, plexus-componentize wraps them;
+#   3. otherwise Debian's rustc-web/cargo-web with -Zbuild-std for wasm32-wasip1 (packages installed
+#      by tests/setup.sh, see /work/shared/guest-toolchain.md), then plexus-componentize.
+# The whole workspace is built by one cargo invocation, so std (route 3) is built once.
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+target=${CARGO_TARGET_DIR:-$root/target}
+mkdir -p "$target"
+target=$(cd "$target" && pwd)
+out=$target/guests
+build=$target/guests-build
+mkdir -p "$out"
+
+guests=$(sed -n '/^members = \[/,/^\]/p' "$here/Cargo.toml" | grep -o '"[a-z0-9-]*"' | tr -d '"')
+
+installed=$(rustup target list --installed 2>/dev/null || true)
+if grep -qx wasm32-wasip2 <<<"$installed"; then
+    route=wasip2
+elif grep -qx wasm32-wasip1 <<<"$installed"; then
+    route=wasip1
+else
+    route=debian
+fi
+echo "build-guests: route $route, output $out" >&2
+
+componentize() {
+    local tool=$target/guests-tools/release/plexus-componentize
+    if [[ ! -x $tool || $here/componentize/src/main.rs -nt $tool ]]; then
+        # The host toolchain, never the wasm target's flags.
+        (cd "$here/componentize" && env -u RUSTFLAGS -u RUSTC CARGO_TARGET_DIR="$target/guests-tools" \
+            cargo build --release --quiet)
+    fi
+    for g in $guests; do
+        "$tool" "$build/wasm32-wasip1/release/${g//-/_}.wasm" "$out/$g.wasm"
+    done
+}
+
+case $route in
+wasip2)
+    (cd "$here" && CARGO_TARGET_DIR=$build cargo build --release --target wasm32-wasip2)
+    for g in $guests; do
+        cp "$build/wasm32-wasip2/release/${g//-/_}.wasm" "$out/$g.wasm.tmp"
+        mv "$out/$g.wasm.tmp" "$out/$g.wasm"
+    done
+    ;;
+wasip1)
+    (cd "$here" && CARGO_TARGET_DIR=$build cargo build --release --target wasm32-wasip1)
+    componentize
+    ;;
+debian)
+    need=(/usr/bin/rustc /usr/bin/cargo /usr/lib/wasm32-wasi/libc.a)
+    for f in "${need[@]}"; do
+        if [[ ! -e $f ]]; then
+            if [[ $(id -u) == 0 ]]; then
+                "$root/tests/setup.sh"
+                break
+            fi
+            echo "build-guests: $f is missing; run 'sudo $root/tests/setup.sh' (Debian wasm toolchain) first" >&2
+            exit 1
+        fi
+    done
+    # rustc looks for `rust-lld` (and passes it `-flavor wasm`); Debian ships lld as lld-22.
+    if ! command -v rust-lld >/dev/null; then
+        lld=$(command -v lld-22 || command -v lld || true)
+        if [[ -z $lld ]]; then
+            echo "build-guests: no lld found; run 'sudo $root/tests/setup.sh' first" >&2
+            exit 1
+        fi
+        mkdir -p "$target/guests-tools/bin"
+        ln -sf "$lld" "$target/guests-tools/bin/rust-lld"
+        export PATH=$target/guests-tools/bin:$PATH
+    fi
+    (cd "$here" && RUSTC=/usr/bin/rustc RUSTC_BOOTSTRAP=1 RUSTFLAGS="-L /usr/lib/wasm32-wasi" \
+        CARGO_TARGET_DIR=$build /usr/bin/cargo build --release \
+        -Zbuild-std=std,panic_abort --target wasm32-wasip1)
+    componentize
+    ;;
+esac
+
+for g in $guests; do
+    echo "build-guests: $out/$g.wasm ($(stat -c %s "$out/$g.wasm") bytes)" >&2
+done

@@ -1,0 +1,565 @@
+//! JSON values (as plexus holds them) to the WIT records and back, and validation of what hooks return.
+
+use crate::bindings::plexus::hooks::types as w;
+use serde_json::{Map, Value};
+use std::collections::BTreeSet;
+
+/// Keys of a selection element (spec 4.1.2.1).
+pub(crate) const SELECTION_KEYS: [&str; 11] = [
+    "name",
+    "namespace",
+    "ips",
+    "mac",
+    "interface",
+    "cni-args",
+    "portMappings",
+    "bandwidth",
+    "default-route",
+    "infiniband-guid",
+    "ipam-claim-reference",
+];
+
+/// Keys of a status entry (spec 5.3; "infiniband-guid" as in the spec's 5.4 example).
+pub(crate) const STATUS_KEYS: [&str; 10] = [
+    "name",
+    "interface",
+    "ips",
+    "mac",
+    "mtu",
+    "default",
+    "dns",
+    "default-route",
+    "device-info",
+    "infiniband-guid",
+];
+
+type R<T> = Result<T, String>;
+
+pub(crate) fn pod(pod: &plexus_core::spec::Pod) -> w::Pod {
+    w::Pod {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+        labels: pod
+            .labels
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+        annotations: pod
+            .annotations
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    }
+}
+
+fn object<'a>(v: &'a Value, what: &str) -> R<&'a Map<String, Value>> {
+    v.as_object()
+        .ok_or_else(|| format!("{what} is not a JSON object"))
+}
+
+fn string(v: &Value, key: &str) -> R<String> {
+    v.as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("{key:?} is not a string"))
+}
+
+fn strings(v: &Value, key: &str) -> R<Vec<String>> {
+    v.as_array()
+        .ok_or_else(|| format!("{key:?} is not a list"))?
+        .iter()
+        .map(|e| string(e, key))
+        .collect()
+}
+
+fn uint(v: &Value, key: &str) -> R<u64> {
+    v.as_u64()
+        .ok_or_else(|| format!("{key:?} is not a non-negative integer"))
+}
+
+fn u32_of(v: &Value, key: &str) -> R<u32> {
+    u32::try_from(uint(v, key)?).map_err(|_| format!("{key:?} is out of range"))
+}
+
+fn extras_to_wire(key: &str, value: &Value, extras: &mut Vec<(String, String)>) {
+    extras.push((key.to_string(), value.to_string()));
+}
+
+/// Reserved keys (no period, not a spec key) that appear in `input`'s extras: a hook may keep those,
+/// but may not invent new ones.
+pub(crate) fn reserved_extras<'a>(
+    input: impl IntoIterator<Item = &'a Value>,
+    spec_keys: &[&str],
+) -> BTreeSet<String> {
+    input
+        .into_iter()
+        .filter_map(Value::as_object)
+        .flat_map(|m| m.keys())
+        .filter(|k| !k.contains('.') && !spec_keys.contains(&k.as_str()))
+        .cloned()
+        .collect()
+}
+
+fn extras_from_wire(
+    extras: Vec<(String, String)>,
+    spec_keys: &[&str],
+    allowed_reserved: &BTreeSet<String>,
+    out: &mut Map<String, Value>,
+) -> R<()> {
+    for (key, text) in extras {
+        if spec_keys.contains(&key.as_str()) {
+            return Err(format!("extra key {key:?} shadows a spec key"));
+        }
+        if !key.contains('.') && !allowed_reserved.contains(&key) {
+            return Err(format!(
+                "key {key:?} is reserved by the spec (keys of extensions must be reverse-DNS names)"
+            ));
+        }
+        if key.starts_with('.') || key.ends_with('.') || key.contains("..") {
+            return Err(format!("key {key:?} is not a reverse-DNS name"));
+        }
+        let value: Value = serde_json::from_str(&text)
+            .map_err(|e| format!("value of key {key:?} is not valid JSON: {e}"))?;
+        if out.insert(key.clone(), value).is_some() {
+            return Err(format!("key {key:?} appears twice"));
+        }
+    }
+    Ok(())
+}
+
+pub(crate) fn selection_to_wire(v: &Value) -> R<w::Selection> {
+    let m = object(v, "selection element")?;
+    let name = string(
+        m.get("name").ok_or("selection element has no \"name\"")?,
+        "name",
+    )?;
+    let mut s = w::Selection {
+        name,
+        namespace: String::new(),
+        ips: None,
+        mac: None,
+        interface: None,
+        cni_args: None,
+        port_mappings: None,
+        bandwidth: None,
+        default_route: None,
+        infiniband_guid: None,
+        ipam_claim_reference: None,
+        extras: Vec::new(),
+    };
+    for (key, value) in m {
+        match key.as_str() {
+            "name" => {}
+            "namespace" => s.namespace = string(value, key)?,
+            "ips" => s.ips = Some(strings(value, key)?),
+            "mac" => s.mac = Some(string(value, key)?),
+            "interface" => s.interface = Some(string(value, key)?),
+            "cni-args" => {
+                object(value, "\"cni-args\"")?;
+                s.cni_args = Some(value.to_string());
+            }
+            "portMappings" => {
+                let list = value.as_array().ok_or("\"portMappings\" is not a list")?;
+                let mut pms = Vec::new();
+                for pm in list {
+                    let pm = object(pm, "a portMappings element")?;
+                    pms.push(w::PortMapping {
+                        host_port: u32_of(
+                            pm.get("hostPort")
+                                .ok_or("a port mapping has no \"hostPort\"")?,
+                            "hostPort",
+                        )?,
+                        container_port: u32_of(
+                            pm.get("containerPort")
+                                .ok_or("a port mapping has no \"containerPort\"")?,
+                            "containerPort",
+                        )?,
+                        protocol: pm
+                            .get("protocol")
+                            .map(|p| string(p, "protocol"))
+                            .transpose()?,
+                    });
+                }
+                s.port_mappings = Some(pms);
+            }
+            "bandwidth" => {
+                let b = object(value, "\"bandwidth\"")?;
+                let get = |k: &str| b.get(k).map(|v| uint(v, k)).transpose();
+                s.bandwidth = Some(w::Bandwidth {
+                    ingress_rate: get("ingressRate")?,
+                    ingress_burst: get("ingressBurst")?,
+                    egress_rate: get("egressRate")?,
+                    egress_burst: get("egressBurst")?,
+                });
+            }
+            "default-route" => s.default_route = Some(strings(value, key)?),
+            "infiniband-guid" => s.infiniband_guid = Some(string(value, key)?),
+            "ipam-claim-reference" => s.ipam_claim_reference = Some(string(value, key)?),
+            _ => extras_to_wire(key, value, &mut s.extras),
+        }
+    }
+    Ok(s)
+}
+
+fn check_port(port: u32, key: &str) -> R<()> {
+    if (1..=65535).contains(&port) {
+        Ok(())
+    } else {
+        Err(format!("{key:?} {port} is not between 1 and 65535"))
+    }
+}
+
+fn nonzero(v: Option<u64>, key: &str) -> R<Option<u64>> {
+    match v {
+        Some(0) => Err(format!("{key:?} is zero")),
+        v => Ok(v),
+    }
+}
+
+/// A selection element returned by a policy hook, validated, as spec JSON.
+pub(crate) fn selection_from_wire(
+    s: w::Selection,
+    allowed_reserved: &BTreeSet<String>,
+) -> R<Value> {
+    if s.name.is_empty() {
+        return Err("a selection element has an empty \"name\"".into());
+    }
+    if s.namespace.is_empty() {
+        return Err(format!("selection {:?} has an empty \"namespace\"", s.name));
+    }
+    let mut m = Map::new();
+    m.insert("name".into(), s.name.clone().into());
+    m.insert("namespace".into(), s.namespace.into());
+    if let Some(ips) = s.ips {
+        if ips.is_empty() {
+            return Err(format!("selection {:?} has an empty \"ips\" list", s.name));
+        }
+        m.insert("ips".into(), ips.into());
+    }
+    if let Some(mac) = s.mac {
+        m.insert("mac".into(), mac.into());
+    }
+    if let Some(i) = s.interface {
+        m.insert("interface".into(), i.into());
+    }
+    if let Some(args) = s.cni_args {
+        let v: Value = serde_json::from_str(&args)
+            .map_err(|e| format!("\"cni-args\" of {:?} is not valid JSON: {e}", s.name))?;
+        object(&v, "\"cni-args\"")?;
+        m.insert("cni-args".into(), v);
+    }
+    if let Some(pms) = s.port_mappings {
+        if pms.is_empty() {
+            return Err(format!(
+                "selection {:?} has an empty \"portMappings\" list",
+                s.name
+            ));
+        }
+        let mut list = Vec::new();
+        for pm in pms {
+            check_port(pm.host_port, "hostPort")?;
+            check_port(pm.container_port, "containerPort")?;
+            let mut o = Map::new();
+            o.insert("hostPort".into(), pm.host_port.into());
+            o.insert("containerPort".into(), pm.container_port.into());
+            if let Some(p) = pm.protocol {
+                if !["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) {
+                    return Err(format!(
+                        "port mapping protocol {p:?} is not TCP, UDP or SCTP"
+                    ));
+                }
+                o.insert("protocol".into(), p.into());
+            }
+            list.push(Value::Object(o));
+        }
+        m.insert("portMappings".into(), list.into());
+    }
+    if let Some(b) = s.bandwidth {
+        let mut o = Map::new();
+        for (k, v) in [
+            ("ingressRate", b.ingress_rate),
+            ("ingressBurst", b.ingress_burst),
+            ("egressRate", b.egress_rate),
+            ("egressBurst", b.egress_burst),
+        ] {
+            if let Some(v) = nonzero(v, k)? {
+                o.insert(k.into(), v.into());
+            }
+        }
+        if o.is_empty() {
+            return Err(format!("selection {:?} has an empty \"bandwidth\"", s.name));
+        }
+        m.insert("bandwidth".into(), Value::Object(o));
+    }
+    if let Some(gw) = s.default_route {
+        m.insert("default-route".into(), gw.into());
+    }
+    if let Some(g) = s.infiniband_guid {
+        m.insert("infiniband-guid".into(), g.into());
+    }
+    if let Some(c) = s.ipam_claim_reference {
+        m.insert("ipam-claim-reference".into(), c.into());
+    }
+    extras_from_wire(s.extras, &SELECTION_KEYS, allowed_reserved, &mut m).map_err(|e| {
+        format!(
+            "selection {:?}: {e}",
+            m["name"].as_str().unwrap_or_default()
+        )
+    })?;
+    Ok(Value::Object(m))
+}
+
+pub(crate) fn entry_to_wire(v: &Value) -> R<w::StatusEntry> {
+    let m = object(v, "status entry")?;
+    let name = string(m.get("name").ok_or("status entry has no \"name\"")?, "name")?;
+    let mut e = w::StatusEntry {
+        name,
+        interface: None,
+        ips: None,
+        mac: None,
+        mtu: None,
+        is_default: false,
+        dns: None,
+        default_route: None,
+        device_info: None,
+        infiniband_guid: None,
+        extras: Vec::new(),
+    };
+    for (key, value) in m {
+        match key.as_str() {
+            "name" => {}
+            "interface" => e.interface = Some(string(value, key)?),
+            "ips" => e.ips = Some(strings(value, key)?),
+            "mac" => e.mac = Some(string(value, key)?),
+            "mtu" => e.mtu = Some(u32_of(value, key)?),
+            "default" => e.is_default = value.as_bool().ok_or("\"default\" is not a boolean")?,
+            "dns" => {
+                let d = object(value, "\"dns\"")?;
+                e.dns = Some(w::Dns {
+                    nameservers: d
+                        .get("nameservers")
+                        .map(|v| strings(v, "nameservers"))
+                        .transpose()?,
+                    domain: d.get("domain").map(|v| string(v, "domain")).transpose()?,
+                    search: d.get("search").map(|v| strings(v, "search")).transpose()?,
+                });
+            }
+            "default-route" => e.default_route = Some(strings(value, key)?),
+            "device-info" => {
+                object(value, "\"device-info\"")?;
+                e.device_info = Some(value.to_string());
+            }
+            "infiniband-guid" => e.infiniband_guid = Some(string(value, key)?),
+            _ => extras_to_wire(key, value, &mut e.extras),
+        }
+    }
+    Ok(e)
+}
+
+/// A status entry returned by a status hook, validated, as spec JSON.
+pub(crate) fn entry_from_wire(e: w::StatusEntry, allowed_reserved: &BTreeSet<String>) -> R<Value> {
+    if e.name.is_empty() {
+        return Err("a status entry has an empty \"name\"".into());
+    }
+    if e.mac.is_some() && e.interface.is_none() {
+        return Err(format!(
+            "status entry {:?} has \"mac\" without \"interface\"",
+            e.name
+        ));
+    }
+    let mut m = Map::new();
+    m.insert("name".into(), e.name.clone().into());
+    if let Some(i) = e.interface {
+        m.insert("interface".into(), i.into());
+    }
+    if let Some(ips) = e.ips {
+        m.insert("ips".into(), ips.into());
+    }
+    if let Some(mac) = e.mac {
+        m.insert("mac".into(), mac.into());
+    }
+    if let Some(mtu) = e.mtu {
+        m.insert("mtu".into(), mtu.into());
+    }
+    m.insert("default".into(), e.is_default.into());
+    if let Some(d) = e.dns {
+        let mut o = Map::new();
+        if let Some(ns) = d.nameservers {
+            o.insert("nameservers".into(), ns.into());
+        }
+        if let Some(dom) = d.domain {
+            o.insert("domain".into(), dom.into());
+        }
+        if let Some(s) = d.search {
+            o.insert("search".into(), s.into());
+        }
+        m.insert("dns".into(), Value::Object(o));
+    }
+    if let Some(gw) = e.default_route {
+        m.insert("default-route".into(), gw.into());
+    }
+    if let Some(info) = e.device_info {
+        let v: Value = serde_json::from_str(&info)
+            .map_err(|err| format!("\"device-info\" of {:?} is not valid JSON: {err}", e.name))?;
+        object(&v, "\"device-info\"")?;
+        m.insert("device-info".into(), v);
+    }
+    if let Some(g) = e.infiniband_guid {
+        m.insert("infiniband-guid".into(), g.into());
+    }
+    extras_from_wire(e.extras, &STATUS_KEYS, allowed_reserved, &mut m)
+        .map_err(|err| format!("status entry {:?}: {err}", e.name))?;
+    Ok(Value::Object(m))
+}
+
+/// The list-level rule of spec 5.3.6: exactly one entry is the cluster-wide default.
+pub(crate) fn check_status_list(entries: &[Value]) -> R<()> {
+    let defaults = entries
+        .iter()
+        .filter(|e| e.get("default") == Some(&Value::Bool(true)))
+        .count();
+    if defaults == 1 {
+        Ok(())
+    } else {
+        Err(format!(
+            "{defaults} status entries have \"default\": true (exactly one must)"
+        ))
+    }
+}
+
+/// A delegate configuration must be a CNI network configuration: an object with a "type", or a
+/// configuration list whose "plugins" are such objects.
+pub(crate) fn check_cni_config(v: &Value) -> R<()> {
+    let m = object(v, "the config")?;
+    let has_type =
+        |o: &Map<String, Value>| matches!(o.get("type"), Some(Value::String(t)) if !t.is_empty());
+    if let Some(plugins) = m.get("plugins") {
+        let list = plugins
+            .as_array()
+            .ok_or("\"plugins\" of the config is not a list")?;
+        if list.is_empty() {
+            return Err("\"plugins\" of the config is empty".into());
+        }
+        for (i, p) in list.iter().enumerate() {
+            let p = p
+                .as_object()
+                .ok_or_else(|| format!("plugins[{i}] of the config is not an object"))?;
+            if !has_type(p) {
+                return Err(format!("plugins[{i}] of the config has no \"type\""));
+            }
+        }
+        Ok(())
+    } else if has_type(m) {
+        Ok(())
+    } else {
+        Err("the config has neither \"type\" nor \"plugins\"".into())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn roundtrip_selection(v: Value) -> R<Value> {
+        let allowed = reserved_extras([&v], &SELECTION_KEYS);
+        selection_from_wire(selection_to_wire(&v)?, &allowed)
+    }
+
+    #[test]
+    fn selection_with_every_key_round_trips() {
+        let v = json!({
+            "name": "net-b", "namespace": "ns", "ips": ["10.1.1.1/24"], "mac": "02:00:00:00:00:01",
+            "interface": "net1", "cni-args": {"a": [1]},
+            "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
+            "bandwidth": {"ingressRate": 1000, "egressBurst": 5},
+            "default-route": ["10.1.1.254"], "infiniband-guid": "24:8a:07:03:00:8d:ae:2f",
+            "ipam-claim-reference": "claim", "org.example.vlan": {"id": 3}
+        });
+        assert_eq!(roundtrip_selection(v.clone()).unwrap(), v);
+    }
+
+    #[test]
+    fn invented_reserved_key_is_refused_but_kept_ones_pass() {
+        let mut s = selection_to_wire(&json!({"name": "a", "namespace": "n"})).unwrap();
+        s.extras.push(("color".into(), "\"blue\"".into()));
+        let err = selection_from_wire(s.clone(), &BTreeSet::new()).unwrap_err();
+        assert!(err.contains("\"color\" is reserved"), "{err}");
+        let kept: BTreeSet<String> = ["color".to_string()].into();
+        assert!(selection_from_wire(s, &kept).is_ok());
+    }
+
+    #[test]
+    fn selection_output_rules() {
+        let base = selection_to_wire(&json!({"name": "a", "namespace": "n"})).unwrap();
+        let none = BTreeSet::new();
+        let mut s = base.clone();
+        s.namespace.clear();
+        assert!(selection_from_wire(s, &none)
+            .unwrap_err()
+            .contains("namespace"));
+        let mut s = base.clone();
+        s.port_mappings = Some(vec![w::PortMapping {
+            host_port: 0,
+            container_port: 80,
+            protocol: None,
+        }]);
+        assert!(selection_from_wire(s, &none)
+            .unwrap_err()
+            .contains("hostPort"));
+        let mut s = base.clone();
+        s.extras.push(("org.x".into(), "{not json".into()));
+        assert!(selection_from_wire(s, &none)
+            .unwrap_err()
+            .contains("not valid JSON"));
+        let mut s = base;
+        s.extras.push(("mac".into(), "\"x\"".into()));
+        assert!(selection_from_wire(s, &none)
+            .unwrap_err()
+            .contains("shadows"));
+    }
+
+    #[test]
+    fn status_entry_with_every_key_round_trips() {
+        let v = json!({
+            "name": "ns/net", "interface": "net1", "ips": ["10.0.0.2"], "mac": "02:00:00:00:00:02",
+            "mtu": 1500, "default": false,
+            "dns": {"nameservers": ["10.0.0.53"], "domain": "x.local", "search": ["x.local"]},
+            "default-route": ["10.0.0.1"], "device-info": {"type": "pci", "version": "1.1.0"},
+            "infiniband-guid": "g", "io.plexus.pod-labels": {"app": "web"}
+        });
+        let e = entry_to_wire(&v).unwrap();
+        assert_eq!(entry_from_wire(e, &BTreeSet::new()).unwrap(), v);
+    }
+
+    #[test]
+    fn status_rules() {
+        let e = entry_to_wire(&json!({"name": "a", "default": true})).unwrap();
+        let mut bad = e.clone();
+        bad.extras.push(("owner".into(), "\"me\"".into()));
+        assert!(entry_from_wire(bad, &BTreeSet::new())
+            .unwrap_err()
+            .contains("reverse-DNS"));
+        let mut bad = e;
+        bad.mac = Some("02:00:00:00:00:01".into());
+        assert!(entry_from_wire(bad, &BTreeSet::new())
+            .unwrap_err()
+            .contains("without \"interface\""));
+        assert!(check_status_list(&[json!({"default": true}), json!({"default": false})]).is_ok());
+        assert!(check_status_list(&[json!({"default": true}), json!({"default": true})]).is_err());
+        assert!(check_status_list(&[json!({"default": false})]).is_err());
+    }
+
+    #[test]
+    fn cni_config_rules() {
+        assert!(check_cni_config(&json!({"cniVersion": "1.0.0", "type": "bridge"})).is_ok());
+        assert!(
+            check_cni_config(&json!({"plugins": [{"type": "bridge"}, {"type": "tuning"}]})).is_ok()
+        );
+        assert!(check_cni_config(&json!({"cniVersion": "1.0.0"})).is_err());
+        assert!(check_cni_config(&json!({"plugins": [{"type": "bridge"}, {}]})).is_err());
+        assert!(check_cni_config(&json!({"plugins": []})).is_err());
+        assert!(check_cni_config(&json!("bridge")).is_err());
+        assert!(check_cni_config(&json!({"type": ""})).is_err());
+    }
+}

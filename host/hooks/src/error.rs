@@ -1,0 +1,82 @@
+//! Errors of the hook runtime. Every message names the hook it is about.
+
+use crate::spec::HookKind;
+use std::path::PathBuf;
+
+/// An error from loading or calling hooks.
+#[derive(Debug, thiserror::Error)]
+pub enum HookError {
+    /// The hook misbehaved during a call (and its failurePolicy is Fail).
+    #[error("hook {hook:?} ({kind}): {fault}")]
+    Fault {
+        hook: String,
+        kind: HookKind,
+        fault: Fault,
+    },
+    /// The hook's component could not be loaded.
+    #[error("hook {hook:?} ({kind}): {error}")]
+    Load {
+        hook: String,
+        kind: HookKind,
+        #[source]
+        error: LoadError,
+    },
+    /// The hooks list itself is invalid.
+    #[error("invalid hooks configuration: {0}")]
+    Config(String),
+    /// The wasm engine could not be set up.
+    #[error("cannot set up the wasm engine: {0}")]
+    Engine(String),
+}
+
+impl HookError {
+    /// The name of the hook this error is about, if it is about one.
+    pub fn hook(&self) -> Option<&str> {
+        match self {
+            HookError::Fault { hook, .. } | HookError::Load { hook, .. } => Some(hook),
+            HookError::Config(_) | HookError::Engine(_) => None,
+        }
+    }
+}
+
+/// How a hook misbehaved during a call. A deny is not a fault: it is a decision.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Fault {
+    #[error("timed out after {0} ms")]
+    Timeout(u64),
+    #[error("exceeded its memory limit of {0} MiB")]
+    OutOfMemory(u64),
+    #[error("trapped: {0}")]
+    Trap(String),
+    /// The guest returned its own error (bad settings, a bug).
+    #[error("failed: {0}")]
+    Failed(String),
+    #[error("returned invalid output: {0}")]
+    InvalidOutput(String),
+    /// Plexus handed the hook a value the WIT records cannot carry.
+    #[error("cannot pass input: {0}")]
+    Input(String),
+}
+
+/// Why a component could not be loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum LoadError {
+    #[error("cannot read {}", path.display())]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} has sha256 {actual}, the configuration pins {expected}", path.display())]
+    Sha256Mismatch {
+        path: PathBuf,
+        expected: String,
+        actual: String,
+    },
+    #[error("{} is not a valid component: {reason}", path.display())]
+    Compile { path: PathBuf, reason: String },
+    #[error("{} does not export {interface}", path.display())]
+    MissingExport { path: PathBuf, interface: String },
+    #[error("{} needs imports plexus does not provide: {reason}", path.display())]
+    Link { path: PathBuf, reason: String },
+}
