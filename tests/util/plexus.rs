@@ -1,0 +1,250 @@
+//! Running the real `plexus` binary in a throwaway sandbox of directories, with recording fake delegates.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use serde_json::{json, Value};
+
+/// `target/release/plexus` (or under `CARGO_TARGET_DIR`); the test command builds it first.
+pub fn plexus_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("release/plexus");
+    assert!(bin.exists(), "{} is missing: run `cargo build --release -p plexus` first (tests/run.sh does)", bin.display());
+    bin
+}
+
+/// The fake delegate built with this test crate.
+pub fn fake_cni_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("release/fake-cni");
+    assert!(bin.exists(), "{} is missing: run `cargo build --release -p plexus-tests --bin fake-cni`", bin.display());
+    bin
+}
+
+/// One recorded delegate call.
+#[derive(Debug, Clone)]
+pub struct Call {
+    pub plugin: String,
+    pub command: String,
+    pub env: BTreeMap<String, String>,
+    pub stdin: Value,
+}
+
+/// What plexus printed and how it exited.
+#[derive(Debug, Clone)]
+pub struct Run {
+    pub success: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Run {
+    pub fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}\nstderr: {}", self.stdout, self.stderr))
+    }
+    /// The CNI error code, asserting this run failed with an error object.
+    pub fn code(&self) -> u64 {
+        assert!(!self.success, "expected failure, got success: {}", self.stdout);
+        self.json()["code"].as_u64().unwrap_or_else(|| panic!("no code in {}", self.stdout))
+    }
+    pub fn msg(&self) -> String {
+        self.json()["msg"].as_str().unwrap_or_default().to_string()
+    }
+    #[track_caller]
+    pub fn ok(&self) -> &Self {
+        assert!(self.success, "plexus failed: {}\nstderr: {}", self.stdout, self.stderr);
+        self
+    }
+}
+
+/// A temp tree: `bin/` (fake delegates), `net.d/` (confDir), `cluster/` (FileCluster), `cache/`, `run/`.
+pub struct Sandbox {
+    pub root: tempfile::TempDir,
+}
+
+impl Default for Sandbox {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Sandbox {
+    pub fn new() -> Self {
+        let root = tempfile::Builder::new().prefix("plexus-test-").tempdir().expect("tempdir");
+        for d in ["bin", "net.d", "cluster", "cache", "run"] {
+            std::fs::create_dir_all(root.path().join(d)).unwrap();
+        }
+        Self { root }
+    }
+
+    pub fn path(&self, rel: &str) -> PathBuf {
+        self.root.path().join(rel)
+    }
+
+    /// Installs the recording fake under each name.
+    pub fn fakes(&self, names: &[&str]) -> &Self {
+        let bin = fake_cni_bin();
+        for n in names {
+            let dst = self.path("bin").join(n);
+            let _ = std::fs::remove_file(&dst);
+            std::os::unix::fs::symlink(&bin, &dst).unwrap();
+        }
+        self
+    }
+
+    /// Sets fake behaviour: `{"<plugin>": {"<COMMAND>": {...}}}` (see fake_cni.rs).
+    pub fn fake_config(&self, config: Value) -> &Self {
+        std::fs::write(self.path("bin/fake-config.json"), config.to_string()).unwrap();
+        self
+    }
+
+    /// Writes a file into `net.d/` (the confDir).
+    pub fn conf_file(&self, name: &str, value: &Value) -> &Self {
+        std::fs::write(self.path("net.d").join(name), serde_json::to_vec_pretty(value).unwrap()).unwrap();
+        self
+    }
+
+    /// Writes a manifest into `cluster/`.
+    pub fn manifest(&self, name: &str, yaml: &str) -> &Self {
+        std::fs::write(self.path("cluster").join(name), yaml).unwrap();
+        self
+    }
+
+    /// A pod manifest with the given networks annotation (None: no annotation).
+    pub fn pod(&self, namespace: &str, name: &str, networks: Option<&str>) -> &Self {
+        let mut meta = json!({"name": name, "namespace": namespace, "uid": format!("uid-{name}"), "labels": {"app": name}});
+        if let Some(n) = networks {
+            meta["annotations"] = json!({"k8s.v1.cni.cncf.io/networks": n});
+        }
+        let doc = json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta});
+        self.manifest(&format!("pod-{namespace}-{name}.json"), &doc.to_string())
+    }
+
+    /// A NAD manifest; `config` None makes one without spec (spec 3.2.4).
+    pub fn nad(&self, namespace: &str, name: &str, config: Option<Value>) -> &Self {
+        let mut doc = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": namespace}});
+        if let Some(c) = config {
+            doc["spec"] = json!({"config": c.to_string()});
+        }
+        self.manifest(&format!("nad-{namespace}-{name}.json"), &doc.to_string())
+    }
+
+    /// The base plexus conf: cluster network `cluster-net` from `net.d/`, FileCluster, sandbox dirs.
+    pub fn conf(&self, extra: Value) -> Value {
+        let mut c = json!({
+            "cniVersion": "1.0.0",
+            "name": "plexus",
+            "type": "plexus",
+            "clusterNetwork": "cluster-net",
+            "confDir": self.path("net.d"),
+            "cacheDir": self.path("cache"),
+            "runDir": self.path("run"),
+            "cluster": {"source": "files", "dir": self.path("cluster")},
+            "logLevel": "debug",
+        });
+        if let Value::Object(m) = extra {
+            for (k, v) in m {
+                c[k] = v;
+            }
+        }
+        c
+    }
+
+    /// The default cluster network: a one-plugin list of the fake `cluster-plugin`.
+    pub fn cluster_net(&self, version: &str) -> &Self {
+        self.fakes(&["cluster-plugin"]);
+        self.conf_file(
+            "00-cluster.conflist",
+            &json!({"cniVersion": version, "name": "cluster-net", "plugins": [{"type": "cluster-plugin", "capabilities": {"portMappings": true}}]}),
+        )
+    }
+
+    /// CNI_ARGS for a pod.
+    pub fn pod_args(namespace: &str, name: &str) -> String {
+        format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={namespace};K8S_POD_NAME={name};K8S_POD_UID=uid-{name}")
+    }
+
+    /// Runs plexus with `CNI_COMMAND=command` for container `id`, netns `/run/netns/fake-<id>`.
+    pub fn run(&self, command: &str, id: &str, cni_args: &str, conf: &Value) -> Run {
+        let env = [
+            ("CNI_COMMAND", command.to_string()),
+            ("CNI_CONTAINERID", id.to_string()),
+            ("CNI_NETNS", format!("/run/netns/fake-{id}")),
+            ("CNI_IFNAME", "eth0".to_string()),
+            ("CNI_PATH", self.path("bin").display().to_string()),
+            ("CNI_ARGS", cni_args.to_string()),
+        ];
+        self.run_env(&env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<Vec<_>>(), conf.to_string().as_bytes())
+    }
+
+    /// Runs plexus with exactly this environment (plus PATH) and stdin.
+    pub fn run_env(&self, env: &[(String, String)], stdin: &[u8]) -> Run {
+        let mut child = Command::new(plexus_bin())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(env.iter().map(|(k, v)| (k, v)))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn plexus");
+        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let out = child.wait_with_output().unwrap();
+        Run {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Every recorded delegate call so far, in order.
+    pub fn calls(&self) -> Vec<Call> {
+        let Ok(text) = std::fs::read_to_string(self.path("bin/calls.jsonl")) else { return Vec::new() };
+        text.lines()
+            .map(|l| {
+                let v: Value = serde_json::from_str(l).unwrap();
+                Call {
+                    plugin: v["plugin"].as_str().unwrap().into(),
+                    command: v["command"].as_str().unwrap().into(),
+                    env: serde_json::from_value(v["env"].clone()).unwrap(),
+                    stdin: v["stdin"].clone(),
+                }
+            })
+            .collect()
+    }
+
+    /// Forgets recorded calls.
+    pub fn clear_calls(&self) {
+        let _ = std::fs::remove_file(self.path("bin/calls.jsonl"));
+    }
+
+    /// `(plugin, command, CNI_IFNAME)` of every call, for order assertions.
+    pub fn call_summary(&self) -> Vec<(String, String, String)> {
+        self.calls()
+            .into_iter()
+            .map(|c| (c.plugin, c.command, c.env.get("CNI_IFNAME").cloned().unwrap_or_default()))
+            .collect()
+    }
+
+    /// The written network-status for a pod, if any.
+    pub fn status(&self, namespace: &str, pod: &str) -> Option<Value> {
+        let text = std::fs::read_to_string(self.path(&format!("cluster/status/{namespace}/{pod}.json"))).ok()?;
+        Some(serde_json::from_str(&text).unwrap())
+    }
+
+    /// Files left in the attachment cache.
+    pub fn cached(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.path("cache/attachments"))
+            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+}
