@@ -257,12 +257,13 @@ pub(crate) fn flush_output(state: &State) {
     }
 }
 
-/// The last line the guest wrote to stderr (a Rust panic message, typically).
+/// The last meaningful line the guest wrote to stderr (a Rust panic message, typically).
 pub(crate) fn last_stderr_line(state: &State) -> Option<String> {
     let buf = state.stderr.buf.lock().unwrap_or_else(|e| e.into_inner());
     let text = String::from_utf8_lossy(&buf);
     text.lines()
         .rev()
-        .find(|l| !l.trim().is_empty())
+        // Skip Rust's "note: run with RUST_BACKTRACE=1" hint that follows a panic message.
+        .find(|l| !l.trim().is_empty() && !l.starts_with("note: "))
         .map(|l| l.chars().take(300).collect())
 }

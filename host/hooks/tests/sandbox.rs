@@ -1,0 +1,487 @@
+//! The hook runtime against real components from `guests/` (built by `guests/build.sh`): the example
+//! hooks work, every hostile guest is contained, faults name the hook, `Ignore` skips, the cache is
+//! used and distrusted when it should be.
+
+use plexus_core::spec::Pod;
+use plexus_hooks::{
+    ArtifactSource, FailurePolicy, Fault, HookError, HookKind, HookSpec, Hooks, LoadError,
+    PolicyOutcome,
+};
+use serde_json::{json, Value};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+fn guests_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("PLEXUS_GUESTS_DIR") {
+        return PathBuf::from(dir);
+    }
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target"));
+    target.join("guests")
+}
+
+fn guest(name: &str) -> PathBuf {
+    let path = guests_dir().join(format!("{name}.wasm"));
+    assert!(
+        path.is_file(),
+        "guest component {} is missing: build the guests first with `guests/build.sh` \
+         (from the repository root)",
+        path.display()
+    );
+    path
+}
+
+fn spec(name: &str, kind: HookKind, guest_name: &str) -> HookSpec {
+    HookSpec::new(name, kind, guest(guest_name))
+}
+
+fn pod() -> Pod {
+    Pod {
+        namespace: "team-a".into(),
+        name: "web".into(),
+        uid: Some("uid-1".into()),
+        labels: [("app".to_string(), "web".to_string())].into(),
+        annotations: Default::default(),
+    }
+}
+
+fn entries() -> Vec<Value> {
+    vec![
+        json!({"name": "kube-system/pod-net", "interface": "eth0", "ips": ["10.0.0.2"], "default": true}),
+        json!({"name": "team-a/lab", "interface": "net1", "default": false}),
+    ]
+}
+
+fn load(specs: &[HookSpec]) -> Hooks {
+    Hooks::load_uncached(specs).expect("hooks load")
+}
+
+fn fault_of(err: HookError) -> (String, Fault) {
+    match err {
+        HookError::Fault { hook, fault, .. } => (hook, fault),
+        other => panic!("expected a fault, got {other}"),
+    }
+}
+
+#[test]
+fn namespace_isolation_admits_own_and_global_namespaces_and_denies_others() {
+    let hooks = load(&[spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
+    let own = vec![
+        json!({"name": "lab", "namespace": "team-a"}),
+        json!({"name": "shared", "namespace": "default", "org.example.x": 1}),
+    ];
+    assert_eq!(
+        hooks.policy(&pod(), own.clone()).unwrap(),
+        PolicyOutcome::Admit(own)
+    );
+    let other = vec![json!({"name": "secret", "namespace": "team-b"})];
+    match hooks.policy(&pod(), other).unwrap() {
+        PolicyOutcome::Deny { hook, reason } => {
+            assert_eq!(hook, "ns-iso");
+            assert!(reason.contains("team-b/secret"), "{reason}");
+        }
+        admit => panic!("expected a deny, got {admit:?}"),
+    }
+}
+
+#[test]
+fn network_templates_fills_nads_without_config_only() {
+    let mut s = spec("templates", HookKind::Resolver, "network-templates");
+    s.settings = Some(
+        json!({"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}),
+    );
+    let hooks = load(&[s]);
+    let sel = json!({"name": "lab", "namespace": "team-a"});
+    let nad = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                     "metadata": {"name": "lab", "namespace": "team-a"}});
+    let out = hooks.resolve(&pod(), &sel, Some(&nad), None).unwrap();
+    assert_eq!(out.unwrap()["bridge"], "lab0");
+    let existing = json!({"cniVersion": "1.0.0", "type": "macvlan"});
+    assert_eq!(
+        hooks
+            .resolve(&pod(), &sel, Some(&nad), Some(&existing))
+            .unwrap(),
+        None
+    );
+    let other = json!({"name": "other", "namespace": "team-a"});
+    assert_eq!(hooks.resolve(&pod(), &other, None, None).unwrap(), None);
+}
+
+#[test]
+fn status_labels_adds_pod_labels_to_every_entry() {
+    let mut s = spec("labels", HookKind::Status, "status-labels");
+    s.settings = Some(json!({"labels": ["app", "tier"]}));
+    let hooks = load(&[s]);
+    let out = hooks.status(&pod(), entries()).unwrap();
+    assert_eq!(out.len(), 2);
+    for e in &out {
+        assert_eq!(e["io.plexus.pod-labels"], json!({"app": "web"}));
+    }
+    assert_eq!(out[0]["ips"], json!(["10.0.0.2"]));
+    assert_eq!(out[0]["default"], true);
+}
+
+#[test]
+fn endless_loop_times_out_within_budget_and_names_the_hook() {
+    let mut s = spec("loop", HookKind::Policy, "test-endless-loop");
+    s.timeout_ms = Some(50);
+    let hooks = load(&[s, spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
+    let start = Instant::now();
+    let err = hooks
+        .policy(&pod(), vec![json!({"name": "a", "namespace": "team-a"})])
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert_eq!(
+        err.to_string(),
+        "hook \"loop\" (policy): timed out after 50 ms"
+    );
+    assert!(elapsed >= Duration::from_millis(50), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(50 * 20), "{elapsed:?}");
+    // The process survives and the same Hooks keeps working.
+    let again = hooks.policy(&pod(), vec![]).unwrap_err();
+    assert_eq!(fault_of(again).1, Fault::Timeout(50));
+}
+
+#[test]
+fn endless_loop_in_every_kind_times_out() {
+    let specs: Vec<HookSpec> = HookKind::ALL
+        .into_iter()
+        .map(|k| {
+            let mut s = spec(&format!("loop-{k}"), k, "test-endless-loop");
+            s.timeout_ms = Some(20);
+            s
+        })
+        .collect();
+    let hooks = load(&specs);
+    let sel = json!({"name": "a", "namespace": "team-a"});
+    let e = hooks.resolve(&pod(), &sel, None, None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "hook \"loop-resolver\" (resolver): timed out after 20 ms"
+    );
+    let e = hooks.status(&pod(), entries()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "hook \"loop-status\" (status): timed out after 20 ms"
+    );
+}
+
+#[test]
+fn memory_bomb_hits_the_memory_limit() {
+    let mut s = spec("bomb", HookKind::Policy, "test-memory-bomb");
+    s.memory_limit_mib = Some(16);
+    s.timeout_ms = Some(5_000);
+    let hooks = load(&[s]);
+    let err = hooks.policy(&pod(), vec![]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "hook \"bomb\" (policy): exceeded its memory limit of 16 MiB"
+    );
+}
+
+#[test]
+fn trap_is_a_fault_with_the_guest_panic_message() {
+    let hooks = load(&[spec("trap", HookKind::Policy, "test-trap")]);
+    let (hook, fault) = fault_of(hooks.policy(&pod(), vec![]).unwrap_err());
+    assert_eq!(hook, "trap");
+    match fault {
+        Fault::Trap(msg) => assert!(msg.contains("deliberately panicked for pod web"), "{msg}"),
+        other => panic!("expected a trap, got {other:?}"),
+    }
+}
+
+#[test]
+fn host_files_env_and_args_are_not_visible() {
+    for path in ["/etc/passwd", "/", "."] {
+        let mut s = spec("reader", HookKind::Policy, "test-read-host-file");
+        s.settings = Some(json!({"path": path}));
+        let hooks = load(&[s]);
+        match hooks.policy(&pod(), vec![]).unwrap() {
+            PolicyOutcome::Deny { reason, .. } => {
+                assert!(reason.contains("file: denied"), "{path}: {reason}");
+                assert!(reason.contains("dir: denied"), "{path}: {reason}");
+                assert!(reason.contains("env: 0 vars; args: 0"), "{path}: {reason}");
+            }
+            other => panic!("the probe always reports by denying, got {other:?}"),
+        }
+    }
+}
+
+/// Collects everything the hooks log, to measure it.
+#[derive(Clone, Default)]
+struct Capture(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Capture {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+#[test]
+fn log_flood_is_capped_and_the_call_completes() {
+    let mut s = spec("flood", HookKind::Policy, "test-log-flood");
+    s.timeout_ms = Some(10_000);
+    let hooks = load(&[s]);
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, || hooks.policy(&pod(), vec![]));
+    assert_eq!(out.unwrap(), PolicyOutcome::Admit(vec![]));
+    let logged = capture.0.lock().unwrap();
+    let text = String::from_utf8_lossy(&logged);
+    // The guest wrote ~8 MiB to stdout+stderr and ~2 MiB through the log import.
+    assert!(logged.len() < 1024 * 1024, "{} bytes logged", logged.len());
+    assert!(
+        text.contains("flood line 0"),
+        "log import lines reach the log"
+    );
+    assert!(
+        text.contains("guest output truncated"),
+        "truncation is reported"
+    );
+    assert!(
+        text.contains("guest log truncated"),
+        "log truncation is reported"
+    );
+}
+
+#[test]
+fn bad_output_of_every_kind_is_a_fault() {
+    let hooks = load(&[
+        spec("bad-p", HookKind::Policy, "test-bad-output"),
+        spec("bad-r", HookKind::Resolver, "test-bad-output"),
+        spec("bad-s", HookKind::Status, "test-bad-output"),
+    ]);
+    let sel = json!({"name": "a", "namespace": "team-a"});
+    let (hook, fault) = fault_of(hooks.policy(&pod(), vec![sel.clone()]).unwrap_err());
+    assert_eq!(hook, "bad-p");
+    assert!(
+        matches!(&fault, Fault::InvalidOutput(m) if m.contains("\"color\" is reserved")),
+        "{fault}"
+    );
+    let (hook, fault) = fault_of(hooks.resolve(&pod(), &sel, None, None).unwrap_err());
+    assert_eq!(hook, "bad-r");
+    assert!(
+        matches!(&fault, Fault::InvalidOutput(m) if m.contains("neither \"type\"")),
+        "{fault}"
+    );
+    let (hook, fault) = fault_of(hooks.status(&pod(), entries()).unwrap_err());
+    assert_eq!(hook, "bad-s");
+    assert!(
+        matches!(&fault, Fault::InvalidOutput(m) if m.contains("owner")),
+        "{fault}"
+    );
+}
+
+#[test]
+fn ignore_skips_faulting_hooks_and_keeps_the_chain_going() {
+    let ignore = |mut s: HookSpec| {
+        s.failure_policy = FailurePolicy::Ignore;
+        s.timeout_ms = Some(20);
+        s
+    };
+    let hooks = load(&[
+        ignore(spec("loop", HookKind::Policy, "test-endless-loop")),
+        ignore(spec("trap", HookKind::Policy, "test-trap")),
+        ignore(spec("bad", HookKind::Policy, "test-bad-output")),
+        spec("ns-iso", HookKind::Policy, "namespace-isolation"),
+        ignore(spec("bad-s", HookKind::Status, "test-bad-output")),
+    ]);
+    let sel = vec![json!({"name": "a", "namespace": "team-b"})];
+    match hooks.policy(&pod(), sel).unwrap() {
+        PolicyOutcome::Deny { hook, .. } => assert_eq!(hook, "ns-iso"),
+        other => panic!("the hook after the skipped ones decides, got {other:?}"),
+    }
+    assert_eq!(hooks.status(&pod(), entries()).unwrap(), entries());
+}
+
+#[test]
+fn hooks_run_in_configured_order_across_kinds() {
+    let mut templates = spec("templates", HookKind::Resolver, "network-templates");
+    templates.settings = Some(json!({"templates": {"lab": {"type": "bridge"}}}));
+    let mut labels = spec("labels", HookKind::Status, "status-labels");
+    labels.settings = Some(json!({"labels": ["app"]}));
+    let hooks = load(&[
+        spec("ns-iso", HookKind::Policy, "namespace-isolation"),
+        templates,
+        labels,
+    ]);
+    let sel = json!({"name": "lab", "namespace": "team-a"});
+    assert!(matches!(
+        hooks.policy(&pod(), vec![sel.clone()]).unwrap(),
+        PolicyOutcome::Admit(_)
+    ));
+    assert_eq!(
+        hooks.resolve(&pod(), &sel, None, None).unwrap(),
+        Some(json!({"type": "bridge"}))
+    );
+    assert!(hooks.status(&pod(), entries()).unwrap()[1]
+        .get("io.plexus.pod-labels")
+        .is_some());
+}
+
+#[test]
+fn cache_is_used_on_second_load_and_distrusted_when_writable() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = [spec("ns-iso", HookKind::Policy, "namespace-isolation")];
+    let first = Hooks::load(&specs, dir.path()).unwrap();
+    assert_eq!(first.artifacts()[0].source, ArtifactSource::Compiled);
+    let second = Hooks::load(&specs, dir.path()).unwrap();
+    assert_eq!(second.artifacts()[0].source, ArtifactSource::Cached);
+    // A cached component still works.
+    assert!(matches!(
+        second.policy(&pod(), vec![]).unwrap(),
+        PolicyOutcome::Admit(_)
+    ));
+
+    let artifact = plexus_hooks::artifact_path(&guest("namespace-isolation"), dir.path()).unwrap();
+    assert!(artifact.is_file(), "{}", artifact.display());
+    let mode = std::fs::metadata(&artifact).unwrap().permissions().mode();
+    assert_eq!(mode & 0o077, 0, "artifact is private, mode {mode:o}");
+
+    std::fs::set_permissions(&artifact, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let third = Hooks::load(&specs, dir.path()).unwrap();
+    match &third.artifacts()[0].source {
+        ArtifactSource::Recompiled(why) => assert!(why.contains("writable"), "{why}"),
+        other => panic!("a world-writable artifact must be refused, got {other:?}"),
+    }
+    // Rewritten safely: the next load uses it again.
+    let fourth = Hooks::load(&specs, dir.path()).unwrap();
+    assert_eq!(fourth.artifacts()[0].source, ArtifactSource::Cached);
+
+    let mut bytes = std::fs::read(&artifact).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 0xff;
+    std::fs::write(&artifact, &bytes).unwrap();
+    let fifth = Hooks::load(&specs, dir.path()).unwrap();
+    match &fifth.artifacts()[0].source {
+        ArtifactSource::Recompiled(why) => assert!(why.contains("checksum"), "{why}"),
+        other => panic!("a tampered artifact must be refused, got {other:?}"),
+    }
+    assert!(matches!(
+        fifth.policy(&pod(), vec![]).unwrap(),
+        PolicyOutcome::Admit(_)
+    ));
+}
+
+#[test]
+fn writable_cache_directory_is_not_used() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("hooks")).unwrap();
+    std::fs::set_permissions(
+        dir.path().join("hooks"),
+        std::fs::Permissions::from_mode(0o777),
+    )
+    .unwrap();
+    let specs = [spec("ns-iso", HookKind::Policy, "namespace-isolation")];
+    let hooks = Hooks::load(&specs, dir.path()).unwrap();
+    match &hooks.artifacts()[0].source {
+        ArtifactSource::CompiledUncached(why) => assert!(why.contains("writable"), "{why}"),
+        other => panic!("expected no cache use, got {other:?}"),
+    }
+    assert_eq!(
+        std::fs::read_dir(dir.path().join("hooks")).unwrap().count(),
+        0
+    );
+}
+
+#[test]
+fn one_component_serving_several_hooks_is_compiled_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hooks = Hooks::load(
+        &[
+            spec("bad-p", HookKind::Policy, "test-bad-output"),
+            spec("bad-r", HookKind::Resolver, "test-bad-output"),
+        ],
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(hooks.artifacts().len(), 1);
+}
+
+#[test]
+fn sha256_pin_mismatch_fails_and_a_matching_pin_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut s = spec("ns-iso", HookKind::Policy, "namespace-isolation");
+    s.sha256 = Some("00".repeat(32));
+    let err = Hooks::load(&[s.clone()], dir.path()).unwrap_err();
+    assert!(
+        err.to_string().starts_with("hook \"ns-iso\" (policy): "),
+        "{err}"
+    );
+    assert!(matches!(
+        err,
+        HookError::Load {
+            error: LoadError::Sha256Mismatch { .. },
+            ..
+        }
+    ));
+    let inspected = plexus_hooks::inspect(&s.module).unwrap();
+    s.sha256 = Some(inspected.sha256.to_uppercase());
+    Hooks::load(&[s], dir.path()).unwrap();
+}
+
+#[test]
+fn missing_or_invalid_modules_name_the_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = HookSpec::new("gone", HookKind::Status, dir.path().join("nope.wasm"));
+    let err = Hooks::load_uncached(&[missing]).unwrap_err();
+    assert!(
+        err.to_string()
+            .starts_with("hook \"gone\" (status): cannot read"),
+        "{err}"
+    );
+    let junk = dir.path().join("junk.wasm");
+    std::fs::write(&junk, b"\0asm\x01\0\0\0garbage").unwrap();
+    let err = Hooks::load_uncached(&[HookSpec::new("junk", HookKind::Policy, &junk)]).unwrap_err();
+    assert!(
+        err.to_string().contains("is not a valid component"),
+        "{err}"
+    );
+}
+
+#[test]
+fn inspect_reports_exports_and_wit_version() {
+    let i = plexus_hooks::inspect(&guest("status-labels")).unwrap();
+    assert_eq!(i.kinds, HookKind::ALL.to_vec());
+    assert_eq!(i.wit_versions, vec![plexus_hooks::WIT_VERSION.to_string()]);
+    assert!(
+        i.imports.iter().any(|n| n == "plexus:hooks/host@0.1.0"),
+        "{:?}",
+        i.imports
+    );
+    assert_eq!(i.sha256.len(), 64);
+    assert_eq!(
+        i.size,
+        std::fs::metadata(guest("status-labels")).unwrap().len()
+    );
+}
+
+#[test]
+fn no_hooks_pass_everything_through() {
+    let hooks = Hooks::load_uncached(&[]).unwrap();
+    assert!(hooks.is_empty());
+    let sel = vec![json!({"name": "a", "namespace": "b"})];
+    assert_eq!(
+        hooks.policy(&pod(), sel.clone()).unwrap(),
+        PolicyOutcome::Admit(sel)
+    );
+    assert_eq!(
+        hooks
+            .resolve(&pod(), &json!({"name": "a"}), None, None)
+            .unwrap(),
+        None
+    );
+    assert_eq!(hooks.status(&pod(), entries()).unwrap(), entries());
+}
