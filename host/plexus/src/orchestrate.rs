@@ -280,7 +280,7 @@ impl<'a> Ctx<'a> {
                 .resolve_nad_config(&nad, Some(&sel_json), Some(pod))
                 .map_err(ctx)?;
             check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
-                .map_err(|e| ctx(PlexusError::Config(e.to_string())))?;
+                .map_err(|e| PlexusError::Config(e.to_string()))?;
             if let Some(args) = sel.delegate_cni_args() {
                 for plugin in &mut list.plugins {
                     merge_cni_args(plugin, &args);

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The test command: sets up a fresh machine (packages, guest toolchain), builds everything once in the
+# release profile, checks style, and runs the whole suite. Needs root (real network namespaces).
+set -euo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cd "$root"
+
+if [ "$(id -u)" != 0 ]; then
+    echo "tests/run.sh: run as root: the suite creates network namespaces and runs the CNI reference plugins" >&2
+    exit 1
+fi
+
+step() { printf '\n==> %s\n' "$*" >&2; }
+
+step "set-up (apt packages, guest toolchain)"
+bash tests/setup.sh
+
+step "style: cargo fmt --check"
+cargo fmt --all --check
+
+step "build: host workspace (release)"
+cargo build --release --workspace --bins --examples
+
+step "build: wasm guests -> target/guests/*.wasm"
+bash guests/build.sh
+
+step "lint: cargo clippy -D warnings"
+cargo clippy --release --workspace --all-targets -- -D warnings
+
+step "test: guest logic, natively (guests workspace)"
+(cd guests && cargo test --release --quiet 2>&1 | tail -n 40)
+
+step "test: host workspace"
+cargo test --release --workspace --no-fail-fast
