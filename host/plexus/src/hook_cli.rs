@@ -1,0 +1,284 @@
+//! `plexus hook ...`: operator commands for WebAssembly hooks (inspect, compile into the cache, run
+//! one call).
+
+use plexus_hooks::{HookKind, HookSpec, Hooks, PolicyOutcome};
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+const USAGE: &str = "\
+usage: plexus hook inspect FILE
+       plexus hook compile FILE [--cache-dir DIR]
+       plexus hook run FILE --kind policy|resolver|status --input JSON|@FILE
+                       [--settings JSON|@FILE] [--timeout-ms N] [--memory-limit-mib N]
+
+run input, by kind:
+  policy    {\"pod\": POD, \"selections\": [SELECTION, ...]}
+  resolver  {\"pod\": POD, \"selection\": SELECTION, \"nad\": NAD?, \"config\": CONFIG?}
+  status    {\"pod\": POD, \"entries\": [STATUS-ENTRY, ...]}
+  POD       {\"namespace\": .., \"name\": .., \"uid\"?: .., \"labels\"?: {..}, \"annotations\"?: {..}}";
+
+const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
+
+/// Failures of a command: usage mistakes (exit 2) or errors (exit 1).
+enum CliError {
+    Usage(String),
+    Failed(String),
+}
+
+/// Runs `plexus hook ARGS...` (`args` is what follows `hook`).
+pub fn main(args: &[String]) -> ExitCode {
+    init_logging();
+    let result = match args.first().map(String::as_str) {
+        Some("inspect") => inspect(&args[1..]),
+        Some("compile") => compile(&args[1..]),
+        Some("run") => run(&args[1..]),
+        Some("-h" | "--help" | "help") => {
+            println!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Some(other) => Err(CliError::Usage(format!("unknown hook command {other:?}"))),
+        None => Err(CliError::Usage("missing hook command".into())),
+    };
+    match result {
+        Ok(out) => {
+            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            ExitCode::SUCCESS
+        }
+        Err(CliError::Usage(msg)) => {
+            eprintln!("plexus hook: {msg}\n{USAGE}");
+            ExitCode::from(2)
+        }
+        Err(CliError::Failed(msg)) => {
+            eprintln!("plexus hook: {msg}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags.
+fn parse<'a>(
+    args: &'a [String],
+    known: &[&str],
+) -> Result<(PathBuf, Vec<(&'a str, &'a str)>), CliError> {
+    let mut file = None;
+    let mut flags = Vec::new();
+    let mut it = args.iter();
+    while let Some(a) = it.next() {
+        if let Some(flag) = a.strip_prefix("--") {
+            if !known.contains(&flag) {
+                return Err(CliError::Usage(format!("unknown option --{flag}")));
+            }
+            let value = it
+                .next()
+                .ok_or_else(|| CliError::Usage(format!("--{flag} needs a value")))?;
+            flags.push((flag, value.as_str()));
+        } else if file.is_none() {
+            file = Some(PathBuf::from(a));
+        } else {
+            return Err(CliError::Usage(format!("unexpected argument {a:?}")));
+        }
+    }
+    let file = file.ok_or_else(|| CliError::Usage("missing FILE".into()))?;
+    Ok((file, flags))
+}
+
+fn flag<'a>(flags: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
+    flags
+        .iter()
+        .rev()
+        .find(|(f, _)| *f == name)
+        .map(|(_, v)| *v)
+}
+
+fn failed(e: impl std::fmt::Display) -> CliError {
+    CliError::Failed(error_chain(&e.to_string(), None))
+}
+
+fn error_chain(top: &str, mut source: Option<&(dyn std::error::Error + 'static)>) -> String {
+    let mut msg = top.to_string();
+    while let Some(s) = source {
+        msg.push_str(": ");
+        msg.push_str(&s.to_string());
+        source = s.source();
+    }
+    msg
+}
+
+fn failed_err(e: &(dyn std::error::Error + 'static)) -> CliError {
+    CliError::Failed(error_chain(&e.to_string(), e.source()))
+}
+
+fn inspect(args: &[String]) -> Result<Value, CliError> {
+    let (file, _) = parse(args, &[])?;
+    let i = plexus_hooks::inspect(&file).map_err(|e| failed_err(&e))?;
+    Ok(json!({
+        "path": i.path,
+        "size": i.size,
+        "sha256": i.sha256,
+        "witVersions": i.wit_versions,
+        "hostWitVersion": plexus_hooks::WIT_VERSION,
+        "kinds": i.kinds,
+        "exports": i.exports,
+        "imports": i.imports,
+    }))
+}
+
+fn compile(args: &[String]) -> Result<Value, CliError> {
+    let (file, flags) = parse(args, &["cache-dir"])?;
+    let cache_dir = PathBuf::from(flag(&flags, "cache-dir").unwrap_or(DEFAULT_CACHE_DIR));
+    let a = plexus_hooks::compile(&file, &cache_dir).map_err(|e| failed_err(&e))?;
+    let artifact = plexus_hooks::artifact_path(&file, &cache_dir).map_err(|e| failed_err(&e))?;
+    Ok(json!({
+        "path": a.module,
+        "sha256": a.sha256,
+        "artifact": artifact,
+        "source": format!("{:?}", a.source),
+        "elapsedMs": a.elapsed.as_secs_f64() * 1e3,
+    }))
+}
+
+/// A JSON argument, inline or `@path`.
+fn json_arg(text: &str, what: &str) -> Result<Value, CliError> {
+    let owned;
+    let text = match text.strip_prefix('@') {
+        Some(path) => {
+            owned = std::fs::read_to_string(path)
+                .map_err(|e| CliError::Failed(format!("cannot read {what} file {path}: {e}")))?;
+            owned.as_str()
+        }
+        None => text,
+    };
+    serde_json::from_str(text)
+        .map_err(|e| CliError::Usage(format!("{what} is not valid JSON: {e}")))
+}
+
+fn pod_of(input: &Value) -> Result<plexus_core::spec::Pod, CliError> {
+    let p = input
+        .get("pod")
+        .and_then(Value::as_object)
+        .ok_or_else(|| CliError::Usage("input has no \"pod\" object".into()))?;
+    let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
+    let map = |k: &str| -> Result<_, CliError> {
+        match p.get(k) {
+            None => Ok(Default::default()),
+            Some(v) => serde_json::from_value(v.clone())
+                .map_err(|e| CliError::Usage(format!("pod {k:?} is not a string map: {e}"))),
+        }
+    };
+    Ok(plexus_core::spec::Pod {
+        namespace: s("namespace")
+            .ok_or_else(|| CliError::Usage("pod has no \"namespace\"".into()))?,
+        name: s("name").ok_or_else(|| CliError::Usage("pod has no \"name\"".into()))?,
+        uid: s("uid"),
+        labels: map("labels")?,
+        annotations: map("annotations")?,
+    })
+}
+
+fn field<'a>(input: &'a Value, key: &str) -> Result<&'a Value, CliError> {
+    input
+        .get(key)
+        .ok_or_else(|| CliError::Usage(format!("input has no {key:?}")))
+}
+
+fn list(input: &Value, key: &str) -> Result<Vec<Value>, CliError> {
+    field(input, key)?
+        .as_array()
+        .cloned()
+        .ok_or_else(|| CliError::Usage(format!("input {key:?} is not a list")))
+}
+
+fn run(args: &[String]) -> Result<Value, CliError> {
+    let (file, flags) = parse(
+        args,
+        &[
+            "kind",
+            "input",
+            "settings",
+            "timeout-ms",
+            "memory-limit-mib",
+        ],
+    )?;
+    let kind: HookKind = flag(&flags, "kind")
+        .ok_or_else(|| CliError::Usage("missing --kind".into()))?
+        .parse()
+        .map_err(CliError::Usage)?;
+    let input = json_arg(
+        flag(&flags, "input").ok_or_else(|| CliError::Usage("missing --input".into()))?,
+        "--input",
+    )?;
+    let number = |name: &str| -> Result<Option<u64>, CliError> {
+        flag(&flags, name)
+            .map(|v| {
+                v.parse()
+                    .map_err(|_| CliError::Usage(format!("--{name} is not a number")))
+            })
+            .transpose()
+    };
+    let mut spec = HookSpec::new(hook_name(&file), kind, file.clone());
+    spec.settings = flag(&flags, "settings")
+        .map(|s| json_arg(s, "--settings"))
+        .transpose()?;
+    spec.timeout_ms = number("timeout-ms")?;
+    spec.memory_limit_mib = number("memory-limit-mib")?;
+    let pod = pod_of(&input)?;
+
+    let start = Instant::now();
+    let hooks = Hooks::load_uncached(std::slice::from_ref(&spec)).map_err(|e| failed_err(&e))?;
+    let load_ms = start.elapsed().as_secs_f64() * 1e3;
+
+    let start = Instant::now();
+    let output = match kind {
+        HookKind::Policy => match hooks
+            .policy(&pod, list(&input, "selections")?)
+            .map_err(failed)?
+        {
+            PolicyOutcome::Admit(selections) => {
+                json!({"decision": "admit", "selections": selections})
+            }
+            PolicyOutcome::Deny { hook, reason } => {
+                json!({"decision": "deny", "hook": hook, "reason": reason})
+            }
+        },
+        HookKind::Resolver => {
+            let selection = field(&input, "selection")?;
+            let nad = input.get("nad").filter(|v| !v.is_null());
+            let config = input.get("config").filter(|v| !v.is_null());
+            let out = hooks
+                .resolve(&pod, selection, nad, config)
+                .map_err(failed)?;
+            json!({"config": out})
+        }
+        HookKind::Status => {
+            let out = hooks
+                .status(&pod, list(&input, "entries")?)
+                .map_err(failed)?;
+            json!({"entries": out})
+        }
+    };
+    let call_ms = start.elapsed().as_secs_f64() * 1e3;
+    Ok(json!({
+        "hook": spec.name,
+        "kind": kind,
+        "output": output,
+        "timing": {"loadMs": load_ms, "callMs": call_ms},
+    }))
+}
+
+fn hook_name(file: &Path) -> String {
+    file.file_stem()
+        .and_then(|s| s.to_str())
+        .unwrap_or("hook")
+        .to_string()
+}
