@@ -72,7 +72,12 @@ fn run_inner(
             ))
         }
     };
-    let hooks = load_hooks(&inv)?;
+    // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
+    let hooks: Box<dyn HookRunner> = if command == Command::Add && !inv.conf.hooks.is_empty() {
+        Box::new(crate::hooks::load(&inv.conf.hooks, &inv.conf.cache_dir)?)
+    } else {
+        Box::new(NoHooks)
+    };
     let fx = Effects {
         exec: &ProcessExec,
         cluster,
@@ -87,15 +92,6 @@ fn run_inner(
         Command::Gc => orchestrate::gc(&inv, &fx).map(|()| None),
         Command::Version => unreachable!("handled above"),
     }
-}
-
-fn load_hooks(inv: &Invocation) -> Result<Box<dyn HookRunner>, PlexusError> {
-    if inv.conf.hooks.is_empty() {
-        return Ok(Box::new(NoHooks));
-    }
-    Err(PlexusError::Config(
-        "hooks are configured but this plexus has no hook runtime yet".into(),
-    ))
 }
 
 fn init_logging(conf: &PlexusConf) {

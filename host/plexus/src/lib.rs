@@ -8,6 +8,7 @@ pub mod conf;
 pub mod entry;
 pub mod error;
 pub mod exec;
+pub mod hooks;
 pub mod invocation;
 pub mod lock;
 pub mod orchestrate;

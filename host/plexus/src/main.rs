@@ -3,6 +3,8 @@
 use std::io::{Read, Write};
 use std::process::ExitCode;
 
+mod hook_cli;
+
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
     if let Some(sub) = args.get(1) {
@@ -11,6 +13,7 @@ fn main() -> ExitCode {
                 println!("plexus {}", env!("CARGO_PKG_VERSION"));
                 return ExitCode::SUCCESS;
             }
+            "hook" => return hook_cli::main(&args[2..]),
             other => {
                 eprintln!("plexus: unknown subcommand {other:?}; plexus is run by a container runtime with CNI_COMMAND set");
                 return ExitCode::from(2);

@@ -323,8 +323,7 @@ impl<'a> Ctx<'a> {
         let input: Vec<Value> = parsed.selections.iter().map(Selection::to_json).collect();
         match self.fx.hooks.policy(pod, input)? {
             PolicyVerdict::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
-                "pod {}/{}: selection rejected by policy hook {hook:?}: {reason}",
-                pod.namespace, pod.name
+                "selection rejected by policy hook {hook:?}: {reason}"
             ))),
             PolicyVerdict::Admit(list) => {
                 let sels = list
