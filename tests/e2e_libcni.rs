@@ -1,0 +1,1 @@
+//! Plexus driven by the real libcni.
