@@ -70,6 +70,12 @@ fn distrust(meta: &fs::Metadata) -> Option<String> {
 
 /// The cache directory, created (0700) if missing, or why it cannot be used.
 fn cache_dir(base: &Path) -> Result<PathBuf, String> {
+    // Whoever can write the base directory can swap the `hooks` directory itself.
+    if let Ok(meta) = fs::metadata(base) {
+        if let Some(why) = distrust(&meta) {
+            return Err(format!("{} is {why}", base.display()));
+        }
+    }
     let dir = base.join("hooks");
     if !dir.exists() {
         fs::DirBuilder::new()
