@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::sync::Mutex;
 
-use plexus_cluster::{Cluster, FileCluster};
+use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
 use plexus_core::cni::{CniError, CniVersion};
 use serde_json::json;
 
@@ -60,16 +60,19 @@ fn run_inner(
     tracing::debug!(command = command.as_str(), container = %inv.container_id, "invoked");
 
     let file_cluster;
+    let kube_cluster;
     let cluster: Option<&dyn Cluster> = match &inv.conf.cluster {
         ClusterSource::None => None,
         ClusterSource::Files { dir } => {
             file_cluster = FileCluster::open(dir)?;
             Some(&file_cluster)
         }
-        ClusterSource::Kube(_) => {
-            return Err(PlexusError::Config(
-                "the kube cluster source is not built into this plexus yet".into(),
-            ))
+        ClusterSource::Kube(settings) => {
+            let settings: KubeSettings = serde_json::from_value(settings.clone())
+                .map_err(|e| PlexusError::Config(format!("cluster (source \"kube\"): {e}")))?;
+            // Cheap: the client is only built on the first call that needs the API.
+            kube_cluster = KubeCluster::new(settings)?;
+            Some(&kube_cluster)
         }
     };
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
