@@ -394,6 +394,16 @@ fn writable_cache_directory_is_not_used() {
         std::fs::read_dir(dir.path().join("hooks")).unwrap().count(),
         0
     );
+
+    // A writable base directory is as bad: whoever can write it can swap `hooks`.
+    let base = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(base.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let hooks = Hooks::load(&specs, base.path()).unwrap();
+    assert!(
+        matches!(&hooks.artifacts()[0].source, ArtifactSource::CompiledUncached(why) if why.contains("writable")),
+        "{:?}",
+        hooks.artifacts()[0].source
+    );
 }
 
 #[test]
