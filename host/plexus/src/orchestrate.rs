@@ -313,7 +313,8 @@ impl<'a> Ctx<'a> {
             InvalidSelectionPolicy::Fail
         };
         let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
-            .map_err(|e| PlexusError::Config(format!("pod {}/{}: {e}", pod.namespace, pod.name)))?;
+            // The caller names the pod.
+            .map_err(|e| PlexusError::Config(e.to_string()))?;
         if let Some(ignored) = &parsed.ignored {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
@@ -563,7 +564,13 @@ fn finish_add(ctx: &Ctx<'_>, plan: &AttachmentPlan, pod: Option<&Pod>) -> Result
         let clear: Vec<String> = plan.attachments.iter().map(|a| a.ifname.clone()).collect();
         ctx.fx
             .podnet
-            .set_default_route(netns, &target.ifname, gateways, &clear)?;
+            .set_default_route(netns, &target.ifname, gateways, &clear)
+            .map_err(|e| {
+                e.context(format!(
+                    "default-route of network {} ({})",
+                    target.network, target.ifname
+                ))
+            })?;
     }
     let (Some(pod), Some(pod_ref)) = (pod, ctx.inv.pod.as_ref()) else {
         return Ok(());
