@@ -26,6 +26,7 @@ struct RawConf {
     cluster: Option<Value>,
     readiness_indicator_file: Option<PathBuf>,
     readiness_timeout_ms: Option<u64>,
+    device_info_dir: Option<PathBuf>,
     delegate_timeout_ms: Option<u64>,
     invalid_selections: Option<String>,
     #[serde(default)]
@@ -74,6 +75,8 @@ pub struct PlexusConf {
     pub cluster: ClusterSource,
     pub readiness_indicator_file: Option<PathBuf>,
     pub readiness_timeout: Duration,
+    /// Where CNI device-info files live (Device Information Specification 4.2).
+    pub device_info_dir: PathBuf,
     pub delegate_timeout: Duration,
     pub ignore_invalid_selections: bool,
     pub hooks: Vec<Value>,
@@ -193,6 +196,11 @@ impl PlexusConf {
             cluster,
             readiness_indicator_file: raw.readiness_indicator_file,
             readiness_timeout: Duration::from_millis(raw.readiness_timeout_ms.unwrap_or(30_000)),
+            device_info_dir: absolute(
+                "deviceInfoDir",
+                raw.device_info_dir
+                    .unwrap_or_else(|| "/var/run/k8s.cni.cncf.io/devinfo/cni".into()),
+            )?,
             delegate_timeout: Duration::from_millis(raw.delegate_timeout_ms.unwrap_or(120_000)),
             ignore_invalid_selections,
             hooks: raw.hooks,

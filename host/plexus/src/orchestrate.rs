@@ -26,6 +26,24 @@ use crate::lock::ContainerLock;
 use crate::podnet::PodNetwork;
 use crate::runner::{Delegator, RuntimeParams};
 
+/// The CNI capability carrying the device-info file path (Device Information Specification 5.1).
+const DEVICE_INFO_CAPABILITY: &str = "CNIDeviceInfoFile";
+
+/// The device-info file of an attachment, if its list asked for one.
+fn device_info_path(att: &Attachment) -> Option<&str> {
+    att.capability_args.get(DEVICE_INFO_CAPABILITY)?.as_str()
+}
+
+/// What a plugin wrote into the attachment's device-info file (spec 5.3.8), if anything valid.
+fn read_device_info(att: &Attachment) -> Option<Value> {
+    let text = std::fs::read(device_info_path(att)?).ok()?;
+    let info: Value = serde_json::from_slice(&text).ok()?;
+    info.get("type")
+        .and_then(Value::as_str)
+        .is_some()
+        .then_some(info)
+}
+
 /// A policy hook's verdict on a pod's selections.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicyVerdict {
@@ -289,12 +307,21 @@ impl<'a> Ctx<'a> {
             let ifname = ifnames
                 .next(sel.interface.as_deref())
                 .map_err(|e| ctx(PlexusError::Config(e.to_string())))?;
+            let mut capability_args = sel.runtime_config();
+            if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
+                // Device Information Specification 4.2 / 5.1: a file unique per attachment.
+                let file = inv.conf.device_info_dir.join(format!(
+                    "{}-{}-{}-{}-device-info.json",
+                    sel.namespace, sel.name, inv.container_id, ifname
+                ));
+                capability_args.insert(DEVICE_INFO_CAPABILITY.into(), json!(file));
+            }
             plan.attachments.push(Attachment {
                 network,
                 ifname,
                 is_default: false,
                 config: list.to_value(),
-                capability_args: sel.runtime_config(),
+                capability_args,
                 selection: Some(sel_json),
                 result: None,
             });
@@ -341,24 +368,48 @@ impl<'a> Ctx<'a> {
     }
 
     /// DEL of every attachment in `plan` whose index is in `range`, in reverse; all are attempted.
+    ///
+    /// An attachment without a result never finished ADD (it failed, was never reached, or plexus died during
+    /// it, or the plan was rebuilt for a DEL without cache): it gets its DEL, but a failure is only logged. A
+    /// plugin that cannot undo its own failed ADD (macvlan with a missing master) would otherwise make every
+    /// DEL of the pod fail forever.
     fn teardown(&self, plan: &AttachmentPlan, upto: usize) -> Vec<PlexusError> {
         let mut errors = Vec::new();
         for att in plan.attachments[..upto].iter().rev() {
-            let res = NetworkConfigList::parse(&att.config)
-                .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
-                .and_then(|list| {
-                    self.delegator().del(
-                        &list,
-                        &self.rt(&att.ifname),
-                        &att.capability_args,
-                        att.result.as_ref(),
-                    )
-                });
-            if let Err(e) = res {
-                errors.push(e.context(format!("network {} ({})", att.network, att.ifname)));
+            match self.detach(att) {
+                Err(e) if att.result.is_none() => {
+                    tracing::warn!(container = %plan.container_id, "DEL of an attachment that never finished ADD failed: {e}");
+                }
+                Err(e) => errors.push(e),
+                Ok(()) => {}
             }
         }
         errors
+    }
+
+    /// DEL of one attachment's list, with its cached result.
+    fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
+        NetworkConfigList::parse(&att.config)
+            .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
+            .and_then(|list| {
+                self.delegator().del(
+                    &list,
+                    &self.rt(&att.ifname),
+                    &att.capability_args,
+                    att.result.as_ref(),
+                )
+            })
+            .map_err(|e| e.context(format!("network {} ({})", att.network, att.ifname)))?;
+        // Device Information Specification 4.2.1: the implementation deletes the file on DEL.
+        if let Some(file) = device_info_path(att) {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("cannot remove device-info file {file}: {e}")
+                }
+                _ => {}
+            }
+        }
+        Ok(())
     }
 }
 
@@ -489,21 +540,26 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
 
     let rollback = |plan: &AttachmentPlan, upto: usize, err: PlexusError| -> PlexusError {
         let errors = ctx.teardown(plan, upto);
-        if errors.is_empty() {
-            if let Err(e) = cache.remove(&inv.container_id) {
-                return PlexusError::Many {
-                    summary: err.to_string(),
+        let cleanup = if errors.is_empty() {
+            match cache.remove(&inv.container_id) {
+                Ok(()) => return err,
+                Err(e) => PlexusError::Many {
+                    summary: "removing the plan also failed".into(),
                     errors: vec![e],
-                };
+                },
             }
-            return err;
-        }
-        PlexusError::Many {
-            summary: format!(
-                "{err}; rolling back also failed (the plan stays in {} for DEL)",
-                cache.path_of(&inv.container_id).display()
-            ),
-            errors,
+        } else {
+            PlexusError::Many {
+                summary: format!(
+                    "rolling back also failed (the plan stays in {} for DEL)",
+                    cache.path_of(&inv.container_id).display()
+                ),
+                errors,
+            }
+        };
+        PlexusError::Cleanup {
+            source: Box::new(err),
+            cleanup: Box::new(cleanup),
         }
     };
 
@@ -581,6 +637,9 @@ fn finish_add(ctx: &Ctx<'_>, plan: &AttachmentPlan, pod: Option<&Pod>) -> Result
         .map(|a| {
             let mut st: NetworkStatus =
                 network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
+            if st.device_info.is_none() {
+                st.device_info = read_device_info(a);
+            }
             if let Some(gws) = default_route_of(a) {
                 st.default_route = status_default_route(Some(&gws), a.result.as_ref());
             }
@@ -727,22 +786,33 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
     let mut per_network: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for id in cache.container_ids()? {
         let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
-        let Some(plan) = cache.load(&id)? else {
-            continue;
+        // One unreadable plan must not stop the collection of every other container.
+        let plan = match cache.load(&id) {
+            Ok(Some(plan)) => plan,
+            Ok(None) => continue,
+            Err(e) => {
+                errors.push(e);
+                continue;
+            }
         };
-        if valid.contains(id.as_str()) {
-            for a in &plan.attachments {
-                let name = a
-                    .config
-                    .get("name")
-                    .and_then(Value::as_str)
-                    .unwrap_or_default()
-                    .to_string();
-                let entry = per_network
-                    .entry(name)
-                    .or_insert_with(|| (a.config.clone(), Vec::new()));
+        let is_valid = valid.contains(id.as_str());
+        // Every network plexus knows of gets GC, even with no valid attachment left (it may then collect
+        // everything it still holds).
+        for a in &plan.attachments {
+            let name = a
+                .config
+                .get("name")
+                .and_then(Value::as_str)
+                .unwrap_or_default()
+                .to_string();
+            let entry = per_network
+                .entry(name)
+                .or_insert_with(|| (a.config.clone(), Vec::new()));
+            if is_valid {
                 entry.1.push(json!({"containerID": id, "ifname": a.ifname}));
             }
+        }
+        if is_valid {
             continue;
         }
         let mut del_inv = inv.clone();
@@ -755,6 +825,22 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         } else {
             errors.extend(errs);
         }
+    }
+    // The runtime's own pairs are the cluster network's attachments (its ifname is the runtime's), so the
+    // cluster network is collected even when nothing is cached, and never loses a pair the runtime uses.
+    match ctx.resolve_ref(&inv.conf.cluster_network, None) {
+        Ok((_, list)) => {
+            let entry = per_network
+                .entry(list.name.clone())
+                .or_insert_with(|| (list.to_value(), Vec::new()));
+            for a in inv.conf.valid_attachments.iter().flatten() {
+                let pair = json!({"containerID": a.container_id, "ifname": a.ifname});
+                if !entry.1.contains(&pair) {
+                    entry.1.push(pair);
+                }
+            }
+        }
+        Err(e) => tracing::warn!("GC cannot resolve the cluster network: {e}"),
     }
     for (config, attachments) in per_network.values() {
         if let Ok(list) = NetworkConfigList::parse(config) {
