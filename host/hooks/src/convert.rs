@@ -300,12 +300,9 @@ pub(crate) fn selection_from_wire(
     if let Some(c) = s.ipam_claim_reference {
         m.insert("ipam-claim-reference".into(), c.into());
     }
-    extras_from_wire(s.extras, &SELECTION_KEYS, allowed_reserved, &mut m).map_err(|e| {
-        format!(
-            "selection {:?}: {e}",
-            m["name"].as_str().unwrap_or_default()
-        )
-    })?;
+    let name = s.name;
+    extras_from_wire(s.extras, &SELECTION_KEYS, allowed_reserved, &mut m)
+        .map_err(|e| format!("selection {name:?}: {e}"))?;
     Ok(Value::Object(m))
 }
 

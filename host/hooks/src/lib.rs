@@ -41,6 +41,12 @@ mod bindings {
     });
 }
 
+// The future node daemon shares one `Hooks` between threads.
+const _: () = {
+    const fn assert_send_sync<T: Send + Sync>() {}
+    assert_send_sync::<Hooks>();
+};
+
 /// What the policy hooks decided.
 #[derive(Debug, Clone, PartialEq)]
 pub enum PolicyOutcome {
@@ -95,7 +101,6 @@ struct LoadedHook {
 
 struct Runtime {
     engine: Engine,
-    // Declared after `engine` only for readability; the ticker holds its own engine handle.
     ticker: engine::Ticker,
 }
 
