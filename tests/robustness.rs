@@ -878,7 +878,9 @@ fn gc_with_nothing_cached_still_collects_the_cluster_network() {
     let sb = Sandbox::new();
     sb.cluster_net("1.1.0");
     let mut gc = sb.conf(json!({"cniVersion": "1.1.0"}));
-    gc["cni.dev/valid-attachments"] = json!([{"containerID": "gone", "ifname": "eth0"}]);
+    // The runtime's pairs are the cluster network's own, cached or not: they are passed on unchanged.
+    let valid = json!([{"containerID": "uncached", "ifname": "eth0"}]);
+    gc["cni.dev/valid-attachments"] = valid.clone();
     let env = vec![
         ("CNI_COMMAND".to_string(), "GC".to_string()),
         ("CNI_PATH".to_string(), sb.path("bin").display().to_string()),
@@ -887,5 +889,97 @@ fn gc_with_nothing_cached_still_collects_the_cluster_network() {
     let calls = sb.calls();
     assert_eq!(calls.len(), 1, "{:?}", sb.call_summary());
     assert_eq!(calls[0].command, "GC");
-    assert_eq!(calls[0].stdin["cni.dev/valid-attachments"], json!([]));
+    assert_eq!(calls[0].stdin["cni.dev/valid-attachments"], valid);
+}
+
+#[test]
+fn gc_goes_on_past_a_corrupt_plan_and_reports_it() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.1.0");
+    let conf = sb.conf(json!({"cniVersion": "1.1.0"}));
+    sb.run("ADD", "stale", "", &conf).ok();
+    let broken = sb.path("cache/attachments/broken.json");
+    std::fs::write(&broken, "{ torn").unwrap();
+    sb.clear_calls();
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let env = vec![
+        ("CNI_COMMAND".to_string(), "GC".to_string()),
+        ("CNI_PATH".to_string(), sb.path("bin").display().to_string()),
+    ];
+    let run = sb.run_env(&env, gc.to_string().as_bytes());
+    assert_cni_error(&run, 6, &[&broken.display().to_string()]);
+    // The stale container was still torn down and the cluster network still collected.
+    let summary: Vec<_> = sb
+        .calls()
+        .iter()
+        .map(|c| (c.command.clone(), c.env.get("CNI_CONTAINERID").cloned()))
+        .collect();
+    assert_eq!(
+        summary,
+        vec![
+            ("DEL".to_string(), Some("stale".to_string())),
+            ("GC".to_string(), None)
+        ]
+    );
+    assert_eq!(sb.cached(), vec!["broken.json"]);
+}
+
+#[test]
+fn a_missing_plugin_inside_a_list_does_not_stop_del_of_the_others() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["first-plugin"]);
+    sb.pod(POD_NS, "p", Some("pair"));
+    sb.nad(
+        POD_NS,
+        "pair",
+        Some(json!({"cniVersion": "1.0.0", "name": "pair",
+            "plugins": [{"type": "first-plugin"}, {"type": "absent-plugin"}]})),
+    );
+    let conf = sb.conf(json!({}));
+    let run = sb.run("ADD", "c1", &Sandbox::pod_args(POD_NS, "p"), &conf);
+    assert_cni_error(&run, 7, &["absent-plugin", "ns/pair"]);
+    // first-plugin attached net1 before absent-plugin was looked up: it must be deleted too.
+    assert_nothing_attached(&sb, "c1");
+    let s = |p: &str, c: &str, i: &str| (p.to_string(), c.to_string(), i.to_string());
+    assert_eq!(
+        sb.call_summary(),
+        vec![
+            s("cluster-plugin", "ADD", "eth0"),
+            s("first-plugin", "ADD", "net1"),
+            s("first-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0"),
+        ]
+    );
+}
+
+#[test]
+fn a_failed_rollback_keeps_the_original_code_and_the_plan_for_del() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["bad-plugin"]);
+    sb.pod(POD_NS, "p", Some("net-a"));
+    sb.nad(
+        POD_NS,
+        "net-a",
+        Some(json!({"cniVersion": "1.0.0", "name": "net-a", "type": "bad-plugin"})),
+    );
+    sb.fake_config(json!({
+        "bad-plugin": {"ADD": {"error": {"code": 42, "msg": "address pool exhausted"}}},
+        "cluster-plugin": {"DEL": {"error": {"code": 11, "msg": "bridge busy"}}},
+    }));
+    let conf = sb.conf(json!({}));
+    let args = Sandbox::pod_args(POD_NS, "p");
+    let run = sb.run("ADD", "c1", &args, &conf);
+    // The runtime learns why ADD failed; the failed rollback is reported alongside.
+    assert_cni_error(&run, 42, &["address pool exhausted", "bridge busy"]);
+    assert_eq!(
+        sb.cached(),
+        vec!["c1.json"],
+        "the plan stays for the runtime's DEL"
+    );
+    sb.fake_config(json!({}));
+    sb.run("DEL", "c1", &args, &conf).ok();
+    assert_nothing_attached(&sb, "c1");
 }

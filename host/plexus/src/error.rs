@@ -61,6 +61,13 @@ pub enum PlexusError {
         context: String,
         source: Box<PlexusError>,
     },
+    /// A failure whose clean-up failed as well: the code and details are the original failure's, so the
+    /// runtime learns why the operation failed, not why the clean-up did.
+    #[error("{source}; {cleanup}")]
+    Cleanup {
+        source: Box<PlexusError>,
+        cleanup: Box<PlexusError>,
+    },
     /// Several failures (DEL tears everything down, then reports all of them).
     #[error("{summary}: {}", .errors.iter().map(ToString::to_string).collect::<Vec<_>>().join("; "))]
     Many {
@@ -97,7 +104,9 @@ impl PlexusError {
             PlexusError::Delegate { code, .. } => *code,
             PlexusError::PolicyDenied(_) => CODE_POLICY_DENIED,
             PlexusError::HookFault(_) => CODE_HOOK_FAULT,
-            PlexusError::Context { source, .. } => source.cni_code(),
+            PlexusError::Context { source, .. } | PlexusError::Cleanup { source, .. } => {
+                source.cni_code()
+            }
             PlexusError::Many { errors, .. } => {
                 errors.first().map_or(CODE_IO, PlexusError::cni_code)
             }
@@ -108,7 +117,9 @@ impl PlexusError {
     pub fn details(&self) -> String {
         match self {
             PlexusError::Delegate { details, .. } => details.clone(),
-            PlexusError::Context { source, .. } => source.details(),
+            PlexusError::Context { source, .. } | PlexusError::Cleanup { source, .. } => {
+                source.details()
+            }
             PlexusError::Many { errors, .. } => errors
                 .iter()
                 .map(PlexusError::details)
@@ -160,5 +171,26 @@ mod tests {
         };
         assert_eq!(e.to_string(), "2 of 3 detachments failed: a; b");
         assert_eq!(e.cni_code(), 7);
+    }
+
+    #[test]
+    fn cleanup_keeps_the_original_code_and_details() {
+        let e = PlexusError::Cleanup {
+            source: Box::new(PlexusError::Delegate {
+                code: 42,
+                msg: "pool exhausted".into(),
+                details: "no free address".into(),
+            }),
+            cleanup: Box::new(PlexusError::Many {
+                summary: "rolling back also failed".into(),
+                errors: vec![PlexusError::NotReady("bridge busy".into())],
+            }),
+        };
+        assert_eq!(e.cni_code(), 42);
+        assert_eq!(e.details(), "no free address");
+        assert_eq!(
+            e.to_string(),
+            "pool exhausted; rolling back also failed: bridge busy"
+        );
     }
 }

@@ -65,6 +65,12 @@ impl Delegator<'_> {
         // libcni passes the cached result to DEL only from 0.4.0 on.
         let prev = cached.filter(|_| list.cni_version >= CniVersion::V0_4_0);
         for i in (0..list.plugins.len()).rev() {
+            // A plugin that cannot be found attached nothing (its ADD never ran) or is no longer installed;
+            // failing DEL for it would leave the pod undeletable forever, so it is skipped with a warning.
+            if let Err(e) = self.locate(&plugin_type(list, i), rt) {
+                tracing::warn!(network = %list.name, ifname = rt.ifname, "DEL skips a plugin: {e}");
+                continue;
+            }
             let conf = list.plugin_config(i, caps, prev);
             self.invoke(Command::Del, list, i, &conf, rt)?;
         }
@@ -123,6 +129,14 @@ impl Delegator<'_> {
         Ok(())
     }
 
+    /// The plugin binary for `ty` in the search path.
+    fn locate(&self, ty: &str, rt: &RuntimeParams<'_>) -> Result<PathBuf, PlexusError> {
+        self.exec.find(ty, rt.path).ok_or_else(|| {
+            let dirs: Vec<_> = rt.path.iter().map(|p| p.display().to_string()).collect();
+            PlexusError::Config(format!("plugin {ty:?} not found in {}", dirs.join(":")))
+        })
+    }
+
     fn invoke(
         &self,
         command: Command,
@@ -132,10 +146,7 @@ impl Delegator<'_> {
         rt: &RuntimeParams<'_>,
     ) -> Result<Option<Value>, PlexusError> {
         let ty = plugin_type(list, index);
-        let plugin = self.exec.find(&ty, rt.path).ok_or_else(|| {
-            let dirs: Vec<_> = rt.path.iter().map(|p| p.display().to_string()).collect();
-            PlexusError::Config(format!("plugin {ty:?} not found in {}", dirs.join(":")))
-        })?;
+        let plugin = self.locate(&ty, rt)?;
         let mut env: Vec<(String, String)> = rt.base_env.to_vec();
         env.push(("CNI_COMMAND".into(), command.as_str().into()));
         let path = std::env::join_paths(rt.path)
