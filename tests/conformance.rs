@@ -1277,6 +1277,95 @@ fn s7_2_del_tears_down_everything_reports_all_failures_and_keeps_the_cache() {
     run_pod(&sb, "DEL", "p1", json!({})).ok();
 }
 
+#[test]
+fn s7_2_cluster_network_failure_fails_the_pod_before_any_selection() {
+    let sb = sandbox(&[]);
+    simple_nads(&sb, &["net-a"]);
+    sb.fake_config(json!({"cluster-plugin": {"ADD": {"error": {"cniVersion": "1.0.0", "code": 11, "msg": "cluster network down"}}}}));
+    let run = add_pod(&sb, "p1", Some("net-a"), json!({}));
+    assert_eq!(run.code(), 11, "{}", run.msg());
+    assert!(
+        run.msg().contains("cluster network down") && run.msg().contains("cluster-net"),
+        "{}",
+        run.msg()
+    );
+    assert_eq!(
+        sb.call_summary()
+            .into_iter()
+            .map(|(p, c, _)| format!("{c} {p}"))
+            .collect::<Vec<_>>(),
+        ["ADD cluster-plugin", "DEL cluster-plugin"],
+        "net-a is never attempted"
+    );
+    assert!(sb.cached().is_empty());
+}
+
+#[test]
+fn s7_2_failed_rollback_keeps_the_plan_and_a_later_del_finishes_it() {
+    let sb = sandbox(&[]);
+    simple_nads(&sb, &["net-a", "net-b"]);
+    sb.fake_config(json!({
+        "net-b-plugin": {"ADD": {"error": {"cniVersion": "1.0.0", "code": 120, "msg": "no more leases"}}},
+        "net-a-plugin": {"DEL": {"error": {"cniVersion": "1.0.0", "code": 11, "msg": "a is busy"}}},
+    }));
+    let run = add_pod(&sb, "p1", Some("net-a,net-b"), json!({}));
+    assert!(!run.success);
+    let msg = run.msg();
+    for want in [
+        "no more leases",
+        "default/net-b",
+        "a is busy",
+        "default/net-a",
+    ] {
+        assert!(msg.contains(want), "error names {want}: {msg}");
+    }
+    // The rollback went on past the failure: the cluster network was still torn down.
+    assert_eq!(
+        order(&sb, "DEL"),
+        pairs(&[
+            ("net-b-plugin", "net2"),
+            ("net-a-plugin", "net1"),
+            ("cluster-plugin", "eth0")
+        ])
+    );
+    assert_eq!(
+        sb.cached(),
+        ["c-p1.json"],
+        "the plan stays for the runtime's DEL"
+    );
+
+    sb.fake_config(json!({}));
+    sb.clear_calls();
+    run_pod(&sb, "DEL", "p1", json!({})).ok();
+    assert_eq!(
+        order(&sb, "DEL"),
+        pairs(&[
+            ("net-b-plugin", "net2"),
+            ("net-a-plugin", "net1"),
+            ("cluster-plugin", "eth0")
+        ])
+    );
+    assert!(sb.cached().is_empty());
+}
+
+#[test]
+fn s6_2_plexus_prints_the_cluster_networks_result() {
+    let sb = sandbox(&[]);
+    simple_nads(&sb, &["net-a", "net-b"]);
+    let out = add_pod(&sb, "p1", Some("net-a,net-b"), json!({}))
+        .ok()
+        .json();
+    let adds = calls_of(&sb, "ADD");
+    assert_eq!(out["interfaces"][0]["name"], "eth0", "{out}");
+    let st = status_of(&sb, "p1");
+    assert_eq!(out["ips"][0]["address"], st[0]["ips"][0], "{out}");
+    assert_ne!(
+        out["ips"][0]["address"], st[2]["ips"][0],
+        "not the last attachment's result"
+    );
+    assert_eq!(adds.len(), 3);
+}
+
 // ---------------------------------------------------------------------------------------------------
 // 7.3 Serialization
 // ---------------------------------------------------------------------------------------------------
@@ -1374,15 +1463,24 @@ fn bare_env(sb: &Sandbox, command: &str, id: &str) -> Vec<(String, String)> {
 
 /// Runs each `(delay, command, container)` as its own plexus process, started `delay` after the first.
 fn run_concurrently(sb: &Sandbox, runs: &[(u64, &str, &str)]) -> Vec<Run> {
-    let stdin = sb.conf(json!({})).to_string();
+    let with_conf: Vec<_> = runs
+        .iter()
+        .map(|&(d, c, id)| (d, c, id, sb.conf(json!({}))))
+        .collect();
+    run_concurrently_with(sb, &with_conf)
+}
+
+/// [`run_concurrently`] with each run's own plexus conf.
+fn run_concurrently_with(sb: &Sandbox, runs: &[(u64, &str, &str, Value)]) -> Vec<Run> {
     std::thread::scope(|scope| {
         let handles: Vec<_> = runs
             .iter()
-            .map(|&(delay, command, id)| {
-                let (env, stdin) = (bare_env(sb, command, id), stdin.as_bytes());
+            .map(|(delay, command, id, conf)| {
+                let (env, stdin) = (bare_env(sb, command, id), conf.to_string());
+                let delay = Duration::from_millis(*delay);
                 scope.spawn(move || {
-                    std::thread::sleep(Duration::from_millis(delay));
-                    sb.run_env(&env, stdin)
+                    std::thread::sleep(delay);
+                    sb.run_env(&env, stdin.as_bytes())
                 })
             })
             .collect();
@@ -1417,6 +1515,23 @@ fn s7_3_same_container_never_overlaps_across_processes() {
             assert!(!overlap(a, b), "same container overlapped: {a:?} and {b:?}");
         }
     }
+
+    // Control: the same runs with a lock directory each do overlap, so the check above can see it.
+    let sb = Sandbox::new();
+    timed_cluster(&sb, 600);
+    let own_lock = |d: &str| sb.conf(json!({"runDir": sb.path(d)}));
+    run_concurrently_with(
+        &sb,
+        &[
+            (0, "ADD", "c1", own_lock("run-a")),
+            (150, "DEL", "c1", own_lock("run-b")),
+        ],
+    );
+    let s = spans(&sb);
+    assert!(
+        s.len() == 2 && overlap(&s[0], &s[1]),
+        "without a shared lock the runs overlap: {s:?}"
+    );
 }
 
 #[test]
