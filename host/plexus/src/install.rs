@@ -568,7 +568,10 @@ pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError
     for path in refresh(opts, env, true)? {
         eprintln!("plexus install: wrote {}", path.display());
     }
-    while opts.watch {
+    if !opts.watch {
+        return Ok(());
+    }
+    loop {
         std::thread::sleep(opts.poll_interval);
         match refresh(opts, env, false) {
             Ok(touched) => {
@@ -580,7 +583,6 @@ pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError
             Err(err) => eprintln!("plexus install: {err}"),
         }
     }
-    Ok(())
 }
 
 /// `plexus install [flags]`; `args` are the arguments after the program name.

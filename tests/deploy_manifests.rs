@@ -1,0 +1,348 @@
+//! The deployment manifests in examples/deploy/ parse into typed Kubernetes objects, with no stray keys,
+//! and grant Plexus exactly the permissions it uses.
+
+#[allow(dead_code)]
+#[path = "../host/plexus/src/install.rs"]
+mod install;
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use k8s_openapi::api::apps::v1::DaemonSet;
+use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
+use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+
+fn deploy_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy")
+}
+
+/// Every document of every manifest, with the file it came from.
+fn documents() -> Vec<(String, Value)> {
+    let mut files: Vec<PathBuf> = std::fs::read_dir(deploy_dir())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|e| e == "yaml" || e == "yml"))
+        .collect();
+    files.sort();
+    assert!(
+        !files.is_empty(),
+        "no manifests in {}",
+        deploy_dir().display()
+    );
+    let mut docs = Vec::new();
+    for file in files {
+        let text = std::fs::read_to_string(&file).unwrap();
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        for doc in serde_yaml::Deserializer::from_str(&text) {
+            let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
+            if !value.is_null() {
+                docs.push((name.clone(), value));
+            }
+        }
+    }
+    docs
+}
+
+/// Parses `value` as `T` and insists that serializing it back gives the same document: k8s-openapi ignores
+/// unknown keys, so a typo'd key would otherwise vanish silently.
+fn strict<T: DeserializeOwned + Serialize>(file: &str, value: &Value) -> Result<T, String> {
+    let typed: T = serde_json::from_value(value.clone()).map_err(|e| format!("{file}: {e}"))?;
+    let back = serde_json::to_value(&typed).unwrap();
+    if &back != value {
+        return Err(format!(
+            "{file}: keys lost or changed in a round trip: {}",
+            first_difference(value, &back, "")
+        ));
+    }
+    Ok(typed)
+}
+
+fn first_difference(a: &Value, b: &Value, at: &str) -> String {
+    match (a, b) {
+        (Value::Object(x), Value::Object(y)) => {
+            for (k, v) in x {
+                match y.get(k) {
+                    None => return format!("{at}/{k} is not a known field"),
+                    Some(w) if v != w => return first_difference(v, w, &format!("{at}/{k}")),
+                    _ => {}
+                }
+            }
+            format!("{at}: extra keys after the round trip")
+        }
+        (Value::Array(x), Value::Array(y)) if x.len() == y.len() => {
+            let i = x.iter().zip(y).position(|(v, w)| v != w).unwrap_or(0);
+            first_difference(&x[i], &y[i], &format!("{at}/{i}"))
+        }
+        _ => format!("{at}: {a} became {b}"),
+    }
+}
+
+#[derive(Default)]
+struct Manifests {
+    crds: Vec<CustomResourceDefinition>,
+    roles: Vec<ClusterRole>,
+    bindings: Vec<ClusterRoleBinding>,
+    accounts: Vec<ServiceAccount>,
+    daemonsets: Vec<DaemonSet>,
+}
+
+fn manifests() -> Manifests {
+    let mut m = Manifests::default();
+    for (file, doc) in documents() {
+        let kind = doc["kind"].as_str().unwrap_or_default().to_string();
+        let r = match kind.as_str() {
+            "CustomResourceDefinition" => strict(&file, &doc).map(|o| m.crds.push(o)),
+            "ClusterRole" => strict(&file, &doc).map(|o| m.roles.push(o)),
+            "ClusterRoleBinding" => strict(&file, &doc).map(|o| m.bindings.push(o)),
+            "ServiceAccount" => strict(&file, &doc).map(|o| m.accounts.push(o)),
+            "DaemonSet" => strict(&file, &doc).map(|o| m.daemonsets.push(o)),
+            other => Err(format!("{file}: unexpected kind {other:?}")),
+        };
+        r.unwrap_or_else(|e| panic!("{e}"));
+    }
+    m
+}
+
+#[test]
+fn every_manifest_is_a_typed_object_without_stray_keys() {
+    let m = manifests();
+    assert_eq!(
+        (
+            m.crds.len(),
+            m.roles.len(),
+            m.bindings.len(),
+            m.accounts.len(),
+            m.daemonsets.len()
+        ),
+        (2, 1, 1, 1, 1)
+    );
+}
+
+#[test]
+fn strict_parsing_catches_a_typo() {
+    let mut doc = documents()
+        .into_iter()
+        .find(|(_, d)| d["kind"] == "DaemonSet")
+        .unwrap()
+        .1;
+    let spec = doc["spec"]["template"]["spec"].as_object_mut().unwrap();
+    let sa = spec.remove("serviceAccountName").unwrap();
+    spec.insert("serviceAcountName".into(), sa);
+    let err = strict::<DaemonSet>("typo.yaml", &doc).unwrap_err();
+    assert_eq!(err, "typo.yaml: keys lost or changed in a round trip: /spec/template/spec/serviceAcountName is not a known field");
+}
+
+#[test]
+fn rbac_grants_exactly_what_plexus_uses() {
+    let m = manifests();
+    let role = &m.roles[0];
+    let mut granted = BTreeSet::new();
+    for rule in role.rules.as_deref().unwrap_or_default() {
+        assert!(
+            rule.resource_names.is_none() && rule.non_resource_urls.is_none(),
+            "{rule:?}"
+        );
+        for group in rule.api_groups.as_deref().unwrap_or_default() {
+            for resource in rule.resources.as_deref().unwrap_or_default() {
+                for verb in &rule.verbs {
+                    assert!(
+                        granted.insert((group.as_str(), resource.as_str(), verb.as_str())),
+                        "granted twice: {verb} {resource}"
+                    );
+                }
+            }
+        }
+    }
+    let expected: BTreeSet<_> = [
+        ("", "pods", "get"),
+        ("", "pods/status", "patch"),
+        ("k8s.cni.cncf.io", "network-attachment-definitions", "get"),
+        ("k8s.cni.cncf.io", "network-attachment-definitions", "list"),
+        ("k8s.cni.cncf.io", "network-attachment-definitions", "watch"),
+        ("", "events", "create"),
+    ]
+    .into();
+    assert_eq!(granted, expected);
+    assert!(role.aggregation_rule.is_none());
+}
+
+#[test]
+fn binding_ties_the_role_to_the_daemonsets_service_account() {
+    let m = manifests();
+    let (role, binding, account, ds) = (
+        &m.roles[0],
+        &m.bindings[0],
+        &m.accounts[0],
+        &m.daemonsets[0],
+    );
+    assert_eq!(binding.role_ref.kind, "ClusterRole");
+    assert_eq!(
+        binding.role_ref.api_group.as_deref(),
+        Some("rbac.authorization.k8s.io")
+    );
+    assert_eq!(Some(&binding.role_ref.name), role.metadata.name.as_ref());
+    let subjects = binding.subjects.as_deref().unwrap_or_default();
+    assert_eq!(subjects.len(), 1);
+    assert_eq!(subjects[0].kind, "ServiceAccount");
+    assert_eq!(Some(&subjects[0].name), account.metadata.name.as_ref());
+    assert_eq!(subjects[0].namespace, account.metadata.namespace);
+    let pod = ds.spec.template.spec.as_ref().unwrap();
+    assert_eq!(pod.service_account_name, account.metadata.name);
+    assert_eq!(ds.metadata.namespace, account.metadata.namespace);
+}
+
+#[test]
+fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
+    let m = manifests();
+    let ds = &m.daemonsets[0];
+    let spec = &ds.spec;
+    let pod = spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        spec.selector.match_labels,
+        spec.template.metadata.as_ref().unwrap().labels,
+        "selector matches the pods"
+    );
+    assert!(
+        pod.tolerations
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .any(|t| t.operator.as_deref() == Some("Exists")),
+        "runs on every node"
+    );
+
+    let host_paths: BTreeMap<&str, &str> = pod
+        .volumes
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect();
+    let init = pod.init_containers.as_deref().unwrap_or_default();
+    assert_eq!(init.len(), 1);
+    let mut commands = vec![(init[0].clone(), false)];
+    commands.extend(pod.containers.iter().map(|c| (c.clone(), true)));
+    for (container, watches) in commands {
+        let command = container.command.clone().unwrap_or_default();
+        assert_eq!(
+            command.get(1).map(String::as_str),
+            Some("install"),
+            "{}",
+            container.name
+        );
+        let opts = install::parse_args(&command[1..])
+            .unwrap_or_else(|e| panic!("{}: {e}", container.name));
+        assert_eq!(opts.watch, watches, "{}", container.name);
+        assert!(!opts.uninstall);
+        // Host directories are mounted at their host paths, so the paths written into the conflist hold.
+        for dir in [
+            &opts.bin_dir,
+            &opts.conf_dir,
+            &opts
+                .kubeconfig_out
+                .parent()
+                .unwrap()
+                .parent()
+                .unwrap()
+                .to_path_buf(),
+        ] {
+            let mount = container
+                .volume_mounts
+                .as_deref()
+                .unwrap_or_default()
+                .iter()
+                .find(|vm| dir.starts_with(&vm.mount_path))
+                .unwrap_or_else(|| {
+                    panic!("{}: nothing mounted at {}", container.name, dir.display())
+                });
+            assert_eq!(
+                host_paths.get(mount.name.as_str()),
+                Some(&mount.mount_path.as_str()),
+                "{}",
+                mount.name
+            );
+        }
+    }
+}
+
+#[test]
+fn crds_define_the_spec_resources() {
+    let m = manifests();
+    let by_name: BTreeMap<_, _> = m
+        .crds
+        .iter()
+        .map(|c| (c.metadata.name.clone().unwrap(), c))
+        .collect();
+
+    let nad = by_name["network-attachment-definitions.k8s.cni.cncf.io"];
+    assert_eq!(nad.spec.group, "k8s.cni.cncf.io");
+    assert_eq!(nad.spec.scope, "Namespaced");
+    assert_eq!(nad.spec.names.kind, "NetworkAttachmentDefinition");
+    assert_eq!(nad.spec.names.plural, "network-attachment-definitions");
+    assert_eq!(
+        nad.spec.names.short_names.as_deref(),
+        Some(&["net-attach-def".to_string()][..])
+    );
+    let v1 = &nad.spec.versions[0];
+    assert_eq!(
+        (v1.name.as_str(), v1.served, v1.storage),
+        ("v1", true, true)
+    );
+    let schema = v1
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap();
+    let config = &schema.properties.as_ref().unwrap()["spec"]
+        .properties
+        .as_ref()
+        .unwrap()["config"];
+    assert_eq!(config.type_.as_deref(), Some("string"));
+
+    let claim = by_name["ipamclaims.k8s.cni.cncf.io"];
+    assert_eq!(claim.spec.group, "k8s.cni.cncf.io");
+    assert_eq!(claim.spec.names.kind, "IPAMClaim");
+    assert_eq!(claim.spec.names.list_kind.as_deref(), Some("IPAMClaimList"));
+    let v = &claim.spec.versions[0];
+    assert_eq!(
+        (v.name.as_str(), v.served, v.storage),
+        ("v1alpha1", true, true)
+    );
+    assert!(
+        v.subresources.as_ref().unwrap().status.is_some(),
+        "status is a subresource (spec 8.2)"
+    );
+    let props = v
+        .schema
+        .as_ref()
+        .unwrap()
+        .open_api_v3_schema
+        .as_ref()
+        .unwrap()
+        .properties
+        .as_ref()
+        .unwrap();
+    assert_eq!(
+        props["spec"].required.as_deref(),
+        Some(&["interface".to_string(), "network".to_string()][..])
+    );
+    assert_eq!(
+        props["status"].required.as_deref(),
+        Some(&["ips".to_string()][..])
+    );
+
+    for crd in &m.crds {
+        let expected = format!("{}.{}", crd.spec.names.plural, crd.spec.group);
+        assert_eq!(
+            crd.metadata.name.as_deref(),
+            Some(expected.as_str()),
+            "a CRD is named plural.group"
+        );
+    }
+}
