@@ -21,8 +21,8 @@ impl Policy for NamespaceIsolation {
     fn check(pod: &Pod, selections: Vec<Selection>) -> Result<Decision, Error> {
         let settings: Settings = plexus_sdk::settings()?;
         for s in &selections {
-            let allowed = s.namespace == pod.namespace
-                || settings.global_namespaces.iter().any(|g| *g == s.namespace);
+            let allowed =
+                s.namespace == pod.namespace || settings.global_namespaces.contains(&s.namespace);
             if !allowed {
                 return Ok(Decision::Deny(format!(
                     "pod {}/{} may not select network {}/{}: only its own namespace and {} are allowed",

@@ -495,3 +495,38 @@ fn no_hooks_pass_everything_through() {
     );
     assert_eq!(hooks.status(&pod(), entries()).unwrap(), entries());
 }
+
+#[test]
+fn a_component_exporting_a_subset_loads_for_its_kinds_only() {
+    let module = guest("test-policy-only");
+    let i = plexus_hooks::inspect(&module).unwrap();
+    assert_eq!(i.kinds, vec![HookKind::Policy]);
+
+    let mut s = HookSpec::new("only", HookKind::Policy, &module);
+    s.settings = Some(json!({"k": 1}));
+    match load(&[s])
+        .policy(&pod(), vec![json!({"name": "a", "namespace": "team-a"})])
+        .unwrap()
+    {
+        PolicyOutcome::Deny { hook, reason } => {
+            assert_eq!(hook, "only");
+            assert_eq!(
+                reason,
+                "policy-only saw 1 selections of team-a/web with settings {\"k\":1}"
+            );
+        }
+        other => panic!("expected the guest's deny, got {other:?}"),
+    }
+
+    let err =
+        Hooks::load_uncached(&[HookSpec::new("only", HookKind::Status, &module)]).unwrap_err();
+    assert!(
+        matches!(&err, HookError::Load { error: LoadError::MissingExport { interface, .. }, .. }
+            if interface == "plexus:hooks/status@0.1.0"),
+        "{err}"
+    );
+    assert!(
+        err.to_string().starts_with("hook \"only\" (status): "),
+        "{err}"
+    );
+}
