@@ -11,6 +11,9 @@ use serde_json::{json, Value};
 
 const POD_NS: &str = "ns";
 
+/// A process environment, as `Sandbox::run_env` takes it.
+type Env = Vec<(String, String)>;
+
 /// The environment a runtime gives plexus for `command` on container `id`.
 fn cni_env(sb: &Sandbox, command: &str, id: &str, args: &str) -> Vec<(String, String)> {
     [
@@ -26,11 +29,11 @@ fn cni_env(sb: &Sandbox, command: &str, id: &str, args: &str) -> Vec<(String, St
     .collect()
 }
 
-fn without(env: &[(String, String)], key: &str) -> Vec<(String, String)> {
+fn without(env: &[(String, String)], key: &str) -> Env {
     env.iter().filter(|(k, _)| k != key).cloned().collect()
 }
 
-fn with(env: &[(String, String)], key: &str, value: &str) -> Vec<(String, String)> {
+fn with(env: &[(String, String)], key: &str, value: &str) -> Env {
     let mut e = without(env, key);
     e.push((key.to_string(), value.to_string()));
     e
@@ -196,7 +199,7 @@ fn missing_or_unknown_environment_is_invalid_env() {
     sb.cluster_net("1.0.0");
     let conf = sb.conf(json!({})).to_string();
     let env = cni_env(&sb, "ADD", "c1", "");
-    let cases: Vec<(Vec<(String, String)>, &[&str])> = vec![
+    let cases: Vec<(Env, &[&str])> = vec![
         (without(&env, "CNI_COMMAND"), &["CNI_COMMAND"]),
         (with(&env, "CNI_COMMAND", "FROB"), &["CNI_COMMAND", "FROB"]),
         (with(&env, "CNI_COMMAND", "add"), &["CNI_COMMAND", "add"]),
