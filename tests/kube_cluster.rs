@@ -184,6 +184,11 @@ fn status_is_written_as_a_merge_patch_on_the_status_subresource() {
         ("PATCH", STATUS_PATH)
     );
     assert_eq!(
+        patch.query.as_deref().unwrap_or_default(),
+        "",
+        "no field manager, no dry run, no force"
+    );
+    assert_eq!(
         patch.headers.get("content-type").map(String::as_str),
         Some("application/merge-patch+json")
     );
@@ -200,6 +205,19 @@ fn status_is_written_as_a_merge_patch_on_the_status_subresource() {
     assert_eq!(
         stored["metadata"]["annotations"]["keep"], "me",
         "other annotations are untouched"
+    );
+}
+
+#[test]
+fn injected_not_found_is_final() {
+    let e = env();
+    e.server.inject("GET", POD_PATH, Fault::Status(404), 1);
+    let err = e.cluster.pod(&web(None)).unwrap_err();
+    assert_eq!(err.to_string(), "pod team-a/web not found");
+    assert_eq!(count(&e.server, "GET", POD_PATH), 1);
+    assert!(
+        e.cluster.pod(&web(None)).is_ok(),
+        "the fault was for one request only"
     );
 }
 

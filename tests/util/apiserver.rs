@@ -592,21 +592,13 @@ fn patch_pod(
             );
         }
     }
-    let mut updated = current.clone();
-    if status {
-        // The status subresource ignores spec changes but keeps metadata (annotations) and status.
-        let mut patch = patch;
-        if let Some(obj) = patch.as_object_mut() {
-            obj.remove("spec");
-        }
-        merge_patch(&mut updated, &patch);
-    } else {
-        let mut patch = patch;
-        if let Some(obj) = patch.as_object_mut() {
-            obj.remove("status");
-        }
-        merge_patch(&mut updated, &patch);
+    let mut updated = current;
+    // The status subresource ignores changes to spec; the main resource ignores changes to status.
+    let mut patch = patch;
+    if let Some(obj) = patch.as_object_mut() {
+        obj.remove(if status { "spec" } else { "status" });
     }
+    merge_patch(&mut updated, &patch);
     updated["metadata"]["resourceVersion"] = Value::String(shared.next_version());
     state.pods.insert(key, updated.clone());
     (200, updated)
