@@ -127,7 +127,8 @@ fn extras_from_wire(
     Ok(())
 }
 
-pub(crate) fn selection_to_wire(v: &Value) -> R<w::Selection> {
+/// `pod_namespace` fills a missing or empty "namespace" (spec 4.1.2.1.2), so hooks always see one.
+pub(crate) fn selection_to_wire(v: &Value, pod_namespace: &str) -> R<w::Selection> {
     let m = object(v, "selection element")?;
     let name = string(
         m.get("name").ok_or("selection element has no \"name\"")?,
@@ -197,6 +198,9 @@ pub(crate) fn selection_to_wire(v: &Value) -> R<w::Selection> {
             "ipam-claim-reference" => s.ipam_claim_reference = Some(string(value, key)?),
             _ => extras_to_wire(key, value, &mut s.extras),
         }
+    }
+    if s.namespace.is_empty() {
+        s.namespace = pod_namespace.to_string();
     }
     Ok(s)
 }
@@ -460,7 +464,7 @@ mod tests {
 
     fn roundtrip_selection(v: Value) -> R<Value> {
         let allowed = reserved_extras([&v], &SELECTION_KEYS);
-        selection_from_wire(selection_to_wire(&v)?, &allowed)
+        selection_from_wire(selection_to_wire(&v, "pod-ns")?, &allowed)
     }
 
     #[test]
@@ -477,8 +481,18 @@ mod tests {
     }
 
     #[test]
+    fn missing_namespace_is_the_pods() {
+        let s = selection_to_wire(&json!({"name": "a"}), "pod-ns").unwrap();
+        assert_eq!(s.namespace, "pod-ns");
+        let s = selection_to_wire(&json!({"name": "a", "namespace": ""}), "pod-ns").unwrap();
+        assert_eq!(s.namespace, "pod-ns");
+        let s = selection_to_wire(&json!({"name": "a", "namespace": "x"}), "pod-ns").unwrap();
+        assert_eq!(s.namespace, "x");
+    }
+
+    #[test]
     fn invented_reserved_key_is_refused_but_kept_ones_pass() {
-        let mut s = selection_to_wire(&json!({"name": "a", "namespace": "n"})).unwrap();
+        let mut s = selection_to_wire(&json!({"name": "a", "namespace": "n"}), "pod-ns").unwrap();
         s.extras.push(("color".into(), "\"blue\"".into()));
         let err = selection_from_wire(s.clone(), &BTreeSet::new()).unwrap_err();
         assert!(err.contains("\"color\" is reserved"), "{err}");
@@ -488,7 +502,7 @@ mod tests {
 
     #[test]
     fn selection_output_rules() {
-        let base = selection_to_wire(&json!({"name": "a", "namespace": "n"})).unwrap();
+        let base = selection_to_wire(&json!({"name": "a", "namespace": "n"}), "pod-ns").unwrap();
         let none = BTreeSet::new();
         let mut s = base.clone();
         s.namespace.clear();

@@ -307,7 +307,7 @@ impl Hooks {
             let step = (|| {
                 let wire = current
                     .iter()
-                    .map(convert::selection_to_wire)
+                    .map(|s| convert::selection_to_wire(s, &pod.namespace))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(Fault::Input)?;
                 let decision = self.call(hook, |store, inst| {
@@ -366,7 +366,8 @@ impl Hooks {
                 continue;
             };
             let step = (|| {
-                let sel = convert::selection_to_wire(selection).map_err(Fault::Input)?;
+                let sel =
+                    convert::selection_to_wire(selection, &pod.namespace).map_err(Fault::Input)?;
                 let cfg_text = current.as_ref().map(Value::to_string);
                 let out = self.call(hook, |store, inst| {
                     idx.load(&mut *store, inst)?.call_resolve(
