@@ -14,11 +14,12 @@ pub enum HookError {
         fault: Fault,
     },
     /// The hook's component could not be loaded.
+    /// (The load error is part of the message, not a `source`, so that printing the message alone
+    /// tells the whole story, as a CNI error message must.)
     #[error("hook {hook:?} ({kind}): {error}")]
     Load {
         hook: String,
         kind: HookKind,
-        #[source]
         error: LoadError,
     },
     /// The hooks list itself is invalid.
@@ -61,11 +62,10 @@ pub enum Fault {
 /// Why a component could not be loaded.
 #[derive(Debug, thiserror::Error)]
 pub enum LoadError {
-    #[error("cannot read {}", path.display())]
+    #[error("cannot read {}: {error}", path.display())]
     Read {
         path: PathBuf,
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error("{} has sha256 {actual}, the configuration pins {expected}", path.display())]
     Sha256Mismatch {

@@ -120,9 +120,9 @@ impl std::fmt::Debug for Hooks {
 }
 
 fn read_module(path: &Path) -> Result<(Vec<u8>, String), LoadError> {
-    let bytes = std::fs::read(path).map_err(|source| LoadError::Read {
+    let bytes = std::fs::read(path).map_err(|error| LoadError::Read {
         path: path.to_path_buf(),
-        source,
+        error,
     })?;
     let sha = cache::sha256_hex(&bytes);
     Ok((bytes, sha))

@@ -452,6 +452,11 @@ fn missing_or_invalid_modules_name_the_hook() {
             .starts_with("hook \"gone\" (status): cannot read"),
         "{err}"
     );
+    assert!(
+        err.to_string()
+            .ends_with("nope.wasm: No such file or directory (os error 2)"),
+        "{err}"
+    );
     let junk = dir.path().join("junk.wasm");
     std::fs::write(&junk, b"\0asm\x01\0\0\0garbage").unwrap();
     let err = Hooks::load_uncached(&[HookSpec::new("junk", HookKind::Policy, &junk)]).unwrap_err();
