@@ -590,3 +590,118 @@ fn emulator_lists_nads() {
     );
     assert_eq!((code, body["reason"].as_str()), (404, Some("NotFound")));
 }
+
+// The real `plexus` binary (built by tests/run.sh) with `"cluster": {"source": "kube"}` against the
+// emulator: what an ADD reads from and writes to the API server.
+
+mod binary {
+    use plexus_tests::apiserver::{ApiServer, Fault};
+    use plexus_tests::plexus::Sandbox;
+    use serde_json::{json, Value};
+
+    use super::{NAD_PATH, POD_PATH, STATUS_PATH};
+
+    fn sandbox(server: &ApiServer) -> (Sandbox, Value) {
+        let sb = Sandbox::new();
+        sb.cluster_net("1.0.0");
+        sb.fakes(&["secondary-plugin"]);
+        let kubeconfig = sb.path("kubeconfig");
+        server.write_kubeconfig(&kubeconfig);
+        server.add_pod(json!({"metadata": {
+            "name": "web", "namespace": "team-a", "uid": "uid-web",
+            "annotations": {"k8s.v1.cni.cncf.io/networks": "net-a"}
+        }}));
+        server.add_nad(json!({
+            "metadata": {"name": "net-a", "namespace": "team-a"},
+            "spec": {"config": "{\"cniVersion\":\"1.0.0\",\"type\":\"secondary-plugin\"}"}
+        }));
+        let conf = sb.conf(json!({"cluster": {
+            "source": "kube", "kubeconfig": kubeconfig,
+            "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
+            "initialBackoffMs": 10, "maxBackoffMs": 20
+        }}));
+        (sb, conf)
+    }
+
+    #[test]
+    fn add_reads_pod_and_nad_then_patches_status_and_posts_an_event() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        sb.run("ADD", "c1", &Sandbox::pod_args("team-a", "web"), &conf)
+            .ok();
+
+        let sent: Vec<(String, String)> = server
+            .requests()
+            .iter()
+            .map(|r| (r.method.clone(), r.path.clone()))
+            .collect();
+        let expected = [
+            ("GET", POD_PATH),
+            ("GET", NAD_PATH),
+            ("PATCH", STATUS_PATH),
+            ("POST", "/api/v1/namespaces/team-a/events"),
+        ];
+        assert_eq!(
+            sent,
+            expected.map(|(m, p)| (m.to_string(), p.to_string())),
+            "{sent:?}"
+        );
+
+        let pod = server.pod("team-a", "web").unwrap();
+        let status: Value = serde_json::from_str(
+            pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+                .as_str()
+                .unwrap(),
+        )
+        .unwrap();
+        let names: Vec<_> = status
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| (e["name"].clone(), e["interface"].clone()))
+            .collect();
+        assert_eq!(
+            names,
+            vec![
+                (json!("cluster-net"), json!("eth0")),
+                (json!("team-a/net-a"), json!("net1"))
+            ]
+        );
+        let events = server.events();
+        assert_eq!(events.len(), 1, "one event per secondary attachment");
+        assert_eq!(events[0]["reason"], "AddedInterface");
+        assert!(
+            events[0]["message"]
+                .as_str()
+                .unwrap()
+                .starts_with("Add net1 ["),
+            "{}",
+            events[0]["message"]
+        );
+    }
+
+    #[test]
+    fn add_fails_naming_the_missing_permission() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        server.inject("GET", NAD_PATH, Fault::Status(403), usize::MAX);
+        let run = sb.run("ADD", "c1", &Sandbox::pod_args("team-a", "web"), &conf);
+        assert!(
+            run.msg().contains(
+                r#"missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a""#
+            ),
+            "{}",
+            run.stdout
+        );
+        assert!(!server.requests().iter().any(|r| r.method == "PATCH"));
+    }
+
+    #[test]
+    fn add_with_the_api_server_down_asks_to_try_again_later() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        drop(server);
+        let run = sb.run("ADD", "c1", &Sandbox::pod_args("team-a", "web"), &conf);
+        assert_eq!(run.code(), 11, "{}", run.stdout);
+    }
+}
