@@ -581,7 +581,8 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
         match outcome {
             Ok(result) => {
                 plan.attachments[i].result = Some(result);
-                if let Err(e) = cache.store(&plan) {
+                // Not synced: the store after finish_add makes the results durable.
+                if let Err(e) = cache.update(&plan) {
                     return Err(rollback(&plan, i + 1, e));
                 }
             }
@@ -590,8 +591,13 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     }
 
     let n = plan.attachments.len();
-    if let Err(e) = finish_add(&ctx, &plan, pod.as_ref()) {
+    if let Err(e) = finish_add(&ctx, &mut plan, pod.as_ref()) {
         return Err(rollback(&plan, n, e.context(ctx.pod_label())));
+    }
+    // Durable with every result; finish_add may also have moved default routes between the results, and DEL
+    // and CHECK work from the cache.
+    if let Err(e) = cache.store(&plan) {
+        return Err(rollback(&plan, n, e));
     }
     let cluster_result = plan.attachments[0].result.as_ref().expect("set above");
     let out = CniResult::parse(cluster_result)
@@ -609,25 +615,32 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
 }
 
 /// After every delegate succeeded: default route, status entries, status hooks, publish.
-fn finish_add(ctx: &Ctx<'_>, plan: &AttachmentPlan, pod: Option<&Pod>) -> Result<(), PlexusError> {
-    let routed: Vec<(&Attachment, Vec<IpAddr>)> = plan
+fn finish_add(
+    ctx: &Ctx<'_>,
+    plan: &mut AttachmentPlan,
+    pod: Option<&Pod>,
+) -> Result<(), PlexusError> {
+    let routed = plan
         .attachments
         .iter()
-        .filter_map(|a| default_route_of(a).map(|g| (a, g)))
-        .collect();
-    if let Some((target, gateways)) = routed.first() {
+        .find_map(|a| default_route_of(a).map(|g| (a.network.clone(), a.ifname.clone(), g)));
+    if let Some((network, target, gateways)) = routed {
         let netns = ctx.inv.netns.as_deref().unwrap_or_default();
         let clear: Vec<String> = plan.attachments.iter().map(|a| a.ifname.clone()).collect();
         ctx.fx
             .podnet
-            .set_default_route(netns, &target.ifname, gateways, &clear)
-            .map_err(|e| {
-                e.context(format!(
-                    "default-route of network {} ({})",
-                    target.network, target.ifname
-                ))
-            })?;
+            .set_default_route(netns, &target, &gateways, &clear)
+            .map_err(|e| e.context(format!("default-route of network {network} ({target})")))?;
+        crate::podnet::reroute_results(
+            plan.attachments
+                .iter_mut()
+                .filter_map(|a| Some((a.ifname.as_str(), a.result.as_mut()?))),
+            &target,
+            &gateways,
+            &clear,
+        );
     }
+    let plan = &*plan;
     let (Some(pod), Some(pod_ref)) = (pod, ctx.inv.pod.as_ref()) else {
         return Ok(());
     };

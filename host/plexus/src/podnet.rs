@@ -3,7 +3,7 @@
 use std::net::IpAddr;
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
 use crate::error::PlexusError;
 
@@ -95,5 +95,116 @@ impl PodNetwork for IpRoute {
             })?;
         }
         Ok(())
+    }
+}
+
+/// Makes cached ADD results say what [`PodNetwork::set_default_route`] did: the default routes leave the results
+/// of the attachments on the cleared interfaces, and the target's result gains one per gateway. CHECK holds the
+/// namespace against these results (bridge verifies every route a result lists), and the runtime receives the
+/// cluster network's result, which must not claim a default route the pod no longer has.
+pub fn reroute_results<'a>(
+    results: impl IntoIterator<Item = (&'a str, &'a mut Value)>,
+    target: &str,
+    gateways: &[IpAddr],
+    clear: &[String],
+) {
+    for (ifname, result) in results {
+        if clear.iter().any(|c| c == ifname) {
+            for routes in route_lists(result) {
+                routes.retain(|r| {
+                    !r.get("dst")
+                        .and_then(Value::as_str)
+                        .is_some_and(is_default_dst)
+                });
+            }
+        }
+        if ifname != target {
+            continue;
+        }
+        for gw in gateways {
+            let dst = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
+            let route = json!({"dst": dst, "gw": gw.to_string()});
+            // Results before 0.3.0 keep routes per family; later ones in one top-level list.
+            let family = if gw.is_ipv4() { "ip4" } else { "ip6" };
+            let list = match result.get_mut(family).filter(|v| v.is_object()) {
+                Some(per_family) => per_family,
+                None => &mut *result,
+            };
+            if let Some(obj) = list.as_object_mut() {
+                let routes = obj.entry("routes").or_insert_with(|| json!([]));
+                if let Some(routes) = routes.as_array_mut() {
+                    routes.push(route);
+                }
+            }
+        }
+    }
+}
+
+/// The route lists of a result of any version: `routes`, and `ip4.routes`/`ip6.routes` before 0.3.0.
+fn route_lists(result: &mut Value) -> Vec<&mut Vec<Value>> {
+    let Some(obj) = result.as_object_mut() else {
+        return Vec::new();
+    };
+    obj.iter_mut()
+        .filter_map(|(k, v)| match k.as_str() {
+            "routes" => v.as_array_mut(),
+            "ip4" | "ip6" => v.get_mut("routes")?.as_array_mut(),
+            _ => None,
+        })
+        .collect()
+}
+
+fn is_default_dst(dst: &str) -> bool {
+    dst.split_once('/')
+        .is_some_and(|(addr, len)| len == "0" && addr.parse::<IpAddr>().is_ok())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_routes_move_to_the_target_result() {
+        let mut cluster = json!({"cniVersion": "1.0.0", "routes": [
+            {"dst": "0.0.0.0/0", "gw": "10.0.0.1"}, {"dst": "::/0", "gw": "fd00::1"}, {"dst": "10.96.0.0/12", "gw": "10.0.0.1"}]});
+        let mut side = json!({"cniVersion": "1.0.0", "ips": []});
+        let mut untouched =
+            json!({"cniVersion": "1.0.0", "routes": [{"dst": "0.0.0.0/0", "gw": "10.2.0.1"}]});
+        let gws: Vec<IpAddr> = vec!["10.1.0.1".parse().unwrap(), "fd01::1".parse().unwrap()];
+        let clear = vec!["eth0".to_string(), "net1".to_string()];
+        reroute_results(
+            [
+                ("eth0", &mut cluster),
+                ("net1", &mut side),
+                ("net9", &mut untouched),
+            ],
+            "net1",
+            &gws,
+            &clear,
+        );
+        assert_eq!(
+            cluster["routes"],
+            json!([{"dst": "10.96.0.0/12", "gw": "10.0.0.1"}])
+        );
+        assert_eq!(
+            side["routes"],
+            json!([{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}, {"dst": "::/0", "gw": "fd01::1"}])
+        );
+        assert_eq!(
+            untouched["routes"],
+            json!([{"dst": "0.0.0.0/0", "gw": "10.2.0.1"}])
+        );
+    }
+
+    #[test]
+    fn pre_0_3_results_keep_routes_per_family() {
+        let mut old = json!({"cniVersion": "0.2.0", "ip4": {"ip": "10.1.0.5/24", "routes": [{"dst": "0.0.0.0/0"}]}});
+        let gws: Vec<IpAddr> = vec!["10.1.0.1".parse().unwrap()];
+        reroute_results([("net1", &mut old)], "net1", &gws, &["net1".to_string()]);
+        assert_eq!(
+            old["ip4"]["routes"],
+            json!([{"dst": "0.0.0.0/0", "gw": "10.1.0.1"}])
+        );
+        assert!(old.get("routes").is_none());
     }
 }
