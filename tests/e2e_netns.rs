@@ -350,6 +350,47 @@ fn foundation_bridge_host_local_add_check_del() {
 }
 
 #[test]
+fn check_fails_naming_the_attachment_whose_interface_is_gone_and_del_still_cleans_up() {
+    let pod = Pod::new("chk");
+    let br = HostBridge::reserve("kbr");
+    let br2 = HostBridge::reserve("kb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    pod.nad(
+        "side",
+        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
+    );
+    pod.manifest(Some("side"));
+    pod.add();
+    pod.cni("CHECK", &pod.conf()).ok();
+    let veths = pod.host_veths(&[br.name(), br2.name()]);
+
+    pod.ns.ip(&["link", "del", "net1"]);
+
+    let run = pod.cni("CHECK", &pod.conf());
+    assert!(run.code() != 0, "{}", run.stdout);
+    assert!(
+        run.msg().contains("default/side (net1)"),
+        "CHECK names the broken attachment: {}",
+        run.msg()
+    );
+    pod.cni("DEL", &pod.conf()).ok();
+    assert_eq!(names(&pod.ns.links()), vec!["lo"]);
+    for v in &veths {
+        assert!(host_link(v).is_none(), "host veth {v} survived DEL");
+    }
+    for n in ["cluster-net", "side"] {
+        assert_eq!(
+            pod.ipam.reservations(n),
+            vec![],
+            "host-local still holds addresses in {n}"
+        );
+    }
+    assert_eq!(pod.sb.cached(), Vec::<String>::new());
+}
+
+#[test]
 fn s4_2_1_secondary_networks_get_net1_net2_and_status_matches_the_kernel() {
     let pod = Pod::new("multi");
     let br = HostBridge::reserve("mbr");
@@ -661,6 +702,110 @@ fn s4_1_2_1_9_default_route_moves_to_the_requested_gateway() {
     assert!(
         !claims_default,
         "the cluster network's result still claims the default route: {result}"
+    );
+
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "exit"], &[br.name(), br2.name()]);
+}
+
+/// A dual-stack bridge + host-local list: `subnet` and `fd00:199:<n>::/64`, default routes with explicit gateways.
+fn dual_stack_net(
+    name: &str,
+    bridge: &HostBridge,
+    subnet: Subnet24,
+    ipam: &IpamDir,
+    default_routes: bool,
+) -> Value {
+    let v6 = v6_subnet(subnet);
+    let routes = if default_routes {
+        json!([{"dst": "0.0.0.0/0", "gw": subnet.host(1)}, {"dst": "::/0", "gw": format!("{v6}1")}])
+    } else {
+        json!([])
+    };
+    json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
+        "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
+        "ipam": {
+            "type": "host-local", "dataDir": ipam.path(),
+            "ranges": [
+                [{"subnet": subnet.cidr(), "gateway": subnet.host(1)}],
+                [{"subnet": format!("{v6}/64"), "gateway": format!("{v6}1")}],
+            ],
+            "routes": routes,
+        },
+    }]})
+}
+
+/// `fd00:199:<n>::` for a test subnet `10.199.<n>.0/24`.
+fn v6_subnet(subnet: Subnet24) -> String {
+    format!("fd00:199:{:x}::", subnet.third_octet)
+}
+
+#[test]
+fn s4_1_2_1_9_default_route_moves_for_ipv4_and_ipv6() {
+    let pod = Pod::new("dr6");
+    let br = HostBridge::reserve("ebr");
+    let br2 = HostBridge::reserve("eb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.ns.cleanup_host_link(br.name());
+    pod.ns.cleanup_host_link(br2.name());
+    pod.sb.conf_file(
+        "00-cluster.conflist",
+        &dual_stack_net("cluster-net", &br, s0, &pod.ipam, true),
+    );
+    pod.nad("exit", dual_stack_net("exit", &br2, s1, &pod.ipam, false));
+    let (gw4, gw6) = (s1.host(1), format!("{}1", v6_subnet(s1)));
+    pod.manifest(Some(
+        &json!([{"name": "exit", "default-route": [gw4, gw6]}]).to_string(),
+    ));
+
+    let result = pod.add();
+
+    let (eth0, net1) = (pod.link("eth0"), pod.link("net1"));
+    for (link, subnet) in [(&eth0, s0), (&net1, s1)] {
+        let v6 = v6_subnet(subnet);
+        assert!(
+            link.addr_info
+                .iter()
+                .any(|a| a.family == "inet6" && a.local.starts_with(&v6)),
+            "{} has no address in {v6}/64: {:?}",
+            link.ifname,
+            link.cidrs()
+        );
+    }
+    let d4: Vec<_> = pod
+        .ns
+        .routes()
+        .into_iter()
+        .filter(|r| r.is_default())
+        .collect();
+    let d6: Vec<_> = pod
+        .ns
+        .routes6()
+        .into_iter()
+        .filter(|r| r.is_default())
+        .collect();
+    assert_eq!(d4.len(), 1, "{d4:?}");
+    assert_eq!(
+        (d4[0].gateway.as_deref(), d4[0].dev.as_deref()),
+        (Some(gw4.as_str()), Some("net1"))
+    );
+    assert_eq!(d6.len(), 1, "{d6:?}");
+    let got6: Option<IpAddr> = d6[0].gateway.as_deref().and_then(|g| g.parse().ok());
+    assert_eq!(
+        (got6, d6[0].dev.as_deref()),
+        (gw6.parse().ok(), Some("net1")),
+        "{d6:?}"
+    );
+    assert_eq!(
+        entry(&pod.status(), "default/exit", "net1")["default-route"],
+        json!([gw4, gw6])
+    );
+    let routes = result["routes"].as_array().cloned().unwrap_or_default();
+    assert!(
+        !routes
+            .iter()
+            .any(|r| r["dst"] == "0.0.0.0/0" || r["dst"] == "::/0"),
+        "the cluster network's result still claims a default route: {result}"
     );
 
     pod.cni("CHECK", &pod.conf()).ok();
