@@ -1,0 +1,708 @@
+//! plexus-bench: what Plexus costs a pod, measured against a floor that execs the same delegates directly.
+//!
+//! Not a test. Run by `tests/bench.sh` (as root: the real-plugin cases create namespaces and bridges), which
+//! renders `docs/benchmarks.md` from the JSON this writes (`target/bench/results.json`). Under the name
+//! `bench-noop` the binary is the no-op delegate (see noop.rs).
+//!
+//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...` (defaults: 30 runs,
+//! the plexus beside this binary, the target dir above it).
+
+mod floor;
+mod noop;
+mod proc;
+mod stats;
+mod world;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use plexus_tests::netns::{require_root_and_plugins, NetNs};
+use serde_json::{json, Value};
+
+use crate::world::{Delegates, World};
+
+fn main() -> ExitCode {
+    let argv0 = std::env::args().next().unwrap_or_default();
+    if Path::new(&argv0)
+        .file_name()
+        .is_some_and(|n| n == noop::NAME)
+    {
+        return noop::main();
+    }
+    match run() {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("plexus-bench: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+struct Opts {
+    runs: usize,
+    out: PathBuf,
+    target: PathBuf,
+    plexus: PathBuf,
+    work: PathBuf,
+    quick: bool,
+    /// Sections to run (all when empty): matrix-noop, matrix-real, scaling, concurrency, hammer, profile.
+    only: Vec<String>,
+}
+
+fn opts() -> Result<Opts, String> {
+    let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
+    let release = exe
+        .parent()
+        .ok_or("the bench binary has no directory")?
+        .to_path_buf();
+    let target = release
+        .parent()
+        .ok_or("the bench binary is not under target/")?
+        .to_path_buf();
+    let mut o = Opts {
+        runs: 30,
+        out: target.join("bench/results.json"),
+        plexus: release.join("plexus"),
+        work: target.join("bench/work"),
+        target,
+        quick: false,
+        only: Vec::new(),
+    };
+    let mut out: Option<PathBuf> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        match a.as_str() {
+            "--runs" => {
+                let v = args.next().ok_or("--runs needs a number")?;
+                o.runs = v
+                    .parse()
+                    .map_err(|_| format!("--runs {v:?} is not a number"))?;
+            }
+            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
+            "--plexus" => o.plexus = args.next().ok_or("--plexus needs a file")?.into(),
+            "--target" => {
+                let dir = args.next().ok_or("--target needs a directory")?;
+                // Confs need absolute paths.
+                o.target =
+                    std::fs::canonicalize(&dir).map_err(|e| format!("--target {dir}: {e}"))?;
+                o.work = o.target.join("bench/work");
+            }
+            "--quick" => o.quick = true,
+            "--only" => o.only.push(args.next().ok_or("--only needs a section")?),
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    o.out = out.unwrap_or_else(|| o.target.join("bench/results.json"));
+    if !o.plexus.is_file() {
+        return Err(format!(
+            "{} is missing: build with `cargo build --release --workspace --bins`",
+            o.plexus.display()
+        ));
+    }
+    for g in ["namespace-isolation", "network-templates", "status-labels"] {
+        let p = world::guest(&o.target, g);
+        if !p.is_file() {
+            return Err(format!("{} is missing: run guests/build.sh", p.display()));
+        }
+    }
+    Ok(o)
+}
+
+fn ms(d: Duration) -> f64 {
+    d.as_secs_f64() * 1e3
+}
+
+fn log(msg: &str) {
+    eprintln!("plexus-bench: {msg}");
+}
+
+/// Latency samples of one case, plus the peak RSS of every plexus ADD.
+#[derive(Default)]
+struct Case {
+    add: Vec<f64>,
+    del: Vec<f64>,
+    rss_kib: Vec<u64>,
+}
+
+impl Case {
+    fn to_json(&self, id: &str, meta: Value) -> Value {
+        let mut v =
+            json!({"id": id, "add": stats::summary(&self.add), "del": stats::summary(&self.del)});
+        if !self.rss_kib.is_empty() {
+            let mut r = self.rss_kib.clone();
+            r.sort_unstable();
+            v["maxRssKiB"] =
+                json!({"median": r[r.len() / 2], "max": r[r.len() - 1], "samples": self.rss_kib});
+        }
+        if let (Value::Object(v), Value::Object(m)) = (&mut v, meta) {
+            v.extend(m);
+        }
+        v
+    }
+}
+
+/// A pod namespace for one ADD/DEL: real for the reference plugins (made and removed outside the timed region),
+/// a path nobody opens for the no-op delegate.
+fn pod_netns(d: Delegates) -> (Option<NetNs>, String) {
+    match d {
+        Delegates::Real => {
+            let ns = NetNs::new("bench");
+            let p = ns.path().display().to_string();
+            (Some(ns), p)
+        }
+        Delegates::Noop => (None, "/var/run/netns/bench-noop".into()),
+    }
+}
+
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Variant {
+    Floor,
+    Plexus,
+    HooksWarm,
+    HooksCold,
+}
+
+impl Variant {
+    fn id(self) -> &'static str {
+        match self {
+            Variant::Floor => "floor",
+            Variant::Plexus => "plexus",
+            Variant::HooksWarm => "plexus+3 hooks warm",
+            Variant::HooksCold => "plexus+3 hooks cold",
+        }
+    }
+}
+
+/// One ADD then DEL of pod 0 in `w` through `v`.
+fn add_del(
+    o: &Opts,
+    w: &World,
+    v: Variant,
+    container: &str,
+    case: &mut Case,
+) -> Result<(), String> {
+    let (_ns, netns) = pod_netns(w.delegates);
+    match v {
+        Variant::Floor => {
+            let (t, results) = w.floor_add(container, &netns, 0)?;
+            case.add.push(ms(t));
+            case.del
+                .push(ms(w.floor_del(container, &netns, 0, &results)?));
+        }
+        _ => {
+            let conf = w.conf(&o.target, v != Variant::Plexus);
+            if v == Variant::HooksCold {
+                w.empty_hook_cache();
+            }
+            let add = w.plexus(&o.plexus, &conf, "ADD", container, &netns, 0)?;
+            case.add.push(ms(add.elapsed));
+            case.rss_kib.push(add.max_rss_kib);
+            let del = w.plexus(&o.plexus, &conf, "DEL", container, &netns, 0)?;
+            case.del.push(ms(del.elapsed));
+        }
+    }
+    Ok(())
+}
+
+/// ADD and DEL of a pod with the cluster network and 3 NADs, every variant interleaved run by run.
+fn matrix(o: &Opts, d: Delegates) -> Result<Vec<Value>, String> {
+    let w = World::new(
+        &o.work,
+        &format!("matrix-{}", d.as_str()),
+        d,
+        4,
+        1,
+        &json!({}),
+    );
+    let variants = [
+        Variant::Floor,
+        Variant::Plexus,
+        Variant::HooksWarm,
+        Variant::HooksCold,
+    ];
+    let mut cases: Vec<Case> = variants.iter().map(|_| Case::default()).collect();
+    // One untimed round: page cache, the compiled hooks for the warm variant.
+    for v in variants {
+        add_del(
+            o,
+            &w,
+            v,
+            &format!("warmup-{}", v.id().replace([' ', '+'], "-")),
+            &mut Case::default(),
+        )?;
+    }
+    let t0 = Instant::now();
+    for i in 0..o.runs {
+        for (v, case) in variants.iter().zip(cases.iter_mut()) {
+            add_del(
+                o,
+                &w,
+                *v,
+                &format!("{}-{i}", v.id().replace([' ', '+'], "-")),
+                case,
+            )?;
+        }
+    }
+    log(&format!(
+        "matrix with {} delegates: {} runs in {:.1}s",
+        d.as_str(),
+        o.runs,
+        t0.elapsed().as_secs_f64()
+    ));
+    let left = w.cached();
+    if !left.is_empty() {
+        return Err(format!(
+            "matrix {}: the attachment cache kept {left:?} after DEL",
+            d.as_str()
+        ));
+    }
+    Ok(variants
+        .iter()
+        .zip(&cases)
+        .map(|(v, c)| {
+            c.to_json(
+                &format!("{}/{}", d.as_str(), v.id()),
+                json!({"delegates": d.as_str(), "variant": v.id(), "attachments": 4}),
+            )
+        })
+        .collect())
+}
+
+/// Latency against the number of attachments (no-op delegates).
+fn scaling(o: &Opts) -> Result<Vec<Value>, String> {
+    let mut out = Vec::new();
+    for k in [1usize, 2, 4, 8, 16] {
+        let w = World::new(
+            &o.work,
+            &format!("scale-{k}"),
+            Delegates::Noop,
+            k,
+            1,
+            &json!({}),
+        );
+        let variants = [Variant::Floor, Variant::Plexus, Variant::HooksWarm];
+        let mut cases: Vec<Case> = variants.iter().map(|_| Case::default()).collect();
+        for v in variants {
+            add_del(o, &w, v, "warmup", &mut Case::default())?;
+        }
+        for i in 0..o.runs {
+            for (v, case) in variants.iter().zip(cases.iter_mut()) {
+                add_del(o, &w, *v, &format!("s{k}-{i}"), case)?;
+            }
+        }
+        let mut entry = json!({"attachments": k});
+        for (v, c) in variants.iter().zip(&cases) {
+            entry[v.id()] = c.to_json(v.id(), json!({}));
+        }
+        out.push(entry);
+    }
+    log("scaling done");
+    Ok(out)
+}
+
+/// N pods added, then deleted, in parallel: distinct containers, one shared cache and run dir.
+fn concurrency(o: &Opts) -> Result<Vec<Value>, String> {
+    const PODS: usize = 64;
+    let w = World::new(&o.work, "concurrency", Delegates::Noop, 4, PODS, &json!({}));
+    let conf = w.conf(&o.target, false);
+    let mut out = Vec::new();
+    for n in [1usize, 8, 64] {
+        let rounds = (o.runs.max(PODS)).div_ceil(n).max(2);
+        let rounds = if o.quick { rounds.min(3) } else { rounds };
+        let (mut add_lat, mut del_lat, mut add_tp, mut del_tp) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let mut errors = Vec::new();
+        let mut rss = Vec::new();
+        for r in 0..rounds {
+            for command in ["ADD", "DEL"] {
+                let barrier = Barrier::new(n);
+                let results = Mutex::new(Vec::new());
+                let start = Instant::now();
+                std::thread::scope(|s| {
+                    for p in 0..n {
+                        let (w, conf, barrier, results) = (&w, &conf, &barrier, &results);
+                        s.spawn(move || {
+                            barrier.wait();
+                            let r = w.plexus(
+                                &o.plexus,
+                                conf,
+                                command,
+                                &format!("c{n}-{r}-{p}"),
+                                "/var/run/netns/bench-noop",
+                                p,
+                            );
+                            results.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                        });
+                    }
+                });
+                let wall = start.elapsed();
+                let (lat, tp) = if command == "ADD" {
+                    (&mut add_lat, &mut add_tp)
+                } else {
+                    (&mut del_lat, &mut del_tp)
+                };
+                tp.push(n as f64 / wall.as_secs_f64());
+                for r in results.into_inner().unwrap_or_else(|e| e.into_inner()) {
+                    match r {
+                        Ok(run) => {
+                            lat.push(ms(run.elapsed));
+                            if command == "ADD" {
+                                rss.push(run.max_rss_kib);
+                            }
+                        }
+                        Err(e) => errors.push(e),
+                    }
+                }
+            }
+        }
+        let statuses = (0..n).filter(|p| w.status_written(*p)).count();
+        let left = w.cached();
+        log(&format!(
+            "concurrency {n}: {rounds} rounds, {} errors",
+            errors.len()
+        ));
+        out.push(json!({
+            "pods": n,
+            "rounds": rounds,
+            "add": stats::summary(&add_lat),
+            "del": stats::summary(&del_lat),
+            "addPodsPerSec": stats::summary(&add_tp),
+            "delPodsPerSec": stats::summary(&del_tp),
+            "errors": errors,
+            "statusWritten": statuses,
+            "cacheLeftAfterDel": left,
+            "maxRssKiB": rss.iter().max(),
+        }));
+    }
+    Ok(out)
+}
+
+/// One container hammered by concurrent ADD and DEL: the per-container lock must serialize them.
+fn hammer(o: &Opts) -> Result<Value, String> {
+    const THREADS: usize = 8;
+    let ops_per_thread = if o.quick { 3 } else { 6 };
+    let log_path = o.work.join("hammer-delegates.log");
+    let _ = std::fs::remove_file(&log_path);
+    let w = World::new(
+        &o.work,
+        "hammer",
+        Delegates::Noop,
+        4,
+        1,
+        &json!({"benchLog": log_path, "benchSleepMs": 1}),
+    );
+    let conf = w.conf(&o.target, false);
+    let container = "hammered";
+    let ops = Mutex::new(Vec::new());
+    let barrier = Barrier::new(THREADS);
+    std::thread::scope(|s| {
+        for t in 0..THREADS {
+            let (w, conf, ops, barrier) = (&w, &conf, &ops, &barrier);
+            s.spawn(move || {
+                barrier.wait();
+                for i in 0..ops_per_thread {
+                    let command = if (t + i) % 2 == 0 { "ADD" } else { "DEL" };
+                    let r = w.plexus(
+                        &o.plexus,
+                        conf,
+                        command,
+                        container,
+                        "/var/run/netns/bench-noop",
+                        0,
+                    );
+                    ops.lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((command, r));
+                }
+            });
+        }
+    });
+    let ops = ops.into_inner().unwrap_or_else(|e| e.into_inner());
+    let by_pid: BTreeMap<u32, &str> = ops
+        .iter()
+        .filter_map(|(c, r)| r.as_ref().ok().map(|r| (r.pid, *c)))
+        .collect();
+    let errors: Vec<String> = ops
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err().cloned())
+        .collect();
+    // Every delegate interval, in start order: (parent plexus pid, command, ifname, start, end).
+    let text = std::fs::read_to_string(&log_path)
+        .map_err(|e| format!("read {}: {e}", log_path.display()))?;
+    let mut calls: Vec<(u32, String, String, u128, u128)> = text
+        .lines()
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            Some((
+                f[0].parse().ok()?,
+                f[1].to_string(),
+                f[2].to_string(),
+                f[3].parse().ok()?,
+                f[4].parse().ok()?,
+            ))
+        })
+        .collect();
+    calls.sort_by_key(|c| c.3);
+    let overlaps = calls.windows(2).filter(|p| p[1].3 < p[0].4).count();
+    // Serialized means each plexus process's delegate calls form one contiguous run.
+    let mut runs: Vec<u32> = Vec::new();
+    for c in &calls {
+        if runs.last() != Some(&c.0) {
+            runs.push(c.0);
+        }
+    }
+    let mut seen = std::collections::BTreeSet::new();
+    let interleaved = runs.iter().filter(|p| !seen.insert(**p)).count();
+    let last_op = runs.last().and_then(|p| by_pid.get(p)).copied();
+    let plan = w.plan(container);
+    let consistent = match last_op {
+        Some("ADD") => {
+            plan.as_ref().is_some_and(|p| {
+                p["attachments"]
+                    .as_array()
+                    .is_some_and(|a| a.len() == 4 && a.iter().all(|x| x.get("result").is_some()))
+            }) && w.status_written(0)
+        }
+        Some("DEL") => plan.is_none(),
+        _ => false,
+    };
+    // Leave nothing behind.
+    w.plexus(
+        &o.plexus,
+        &conf,
+        "DEL",
+        container,
+        "/var/run/netns/bench-noop",
+        0,
+    )?;
+    let unknown_parents = runs.iter().filter(|p| !by_pid.contains_key(p)).count();
+    log(&format!("hammer: {} ops, {} delegate calls, {overlaps} overlaps, {interleaved} interleavings, consistent {consistent}", ops.len(), calls.len()));
+    Ok(json!({
+        "threads": THREADS,
+        "ops": ops.len(),
+        "adds": ops.iter().filter(|(c, _)| *c == "ADD").count(),
+        "dels": ops.iter().filter(|(c, _)| *c == "DEL").count(),
+        "errors": errors,
+        "delegateCalls": calls.len(),
+        "plexusProcessesSeen": runs.len(),
+        "overlappingDelegateCalls": overlaps,
+        "interleavedProcesses": interleaved,
+        "callsFromUnknownParents": unknown_parents,
+        "lastOperation": last_op,
+        "finalStateConsistent": consistent,
+        "cacheLeftAfterFinalDel": w.cached(),
+    }))
+}
+
+/// Where the time of one no-op ADD goes: strace's syscall summary, perf stat, callgrind's top functions.
+fn profile(o: &Opts) -> Value {
+    let dir = o.target.join("bench/profile");
+    let _ = std::fs::remove_dir_all(&dir);
+    let _ = std::fs::create_dir_all(&dir);
+    let w = World::new(&o.work, "profile", Delegates::Noop, 4, 1, &json!({}));
+    let mut out = json!({});
+    for (name, hooks) in [("nohooks", false), ("hooks", true)] {
+        let conf = w.conf(&o.target, hooks);
+        // Fill the hook cache: the profile is of the warm path.
+        let _ = w.plexus(
+            &o.plexus,
+            &conf,
+            "ADD",
+            "prof",
+            "/var/run/netns/bench-noop",
+            0,
+        );
+        let _ = w.plexus(
+            &o.plexus,
+            &conf,
+            "DEL",
+            "prof",
+            "/var/run/netns/bench-noop",
+            0,
+        );
+        let tools: [(&str, Vec<String>); 3] = [
+            (
+                "strace",
+                vec![
+                    "strace".into(),
+                    "-c".into(),
+                    "-w".into(),
+                    "-o".into(),
+                    dir.join(format!("strace-{name}.txt")).display().to_string(),
+                ],
+            ),
+            (
+                "perf",
+                vec![
+                    "perf".into(),
+                    "stat".into(),
+                    "-o".into(),
+                    dir.join(format!("perf-{name}.txt")).display().to_string(),
+                ],
+            ),
+            (
+                "callgrind",
+                vec![
+                    "valgrind".into(),
+                    "--tool=callgrind".into(),
+                    "--quiet".into(),
+                    format!(
+                        "--callgrind-out-file={}",
+                        dir.join(format!("callgrind-{name}.out")).display()
+                    ),
+                ],
+            ),
+        ];
+        for (tool, wrapper) in tools {
+            let which = Command::new("sh")
+                .args(["-c", &format!("command -v {}", wrapper[0])])
+                .stdout(Stdio::null())
+                .status();
+            if !matches!(which, Ok(s) if s.success()) {
+                out[format!("{tool}-{name}")] =
+                    json!({"error": format!("{} is not installed", wrapper[0])});
+                continue;
+            }
+            let r = w.plexus_wrapped(
+                &wrapper,
+                &o.plexus,
+                &conf,
+                "ADD",
+                "prof",
+                "/var/run/netns/bench-noop",
+                0,
+            );
+            let _ = w.plexus(
+                &o.plexus,
+                &conf,
+                "DEL",
+                "prof",
+                "/var/run/netns/bench-noop",
+                0,
+            );
+            out[format!("{tool}-{name}")] = match r {
+                Ok(_) => {
+                    let text = match tool {
+                        "callgrind" => Command::new("callgrind_annotate")
+                            .args(["--inclusive=no", "--threshold=90"])
+                            .arg(dir.join(format!("callgrind-{name}.out")))
+                            .output()
+                            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+                            .unwrap_or_default(),
+                        _ => std::fs::read_to_string(dir.join(format!("{tool}-{name}.txt")))
+                            .unwrap_or_default(),
+                    };
+                    json!({"text": text})
+                }
+                Err(e) => json!({"error": e}),
+            };
+        }
+    }
+    log("profiles done");
+    out
+}
+
+fn machine() -> Value {
+    let cpu = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("model name")
+                    .map(|r| r.trim_start_matches([' ', '\t', ':']).to_string())
+            })
+        })
+        .unwrap_or_default();
+    let mem_kib: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("MemTotal:")
+                    .and_then(|r| r.trim().trim_end_matches(" kB").parse().ok())
+            })
+        })
+        .unwrap_or(0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
+        .unwrap_or_default()
+        .trim()
+        .to_string();
+    let fs = Command::new("stat")
+        .args(["-f", "-c", "%T"])
+        .arg("/")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    json!({
+        "nproc": std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0),
+        "cpu": cpu,
+        "memMiB": mem_kib / 1024,
+        "kernel": kernel,
+        "loadavg": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
+        "rootFs": fs,
+    })
+}
+
+fn run() -> Result<(), String> {
+    let o = opts()?;
+    require_root_and_plugins();
+    let plexus_size = std::fs::metadata(&o.plexus).map(|m| m.len()).unwrap_or(0);
+    let started = Instant::now();
+    let on = |s: &str| o.only.is_empty() || o.only.iter().any(|x| x == s);
+    let mut cases = Vec::new();
+    if on("matrix-noop") {
+        cases.extend(matrix(&o, Delegates::Noop)?);
+    }
+    if on("matrix-real") {
+        cases.extend(matrix(&o, Delegates::Real)?);
+    }
+    let scaling = if on("scaling") {
+        json!(scaling(&o)?)
+    } else {
+        Value::Null
+    };
+    let concurrency = if on("concurrency") {
+        json!(concurrency(&o)?)
+    } else {
+        Value::Null
+    };
+    let hammer = if on("hammer") {
+        hammer(&o)?
+    } else {
+        Value::Null
+    };
+    let profile = if on("profile") {
+        profile(&o)
+    } else {
+        Value::Null
+    };
+    let results = json!({
+        "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        "runs": o.runs,
+        "machine": machine(),
+        "plexusBinaryBytes": plexus_size,
+        "workDir": o.work,
+        "cases": cases,
+        "scaling": scaling,
+        "concurrency": concurrency,
+        "hammer": hammer,
+        "profile": profile,
+        "benchSeconds": started.elapsed().as_secs_f64(),
+    });
+    if let Some(dir) = o.out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(
+        &o.out,
+        serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("write {}: {e}", o.out.display()))?;
+    let _ = std::fs::remove_dir_all(&o.work);
+    log(&format!(
+        "wrote {} in {:.0}s",
+        o.out.display(),
+        started.elapsed().as_secs_f64()
+    ));
+    Ok(())
+}

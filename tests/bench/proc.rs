@@ -1,0 +1,68 @@
+//! Running one child process the way a container runtime does, timed, with its peak RSS from wait4.
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// What one child did.
+#[derive(Debug)]
+pub struct ChildRun {
+    pub pid: u32,
+    pub success: bool,
+    pub stdout: Vec<u8>,
+    /// From just before fork to just after the child was reaped: what the caller waited.
+    pub elapsed: Duration,
+    /// `ru_maxrss` of the child alone, in KiB.
+    pub max_rss_kib: u64,
+}
+
+/// Spawns `cmd` with `stdin`, reads its stdout to the end and reaps it with wait4 (which, unlike
+/// `Child::wait`, also returns the child's own resource usage). stderr is whatever the caller configured.
+pub fn run(cmd: &mut Command, stdin: &[u8]) -> std::io::Result<ChildRun> {
+    cmd.stdin(Stdio::piped()).stdout(Stdio::piped());
+    let start = Instant::now();
+    let mut child = cmd.spawn()?;
+    {
+        // Confs are far below the pipe buffer size, so writing before reading cannot deadlock.
+        let mut input = child.stdin.take().expect("stdin is piped");
+        let _ = input.write_all(stdin);
+    }
+    let mut stdout = Vec::new();
+    child
+        .stdout
+        .take()
+        .expect("stdout is piped")
+        .read_to_end(&mut stdout)?;
+    let pid = child.id();
+    let (code, max_rss_kib) = wait4(pid as i32)?;
+    let elapsed = start.elapsed();
+    Ok(ChildRun {
+        pid,
+        success: code == Some(0),
+        stdout,
+        elapsed,
+        max_rss_kib,
+    })
+}
+
+/// Reaps `pid`; returns its exit code (None when killed by a signal) and ru_maxrss.
+#[allow(unsafe_code)]
+fn wait4(pid: i32) -> std::io::Result<(Option<i32>, u64)> {
+    let mut status: libc::c_int = 0;
+    // SAFETY: rusage is plain old data, all-zero is a valid value.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    loop {
+        // SAFETY: `pid` is an unreaped child of this process (std never reaps without being asked), and
+        // both out-pointers point to live, properly aligned locals.
+        let r = unsafe { libc::wait4(pid, &mut status, 0, &mut usage) };
+        if r == pid {
+            break;
+        }
+        let err = std::io::Error::last_os_error();
+        if err.kind() != std::io::ErrorKind::Interrupted {
+            return Err(err);
+        }
+    }
+    let code = libc::WIFEXITED(status).then(|| libc::WEXITSTATUS(status));
+    Ok((code, usage.ru_maxrss.max(0) as u64))
+}

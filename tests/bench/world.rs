@@ -1,0 +1,326 @@
+//! One benchmark world: plexus's directories (confDir, FileCluster manifests, cache, run), the network
+//! configurations of a pod's attachments, and how to run an ADD/DEL either through plexus or through the floor
+//! driver on exactly the same configurations.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use plexus_tests::netns::{unique_subnet24, HostBridge, IpamDir, CNI_BIN_DIR};
+use serde_json::{json, Value};
+
+use crate::floor;
+use crate::noop;
+use crate::proc::{self, ChildRun};
+
+pub const POD_NS: &str = "bench";
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Delegates {
+    /// The bench binary as `bench-noop`: prints a fixed result.
+    Noop,
+    /// Debian's bridge + host-local, in real namespaces.
+    Real,
+}
+
+impl Delegates {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Delegates::Noop => "noop",
+            Delegates::Real => "real",
+        }
+    }
+}
+
+/// One network of the pod: the list the delegates get, and the interface it is attached as.
+#[derive(Debug, Clone)]
+pub struct Net {
+    pub list: Value,
+    pub ifname: String,
+}
+
+pub struct World {
+    pub root: PathBuf,
+    pub delegates: Delegates,
+    pub nets: Vec<Net>,
+    pub cni_path: String,
+    stderr_log: PathBuf,
+    _bridges: Vec<HostBridge>,
+    _ipam: Option<IpamDir>,
+}
+
+/// Where the guests are (`guests/build.sh` output).
+pub fn guest(target: &Path, name: &str) -> PathBuf {
+    target.join("guests").join(format!("{name}.wasm"))
+}
+
+impl World {
+    /// A world under `base/<tag>` (wiped first) whose pods have `attachments` networks: the cluster network
+    /// plus `attachments - 1` NADs in the pod's namespace. `pods` pod manifests `pod-0..` select all of them.
+    /// `extra` is merged into every delegate plugin conf (the serialization check's log).
+    pub fn new(
+        base: &Path,
+        tag: &str,
+        delegates: Delegates,
+        attachments: usize,
+        pods: usize,
+        extra: &Value,
+    ) -> World {
+        let root = base.join(tag);
+        let _ = std::fs::remove_dir_all(&root);
+        for d in ["bin", "net.d", "cluster", "cache", "run"] {
+            std::fs::create_dir_all(root.join(d)).expect("create bench dirs");
+        }
+        let mut bridges = Vec::new();
+        let ipam = (delegates == Delegates::Real).then(IpamDir::new);
+        let cni_path = match delegates {
+            Delegates::Noop => {
+                let me = std::env::current_exe().expect("current exe");
+                std::os::unix::fs::symlink(me, root.join("bin").join(noop::NAME))
+                    .expect("symlink the no-op delegate");
+                root.join("bin").display().to_string()
+            }
+            Delegates::Real => CNI_BIN_DIR.to_string(),
+        };
+        let plugin = |bridges: &mut Vec<HostBridge>| -> Value {
+            let mut p = match delegates {
+                Delegates::Noop => json!({"type": noop::NAME}),
+                Delegates::Real => {
+                    let br = HostBridge::reserve("bb");
+                    let subnet = unique_subnet24();
+                    let p = json!({"type": "bridge", "bridge": br.name(), "isGateway": true, "ipMasq": false,
+                        "ipam": {"type": "host-local", "dataDir": ipam.as_ref().expect("ipam").path(),
+                                 "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]]}});
+                    bridges.push(br);
+                    p
+                }
+            };
+            if let (Value::Object(p), Value::Object(e)) = (&mut p, extra) {
+                p.extend(e.clone());
+            }
+            p
+        };
+        let mut nets = Vec::new();
+        let cluster = json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [plugin(&mut bridges)]});
+        write_json(&root.join("net.d/00-cluster.conflist"), &cluster);
+        nets.push(Net {
+            list: cluster,
+            ifname: "eth0".into(),
+        });
+        let mut selection = Vec::new();
+        for i in 1..attachments {
+            let name = format!("net{i}");
+            let list =
+                json!({"cniVersion": "1.0.0", "name": name, "plugins": [plugin(&mut bridges)]});
+            let nad = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": name, "namespace": POD_NS}, "spec": {"config": list.to_string()}});
+            write_json(&root.join(format!("cluster/nad-{name}.json")), &nad);
+            nets.push(Net {
+                list,
+                ifname: format!("net{i}"),
+            });
+            selection.push(name);
+        }
+        for p in 0..pods {
+            let mut meta = json!({"name": format!("pod-{p}"), "namespace": POD_NS, "uid": format!("uid-{p}"),
+                "labels": {"app": "bench", "tier": "front"}});
+            if !selection.is_empty() {
+                meta["annotations"] = json!({"k8s.v1.cni.cncf.io/networks": selection.join(",")});
+            }
+            write_json(
+                &root.join(format!("cluster/pod-{p}.json")),
+                &json!({"apiVersion": "v1", "kind": "Pod", "metadata": meta}),
+            );
+        }
+        World {
+            stderr_log: root.join("plexus-stderr.log"),
+            root,
+            delegates,
+            nets,
+            cni_path,
+            _bridges: bridges,
+            _ipam: ipam,
+        }
+    }
+
+    /// The plexus conf; `hooks` selects none or the three example hooks.
+    pub fn conf(&self, target: &Path, hooks: bool) -> Value {
+        let mut c = json!({
+            "cniVersion": "1.0.0",
+            "name": "plexus",
+            "type": "plexus",
+            "clusterNetwork": "cluster-net",
+            "confDir": self.root.join("net.d"),
+            "cacheDir": self.root.join("cache"),
+            "runDir": self.root.join("run"),
+            "cluster": {"source": "files", "dir": self.root.join("cluster")},
+        });
+        if hooks {
+            c["hooks"] = json!([
+                {"name": "isolation", "kind": "policy", "module": guest(target, "namespace-isolation"),
+                 "settings": {"globalNamespaces": ["default"]}},
+                {"name": "templates", "kind": "resolver", "module": guest(target, "network-templates"),
+                 "settings": {"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}},
+                {"name": "labels", "kind": "status", "module": guest(target, "status-labels"),
+                 "settings": {"labels": ["app", "tier"]}},
+            ]);
+        }
+        c
+    }
+
+    /// Removes the compiled hooks, so that the next ADD compiles them.
+    pub fn empty_hook_cache(&self) {
+        let _ = std::fs::remove_dir_all(self.root.join("cache/hooks"));
+    }
+
+    /// Files in the attachment cache.
+    pub fn cached(&self) -> Vec<String> {
+        let mut v: Vec<String> = std::fs::read_dir(self.root.join("cache/attachments"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    pub fn plan(&self, container: &str) -> Option<Value> {
+        let text = std::fs::read(
+            self.root
+                .join(format!("cache/attachments/{container}.json")),
+        )
+        .ok()?;
+        serde_json::from_slice(&text).ok()
+    }
+
+    pub fn status_written(&self, pod: usize) -> bool {
+        self.root
+            .join(format!("cluster/status/{POD_NS}/pod-{pod}.json"))
+            .exists()
+    }
+
+    fn cni_env(
+        &self,
+        command: &str,
+        container: &str,
+        netns: &str,
+        pod: usize,
+    ) -> Vec<(String, String)> {
+        vec![
+            ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
+            ("CNI_COMMAND".into(), command.into()),
+            ("CNI_CONTAINERID".into(), container.into()),
+            ("CNI_NETNS".into(), netns.into()),
+            ("CNI_IFNAME".into(), "eth0".into()),
+            ("CNI_PATH".into(), self.cni_path.clone()),
+            ("CNI_ARGS".into(), pod_args(pod)),
+        ]
+    }
+
+    /// One plexus invocation, as the runtime makes it.
+    pub fn plexus(
+        &self,
+        plexus: &Path,
+        conf: &Value,
+        command: &str,
+        container: &str,
+        netns: &str,
+        pod: usize,
+    ) -> Result<ChildRun, String> {
+        self.plexus_wrapped(&[], plexus, conf, command, container, netns, pod)
+    }
+
+    /// The same, run under `wrapper` (a profiler command line) when it is not empty.
+    #[allow(clippy::too_many_arguments)]
+    pub fn plexus_wrapped(
+        &self,
+        wrapper: &[String],
+        plexus: &Path,
+        conf: &Value,
+        command: &str,
+        container: &str,
+        netns: &str,
+        pod: usize,
+    ) -> Result<ChildRun, String> {
+        let mut cmd = match wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(plexus);
+                c
+            }
+            None => Command::new(plexus),
+        };
+        cmd.env_clear()
+            .envs(self.cni_env(command, container, netns, pod))
+            .stderr(self.stderr());
+        let run = proc::run(&mut cmd, conf.to_string().as_bytes())
+            .map_err(|e| format!("spawn {}: {e}", plexus.display()))?;
+        if !run.success {
+            return Err(format!(
+                "plexus {command} {container} failed: {}",
+                String::from_utf8_lossy(&run.stdout).trim()
+            ));
+        }
+        Ok(run)
+    }
+
+    /// The floor: the same lists exec'd directly, as a runtime would, one after the other.
+    pub fn floor_add(
+        &self,
+        container: &str,
+        netns: &str,
+        pod: usize,
+    ) -> Result<(Duration, Vec<Value>), String> {
+        let env = |ifname: &str| {
+            let mut e = self.cni_env("ADD", container, netns, pod);
+            e[4].1 = ifname.into();
+            e
+        };
+        let start = std::time::Instant::now();
+        let mut results = Vec::with_capacity(self.nets.len());
+        for net in &self.nets {
+            results.push(floor::add(&net.list, &self.cni_path, &env(&net.ifname))?);
+        }
+        Ok((start.elapsed(), results))
+    }
+
+    pub fn floor_del(
+        &self,
+        container: &str,
+        netns: &str,
+        pod: usize,
+        results: &[Value],
+    ) -> Result<Duration, String> {
+        let start = std::time::Instant::now();
+        for (net, result) in self.nets.iter().zip(results).rev() {
+            let mut e = self.cni_env("DEL", container, netns, pod);
+            e[4].1 = net.ifname.clone();
+            floor::del(&net.list, &self.cni_path, &e, result)?;
+        }
+        Ok(start.elapsed())
+    }
+
+    fn stderr(&self) -> Stdio {
+        OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.stderr_log)
+            .map(Stdio::from)
+            .unwrap_or_else(|_| Stdio::null())
+    }
+}
+
+pub fn pod_args(pod: usize) -> String {
+    format!(
+        "IgnoreUnknown=1;K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME=pod-{pod};K8S_POD_UID=uid-{pod}"
+    )
+}
+
+fn write_json(path: &Path, v: &Value) {
+    let mut f = File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    std::io::Write::write_all(&mut f, v.to_string().as_bytes())
+        .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+}
