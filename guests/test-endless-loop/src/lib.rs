@@ -1,12 +1,28 @@
-//! Misbehaves on purpose: every call spins forever (the host's epoch deadline must stop it).
+//! Misbehaves on purpose: every call spins forever, or with settings `{"mode": "sleep"}` sleeps for an
+//! hour at a time, forever (the host's deadline must stop both: a spin in wasm code, a sleep in the
+//! host's clock wait).
 
 use plexus_sdk::{Decision, Error, Pod, Policy, Resolver, Selection, Status, StatusEntry, Value};
+use serde::Deserialize;
+
+#[derive(Deserialize)]
+struct Settings {
+    #[serde(default)]
+    mode: Option<String>,
+}
 
 pub struct EndlessLoop;
 
 fn spin() -> ! {
+    let sleep = plexus_sdk::settings::<Settings>()
+        .ok()
+        .and_then(|s| s.mode)
+        .is_some_and(|m| m == "sleep");
     let mut n: u64 = 0;
     loop {
+        if sleep {
+            std::thread::sleep(std::time::Duration::from_secs(3600));
+        }
         n = std::hint::black_box(n.wrapping_add(1));
     }
 }
@@ -34,4 +50,8 @@ impl Status for EndlessLoop {
     }
 }
 
-plexus_sdk::export!(policy: EndlessLoop, resolver: EndlessLoop, status: EndlessLoop);
+plexus_sdk::export!(
+    policy: EndlessLoop,
+    resolver: EndlessLoop,
+    status: EndlessLoop
+);

@@ -131,6 +131,7 @@ fn read_module(path: &Path) -> Result<(Vec<u8>, String), LoadError> {
 fn new_linker(engine: &Engine) -> Result<Linker<State>, String> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("{e:#}"))?;
+    sandbox::shadow_clock_waits(&mut linker).map_err(|e| format!("{e:#}"))?;
     bindings::Hooks::add_to_linker::<State, HasSelf<State>>(&mut linker, |s| s)
         .map_err(|e| format!("{e:#}"))?;
     Ok(linker)
@@ -470,7 +471,10 @@ impl Hooks {
         let Some(rt) = &self.runtime else {
             return Err(Fault::Trap("no engine".into()));
         };
-        let mut store = Store::new(&rt.engine, State::new(hook.info.clone()));
+        let mut store = Store::new(
+            &rt.engine,
+            State::new(hook.info.clone(), Duration::from_millis(hook.timeout_ms)),
+        );
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(engine::deadline_ticks(hook.timeout_ms));
         store.epoch_deadline_trap();

@@ -6,10 +6,14 @@ use crate::bindings::plexus::hooks::types;
 use bytes::Bytes;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 use wasmtime::component::ResourceTable;
+use wasmtime::component::{Linker, Resource};
 use wasmtime::ResourceLimiter;
+use wasmtime::StoreContextMut;
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
-use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
+use wasmtime_wasi::clocks::HostMonotonicClock;
+use wasmtime_wasi::p2::{DynPollable, OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 /// Bytes of guest stdout, and separately of stderr, kept per call; the rest is dropped.
@@ -147,8 +151,63 @@ impl ResourceLimiter for Limits {
     }
 }
 
+/// The guest's monotonic clock: nanoseconds since its call began.
+struct CallClock(Instant);
+
+impl HostMonotonicClock for CallClock {
+    fn resolution(&self) -> u64 {
+        1
+    }
+    fn now(&self) -> u64 {
+        u64::try_from(self.0.elapsed().as_nanos()).unwrap_or(u64::MAX)
+    }
+}
+
+/// A clock pollable that is ready at its time or at the call's deadline, whichever comes first.
+struct BoundedSleep(tokio::time::Instant);
+
+#[async_trait::async_trait]
+impl Pollable for BoundedSleep {
+    async fn ready(&mut self) {
+        tokio::time::sleep_until(self.0).await;
+    }
+}
+
+/// The version of `wasi:clocks` that wasmtime-wasi defines (shadowed below).
+const WASI_MONOTONIC_CLOCK: &str = "wasi:clocks/monotonic-clock@0.2.12";
+
+/// Replaces the monotonic clock's `subscribe-*` functions. The epoch deadline only interrupts wasm
+/// code; a guest blocked in the host (a `sleep` waiting on a clock pollable) would not notice it. With
+/// these, every clock wait ends at the call's deadline at the latest, the guest runs again and the
+/// epoch check stops it.
+pub(crate) fn shadow_clock_waits(linker: &mut Linker<State>) -> wasmtime::Result<()> {
+    linker.allow_shadowing(true);
+    let mut clock = linker.instance(WASI_MONOTONIC_CLOCK)?;
+    clock.func_wrap(
+        "subscribe-duration",
+        |mut store: StoreContextMut<'_, State>, (nanos,): (u64,)| {
+            let state = store.data_mut();
+            let until = state.bounded(Duration::from_nanos(nanos));
+            Ok((state.subscribe_sleep(until)?,))
+        },
+    )?;
+    clock.func_wrap(
+        "subscribe-instant",
+        |mut store: StoreContextMut<'_, State>, (when,): (u64,)| {
+            let state = store.data_mut();
+            let now = u64::try_from(state.clock_base.elapsed().as_nanos()).unwrap_or(u64::MAX);
+            let until = state.bounded(Duration::from_nanos(when.saturating_sub(now)));
+            Ok((state.subscribe_sleep(until)?,))
+        },
+    )?;
+    linker.allow_shadowing(false);
+    Ok(())
+}
+
 /// The store data of one call.
 pub(crate) struct State {
+    clock_base: Instant,
+    deadline: Instant,
     wasi: WasiCtx,
     table: ResourceTable,
     pub(crate) limits: Limits,
@@ -160,7 +219,8 @@ pub(crate) struct State {
 }
 
 impl State {
-    pub(crate) fn new(info: Arc<HookInfo>) -> Self {
+    pub(crate) fn new(info: Arc<HookInfo>, timeout: Duration) -> Self {
+        let clock_base = Instant::now();
         let stdout = CappedPipe::new(OUTPUT_CAP);
         let stderr = CappedPipe::new(OUTPUT_CAP);
         // Deny by default: no preopened directories, no environment, no arguments, stdin closed, no
@@ -171,8 +231,11 @@ impl State {
             .allow_tcp(false)
             .allow_udp(false)
             .allow_ip_name_lookup(false)
+            .monotonic_clock(CallClock(clock_base))
             .build();
         State {
+            clock_base,
+            deadline: clock_base + timeout,
             wasi,
             table: ResourceTable::new(),
             limits: Limits {
@@ -185,6 +248,20 @@ impl State {
             log_bytes: 0,
             log_dropped: 0,
         }
+    }
+}
+
+impl State {
+    fn bounded(&self, wait: Duration) -> Instant {
+        let until = Instant::now().checked_add(wait).unwrap_or(self.deadline);
+        until.min(self.deadline)
+    }
+
+    fn subscribe_sleep(&mut self, until: Instant) -> wasmtime::Result<Resource<DynPollable>> {
+        let sleep = self
+            .table
+            .push(BoundedSleep(tokio::time::Instant::from_std(until)))?;
+        wasmtime_wasi::p2::subscribe(&mut self.table, sleep)
     }
 }
 

@@ -535,3 +535,19 @@ fn a_component_exporting_a_subset_loads_for_its_kinds_only() {
         "{err}"
     );
 }
+
+#[test]
+fn sleeping_guest_times_out_too() {
+    let mut s = spec("sleeper", HookKind::Policy, "test-endless-loop");
+    s.timeout_ms = Some(50);
+    s.settings = Some(json!({"mode": "sleep"}));
+    let hooks = load(&[s]);
+    let start = Instant::now();
+    let err = hooks.policy(&pod(), vec![]).unwrap_err();
+    let elapsed = start.elapsed();
+    assert_eq!(
+        err.to_string(),
+        "hook \"sleeper\" (policy): timed out after 50 ms"
+    );
+    assert!(elapsed < Duration::from_millis(50 * 20), "{elapsed:?}");
+}
