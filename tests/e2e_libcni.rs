@@ -196,6 +196,17 @@ fn libcni_runs_plexus_add_check_del_with_a_secondary_network() {
     cni.del().expect("second DelNetworkList");
 }
 
+/// Runs DelNetworkList when dropped, so a failed assertion leaves no portmap rules behind in the host's tables.
+struct DelOnDrop<'a>(&'a Libcni);
+
+impl Drop for DelOnDrop<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.0.del() {
+            eprintln!("cleanup: DelNetworkList of {}: {e}", self.0.container());
+        }
+    }
+}
+
 fn iptables_nat() -> String {
     let out = Command::new("iptables-save")
         .args(["-t", "nat"])
@@ -226,6 +237,7 @@ fn libcni_chains_portmap_after_plexus_with_plexus_result_as_prev_result() {
     }));
 
     let result = cni.add().expect("AddNetworkList plexus -> portmap");
+    let _cleanup = DelOnDrop(&cni);
 
     // portmap passes its prevResult (plexus's) through, and found the pod's address in it.
     let addr = sandbox_addr(&result, "eth0");

@@ -178,6 +178,19 @@ impl Pod {
     }
 }
 
+impl Drop for Pod {
+    /// A test that failed between ADD and DEL still leaves no iptables rules, qdiscs or reservations: DEL runs
+    /// best effort while the plan is cached (the namespace itself goes with `NetNs`).
+    fn drop(&mut self) {
+        if !self.sb.cached().is_empty() {
+            let run = self.cni("DEL", &self.conf());
+            if !run.success {
+                eprintln!("cleanup: DEL of {} failed: {}", self.id, run.stdout);
+            }
+        }
+    }
+}
+
 fn names(links: &[Link]) -> Vec<String> {
     links.iter().map(|l| l.ifname.clone()).collect()
 }
