@@ -31,6 +31,11 @@ impl Setup {
     /// Cluster network `cluster-net` (bridge + host-local in confDir) and a NAD `side` (a second bridge) that
     /// the pod selects.
     fn new(tag: &str) -> Setup {
+        Setup::with_plugins(tag, &[])
+    }
+
+    /// As [`Setup::new`], with `extra` plugins appended to both networks' lists.
+    fn with_plugins(tag: &str, extra: &[Value]) -> Setup {
         require_root_and_plugins();
         let s = Setup {
             sb: Sandbox::new(),
@@ -46,12 +51,24 @@ impl Setup {
         s.ns.cleanup_host_link(s.side_bridge.name());
         s.sb.conf_file(
             "00-cluster.conflist",
-            &bridge_net("cluster-net", &s.cluster_bridge, s.cluster_subnet, &s.ipam),
+            &bridge_net(
+                "cluster-net",
+                &s.cluster_bridge,
+                s.cluster_subnet,
+                &s.ipam,
+                extra,
+            ),
         );
         s.sb.nad(
             POD_NS,
             "side",
-            Some(bridge_net("side", &s.side_bridge, s.side_subnet, &s.ipam)),
+            Some(bridge_net(
+                "side",
+                &s.side_bridge,
+                s.side_subnet,
+                &s.ipam,
+                extra,
+            )),
         );
         s.sb.pod(POD_NS, &s.pod, Some("side"));
         std::os::unix::fs::symlink(plexus_bin(), s.sb.path("bin/plexus"))
@@ -122,15 +139,28 @@ impl Setup {
     }
 }
 
-fn bridge_net(name: &str, bridge: &HostBridge, subnet: Subnet24, ipam: &IpamDir) -> Value {
-    json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
+fn bridge_net(
+    name: &str,
+    bridge: &HostBridge,
+    subnet: Subnet24,
+    ipam: &IpamDir,
+    extra: &[Value],
+) -> Value {
+    let mut plugins = vec![json!({
         "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
         "ipam": {
             "type": "host-local", "dataDir": ipam.path(),
             "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]],
             "routes": [{"dst": "10.198.0.0/16", "gw": subnet.host(1)}],
         },
-    }]})
+    })];
+    plugins.extend(extra.iter().cloned());
+    let mut list = json!({"cniVersion": "1.0.0", "name": name, "plugins": plugins});
+    if !extra.is_empty() {
+        // portmap 1.1.1's CHECK looks for its chain in ip6tables too and fails for IPv4-only pods.
+        list["disableCheck"] = json!(true);
+    }
+    list
 }
 
 /// The address the result gives the sandbox interface `ifname`.
@@ -231,7 +261,7 @@ fn libcni_chains_portmap_after_plexus_with_plexus_result_as_prev_result() {
         ],
         json!({"disableCheck": true}),
     );
-    let host_port = 40000 + (std::process::id() % 20000);
+    let host_port = 40000 + (std::process::id() % 10000);
     let cni = s.libcni(&conflist).capability_args(json!({
         "portMappings": [{"hostPort": host_port, "containerPort": 80, "protocol": "tcp"}],
     }));
@@ -278,4 +308,48 @@ fn libcni_receives_plexus_error_object_and_the_namespace_stays_empty() {
     );
     s.assert_clean();
     cni.del().expect("DEL after the failed ADD");
+}
+
+#[test]
+fn s7_5_runtime_port_mappings_reach_only_the_cluster_network() {
+    let portmap = json!({"type": "portmap", "capabilities": {"portMappings": true}, "snat": false});
+    // Both networks could map ports; only the cluster network may receive the runtime's request.
+    let s = Setup::with_plugins("lc75", &[portmap]);
+    let mut plexus = s.plexus_plugin();
+    plexus["capabilities"] = json!({"portMappings": true});
+    let conflist = s.write_conflist(vec![plexus], json!({}));
+    let host_port = 30000 + (std::process::id() % 10000);
+    let cni = s.libcni(&conflist).capability_args(json!({
+        "portMappings": [{"hostPort": host_port, "containerPort": 8080, "protocol": "tcp"}],
+    }));
+
+    let result = cni.add().expect("AddNetworkList with portMappings");
+    let _cleanup = DelOnDrop(&cni);
+
+    let eth0_ip = sandbox_addr(&result, "eth0")
+        .split('/')
+        .next()
+        .unwrap()
+        .to_string();
+    let net1 = s.link("net1");
+    let net1_ip = net1
+        .addr_info
+        .iter()
+        .map(|a| a.local.clone())
+        .find(|a| s.side_subnet.contains(a));
+    let net1_ip = net1_ip.unwrap_or_else(|| panic!("net1 address: {:?}", net1.cidrs()));
+    let nat = iptables_nat();
+    let to_eth0 = format!("--dport {host_port} -j DNAT --to-destination {eth0_ip}:8080");
+    assert!(nat.contains(&to_eth0), "no `{to_eth0}` in:\n{nat}");
+    assert!(
+        !nat.contains(&format!("--to-destination {net1_ip}:")),
+        "the secondary network got the runtime's portMappings:\n{nat}"
+    );
+
+    cni.del().expect("DelNetworkList");
+    assert!(
+        !iptables_nat().contains(&to_eth0),
+        "the DNAT rule outlived DEL"
+    );
+    s.assert_clean();
 }

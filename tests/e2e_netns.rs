@@ -591,7 +591,7 @@ fn s4_1_2_1_7_and_8_port_mappings_and_bandwidth_from_the_selection() {
     // portmap 1.1.1's CHECK looks for its chain in ip6tables too and fails for an IPv4-only container.
     shaped["disableCheck"] = json!(true);
     pod.nad("shaped", shaped);
-    let host_port = 20000 + (std::process::id() % 20000);
+    let host_port = 20000 + (std::process::id() % 10000);
     pod.manifest(Some(
         &json!([{
             "name": "shaped",
