@@ -955,3 +955,109 @@ fn s7_2_failure_in_the_third_attachment_leaves_the_namespace_as_it_was() {
     // The runtime's DEL after a failed ADD finds nothing and succeeds.
     pod.cni("DEL", &pod.conf()).ok();
 }
+
+#[test]
+fn s4_1_2_1_5_and_6_interface_name_and_cni_args_reach_the_plugins() {
+    let pod = Pod::new("ifargs");
+    let br = HostBridge::reserve("abr");
+    let br2 = HostBridge::reserve("ab2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    pod.nad(
+        "side",
+        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
+    );
+    // host-local honours `args.cni.ips`: an address it would never pick first proves cni-args arrived.
+    let wanted = s1.host(200);
+    pod.manifest(Some(
+        &json!([{"name": "side", "interface": "data0", "cni-args": {"ips": [wanted]}}]).to_string(),
+    ));
+
+    pod.add();
+
+    let data0 = pod.link("data0");
+    assert!(
+        data0.has_addr(&format!("{wanted}/24")),
+        "data0 lacks {wanted}: {:?}",
+        data0.cidrs()
+    );
+    assert!(
+        pod.ns.link("net1").is_none(),
+        "the requested name replaces net1"
+    );
+    let res = pod.ipam.reservations("side");
+    assert_eq!(res.len(), 1, "{res:?}");
+    assert_eq!(
+        (res[0].ip.to_string(), res[0].ifname.as_deref()),
+        (wanted.clone(), Some("data0"))
+    );
+    assert_entry_matches_kernel(&pod, entry(&pod.status(), "default/side", "data0"));
+
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "side"], &[br.name(), br2.name()]);
+}
+
+#[test]
+fn s3_4_1_rule2_config_less_nad_uses_the_conf_dir_list_on_a_real_network() {
+    let pod = Pod::new("confdir");
+    let br = HostBridge::reserve("rbr");
+    let br2 = HostBridge::reserve("rb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    pod.sb.nad(POD_NS, "ondisk", None);
+    pod.sb.conf_file(
+        "50-ondisk.conflist",
+        &bridge_net("ondisk", &br2, s1, &pod.ipam, no_routes(), &[]),
+    );
+    pod.manifest(Some("ondisk"));
+
+    pod.add();
+
+    let net1 = pod.link("net1");
+    assert!(
+        net1.cidrs().iter().any(|c| s1.contains(c)),
+        "net1 is on the on-disk network: {:?}",
+        net1.cidrs()
+    );
+    assert_eq!(pod.ipam.reservations("ondisk").len(), 1);
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "ondisk"], &[br.name(), br2.name()]);
+}
+
+#[test]
+fn add_repeated_without_del_replaces_the_attachments_without_leaking() {
+    let pod = Pod::new("again");
+    let br = HostBridge::reserve("gbr");
+    let br2 = HostBridge::reserve("gb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    pod.nad(
+        "side",
+        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
+    );
+    pod.manifest(Some("side"));
+    pod.add();
+    let first_veths = pod.host_veths(&[br.name(), br2.name()]);
+
+    // A runtime that timed out waiting for ADD retries it.
+    let result = pod.add();
+
+    let (addr, _) = result_addr(&result, "eth0");
+    assert!(
+        pod.link("eth0").has_addr(&addr),
+        "eth0 carries the second ADD's address"
+    );
+    pod.link("net1");
+    for v in &first_veths {
+        assert!(host_link(v).is_none(), "{v} from the first ADD leaked");
+    }
+    for (n, b) in [("cluster-net", br.name()), ("side", br2.name())] {
+        assert_eq!(pod.ipam.reservations(n).len(), 1, "one reservation in {n}");
+        assert_eq!(host_links_on_bridge(b).len(), 1, "one host veth on {b}");
+    }
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "side"], &[br.name(), br2.name()]);
+}
