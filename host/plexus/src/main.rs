@@ -4,6 +4,7 @@ use std::io::{Read, Write};
 use std::process::ExitCode;
 
 mod hook_cli;
+mod install;
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().collect();
@@ -14,6 +15,7 @@ fn main() -> ExitCode {
                 return ExitCode::SUCCESS;
             }
             "hook" => return hook_cli::main(&args[2..]),
+            "install" => return install::main(&args[2..]),
             other => {
                 eprintln!("plexus: unknown subcommand {other:?}; plexus is run by a container runtime with CNI_COMMAND set");
                 return ExitCode::from(2);
