@@ -353,3 +353,46 @@ fn s7_5_runtime_port_mappings_reach_only_the_cluster_network() {
     );
     s.assert_clean();
 }
+
+#[test]
+fn s7_1_results_reach_libcni_in_the_conflist_version() {
+    // The delegates speak 1.0.0; plexus converts the cluster network's result to what the runtime asked for.
+    for version in ["0.3.1", "0.4.0", "1.0.0"] {
+        let s = Setup::new(&format!("lcv{}", version.replace('.', "")));
+        let mut plugin = s.plexus_plugin();
+        plugin["cniVersion"] = json!(version);
+        let conflist = s.write_conflist(vec![plugin], json!({"cniVersion": version}));
+        let cni = s.libcni(&conflist);
+
+        let result = cni
+            .add()
+            .unwrap_or_else(|e| panic!("ADD as {version}: {e}"));
+
+        assert_eq!(result["cniVersion"], version);
+        let addr = sandbox_addr(&result, "eth0");
+        assert!(
+            s.link("eth0").has_addr(&addr),
+            "{version}: eth0 lacks {addr}"
+        );
+        if version == "0.3.1" {
+            assert!(
+                result["ips"][0].get("version").is_some(),
+                "0.3.x results carry ips[].version: {result}"
+            );
+        } else if version == "1.0.0" {
+            assert!(
+                result["ips"][0].get("version").is_none(),
+                "1.0.0 results have no ips[].version: {result}"
+            );
+        }
+        s.link("net1");
+        // CHECK exists from 0.4.0 on (libcni refuses it for older lists before any plugin runs).
+        if version != "0.3.1" {
+            cni.check()
+                .unwrap_or_else(|e| panic!("CHECK as {version}: {e}"));
+        }
+        cni.del()
+            .unwrap_or_else(|e| panic!("DEL as {version}: {e}"));
+        s.assert_clean();
+    }
+}
