@@ -66,11 +66,11 @@ fn init_logging() {
         .try_init();
 }
 
+/// `--flag value` pairs, flag without its dashes.
+type Flags<'a> = Vec<(&'a str, &'a str)>;
+
 /// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags.
-fn parse<'a>(
-    args: &'a [String],
-    known: &[&str],
-) -> Result<(PathBuf, Vec<(&'a str, &'a str)>), CliError> {
+fn parse<'a>(args: &'a [String], known: &[&str]) -> Result<(PathBuf, Flags<'a>), CliError> {
     let mut file = None;
     let mut flags = Vec::new();
     let mut it = args.iter();
