@@ -12,7 +12,11 @@ fn guest(name: &str) -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let p = target.join("guests").join(format!("{name}.wasm"));
-    assert!(p.exists(), "{} is missing: run guests/build.sh (tests/run.sh does)", p.display());
+    assert!(
+        p.exists(),
+        "{} is missing: run guests/build.sh (tests/run.sh does)",
+        p.display()
+    );
     p
 }
 
@@ -39,7 +43,11 @@ fn world(tag: &str) -> World {
     );
     // team-a/templated has no spec: only the network-templates resolver can resolve it (spec 3.2.4).
     sb.nad("team-a", "templated", None);
-    sb.nad("team-b", "foreign", Some(json!({"cniVersion": "1.0.0", "type": "bridge", "bridge": sec_br.name()})));
+    sb.nad(
+        "team-b",
+        "foreign",
+        Some(json!({"cniVersion": "1.0.0", "type": "bridge", "bridge": sec_br.name()})),
+    );
     let template = json!({"cniVersion": "1.0.0", "type": "bridge", "bridge": sec_br.name(),
         "ipam": {"type": "host-local", "subnet": sec_net.cidr(), "dataDir": ipam.path()}});
     let conf = sb.conf(json!({"hooks": [
@@ -48,7 +56,14 @@ fn world(tag: &str) -> World {
          "settings": {"templates": {"templated": template}}},
         {"name": "labels", "kind": "status", "module": guest("status-labels"), "settings": {"labels": ["app"]}},
     ]}));
-    World { sb, ns, ipam, cluster_br, sec_br, conf }
+    World {
+        sb,
+        ns,
+        ipam,
+        cluster_br,
+        sec_br,
+        conf,
+    }
 }
 
 fn env(w: &World, id: &str, pod: &str) -> Vec<(String, String)> {
@@ -75,13 +90,20 @@ fn s7_4_policy_hook_denial_is_the_cni_error_and_nothing_is_attached() {
     let w = world("hkd");
     w.sb.pod("team-a", "intruder", Some("team-b/foreign"));
     let before: Vec<String> = w.ns.links().into_iter().map(|l| l.ifname).collect();
-    let run = w.sb.run_env(&env(&w, "deny1", "intruder"), w.conf.to_string().as_bytes());
+    let run =
+        w.sb.run_env(&env(&w, "deny1", "intruder"), w.conf.to_string().as_bytes());
     assert_eq!(run.code(), 102, "{}", run.stdout);
     let msg = run.msg();
-    assert!(msg.contains("\"isolation\"") && msg.contains("team-b/foreign"), "names the hook and the network: {msg}");
+    assert!(
+        msg.contains("\"isolation\"") && msg.contains("team-b/foreign"),
+        "names the hook and the network: {msg}"
+    );
     let after: Vec<String> = w.ns.links().into_iter().map(|l| l.ifname).collect();
     assert_eq!(before, after, "no interface added");
-    assert!(w.ipam.reserved_ips("cluster-net").is_empty(), "policy runs before any delegate: no IP taken");
+    assert!(
+        w.ipam.reserved_ips("cluster-net").is_empty(),
+        "policy runs before any delegate: no IP taken"
+    );
     assert!(w.sb.cached().is_empty());
     assert!(netns::host_links_on_bridge(w.cluster_br.name()).is_empty());
 }
@@ -92,21 +114,36 @@ fn s3_2_4_nad_without_config_attached_via_resolver_and_status_carries_labels() {
     w.sb.pod("team-a", "web", Some("templated"));
     let e = env(&w, "res1", "web");
     w.sb.run_env(&e, w.conf.to_string().as_bytes()).ok();
-    let net1 = w.ns.link("net1").expect("net1 attached through the template");
+    let net1 =
+        w.ns.link("net1")
+            .expect("net1 attached through the template");
     assert_eq!(net1.master, None);
-    let global: Vec<String> = net1.cidrs().into_iter().filter(|c| !c.starts_with("fe80:")).collect();
+    let global: Vec<String> = net1
+        .cidrs()
+        .into_iter()
+        .filter(|c| !c.starts_with("fe80:"))
+        .collect();
     assert_eq!(global.len(), 1, "{net1:?}");
-    assert_eq!(netns::host_links_on_bridge(w.sec_br.name()).len(), 1, "the template's bridge got the veth");
+    assert_eq!(
+        netns::host_links_on_bridge(w.sec_br.name()).len(),
+        1,
+        "the template's bridge got the veth"
+    );
     let status = w.sb.status("team-a", "web").expect("status written");
     let entries = status.as_array().unwrap();
     assert_eq!(entries.len(), 2);
     assert_eq!(entries[1]["name"], "team-a/templated");
     assert_eq!(entries[1]["ips"][0], global[0]);
     for entry in entries {
-        assert_eq!(entry["io.plexus.pod-labels"], json!({"app": "web"}), "status hook ran: {entry}");
+        assert_eq!(
+            entry["io.plexus.pod-labels"],
+            json!({"app": "web"}),
+            "status hook ran: {entry}"
+        );
     }
     // DEL runs from the cache: no hooks, no NAD needed.
-    w.sb.run_env(&with_command(e, "DEL"), w.conf.to_string().as_bytes()).ok();
+    w.sb.run_env(&with_command(e, "DEL"), w.conf.to_string().as_bytes())
+        .ok();
     assert!(w.ns.link("net1").is_none() && w.ns.link("eth0").is_none());
     assert!(w.ipam.reserved_ips("cluster-net").is_empty());
     assert!(w.sb.cached().is_empty());
@@ -122,12 +159,16 @@ fn hook_fault_under_fail_policy_rolls_back_and_ignore_skips_it() {
     let run = w.sb.run_env(&e, conf.to_string().as_bytes());
     assert_eq!(run.code(), 103, "{}", run.stdout);
     assert!(run.msg().contains("\"looper\""), "{}", run.msg());
-    assert!(w.ns.link("eth0").is_none(), "the cluster network was rolled back");
+    assert!(
+        w.ns.link("eth0").is_none(),
+        "the cluster network was rolled back"
+    );
     assert!(w.ipam.reserved_ips("cluster-net").is_empty());
     assert!(w.sb.cached().is_empty());
 
     conf["hooks"][0]["failurePolicy"] = json!("Ignore");
     w.sb.run_env(&e, conf.to_string().as_bytes()).ok();
     assert!(w.ns.link("eth0").is_some());
-    w.sb.run_env(&with_command(e, "DEL"), conf.to_string().as_bytes()).ok();
+    w.sb.run_env(&with_command(e, "DEL"), conf.to_string().as_bytes())
+        .ok();
 }

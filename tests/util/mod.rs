@@ -1,6 +1,6 @@
 //! The one integration-test harness (see design.md, Style 7).
 
 pub mod apiserver;
-pub mod plexus;
 pub mod libcni;
 pub mod netns;
+pub mod plexus;

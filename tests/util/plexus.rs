@@ -13,7 +13,11 @@ pub fn plexus_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let bin = target.join("release/plexus");
-    assert!(bin.exists(), "{} is missing: run `cargo build --release -p plexus` first (tests/run.sh does)", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p plexus` first (tests/run.sh does)",
+        bin.display()
+    );
     bin
 }
 
@@ -23,7 +27,11 @@ pub fn fake_cni_bin() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
     let bin = target.join("release/fake-cni");
-    assert!(bin.exists(), "{} is missing: run `cargo build --release -p plexus-tests --bin fake-cni`", bin.display());
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p plexus-tests --bin fake-cni`",
+        bin.display()
+    );
     bin
 }
 
@@ -46,19 +54,34 @@ pub struct Run {
 
 impl Run {
     pub fn json(&self) -> Value {
-        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("stdout is not JSON ({e}): {:?}\nstderr: {}", self.stdout, self.stderr))
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| {
+            panic!(
+                "stdout is not JSON ({e}): {:?}\nstderr: {}",
+                self.stdout, self.stderr
+            )
+        })
     }
     /// The CNI error code, asserting this run failed with an error object.
     pub fn code(&self) -> u64 {
-        assert!(!self.success, "expected failure, got success: {}", self.stdout);
-        self.json()["code"].as_u64().unwrap_or_else(|| panic!("no code in {}", self.stdout))
+        assert!(
+            !self.success,
+            "expected failure, got success: {}",
+            self.stdout
+        );
+        self.json()["code"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("no code in {}", self.stdout))
     }
     pub fn msg(&self) -> String {
         self.json()["msg"].as_str().unwrap_or_default().to_string()
     }
     #[track_caller]
     pub fn ok(&self) -> &Self {
-        assert!(self.success, "plexus failed: {}\nstderr: {}", self.stdout, self.stderr);
+        assert!(
+            self.success,
+            "plexus failed: {}\nstderr: {}",
+            self.stdout, self.stderr
+        );
         self
     }
 }
@@ -76,7 +99,10 @@ impl Default for Sandbox {
 
 impl Sandbox {
     pub fn new() -> Self {
-        let root = tempfile::Builder::new().prefix("plexus-test-").tempdir().expect("tempdir");
+        let root = tempfile::Builder::new()
+            .prefix("plexus-test-")
+            .tempdir()
+            .expect("tempdir");
         for d in ["bin", "net.d", "cluster", "cache", "run"] {
             std::fs::create_dir_all(root.path().join(d)).unwrap();
         }
@@ -106,7 +132,11 @@ impl Sandbox {
 
     /// Writes a file into `net.d/` (the confDir).
     pub fn conf_file(&self, name: &str, value: &Value) -> &Self {
-        std::fs::write(self.path("net.d").join(name), serde_json::to_vec_pretty(value).unwrap()).unwrap();
+        std::fs::write(
+            self.path("net.d").join(name),
+            serde_json::to_vec_pretty(value).unwrap(),
+        )
+        .unwrap();
         self
     }
 
@@ -181,7 +211,12 @@ impl Sandbox {
             ("CNI_PATH", self.path("bin").display().to_string()),
             ("CNI_ARGS", cni_args.to_string()),
         ];
-        self.run_env(&env.iter().map(|(k, v)| (k.to_string(), v.clone())).collect::<Vec<_>>(), conf.to_string().as_bytes())
+        self.run_env(
+            &env.iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<Vec<_>>(),
+            conf.to_string().as_bytes(),
+        )
     }
 
     /// Runs plexus with exactly this environment (plus PATH) and stdin.
@@ -206,7 +241,9 @@ impl Sandbox {
 
     /// Every recorded delegate call so far, in order.
     pub fn calls(&self) -> Vec<Call> {
-        let Ok(text) = std::fs::read_to_string(self.path("bin/calls.jsonl")) else { return Vec::new() };
+        let Ok(text) = std::fs::read_to_string(self.path("bin/calls.jsonl")) else {
+            return Vec::new();
+        };
         text.lines()
             .map(|l| {
                 let v: Value = serde_json::from_str(l).unwrap();
@@ -229,20 +266,32 @@ impl Sandbox {
     pub fn call_summary(&self) -> Vec<(String, String, String)> {
         self.calls()
             .into_iter()
-            .map(|c| (c.plugin, c.command, c.env.get("CNI_IFNAME").cloned().unwrap_or_default()))
+            .map(|c| {
+                (
+                    c.plugin,
+                    c.command,
+                    c.env.get("CNI_IFNAME").cloned().unwrap_or_default(),
+                )
+            })
             .collect()
     }
 
     /// The written network-status for a pod, if any.
     pub fn status(&self, namespace: &str, pod: &str) -> Option<Value> {
-        let text = std::fs::read_to_string(self.path(&format!("cluster/status/{namespace}/{pod}.json"))).ok()?;
+        let text =
+            std::fs::read_to_string(self.path(&format!("cluster/status/{namespace}/{pod}.json")))
+                .ok()?;
         Some(serde_json::from_str(&text).unwrap())
     }
 
     /// Files left in the attachment cache.
     pub fn cached(&self) -> Vec<String> {
         let mut v: Vec<String> = std::fs::read_dir(self.path("cache/attachments"))
-            .map(|d| d.filter_map(Result::ok).map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
             .unwrap_or_default();
         v.sort();
         v
