@@ -1061,3 +1061,81 @@ fn add_repeated_without_del_replaces_the_attachments_without_leaking() {
     pod.cni("CHECK", &pod.conf()).ok();
     pod.del_and_assert_clean(&["cluster-net", "side"], &[br.name(), br2.name()]);
 }
+
+#[test]
+fn s4_1_2_1_9_empty_default_route_list_clears_every_default_route() {
+    let pod = Pod::new("drnone");
+    let br = HostBridge::reserve("nbr");
+    let br2 = HostBridge::reserve("nb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(
+        &br,
+        s0,
+        json!([{"dst": "0.0.0.0/0", "gw": s0.host(1)}]),
+        &[],
+    );
+    pod.ns.cleanup_host_link(br2.name());
+    pod.nad(
+        "isolated",
+        bridge_net(
+            "isolated",
+            &br2,
+            s1,
+            &pod.ipam,
+            json!([{"dst": "0.0.0.0/0", "gw": s1.host(1)}]),
+            &[],
+        ),
+    );
+    pod.manifest(Some(
+        &json!([{"name": "isolated", "default-route": []}]).to_string(),
+    ));
+    let before_add = pod.ns.routes();
+    assert!(!before_add.iter().any(|r| r.is_default()));
+
+    pod.add();
+
+    let defaults: Vec<_> = pod
+        .ns
+        .routes()
+        .into_iter()
+        .filter(|r| r.is_default())
+        .collect();
+    assert_eq!(
+        defaults.len(),
+        0,
+        "no default route may remain: {defaults:?}"
+    );
+    assert!(
+        pod.ns.routes().iter().any(|r| r.dst == s1.cidr()),
+        "the subnet routes stay"
+    );
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "isolated"], &[br.name(), br2.name()]);
+}
+
+#[test]
+fn del_works_from_the_cache_after_the_pod_and_nads_are_gone() {
+    let pod = Pod::new("gone");
+    let br = HostBridge::reserve("obr");
+    let br2 = HostBridge::reserve("ob2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    pod.nad(
+        "side",
+        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
+    );
+    pod.manifest(Some("side"));
+    pod.add();
+    pod.link("net1");
+
+    for entry in std::fs::read_dir(pod.sb.path("cluster")).unwrap().flatten() {
+        if entry.path().is_file() {
+            std::fs::remove_file(entry.path()).unwrap();
+        }
+    }
+    std::fs::remove_file(pod.sb.path("net.d/00-cluster.conflist")).unwrap();
+
+    pod.cni("CHECK", &pod.conf()).ok();
+    pod.del_and_assert_clean(&["cluster-net", "side"], &[br.name(), br2.name()]);
+}
