@@ -705,4 +705,97 @@ mod binary {
         let run = sb.run("ADD", "c1", &Sandbox::pod_args("team-a", "web"), &conf);
         assert_eq!(run.code(), 11, "{}", run.stdout);
     }
+
+    #[test]
+    fn del_runs_from_the_cache_without_the_api() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        let args = Sandbox::pod_args("team-a", "web");
+        sb.run("ADD", "c1", &args, &conf).ok();
+        server.clear_requests();
+        sb.clear_calls();
+        sb.run("DEL", "c1", &args, &conf).ok();
+        assert!(
+            server.requests().is_empty(),
+            "DEL with a cache asks the API nothing: {:?}",
+            server.requests()
+        );
+        let dels: Vec<_> = sb
+            .calls()
+            .into_iter()
+            .map(|c| (c.plugin, c.command))
+            .collect();
+        assert_eq!(
+            dels,
+            vec![
+                ("secondary-plugin".to_string(), "DEL".to_string()),
+                ("cluster-plugin".to_string(), "DEL".to_string())
+            ]
+        );
+        // With the API server gone, a cached DEL still works (ADD again, then kill the server).
+        sb.run("ADD", "c2", &args, &conf).ok();
+        drop(server);
+        sb.run("DEL", "c2", &args, &conf).ok();
+        assert!(sb.cached().is_empty());
+    }
+
+    #[test]
+    fn del_without_cache_and_without_api_succeeds() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        drop(server);
+        let run = sb.run(
+            "DEL",
+            "never-added",
+            &Sandbox::pod_args("team-a", "web"),
+            &conf,
+        );
+        run.ok();
+        // The cluster network resolves from disk, so it is still torn down (its IPAM may hold an address).
+        let dels: Vec<_> = sb
+            .calls()
+            .into_iter()
+            .map(|c| (c.plugin, c.command))
+            .collect();
+        assert_eq!(
+            dels,
+            vec![("cluster-plugin".to_string(), "DEL".to_string())]
+        );
+    }
+
+    #[test]
+    fn uid_mismatch_fails_add_before_any_delegate() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        let args =
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web;K8S_POD_UID=other-uid";
+        let run = sb.run("ADD", "c1", args, &conf);
+        assert_eq!(run.code(), 11, "{}", run.stdout);
+        assert!(run.msg().contains("other-uid"), "{}", run.msg());
+        assert!(sb.calls().is_empty());
+        assert!(sb.cached().is_empty());
+    }
+
+    #[test]
+    fn a_failing_status_write_does_not_fail_an_attached_pod() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        server.inject("PATCH", STATUS_PATH, Fault::Status(500), usize::MAX);
+        let run = sb.run("ADD", "c1", &Sandbox::pod_args("team-a", "web"), &conf);
+        run.ok();
+        assert!(
+            run.stderr.contains("cannot publish network-status"),
+            "{}",
+            run.stderr
+        );
+        assert!(
+            server
+                .requests()
+                .iter()
+                .filter(|r| r.method == "PATCH")
+                .count()
+                > 1,
+            "retried"
+        );
+    }
 }
