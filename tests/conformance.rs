@@ -1050,8 +1050,8 @@ impl Drop for TempNetns {
 
 #[test]
 fn s5_3_7_4_default_route_in_the_status_entry() {
-    // An empty gateway list needs no route added, so a real but empty namespace lets plexus finish; the
-    // status entry then reports the gateways of the result's default routes. Needs root for `ip netns`.
+    // The fakes create no interfaces, so the test gives the namespace the one the route needs (a veth
+    // `net2` on 10.2.0.0/24, its peer beside it); plexus then really moves the default route. Needs root for `ip netns`.
     let Some(netns) = TempNetns::new("dr") else {
         assert_ne!(
             process_uid(),
@@ -1061,17 +1061,43 @@ fn s5_3_7_4_default_route_in_the_status_entry() {
         eprintln!("skipped: not root");
         return;
     };
+    for args in [
+        &[
+            "link",
+            "add",
+            "net2",
+            "type",
+            "veth",
+            "peer",
+            "name",
+            "net2-peer",
+        ][..],
+        &["addr", "add", "10.2.0.5/24", "dev", "net2"],
+        &["link", "set", "net2-peer", "up"],
+        &["link", "set", "net2", "up"],
+    ] {
+        let ok = std::process::Command::new("ip")
+            .args(["-n", &netns.0])
+            .args(args)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "ip {args:?} in {}", netns.0);
+    }
     let sb = sandbox(&[]);
     simple_nads(&sb, &["net-a", "net-b"]);
+    // The delegate reports its own default route via .1: the requested gateway replaces it.
     let result = json!({"cniVersion": "1.0.0",
         "interfaces": [{"name": "net2", "sandbox": netns.path()}],
         "ips": [{"address": "10.2.0.5/24", "interface": 0, "gateway": "10.2.0.1"}],
-        "routes": [{"dst": "0.0.0.0/0", "gw": "10.2.0.254"}, {"dst": "10.9.0.0/16"}]});
+        "routes": [{"dst": "0.0.0.0/0", "gw": "10.2.0.1"}, {"dst": "10.9.0.0/16"}]});
     sb.fake_config(json!({"net-b-plugin": {"ADD": {"result": result}}}));
     sb.pod(
         NS,
         "p1",
-        Some(&json!([{"name": "net-a"}, {"name": "net-b", "default-route": []}]).to_string()),
+        Some(
+            &json!([{"name": "net-a"}, {"name": "net-b", "default-route": ["10.2.0.254"]}])
+                .to_string(),
+        ),
     );
     let env: Vec<(String, String)> = [
         ("CNI_COMMAND", "ADD".to_string()),
@@ -1088,10 +1114,19 @@ fn s5_3_7_4_default_route_in_the_status_entry() {
         .ok();
     let st = status_of(&sb, "p1");
     assert_eq!(st[2]["name"], "default/net-b");
-    assert_eq!(st[2]["default-route"], json!(["10.2.0.254"]));
+    assert_eq!(st[2]["default-route"], json!(["10.2.0.254"]), "{st:?}");
     assert!(
         st[0].get("default-route").is_none() && st[1].get("default-route").is_none(),
         "{st:?}"
+    );
+    let routes = std::process::Command::new("ip")
+        .args(["-n", &netns.0, "-4", "route", "show", "default"])
+        .output()
+        .unwrap();
+    let routes = String::from_utf8_lossy(&routes.stdout);
+    assert!(
+        routes.contains("via 10.2.0.254 dev net2"),
+        "the route status reports is the pod's: {routes}"
     );
 }
 
