@@ -1139,3 +1139,46 @@ fn del_works_from_the_cache_after_the_pod_and_nads_are_gone() {
     pod.cni("CHECK", &pod.conf()).ok();
     pod.del_and_assert_clean(&["cluster-net", "side"], &[br.name(), br2.name()]);
 }
+
+#[test]
+fn s4_1_2_1_3_ips_a_plugin_ignored_fail_the_pod_and_are_rolled_back() {
+    let pod = Pod::new("ipsno");
+    let br = HostBridge::reserve("jbr");
+    let br2 = HostBridge::reserve("jb2");
+    let (s0, s1) = (unique_subnet24(), unique_subnet24());
+    pod.cluster_net(&br, s0, no_routes(), &[]);
+    pod.ns.cleanup_host_link(br2.name());
+    // The list claims the ips capability (on tuning, which ignores it), so the capability check passes, but
+    // host-local never sees the request and hands out the range's first address.
+    let tuning = json!({"type": "tuning", "capabilities": {"ips": true}});
+    pod.nad(
+        "liar",
+        bridge_net("liar", &br2, s1, &pod.ipam, no_routes(), &[tuning]),
+    );
+    let wanted = format!("{}/24", s1.host(123));
+    pod.manifest(Some(
+        &json!([{"name": "liar", "ips": [wanted]}]).to_string(),
+    ));
+    let before = snapshot(&pod.ns);
+
+    let run = pod.cni("ADD", &pod.conf());
+
+    assert!(run.code() != 0, "{}", run.stdout);
+    let msg = run.msg();
+    assert!(
+        msg.contains(&wanted) && msg.contains("default/liar"),
+        "the error names ip and network: {msg}"
+    );
+    assert_eq!(
+        snapshot(&pod.ns),
+        before,
+        "the namespace changed although ADD failed"
+    );
+    for n in ["cluster-net", "liar"] {
+        assert_eq!(pod.ipam.reservations(n), vec![], "{n} kept a reservation");
+    }
+    for b in [br.name(), br2.name()] {
+        assert!(host_links_on_bridge(b).is_empty(), "host veths left on {b}");
+    }
+    assert_eq!(pod.sb.cached(), Vec::<String>::new());
+}

@@ -576,11 +576,15 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
             .and_then(|list| {
                 ctx.delegator()
                     .add(&list, &ctx.rt(&att.ifname), &att.capability_args)
-            })
-            .and_then(|result| verify_requested(att, &result).map(|()| result));
+            });
         match outcome {
             Ok(result) => {
+                let verified = verify_requested(att, &result);
+                // Kept even when rejected: the delegate did attach, so its DEL gets the result and counts.
                 plan.attachments[i].result = Some(result);
+                if let Err(e) = verified {
+                    return Err(rollback(&plan, i + 1, e.context(label)));
+                }
                 // Not synced: the store after finish_add makes the results durable.
                 if let Err(e) = cache.update(&plan) {
                     return Err(rollback(&plan, i + 1, e));
