@@ -48,7 +48,8 @@ struct Opts {
     plexus: PathBuf,
     work: PathBuf,
     quick: bool,
-    /// Sections to run (all when empty): matrix-noop, matrix-real, scaling, concurrency, hammer, profile.
+    /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, profile;
+    /// `perf-loop-nohooks` / `perf-loop-hooks` (internal: the profile section runs it under `perf record`).
     only: Vec<String>,
 }
 
@@ -601,8 +602,108 @@ fn profile(o: &Opts) -> Value {
             };
         }
     }
+    for (name, _) in [("nohooks", false), ("hooks", true)] {
+        out[format!("perfrecord-{name}")] = perf_record(o, name, &dir);
+    }
     log("profiles done");
     out
+}
+
+/// Process start and exit alone: plexus answering VERSION against the no-op delegate doing the same.
+fn startup(o: &Opts) -> Result<Value, String> {
+    let w = World::new(&o.work, "startup", Delegates::Noop, 1, 1, &json!({}));
+    let noop = w.root.join("bin").join(noop::NAME);
+    let (mut px, mut np, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+    for i in 0..=o.runs {
+        for (bin, samples) in [(&o.plexus, &mut px), (&noop, &mut np)] {
+            let mut cmd = Command::new(bin);
+            cmd.env_clear()
+                .env("CNI_COMMAND", "VERSION")
+                .stderr(Stdio::null());
+            let r = proc::run(&mut cmd, b"{\"cniVersion\":\"1.0.0\"}")
+                .map_err(|e| format!("spawn {}: {e}", bin.display()))?;
+            if !r.success {
+                return Err(format!("{} VERSION failed", bin.display()));
+            }
+            // The first round only warms the page cache.
+            if i > 0 {
+                samples.push(ms(r.elapsed));
+                if bin == &o.plexus {
+                    rss.push(r.max_rss_kib);
+                }
+            }
+        }
+    }
+    Ok(
+        json!({"plexusVersion": stats::summary(&px), "noopVersion": stats::summary(&np), "plexusVersionMaxRssKiB": rss.iter().max()}),
+    )
+}
+
+/// ADD/DEL rounds in the profile world (already set up, hook cache filled), for `perf record` to sample.
+fn perf_loop(o: &Opts, hooks: bool) -> Result<(), String> {
+    let w = World::existing(&o.work, "profile");
+    let conf = w.conf(&o.target, hooks);
+    for i in 0..o.runs {
+        let id = format!("perf-{i}");
+        w.plexus(&o.plexus, &conf, "ADD", &id, "/var/run/netns/bench-noop", 0)?;
+        w.plexus(&o.plexus, &conf, "DEL", &id, "/var/run/netns/bench-noop", 0)?;
+    }
+    Ok(())
+}
+
+/// `perf record` of this binary re-run as `--only perf-loop-<name>`: CPU samples of the plexus processes only,
+/// functions with their callees, heaviest first.
+fn perf_record(o: &Opts, name: &str, dir: &Path) -> Value {
+    let data = dir.join(format!("perf-{name}.data"));
+    let exe = match std::env::current_exe() {
+        Ok(e) => e,
+        Err(e) => return json!({"error": format!("current exe: {e}")}),
+    };
+    let rec = Command::new("perf")
+        .args(["record", "-q", "-e", "cpu-clock", "-F", "10000", "-g", "-o"])
+        .arg(&data)
+        .arg("--")
+        .arg(exe)
+        .arg("--target")
+        .arg(&o.target)
+        .arg("--plexus")
+        .arg(&o.plexus)
+        .args([
+            "--runs",
+            &o.runs.to_string(),
+            "--only",
+            &format!("perf-loop-{name}"),
+        ])
+        .stdout(Stdio::null())
+        .output();
+    match rec {
+        Ok(out) if out.status.success() => {}
+        Ok(out) => {
+            return json!({"error": format!("perf record failed: {}", String::from_utf8_lossy(&out.stderr).trim())})
+        }
+        Err(e) => return json!({"error": format!("perf: {e}")}),
+    }
+    let report = Command::new("perf")
+        .args(["report", "-i"])
+        .arg(&data)
+        .args([
+            "--comm",
+            "plexus",
+            "--percentage",
+            "relative",
+            "--children",
+            "--sort",
+            "symbol",
+            "--stdio",
+            "-g",
+            "none",
+        ])
+        .stderr(Stdio::null())
+        .output();
+    match report {
+        Ok(out) => json!({"text": String::from_utf8_lossy(&out.stdout)}),
+        Err(e) => json!({"error": format!("perf report: {e}")}),
+    }
 }
 
 fn machine() -> Value {
@@ -649,7 +750,15 @@ fn run() -> Result<(), String> {
     require_root_and_plugins();
     let plexus_size = std::fs::metadata(&o.plexus).map(|m| m.len()).unwrap_or(0);
     let started = Instant::now();
+    if let Some(which) = o.only.iter().find(|x| x.starts_with("perf-loop")) {
+        return perf_loop(&o, which == "perf-loop-hooks");
+    }
     let on = |s: &str| o.only.is_empty() || o.only.iter().any(|x| x == s);
+    let startup = if on("startup") {
+        startup(&o)?
+    } else {
+        Value::Null
+    };
     let mut cases = Vec::new();
     if on("matrix-noop") {
         cases.extend(matrix(&o, Delegates::Noop)?);
@@ -683,6 +792,7 @@ fn run() -> Result<(), String> {
         "machine": machine(),
         "plexusBinaryBytes": plexus_size,
         "workDir": o.work,
+        "startup": startup,
         "cases": cases,
         "scaling": scaling,
         "concurrency": concurrency,

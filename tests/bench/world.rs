@@ -144,6 +144,20 @@ impl World {
         }
     }
 
+    /// A world [`World::new`] made earlier (no-op delegates), to run plexus in again.
+    pub fn existing(base: &Path, tag: &str) -> World {
+        let root = base.join(tag);
+        World {
+            stderr_log: root.join("plexus-stderr.log"),
+            cni_path: root.join("bin").display().to_string(),
+            root,
+            delegates: Delegates::Noop,
+            nets: Vec::new(),
+            _bridges: Vec::new(),
+            _ipam: None,
+        }
+    }
+
     /// The plexus conf; `hooks` selects none or the three example hooks.
     pub fn conf(&self, target: &Path, hooks: bool) -> Value {
         let mut c = json!({

@@ -2,8 +2,9 @@
 //!
 //! DEL and CHECK run from it, so they work when the pod, a NAD or the API server is gone. One JSON file per
 //! container under `cacheDir/attachments/`, written atomically (temp file, rename) and reached only through a
-//! cap-std directory handle. [`AttachmentCache::store`] also syncs (file, then directory); the per-attachment
-//! [`AttachmentCache::update`]s of an ADD do not, because each sync pair costs several milliseconds per pod.
+//! cap-std directory handle. [`AttachmentCache::store`] also syncs (the file, and the directory when the name is
+//! new); the per-attachment [`AttachmentCache::update`]s of an ADD do not, because on a busy disk every sync costs
+//! milliseconds of the pod's wait.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -132,8 +133,8 @@ impl AttachmentCache {
         Ok(Some(plan))
     }
 
-    /// Writes the plan atomically and durably: readers see the old or the new file, never a torn one, and
-    /// after a crash the new one is there.
+    /// Writes the plan atomically and durably: readers see the old or the new file, never a torn one. After a
+    /// crash the file is there, holding this plan or (when this replaced a plan stored before) that one.
     pub fn store(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
         self.write(plan, true)
     }
@@ -151,14 +152,16 @@ impl AttachmentCache {
         let bytes =
             serde_json::to_vec_pretty(plan).map_err(|e| PlexusError::Decode(e.to_string()))?;
         let write = || -> std::io::Result<()> {
+            // Only a new name needs the directory synced: a lost replacement leaves the synced plan before it.
+            let sync_dir = durable && !self.dir.exists(&name);
             let mut f = self.dir.create(&tmp)?;
             f.write_all(&bytes)?;
             if durable {
                 f.sync_all()?;
             }
             self.dir.rename(&tmp, &self.dir, &name)?;
-            if durable {
-                // Make the rename itself durable.
+            if sync_dir {
+                // Make the new name itself durable.
                 self.dir.open(".")?.sync_all()?;
             }
             Ok(())

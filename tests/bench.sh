@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The benchmark command: what Plexus costs a pod, against a floor that execs the same delegates directly.
+# Writes docs/benchmarks.md and docs/benchmarks.png (overwritten on every run) from target/bench/*.json.
+#
+#   sudo bash tests/bench.sh [--runs N]      # default 30 runs per case; ~10 minutes on 2 cores
+#
+# Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
+# tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).
+set -euo pipefail
+
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+root=$(cd "$here/.." && pwd)
+if [[ $(id -u) != 0 ]]; then
+    echo "bench: needs root (network namespaces, bridges, the reference plugins): sudo bash tests/bench.sh" >&2
+    exit 1
+fi
+bash "$here/setup.sh"
+cd "$root"
+mkdir -p "${CARGO_TARGET_DIR:-$root/target}"
+target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
+
+echo "bench: building (release)" >&2
+cargo build --release --workspace --bins --examples
+bash guests/build.sh
+
+# Measure a snapshot: other builds in the same target dir must not swap binaries during the run.
+out=$target/bench
+snap=$out/bin
+rm -rf "$snap" "$out/profile"
+mkdir -p "$snap" "$out/profile"
+cp "$target/release/plexus" "$target/release/plexus-bench" "$target/release/examples/hook_bench" "$snap/"
+
+echo "bench: plexus-bench" >&2
+"$snap/plexus-bench" --target "$target" --plexus "$snap/plexus" --out "$out/results.json" "$@"
+
+echo "bench: hook_bench" >&2
+PLEXUS_GUESTS_DIR=$target/guests "$snap/hook_bench" >"$out/hook_bench.json"
+
+echo "bench: report" >&2
+/usr/bin/python3 "$here/bench/report.py" --results "$out/results.json" --hooks "$out/hook_bench.json" \
+    --out "$root/docs/benchmarks.md" --plot "$root/docs/benchmarks.png"
+echo "bench: wrote docs/benchmarks.md and docs/benchmarks.png" >&2
