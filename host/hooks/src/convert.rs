@@ -4,34 +4,9 @@ use crate::bindings::plexus::hooks::types as w;
 use serde_json::{Map, Value};
 use std::collections::BTreeSet;
 
-/// Keys of a selection element (spec 4.1.2.1).
-pub(crate) const SELECTION_KEYS: [&str; 11] = [
-    "name",
-    "namespace",
-    "ips",
-    "mac",
-    "interface",
-    "cni-args",
-    "portMappings",
-    "bandwidth",
-    "default-route",
-    "infiniband-guid",
-    "ipam-claim-reference",
-];
-
-/// Keys of a status entry (spec 5.3; "infiniband-guid" as in the spec's 5.4 example).
-pub(crate) const STATUS_KEYS: [&str; 10] = [
-    "name",
-    "interface",
-    "ips",
-    "mac",
-    "mtu",
-    "default",
-    "dns",
-    "default-route",
-    "device-info",
-    "infiniband-guid",
-];
+// The spec's key lists live in plexus-core, so hooks and the host validate against the same lists.
+pub(crate) use plexus_core::spec::selection::SELECTION_KEYS;
+pub(crate) use plexus_core::spec::status::STATUS_KEYS;
 
 type R<T> = Result<T, String>;
 
@@ -305,7 +280,7 @@ pub(crate) fn selection_from_wire(
         m.insert("ipam-claim-reference".into(), c.into());
     }
     let name = s.name;
-    extras_from_wire(s.extras, &SELECTION_KEYS, allowed_reserved, &mut m)
+    extras_from_wire(s.extras, SELECTION_KEYS, allowed_reserved, &mut m)
         .map_err(|e| format!("selection {name:?}: {e}"))?;
     Ok(Value::Object(m))
 }
@@ -408,7 +383,7 @@ pub(crate) fn entry_from_wire(e: w::StatusEntry, allowed_reserved: &BTreeSet<Str
     if let Some(g) = e.infiniband_guid {
         m.insert("infiniband-guid".into(), g.into());
     }
-    extras_from_wire(e.extras, &STATUS_KEYS, allowed_reserved, &mut m)
+    extras_from_wire(e.extras, STATUS_KEYS, allowed_reserved, &mut m)
         .map_err(|err| format!("status entry {:?}: {err}", e.name))?;
     Ok(Value::Object(m))
 }
@@ -463,7 +438,7 @@ mod tests {
     use serde_json::json;
 
     fn roundtrip_selection(v: Value) -> R<Value> {
-        let allowed = reserved_extras([&v], &SELECTION_KEYS);
+        let allowed = reserved_extras([&v], SELECTION_KEYS);
         selection_from_wire(selection_to_wire(&v, "pod-ns")?, &allowed)
     }
 

@@ -319,7 +319,7 @@ impl Hooks {
                     policy::Decision::Admit => None,
                     policy::Decision::Deny(reason) => Some(Err(cut(reason, REASON_CAP))),
                     policy::Decision::Rewrite(list) => {
-                        let allowed = convert::reserved_extras(&current, &convert::SELECTION_KEYS);
+                        let allowed = convert::reserved_extras(&current, convert::SELECTION_KEYS);
                         let list = list
                             .into_iter()
                             .map(|s| convert::selection_from_wire(s, &allowed))
@@ -419,7 +419,7 @@ impl Hooks {
                     idx.load(&mut *store, inst)?
                         .call_shape(&mut *store, &wpod, &wire)
                 })?;
-                let allowed = convert::reserved_extras(&current, &convert::STATUS_KEYS);
+                let allowed = convert::reserved_extras(&current, convert::STATUS_KEYS);
                 let list = out
                     .into_iter()
                     .map(|e| convert::entry_from_wire(e, &allowed))

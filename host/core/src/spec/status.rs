@@ -9,7 +9,7 @@ use thiserror::Error;
 
 use super::selection::is_ip_with_optional_prefix;
 
-/// The status map keys 5.3 defines.
+/// The status map keys 5.3 defines, plus `infiniband-guid`, which the spec's own 5.4 example uses.
 pub const STATUS_KEYS: &[&str] = &[
     "name",
     "interface",
@@ -20,6 +20,7 @@ pub const STATUS_KEYS: &[&str] = &[
     "dns",
     "default-route",
     "device-info",
+    "infiniband-guid",
 ];
 
 /// `dns` (5.3.7). Empty parts are omitted when serialized.
@@ -425,6 +426,11 @@ pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
                         if !d.get(key).is_some_and(Value::is_string) {
                             return Err(err(format!("\"device-info\" has no string {key:?}")));
                         }
+                    }
+                }
+                "infiniband-guid" => {
+                    if !v.is_string() {
+                        return Err(bad("a string"));
                     }
                 }
                 other if other.contains('.') => {}
