@@ -263,7 +263,10 @@ fn s5_3_reserved_keys_rejected_period_keys_allowed() {
     assert!(validate_status_entries(&[ib]).is_ok());
     let bad = json!({"name": "n", "default": true, "device": {"type": "vhost-user"}});
     let e = validate_status_entries(&[bad]).unwrap_err();
-    assert!(e.to_string().contains("\"device\" is not a status key"), "{e}");
+    assert!(
+        e.to_string().contains("\"device\" is not a status key"),
+        "{e}"
+    );
 }
 
 #[test]
