@@ -2,7 +2,7 @@
 # The benchmark command: what Plexus costs a pod, against a floor that execs the same delegates directly.
 # Writes docs/benchmarks.md and docs/benchmarks.png (overwritten on every run) from target/bench/*.json.
 #
-#   sudo bash tests/bench.sh [--runs N]      # default 30 runs per case; ~10 minutes on 2 cores
+#   sudo bash tests/bench.sh [--runs N]      # default 50 runs per case; under 10 minutes on 2 cores
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).

@@ -4,7 +4,7 @@
 //! renders `docs/benchmarks.md` from the JSON this writes (`target/bench/results.json`). Under the name
 //! `bench-noop` the binary is the no-op delegate (see noop.rs).
 //!
-//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...` (defaults: 30 runs,
+//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...` (defaults: 50 runs,
 //! the plexus beside this binary, the target dir above it).
 
 mod floor;
@@ -64,7 +64,7 @@ fn opts() -> Result<Opts, String> {
         .ok_or("the bench binary is not under target/")?
         .to_path_buf();
     let mut o = Opts {
-        runs: 30,
+        runs: 50,
         out: target.join("bench/results.json"),
         plexus: release.join("plexus"),
         work: target.join("bench/work"),
@@ -799,6 +799,7 @@ fn run() -> Result<(), String> {
         "hammer": hammer,
         "profile": profile,
         "benchSeconds": started.elapsed().as_secs_f64(),
+        "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
     });
     if let Some(dir) = o.out.parent() {
         std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;

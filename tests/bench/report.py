@@ -92,7 +92,7 @@ def main():
     w(f"| memory | {m['memMiB']} MiB |")
     w(f"| kernel | {m['kernel']} |")
     w(f"| root filesystem (cache, run and manifest dirs live on it) | {m['rootFs']} |")
-    w(f"| load average at start | {m['loadavg']} |")
+    w(f"| load average at start / end of the measurements | {m['loadavg']} / {r.get('loadavgEnd', 'n/a')} |")
     w(f"| plexus binary | {r['plexusBinaryBytes'] / MIB / MIB:.0f} MiB (release, line-tables debug info) |")
     w("")
     w("## What is measured")
@@ -231,7 +231,6 @@ def main():
             ax.fill_between(ks, meds, p95, alpha=0.15)
         ax.plot(ks, [s["floor"]["add"]["median"] + 2 + 0.3 * s["attachments"] for s in scal], "k:",
                 label="floor + target overhead (2 ms + 0.3 ms/attachment)")
-        ax.set_xscale("log", base=2)
         ax.set_xticks(ks)
         ax.set_xticklabels([str(k) for k in ks])
         ax.set_xlabel("attachments (cluster network + NADs)")
