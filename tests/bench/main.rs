@@ -750,6 +750,7 @@ fn run() -> Result<(), String> {
     require_root_and_plugins();
     let plexus_size = std::fs::metadata(&o.plexus).map(|m| m.len()).unwrap_or(0);
     let started = Instant::now();
+    let machine = machine();
     if let Some(which) = o.only.iter().find(|x| x.starts_with("perf-loop")) {
         return perf_loop(&o, which == "perf-loop-hooks");
     }
@@ -789,7 +790,7 @@ fn run() -> Result<(), String> {
     let results = json!({
         "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "runs": o.runs,
-        "machine": machine(),
+        "machine": machine,
         "plexusBinaryBytes": plexus_size,
         "workDir": o.work,
         "startup": startup,
