@@ -1,10 +1,11 @@
 //! Running delegate plugin binaries: lookup in `binDir` + `CNI_PATH`, exec with a deadline, output capture.
 
-use std::io::{Read, Write};
+use std::io::{Read, Seek, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// One plugin execution.
@@ -46,6 +47,9 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// What an empty pipe accepts without blocking (POSIX PIPE_BUF on Linux).
+const PIPE_BUF: usize = 4096;
+
 /// Runs real processes. Each delegate gets its own process group, so a delegate that hangs is killed
 /// together with anything it started.
 #[derive(Debug, Default, Clone, Copy)]
@@ -54,50 +58,70 @@ pub struct ProcessExec;
 impl Exec for ProcessExec {
     fn run(&self, req: &ExecRequest<'_>) -> std::io::Result<ExecOutput> {
         let start = Instant::now();
+        // stderr goes to an anonymous memory file rather than a pipe: a pipe would need a reader thread, and
+        // joining it is a hand-off that waits for a core on a busy node.
+        let err_file = std::fs::File::from(rustix::fs::memfd_create(
+            "plexus-delegate-stderr",
+            rustix::fs::MemfdFlags::CLOEXEC,
+        )?);
         let mut child = Command::new(req.plugin)
             .env_clear()
             .envs(req.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(Stdio::from(err_file.try_clone()?))
             .process_group(0)
             .spawn()?;
         let pid = child.id();
         let mut stdin = child.stdin.take().expect("stdin piped");
         let mut stdout = child.stdout.take().expect("stdout piped");
-        let mut stderr = child.stderr.take().expect("stderr piped");
-        let input = req.stdin.to_vec();
-        // Large configs (big prevResults) can exceed the pipe buffer, so stdin is fed from a thread.
-        let writer = std::thread::spawn(move || {
+        // Every hand-off between threads waits for a core on a busy node, so the common path has none: small
+        // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), stdout is read here, and
+        // the watchdog is never waited for.
+        let writer = if req.stdin.len() <= PIPE_BUF {
             // A plugin that exits without reading stdin closes the pipe; that is its business.
-            let _ = stdin.write_all(&input);
-        });
-        let err_reader = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = stderr.read_to_end(&mut buf);
-            buf
-        });
-        let (tx, rx) = mpsc::channel();
-        let out_reader = std::thread::spawn(move || {
-            let mut buf = Vec::new();
-            let _ = stdout.read_to_end(&mut buf);
-            let _ = tx.send(());
-            buf
-        });
-        // stdout closes when the plugin (and every process it left holding the pipe) is gone.
-        let timed_out = matches!(
-            rx.recv_timeout(req.timeout),
-            Err(mpsc::RecvTimeoutError::Timeout)
-        );
-        if timed_out {
-            if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
-                let _ = rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-            }
+            let _ = stdin.write_all(req.stdin);
+            drop(stdin);
+            None
+        } else {
+            // Large configs (big prevResults) can exceed the pipe buffer, so they are fed from a thread.
+            let input = req.stdin.to_vec();
+            Some(std::thread::spawn(move || {
+                let _ = stdin.write_all(&input);
+            }))
+        };
+        // The watchdog kills the process group when stdout is still open at the deadline; reading stdout ends
+        // when the plugin (and every process it left holding the pipe) is gone, or killed.
+        let timed_out = Arc::new(AtomicBool::new(false));
+        let (done, disarmed) = mpsc::channel::<()>();
+        {
+            let (timed_out, timeout) = (timed_out.clone(), req.timeout);
+            std::thread::spawn(move || {
+                if let Err(mpsc::RecvTimeoutError::Timeout) = disarmed.recv_timeout(timeout) {
+                    timed_out.store(true, Ordering::SeqCst);
+                    if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
+                        let _ = rustix::process::kill_process_group(
+                            pgid,
+                            rustix::process::Signal::KILL,
+                        );
+                    }
+                }
+            });
         }
+        let mut out = Vec::new();
+        let _ = stdout.read_to_end(&mut out);
+        // Disarmed before reaping: from here on the watchdog cannot fire (a closed channel wins over its deadline).
+        drop(done);
         let status = child.wait()?;
-        let _ = writer.join();
-        let stdout = out_reader.join().unwrap_or_default();
-        let stderr = err_reader.join().unwrap_or_default();
+        if let Some(w) = writer {
+            let _ = w.join();
+        }
+        let mut stderr = Vec::new();
+        let mut err_file = err_file;
+        err_file.seek(std::io::SeekFrom::Start(0))?;
+        err_file.read_to_end(&mut stderr)?;
+        let stdout = out;
+        let timed_out = timed_out.load(Ordering::SeqCst);
         Ok(ExecOutput {
             code: status.code(),
             stdout,
@@ -142,6 +166,31 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stderr), "cmd=ADD home=\n");
         assert_eq!(out.code, Some(3));
         assert!(!out.timed_out);
+    }
+
+    #[test]
+    fn large_stdin_and_stderr_do_not_block() {
+        let tmp = tempfile::tempdir().unwrap();
+        // More stdin than an empty pipe takes at once, and more stderr than a pipe would buffer.
+        let p = script(
+            tmp.path(),
+            "big",
+            "cat; head -c 200000 /dev/zero | tr '\\0' e >&2",
+        );
+        let input = vec![b'x'; 100_000];
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &p,
+                env: &[],
+                stdin: &input,
+                timeout: Duration::from_secs(10),
+            })
+            .unwrap();
+        assert!(!out.timed_out);
+        assert_eq!(out.code, Some(0));
+        assert_eq!(out.stdout, input);
+        assert_eq!(out.stderr.len(), 200_000);
+        assert!(out.stderr.iter().all(|b| *b == b'e'));
     }
 
     #[test]
