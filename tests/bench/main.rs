@@ -126,12 +126,17 @@ struct Case {
     add: Vec<f64>,
     del: Vec<f64>,
     rss_kib: Vec<u64>,
+    /// CPU time of the ADD's whole process tree.
+    add_cpu: Vec<f64>,
 }
 
 impl Case {
     fn to_json(&self, id: &str, meta: Value) -> Value {
         let mut v =
             json!({"id": id, "add": stats::summary(&self.add), "del": stats::summary(&self.del)});
+        if !self.add_cpu.is_empty() {
+            v["addCpu"] = stats::summary(&self.add_cpu);
+        }
         if !self.rss_kib.is_empty() {
             let mut r = self.rss_kib.clone();
             r.sort_unstable();
@@ -188,8 +193,11 @@ fn add_del(
     let (_ns, netns) = pod_netns(w.delegates);
     match v {
         Variant::Floor => {
+            let cpu = proc::children_cpu();
             let (t, results) = w.floor_add(container, &netns, 0)?;
             case.add.push(ms(t));
+            case.add_cpu
+                .push(ms(proc::children_cpu().saturating_sub(cpu)));
             case.del
                 .push(ms(w.floor_del(container, &netns, 0, &results)?));
         }
@@ -198,8 +206,11 @@ fn add_del(
             if v == Variant::HooksCold {
                 w.empty_hook_cache();
             }
+            let cpu = proc::children_cpu();
             let add = w.plexus(&o.plexus, &conf, "ADD", container, &netns, 0)?;
             case.add.push(ms(add.elapsed));
+            case.add_cpu
+                .push(ms(proc::children_cpu().saturating_sub(cpu)));
             case.rss_kib.push(add.max_rss_kib);
             let del = w.plexus(&o.plexus, &conf, "DEL", container, &netns, 0)?;
             case.del.push(ms(del.elapsed));

@@ -184,8 +184,8 @@ def main():
     # ---------------------------------------------------------------- cases
     w("## ADD and DEL of one pod (cluster network + 3 NADs)")
     w("")
-    w("| delegates | driver | ADD median | ADD p95 | DEL median | DEL p95 | ADD / floor | ADD overhead | peak RSS median / max |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    w("| delegates | driver | ADD median | ADD p95 | DEL median | DEL p95 | ADD / floor | ADD overhead | ADD CPU median | peak RSS median / max |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for c in r.get("cases") or []:
         floor = case(r, f"{c['delegates']}/floor")
         ratio = med(c) / med(floor) if floor else float("nan")
@@ -194,8 +194,16 @@ def main():
         rss_s = f"{f(rss['median'] / MIB, 1)} / {f(rss['max'] / MIB, 1)} MiB" if rss else "–"
         w(f"| {c['delegates']} | {c['variant']} | {f(c['add']['median'])} ms | {f(c['add']['p95'])} ms | "
           f"{f(c['del']['median'])} ms | {f(c['del']['p95'])} ms | {f(ratio)} | "
-          f"{'–' if c['variant'] == 'floor' else f(ov) + ' ms'} | {rss_s} |")
+          f"{'–' if c['variant'] == 'floor' else f(ov) + ' ms'} | {f(c['addCpu']['median']) + ' ms' if 'addCpu' in c else '–'} | {rss_s} |")
     w("")
+    if nf and npx and "addCpu" in nf and "addCpu" in npx:
+        w(f"*ADD CPU* is the user + system time of the ADD's whole process tree (plexus and its delegates, or the floor's "
+          f"delegates), from `getrusage(RUSAGE_CHILDREN)`. A loaded machine stretches wall time far more than CPU time, "
+          f"so it is the steadier measure of Plexus's own work: with no-op delegates and no hooks, "
+          f"{f(npx['addCpu']['median'] - nf['addCpu']['median'])} ms of CPU per ADD on top of the floor's "
+          f"{f(nf['addCpu']['median'])} ms; with three warm hooks, {f(nw['addCpu']['median'] - nf['addCpu']['median'])} ms. "
+          f"The wall-clock overhead above that is waiting: for the disk (fsync) and for a core.")
+        w("")
     st = r.get("startup")
     if st:
         w(f"Process start and exit alone (answering `VERSION`, median of {st['plexusVersion']['n']}): plexus "
