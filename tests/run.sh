@@ -27,8 +27,16 @@ bash guests/build.sh
 step "lint: cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
 
+log=$(mktemp /tmp/plexus-tests.XXXXXX)
+trap 'rm -f "$log"' EXIT
+
 step "test: guest logic, natively (guests workspace)"
-(cd guests && cargo test --release --quiet 2>&1 | tail -n 40)
+(cd guests && cargo test --release) 2>&1 | tee -a "$log"
 
 step "test: host workspace"
-cargo test --release --workspace --no-fail-fast
+status=0
+cargo test --release --workspace --no-fail-fast 2>&1 | tee -a "$log" || status=$?
+
+# One closing line for the whole run (guests and host), whatever cargo printed last.
+awk '/^test result:/ { p += $4; f += $6 } END { printf "plexus: %d passed, %d failed\n", p, f }' "$log"
+exit "$status"
