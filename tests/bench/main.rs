@@ -599,7 +599,7 @@ fn profile(o: &Opts) -> Value {
                 Ok(_) => {
                     let text = match tool {
                         "callgrind" => Command::new("callgrind_annotate")
-                            .args(["--inclusive=no", "--threshold=90"])
+                            .args(["--inclusive=no", "--threshold=90", "--auto=no"])
                             .arg(dir.join(format!("callgrind-{name}.out")))
                             .output()
                             .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())

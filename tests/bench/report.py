@@ -356,7 +356,8 @@ def main():
             w("")
         cg = prof.get(f"callgrind-{name}", {})
         if "text" in cg:
-            lines = [ln for ln in cg["text"].splitlines() if "%)" in ln][:12]
+            summary = cg["text"].split("Auto-annotated source")[0]
+            lines = [ln for ln in summary.splitlines() if "%)" in ln][:12]
             w("callgrind, instructions by function (exclusive):")
             w("")
             w("```")
