@@ -23,6 +23,9 @@ const NAD_API_GROUP: &str = "k8s.cni.cncf.io/";
 pub struct FileCluster {
     root: PathBuf,
     dir: Dir,
+    /// Every object of the directory, read on first use: one invocation looks up the pod and each NAD, and
+    /// must not re-read and re-parse every manifest for each of them.
+    objects: std::sync::OnceLock<Vec<(String, Value)>>,
 }
 
 #[derive(Deserialize)]
@@ -48,7 +51,11 @@ impl FileCluster {
                 source,
             }
         })?;
-        Ok(Self { root, dir })
+        Ok(Self {
+            root,
+            dir,
+            objects: std::sync::OnceLock::new(),
+        })
     }
 
     fn io_err(&self, rel: &str, source: std::io::Error) -> ClusterError {
@@ -59,7 +66,15 @@ impl FileCluster {
     }
 
     /// Every object in every manifest file, in file-name order, with the file it came from.
-    fn objects(&self) -> Result<Vec<(String, Value)>, ClusterError> {
+    fn objects(&self) -> Result<&[(String, Value)], ClusterError> {
+        if let Some(objects) = self.objects.get() {
+            return Ok(objects);
+        }
+        let read = self.read_objects()?;
+        Ok(self.objects.get_or_init(|| read))
+    }
+
+    fn read_objects(&self) -> Result<Vec<(String, Value)>, ClusterError> {
         let mut names = Vec::new();
         for entry in self.dir.entries().map_err(|e| self.io_err(".", e))? {
             let entry = entry.map_err(|e| self.io_err(".", e))?;
@@ -103,15 +118,16 @@ impl FileCluster {
             if obj.get("kind").and_then(Value::as_str) != Some(kind) {
                 continue;
             }
-            let meta: Meta =
-                serde_json::from_value(obj.get("metadata").cloned().unwrap_or(Value::Null))
-                    .map_err(|e| ClusterError::Invalid {
-                        what: format!("{kind} metadata in {}", self.root.join(&file).display()),
+            let meta =
+                Meta::deserialize(obj.get("metadata").unwrap_or(&Value::Null)).map_err(|e| {
+                    ClusterError::Invalid {
+                        what: format!("{kind} metadata in {}", self.root.join(file).display()),
                         reason: e.to_string(),
-                    })?;
+                    }
+                })?;
             let ns = meta.namespace.as_deref().unwrap_or("default");
             if ns == namespace && meta.name == name {
-                return Ok(Some((file, obj, meta)));
+                return Ok(Some((file.clone(), obj.clone(), meta)));
             }
         }
         Ok(None)
@@ -363,5 +379,26 @@ metadata:
             .unwrap()
             .collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
+    }
+
+    #[test]
+    fn the_directory_is_read_once_per_source() {
+        let (t, c) = cluster(&[("all.yaml", MANIFESTS)]);
+        c.pod(&PodRef {
+            namespace: "team-a".into(),
+            name: "web".into(),
+            uid: None,
+        })
+        .unwrap();
+        // One invocation sees one snapshot: later lookups do not re-read (or re-parse) the manifests.
+        std::fs::remove_file(t.path().join("all.yaml")).unwrap();
+        assert!(c.nad("team-a", "net-a").is_ok());
+        assert!(
+            FileCluster::open(t.path())
+                .unwrap()
+                .nad("team-a", "net-a")
+                .is_err(),
+            "a new source reads again"
+        );
     }
 }
