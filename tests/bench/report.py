@@ -256,8 +256,8 @@ def main():
         w("")
         w("Distinct containers, no-op delegates, cluster network + 3 NADs, one shared cacheDir/runDir and one manifest "
           "directory holding all 64 pods. Each round starts N plexus ADDs at once (a barrier), waits for all, then the "
-          "N DELs. Pods/second is N over the round's wall time (median over rounds). FileCluster lists and parses every "
-          "manifest on every lookup, so with 64 pod manifests in the directory even N = 1 is slower than the one-pod "
+          "N DELs. Pods/second is N over the round's wall time (median over rounds). FileCluster lists and parses the whole "
+          "manifest directory once per invocation, so with 64 pod manifests in it even N = 1 is slower than the one-pod "
           "matrix above; that difference is FileCluster's, not concurrency's.")
         w("")
         w("| N | rounds | ADD p50 | ADD p95 | ADD p99 | ADD max | ADD pods/s | DEL p50 | DEL p99 | DEL pods/s | errors | status written | cache left after DEL |")
