@@ -98,24 +98,31 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     }
 }
 
+/// Stdin as a JSON object: what every command but VERSION needs, and where VERSION finds the
+/// `cniVersion` to answer in. Parsed once per invocation.
+pub fn stdin_json(stdin: &[u8]) -> Result<Value, PlexusError> {
+    if stdin.iter().all(u8::is_ascii_whitespace) {
+        return Err(PlexusError::Decode(
+            "empty network configuration on stdin".into(),
+        ));
+    }
+    let value: Value = serde_json::from_slice(stdin).map_err(|e| {
+        PlexusError::Decode(format!(
+            "network configuration on stdin is not valid JSON: {e}"
+        ))
+    })?;
+    if !value.is_object() {
+        return Err(PlexusError::Decode(
+            "network configuration on stdin is not a JSON object".into(),
+        ));
+    }
+    Ok(value)
+}
+
 impl PlexusConf {
-    /// Parses stdin. `in_kubernetes` says whether `KUBERNETES_SERVICE_HOST` was set (the default source).
-    pub fn parse(stdin: &[u8], in_kubernetes: bool) -> Result<Self, PlexusError> {
-        if stdin.iter().all(u8::is_ascii_whitespace) {
-            return Err(PlexusError::Decode(
-                "empty network configuration on stdin".into(),
-            ));
-        }
-        let value: Value = serde_json::from_slice(stdin).map_err(|e| {
-            PlexusError::Decode(format!(
-                "network configuration on stdin is not valid JSON: {e}"
-            ))
-        })?;
-        if !value.is_object() {
-            return Err(PlexusError::Decode(
-                "network configuration on stdin is not a JSON object".into(),
-            ));
-        }
+    /// The validated conf from stdin parsed by [`stdin_json`]. `in_kubernetes` says whether
+    /// `KUBERNETES_SERVICE_HOST` was set (the default source).
+    pub fn from_json(value: Value, in_kubernetes: bool) -> Result<Self, PlexusError> {
         let raw: RawConf = serde_json::from_value(value)
             .map_err(|e| PlexusError::Config(format!("plexus configuration: {e}")))?;
         let version_str = raw
@@ -211,24 +218,19 @@ impl PlexusConf {
             valid_attachments: raw.valid_attachments,
         })
     }
-
-    /// Only the cniVersion, for VERSION (which must work with any stdin a runtime sends).
-    pub fn version_only(stdin: &[u8]) -> Option<String> {
-        serde_json::from_slice::<Value>(stdin)
-            .ok()?
-            .get("cniVersion")?
-            .as_str()
-            .map(str::to_string)
-    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parse(stdin: &[u8], in_kubernetes: bool) -> Result<PlexusConf, PlexusError> {
+        PlexusConf::from_json(stdin_json(stdin)?, in_kubernetes)
+    }
+
     #[test]
     fn defaults_and_required_keys() {
-        let c = PlexusConf::parse(
+        let c = parse(
             br#"{"cniVersion":"1.0.0","name":"p","type":"plexus","clusterNetwork":"cbr0"}"#,
             false,
         )
@@ -236,10 +238,9 @@ mod tests {
         assert_eq!(c.plexus_namespace, "kube-system");
         assert_eq!(c.cache_dir, PathBuf::from("/var/lib/plexus"));
         assert_eq!(c.cluster, ClusterSource::None);
-        let c =
-            PlexusConf::parse(br#"{"cniVersion":"1.0.0","clusterNetwork":"cbr0"}"#, true).unwrap();
+        let c = parse(br#"{"cniVersion":"1.0.0","clusterNetwork":"cbr0"}"#, true).unwrap();
         assert!(matches!(c.cluster, ClusterSource::Kube(_)));
-        let e = PlexusConf::parse(br#"{"cniVersion":"1.0.0"}"#, false).unwrap_err();
+        let e = parse(br#"{"cniVersion":"1.0.0"}"#, false).unwrap_err();
         assert_eq!(
             (e.cni_code(), e.to_string().as_str()),
             (7, "clusterNetwork is required")
@@ -248,24 +249,21 @@ mod tests {
 
     #[test]
     fn bad_stdin_maps_to_the_right_codes() {
-        assert_eq!(PlexusConf::parse(b"", false).unwrap_err().cni_code(), 6);
+        assert_eq!(parse(b"", false).unwrap_err().cni_code(), 6);
+        assert_eq!(parse(b"{nope", false).unwrap_err().cni_code(), 6);
         assert_eq!(
-            PlexusConf::parse(b"{nope", false).unwrap_err().cni_code(),
-            6
-        );
-        assert_eq!(
-            PlexusConf::parse(br#"{"cniVersion":"9.9.9","clusterNetwork":"x"}"#, false)
+            parse(br#"{"cniVersion":"9.9.9","clusterNetwork":"x"}"#, false)
                 .unwrap_err()
                 .cni_code(),
             1
         );
-        let e = PlexusConf::parse(
+        let e = parse(
             br#"{"cniVersion":"1.0.0","clusterNetwork":"x","cacheDir":"rel"}"#,
             false,
         )
         .unwrap_err();
         assert!(e.to_string().contains("cacheDir"), "{e}");
-        let e = PlexusConf::parse(
+        let e = parse(
             br#"{"cniVersion":"1.0.0","clusterNetwork":"x","cluster":{"source":"etcd"}}"#,
             false,
         )

@@ -6,9 +6,9 @@ use std::sync::Mutex;
 
 use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
 use plexus_core::cni::{CniError, CniVersion};
-use serde_json::json;
+use serde_json::{json, Value};
 
-use crate::conf::{ClusterSource, PlexusConf};
+use crate::conf::{stdin_json, ClusterSource, PlexusConf};
 use crate::error::PlexusError;
 use crate::exec::ProcessExec;
 use crate::invocation::{command_of, Command, Invocation};
@@ -24,17 +24,21 @@ pub struct Outcome {
 
 /// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`).
 pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
-    let requested = PlexusConf::version_only(stdin);
-    let reply_version = orchestrate::reply_version(requested.as_deref());
-    match run_inner(env, stdin, &reply_version) {
+    let stdin = stdin_json(stdin);
+    let reply_version = orchestrate::reply_version(
+        stdin
+            .as_ref()
+            .ok()
+            .and_then(|v| v.get("cniVersion")?.as_str()),
+    );
+    match run_inner(env, stdin, reply_version) {
         Ok(stdout) => Outcome {
             stdout,
             success: true,
         },
         Err(e) => {
             tracing::error!(code = e.cni_code(), "{e}");
-            let version: CniVersion = reply_version.parse().unwrap_or(CniVersion::V1_1_0);
-            let err = CniError::new(version, e.cni_code(), e.to_string(), e.details());
+            let err = CniError::new(reply_version, e.cni_code(), e.to_string(), e.details());
             Outcome {
                 stdout: Some(err.to_json().to_string()),
                 success: false,
@@ -45,14 +49,15 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
 
 fn run_inner(
     env: &BTreeMap<String, String>,
-    stdin: &[u8],
-    reply_version: &str,
+    stdin: Result<Value, PlexusError>,
+    reply_version: CniVersion,
 ) -> Result<Option<String>, PlexusError> {
     let command = command_of(env)?;
     if command == Command::Version {
         let supported: Vec<&str> = CniVersion::ALL.iter().map(|v| v.as_str()).collect();
         return Ok(Some(
-            json!({"cniVersion": reply_version, "supportedVersions": supported}).to_string(),
+            json!({"cniVersion": reply_version.as_str(), "supportedVersions": supported})
+                .to_string(),
         ));
     }
     let inv = Invocation::from_env(env, stdin)?;

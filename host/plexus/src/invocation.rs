@@ -9,6 +9,7 @@ use plexus_core::spec::PodRef;
 
 use crate::conf::PlexusConf;
 use crate::error::PlexusError;
+use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Command {
@@ -64,8 +65,12 @@ pub fn command_of(env: &BTreeMap<String, String>) -> Result<Command, PlexusError
 }
 
 impl Invocation {
-    /// Builds an invocation for any command but VERSION from the environment and stdin.
-    pub fn from_env(env: &BTreeMap<String, String>, stdin: &[u8]) -> Result<Self, PlexusError> {
+    /// Builds an invocation for any command but VERSION from the environment and stdin, parsed by
+    /// [`stdin_json`](crate::conf::stdin_json) (its error is reported after those of the environment).
+    pub fn from_env(
+        env: &BTreeMap<String, String>,
+        stdin: Result<Value, PlexusError>,
+    ) -> Result<Self, PlexusError> {
         let command = command_of(env)?;
         let per_container = matches!(command, Command::Add | Command::Del | Command::Check);
         let get = |k: &str| env.get(k).filter(|v| !v.is_empty()).cloned();
@@ -91,7 +96,7 @@ impl Invocation {
         };
         let args = CniArgs::parse(env.get("CNI_ARGS").map(String::as_str).unwrap_or(""))
             .map_err(|e| PlexusError::Env(format!("CNI_ARGS: {e}")))?;
-        let conf = PlexusConf::parse(stdin, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
+        let conf = PlexusConf::from_json(stdin?, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
         let mut path: Vec<PathBuf> = conf.bin_dir.iter().cloned().collect();
         path.extend(
             env.get("CNI_PATH")
@@ -136,6 +141,7 @@ impl Invocation {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::conf::stdin_json;
 
     const CONF: &[u8] =
         br#"{"cniVersion":"1.0.0","name":"plexus","type":"plexus","clusterNetwork":"cbr0"}"#;
@@ -161,7 +167,7 @@ mod tests {
             ),
             ("PATH", "/usr/bin"),
         ];
-        let inv = Invocation::from_env(&env(&full), CONF).unwrap();
+        let inv = Invocation::from_env(&env(&full), stdin_json(CONF)).unwrap();
         assert_eq!(
             inv.pod,
             Some(PodRef {
@@ -184,7 +190,7 @@ mod tests {
                 .copied()
                 .filter(|(k, _)| *k != missing)
                 .collect();
-            let err = Invocation::from_env(&env(&e), CONF).unwrap_err();
+            let err = Invocation::from_env(&env(&e), stdin_json(CONF)).unwrap_err();
             assert_eq!(err.cni_code(), 4, "{missing}");
             assert!(err.to_string().contains(missing), "{err}");
         }
@@ -200,12 +206,22 @@ mod tests {
         let mut e = env(&base);
         e.insert("CNI_COMMAND".into(), "ADD".into());
         e.insert("CNI_CONTAINERID".into(), "../../etc/passwd".into());
-        assert_eq!(Invocation::from_env(&e, CONF).unwrap_err().cni_code(), 4);
+        assert_eq!(
+            Invocation::from_env(&e, stdin_json(CONF))
+                .unwrap_err()
+                .cni_code(),
+            4
+        );
         e.insert("CNI_CONTAINERID".into(), "ok".into());
         e.insert("CNI_IFNAME".into(), "eth0/../x".into());
-        assert_eq!(Invocation::from_env(&e, CONF).unwrap_err().cni_code(), 4);
+        assert_eq!(
+            Invocation::from_env(&e, stdin_json(CONF))
+                .unwrap_err()
+                .cni_code(),
+            4
+        );
         e.insert("CNI_COMMAND".into(), "FROB".into());
-        let err = Invocation::from_env(&e, CONF).unwrap_err();
+        let err = Invocation::from_env(&e, stdin_json(CONF)).unwrap_err();
         assert_eq!(
             (err.cni_code(), err.to_string()),
             (4, "unknown CNI_COMMAND \"FROB\"".to_string())
@@ -220,6 +236,9 @@ mod tests {
             ("CNI_IFNAME", "eth0"),
             ("CNI_PATH", "/b"),
         ]);
-        assert_eq!(Invocation::from_env(&e, CONF).unwrap().netns, None);
+        assert_eq!(
+            Invocation::from_env(&e, stdin_json(CONF)).unwrap().netns,
+            None
+        );
     }
 }

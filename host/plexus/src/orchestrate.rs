@@ -211,13 +211,13 @@ impl<'a> Ctx<'a> {
         pod: Option<&Pod>,
     ) -> Result<NetworkConfigList, PlexusError> {
         let label = format!("NetworkAttachmentDefinition {}/{}", nad.namespace, nad.name);
-        let current = match &nad.config {
-            Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
-                PlexusError::Config(format!("{label}: spec.config is not valid JSON: {e}"))
-            })?),
-            None => None,
-        };
         if let (false, Some(pod)) = (self.fx.hooks.is_empty(), pod) {
+            let current = match &nad.config {
+                Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
+                    PlexusError::Config(format!("{label}: spec.config is not valid JSON: {e}"))
+                })?),
+                None => None,
+            };
             let nad_json = json!({
                 "apiVersion": "k8s.cni.cncf.io/v1",
                 "kind": "NetworkAttachmentDefinition",
@@ -367,7 +367,17 @@ impl<'a> Ctx<'a> {
         }
     }
 
-    /// DEL of every attachment in `plan` whose index is in `range`, in reverse; all are attempted.
+    /// `pod ns/name: network ns/net (ifname)`, how errors name an attachment.
+    fn attachment_label(&self, att: &Attachment) -> String {
+        format!(
+            "{}: network {} ({})",
+            self.pod_label(),
+            att.network,
+            att.ifname
+        )
+    }
+
+    /// DEL of the first `upto` attachments of `plan`, in reverse; all are attempted.
     ///
     /// An attachment without a result never finished ADD (it failed, was never reached, or plexus died during
     /// it, or the plan was rebuilt for a DEL without cache): it gets its DEL, but a failure is only logged. A
@@ -389,8 +399,7 @@ impl<'a> Ctx<'a> {
 
     /// DEL of one attachment's list, with its cached result.
     fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
-        NetworkConfigList::parse(&att.config)
-            .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
+        cached_list(att)
             .and_then(|list| {
                 self.delegator().del(
                     &list,
@@ -411,6 +420,12 @@ impl<'a> Ctx<'a> {
         }
         Ok(())
     }
+}
+
+/// The delegate configuration list an attachment was planned with.
+fn cached_list(att: &Attachment) -> Result<NetworkConfigList, PlexusError> {
+    NetworkConfigList::parse(&att.config)
+        .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
 }
 
 fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
@@ -565,18 +580,11 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
 
     for i in 0..plan.attachments.len() {
         let att = &plan.attachments[i];
-        let label = format!(
-            "{}: network {} ({})",
-            ctx.pod_label(),
-            att.network,
-            att.ifname
-        );
-        let outcome = NetworkConfigList::parse(&att.config)
-            .map_err(|e| PlexusError::Decode(e.to_string()))
-            .and_then(|list| {
-                ctx.delegator()
-                    .add(&list, &ctx.rt(&att.ifname), &att.capability_args)
-            });
+        let label = ctx.attachment_label(att);
+        let outcome = cached_list(att).and_then(|list| {
+            ctx.delegator()
+                .add(&list, &ctx.rt(&att.ifname), &att.capability_args)
+        });
         match outcome {
             Ok(result) => {
                 let verified = verify_requested(att, &result);
@@ -648,21 +656,21 @@ fn finish_add(
     let (Some(pod), Some(pod_ref)) = (pod, ctx.inv.pod.as_ref()) else {
         return Ok(());
     };
-    let mut entries: Vec<Value> = plan
+    let statuses: Vec<NetworkStatus> = plan
         .attachments
         .iter()
         .map(|a| {
-            let mut st: NetworkStatus =
-                network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
+            let mut st = network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
             if st.device_info.is_none() {
                 st.device_info = read_device_info(a);
             }
             if let Some(gws) = default_route_of(a) {
                 st.default_route = status_default_route(Some(&gws), a.result.as_ref());
             }
-            st.to_json()
+            st
         })
         .collect();
+    let mut entries: Vec<Value> = statuses.iter().map(NetworkStatus::to_json).collect();
     if !ctx.fx.hooks.is_empty() {
         entries = ctx.fx.hooks.status(pod, entries)?;
         validate_status_entries(&entries)
@@ -675,20 +683,19 @@ fn finish_add(
         if let Err(e) = cluster.write_status(pod_ref, &value) {
             tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
         }
-        for a in plan.attachments.iter().filter(|a| !a.is_default) {
+        for (a, st) in plan
+            .attachments
+            .iter()
+            .zip(&statuses)
+            .filter(|(a, _)| !a.is_default)
+        {
             let _ = cluster.record_attachment(
                 pod_ref,
-                &format!("Add {} [{}] from {}", a.ifname, ips_of(a), a.network),
+                &format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network),
             );
         }
     }
     Ok(())
-}
-
-fn ips_of(a: &Attachment) -> String {
-    network_status(&a.network, a.result.as_ref(), &a.ifname, false)
-        .ips
-        .join(",")
 }
 
 /// DEL: from the cache when there is one; every attachment is torn down even if some fail (spec 7.2).
@@ -751,14 +758,8 @@ pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             details: String::new(),
         })?;
     for att in &plan.attachments {
-        let label = format!(
-            "{}: network {} ({})",
-            ctx.pod_label(),
-            att.network,
-            att.ifname
-        );
-        let list = NetworkConfigList::parse(&att.config)
-            .map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let label = ctx.attachment_label(att);
+        let list = cached_list(att)?;
         let result = att
             .result
             .as_ref()
@@ -876,10 +877,9 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
     }
 }
 
-/// The version the runtime asked for, for error objects (falls back to the newest).
-pub fn reply_version(requested: Option<&str>) -> String {
+/// The version the runtime asked for, for replies (falls back to the newest).
+pub fn reply_version(requested: Option<&str>) -> CniVersion {
     requested
-        .filter(|v| v.parse::<CniVersion>().is_ok())
-        .unwrap_or(CniVersion::V1_1_0.as_str())
-        .to_string()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CniVersion::V1_1_0)
 }

@@ -3,7 +3,7 @@
 //! ADD runs the plugins in order, chaining `prevResult`; DEL runs them in reverse with the cached result;
 //! CHECK runs them in order with the cached result; STATUS and GC go to lists of CNI 1.1.0.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plexus_core::cni::{CniArgs, CniError, CniResult, CniVersion, NetworkConfigList};
@@ -67,12 +67,15 @@ impl Delegator<'_> {
         for i in (0..list.plugins.len()).rev() {
             // A plugin that cannot be found attached nothing (its ADD never ran) or is no longer installed;
             // failing DEL for it would leave the pod undeletable forever, so it is skipped with a warning.
-            if let Err(e) = self.locate(&plugin_type(list, i), rt) {
-                tracing::warn!(network = %list.name, ifname = rt.ifname, "DEL skips a plugin: {e}");
-                continue;
-            }
+            let plugin = match self.locate(&plugin_type(list, i), rt) {
+                Ok(plugin) => plugin,
+                Err(e) => {
+                    tracing::warn!(network = %list.name, ifname = rt.ifname, "DEL skips a plugin: {e}");
+                    continue;
+                }
+            };
             let conf = list.plugin_config(i, caps, prev);
-            self.invoke(Command::Del, list, i, &conf, rt)?;
+            self.run_plugin(&plugin, Command::Del, list, i, &conf, rt)?;
         }
         Ok(())
     }
@@ -145,8 +148,21 @@ impl Delegator<'_> {
         conf: &Value,
         rt: &RuntimeParams<'_>,
     ) -> Result<Option<Value>, PlexusError> {
+        let plugin = self.locate(&plugin_type(list, index), rt)?;
+        self.run_plugin(&plugin, command, list, index, conf, rt)
+    }
+
+    /// Runs the located binary of plugin `index` of `list` with `conf` on stdin.
+    fn run_plugin(
+        &self,
+        plugin: &Path,
+        command: Command,
+        list: &NetworkConfigList,
+        index: usize,
+        conf: &Value,
+        rt: &RuntimeParams<'_>,
+    ) -> Result<Option<Value>, PlexusError> {
         let ty = plugin_type(list, index);
-        let plugin = self.locate(&ty, rt)?;
         let mut env: Vec<(String, String)> = rt.base_env.to_vec();
         env.push(("CNI_COMMAND".into(), command.as_str().into()));
         let path = std::env::join_paths(rt.path)
@@ -163,7 +179,7 @@ impl Delegator<'_> {
         let out = self
             .exec
             .run(&ExecRequest {
-                plugin: &plugin,
+                plugin,
                 env: &env,
                 stdin: &stdin,
                 timeout: rt.timeout,
