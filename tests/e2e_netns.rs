@@ -106,13 +106,9 @@ impl Pod {
 
     /// The attachment plan plexus cached for this pod (results of every attachment included).
     fn cached_plan(&self) -> Value {
-        let path = self
-            .sb
-            .path("cache/attachments")
-            .join(format!("{}.json", self.id));
-        let text = std::fs::read_to_string(&path)
-            .unwrap_or_else(|e| panic!("read {}: {e}", path.display()));
-        serde_json::from_str(&text).expect("cached plan is JSON")
+        self.sb
+            .cached_plan(&self.id)
+            .unwrap_or_else(|| panic!("no cached plan for {}", self.id))
     }
 
     /// The host-side interfaces (no sandbox) every cached result names, bridges excluded.

@@ -188,26 +188,14 @@ impl World {
         let _ = std::fs::remove_dir_all(self.root.join("cache/hooks"));
     }
 
-    /// Files in the attachment cache.
+    /// The attachment cache's plans, plus any results journal left without its plan.
     pub fn cached(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.root.join("cache/attachments"))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        plexus_tests::plexus::list_cache(&self.root.join("cache/attachments"))
     }
 
+    /// The plan cached for `container`, results applied.
     pub fn plan(&self, container: &str) -> Option<Value> {
-        let text = std::fs::read(
-            self.root
-                .join(format!("cache/attachments/{container}.json")),
-        )
-        .ok()?;
-        serde_json::from_slice(&text).ok()
+        plexus_tests::plexus::read_cached_plan(&self.root.join("cache/attachments"), container)
     }
 
     pub fn status_written(&self, pod: usize) -> bool {

@@ -284,16 +284,50 @@ impl Sandbox {
         Some(serde_json::from_str(&text).unwrap())
     }
 
-    /// Files left in the attachment cache.
+    /// The attachment cache's plans (`<id>.json`) left, plus any results journal without its plan (a leak).
     pub fn cached(&self) -> Vec<String> {
-        let mut v: Vec<String> = std::fs::read_dir(self.path("cache/attachments"))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .map(|e| e.file_name().to_string_lossy().into_owned())
-                    .collect()
-            })
-            .unwrap_or_default();
-        v.sort();
-        v
+        list_cache(&self.path("cache/attachments"))
     }
+
+    /// The plan cached for container `id` with its results journal applied, as plexus reads it.
+    pub fn cached_plan(&self, id: &str) -> Option<Value> {
+        read_cached_plan(&self.path("cache/attachments"), id)
+    }
+}
+
+/// The plans (`<id>.json`) in an attachment cache directory, plus any `<id>.results` journal whose plan is gone
+/// (which would be a leak), sorted.
+pub fn list_cache(dir: &Path) -> Vec<String> {
+    let names: Vec<String> = std::fs::read_dir(dir)
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let mut v: Vec<String> = names
+        .iter()
+        .filter(|n| match n.strip_suffix(".results") {
+            Some(id) => !names.contains(&format!("{id}.json")),
+            None => true,
+        })
+        .cloned()
+        .collect();
+    v.sort();
+    v
+}
+
+/// Plan `<id>.json` with the results of its journal `<id>.results` applied (one JSON line per record, the last
+/// for an attachment wins; a torn last line is ignored), the format documented in host/plexus/src/cache.rs.
+pub fn read_cached_plan(dir: &Path, id: &str) -> Option<Value> {
+    let text = std::fs::read(dir.join(format!("{id}.json"))).ok()?;
+    let mut plan: Value = serde_json::from_slice(&text).expect("cached plan is JSON");
+    if let Ok(journal) = std::fs::read_to_string(dir.join(format!("{id}.results"))) {
+        for line in journal.split_inclusive('\n').filter(|l| l.ends_with('\n')) {
+            let rec: Value = serde_json::from_str(line).expect("journal line is JSON");
+            let i = rec["index"].as_u64().expect("record index") as usize;
+            plan["attachments"][i]["result"] = rec["result"].clone();
+        }
+    }
+    Some(plan)
 }

@@ -1,10 +1,25 @@
 //! The attachment cache: the full plan of a pod's attachments, persisted before the first delegate runs.
 //!
-//! DEL and CHECK run from it, so they work when the pod, a NAD or the API server is gone. One JSON file per
-//! container under `cacheDir/attachments/`, written atomically (temp file, rename) and reached only through a
-//! cap-std directory handle. [`AttachmentCache::store`] also syncs (the file, and the directory when the name is
-//! new); the per-attachment [`AttachmentCache::update`]s of an ADD do not, because on a busy disk every sync costs
-//! milliseconds of the pod's wait.
+//! DEL and CHECK run from it, so they work when the pod, a NAD or the API server is gone. Per container, under
+//! `cacheDir/attachments/` and reached only through a cap-std directory handle:
+//!
+//! - `<id>.json`, the plan: written once per ADD, atomically (temp file, rename), before the first delegate
+//!   runs ([`AttachmentCache::store`]);
+//! - `<id>.results`, the results journal: one line `{"index": i, "result": {..}}` appended as each attachment
+//!   succeeds, and again for any result the end of the ADD rewrites (default-route moves); the last line for an
+//!   index wins ([`Journal::record`]).
+//!
+//! The plan is never rewritten during an ADD: replacing it after every delegate cost a file replace each (a
+//! replacing rename makes the filesystem write the new file out), where an append costs a write. Each record is
+//! a single `write` of one line, so a process killed mid-ADD leaves whole lines and at most one torn last line,
+//! which [`AttachmentCache::load`] ignores.
+//!
+//! Nothing here is synced to the disk. What the cache must survive is plexus being killed (the runtime's
+//! timeout) or crashing, and the page cache survives both. A power loss also removes every pod network
+//! namespace, and the files survive it unless it comes within the kernel's writeback delay (seconds) after the
+//! write; syncing cost more than a millisecond of every pod's wait (docs/benchmarks.md). libcni's result cache
+//! and Multus's own cache are not synced either. For the power-loss case: an empty plan file (a name that
+//! reached the disk before its data) counts as no plan, so DEL re-plans from the cluster instead of failing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -98,6 +113,10 @@ impl AttachmentCache {
         format!("{container_id}.json")
     }
 
+    fn journal_name(container_id: &str) -> String {
+        format!("{container_id}.results")
+    }
+
     pub fn path_of(&self, container_id: &str) -> PathBuf {
         self.root.join(Self::file_name(container_id))
     }
@@ -115,6 +134,11 @@ impl AttachmentCache {
                 })
             }
         };
+        if bytes.is_empty() {
+            // Written atomically, so only a power loss right after an ADD leaves an empty file (see the module docs).
+            tracing::warn!(file = %self.path_of(container_id).display(), "empty attachment cache file (its data did not reach the disk): treated as no plan");
+            return Ok(None);
+        }
         let plan: AttachmentPlan = serde_json::from_slice(&bytes).map_err(|e| {
             PlexusError::Decode(format!(
                 "corrupt attachment cache file {}: {e}",
@@ -130,40 +154,79 @@ impl AttachmentCache {
                 container_id
             )));
         }
+        let mut plan = plan;
+        self.apply_journal(&mut plan)?;
         Ok(Some(plan))
     }
 
-    /// Writes the plan atomically and durably: readers see the old or the new file, never a torn one. After a
-    /// crash the file is there, holding this plan or (when this replaced a plan stored before) that one.
+    /// Applies the results journal of `plan`'s container, if there is one.
+    fn apply_journal(&self, plan: &mut AttachmentPlan) -> Result<(), PlexusError> {
+        let name = Self::journal_name(&plan.container_id);
+        let path = || self.root.join(&name).display().to_string();
+        let bytes = match self.dir.read(&name) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(source) => {
+                return Err(PlexusError::Io {
+                    path: path(),
+                    source,
+                })
+            }
+        };
+        // Only whole lines count: a process killed inside its last append leaves a torn tail.
+        let whole = match bytes.iter().rposition(|b| *b == b'\n') {
+            Some(end) => &bytes[..=end],
+            None => &[][..],
+        };
+        for (n, line) in whole.split(|b| *b == b'\n').enumerate() {
+            if line.is_empty() {
+                continue;
+            }
+            let rec: Record = serde_json::from_slice(line).map_err(|e| {
+                PlexusError::Decode(format!(
+                    "corrupt attachment results journal {} at line {}: {e}",
+                    path(),
+                    n + 1
+                ))
+            })?;
+            let count = plan.attachments.len();
+            let att = plan.attachments.get_mut(rec.index).ok_or_else(|| {
+                PlexusError::Decode(format!(
+                    "attachment results journal {} line {} names attachment {} of a plan with {count}",
+                    path(),
+                    n + 1,
+                    rec.index
+                ))
+            })?;
+            att.result = Some(rec.result);
+        }
+        Ok(())
+    }
+
+    /// The results journal of `container_id`'s ADD; the file is created by the first record.
+    pub fn journal(&self, container_id: &str) -> Journal<'_> {
+        Journal {
+            cache: self,
+            container_id: container_id.to_string(),
+            file: None,
+        }
+    }
+
+    /// Writes the plan (with any results it holds) atomically, and drops any results journal left beside an
+    /// earlier plan: readers see the old plan or the new one, never a torn one.
     pub fn store(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
-        self.write(plan, true)
-    }
-
-    /// Writes the plan atomically without waiting for the disk: for recording results between two
-    /// [`store`](Self::store)s of one ADD. A crash may lose the update (the plan synced before stays), and
-    /// on filesystems that do not flush data before a replacing rename (ext4 does) may leave an empty file.
-    pub fn update(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
-        self.write(plan, false)
-    }
-
-    fn write(&self, plan: &AttachmentPlan, durable: bool) -> Result<(), PlexusError> {
         let name = Self::file_name(&plan.container_id);
         let tmp = format!(".{name}.{}.tmp", std::process::id());
         let bytes =
             serde_json::to_vec_pretty(plan).map_err(|e| PlexusError::Decode(e.to_string()))?;
         let write = || -> std::io::Result<()> {
-            // Only a new name needs the directory synced: a lost replacement leaves the synced plan before it.
-            let sync_dir = durable && !self.dir.exists(&name);
+            match self.dir.remove_file(Self::journal_name(&plan.container_id)) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+                _ => {}
+            }
             let mut f = self.dir.create(&tmp)?;
             f.write_all(&bytes)?;
-            if durable {
-                f.sync_all()?;
-            }
             self.dir.rename(&tmp, &self.dir, &name)?;
-            if sync_dir {
-                // Make the new name itself durable.
-                self.dir.open(".")?.sync_all()?;
-            }
             Ok(())
         };
         write().map_err(|source| {
@@ -175,15 +238,25 @@ impl AttachmentCache {
         })
     }
 
+    /// Removes the plan and its results journal (the journal first: a crash in between leaves a plan that
+    /// DEL can still run from, never results without a plan).
     pub fn remove(&self, container_id: &str) -> Result<(), PlexusError> {
-        match self.dir.remove_file(Self::file_name(container_id)) {
-            Ok(()) => Ok(()),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
-            Err(source) => Err(PlexusError::Io {
-                path: self.path_of(container_id).display().to_string(),
-                source,
-            }),
+        for name in [
+            Self::journal_name(container_id),
+            Self::file_name(container_id),
+        ] {
+            match self.dir.remove_file(&name) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(source) => {
+                    return Err(PlexusError::Io {
+                        path: self.root.join(&name).display().to_string(),
+                        source,
+                    })
+                }
+            }
         }
+        Ok(())
     }
 
     /// The container ids that have a plan (for GC).
@@ -207,6 +280,55 @@ impl AttachmentCache {
         }
         ids.sort();
         Ok(ids)
+    }
+}
+
+/// One line of the results journal.
+#[derive(Serialize, Deserialize)]
+struct Record {
+    index: usize,
+    result: Value,
+}
+
+/// Appends the results of one container's ADD to its journal (see the module docs).
+#[derive(Debug)]
+pub struct Journal<'a> {
+    cache: &'a AttachmentCache,
+    container_id: String,
+    file: Option<cap_std::fs::File>,
+}
+
+impl Journal<'_> {
+    /// Records `result` as the result of attachment `index`, in one append.
+    pub fn record(&mut self, index: usize, result: &Value) -> Result<(), PlexusError> {
+        let mut line = serde_json::to_vec(&Record {
+            index,
+            result: result.clone(),
+        })
+        .map_err(|e| PlexusError::Decode(e.to_string()))?;
+        line.push(b'\n');
+        let name = AttachmentCache::journal_name(&self.container_id);
+        let cache = self.cache;
+        let append = |file: &mut Option<cap_std::fs::File>| -> std::io::Result<()> {
+            if file.is_none() {
+                let mut opts = cap_std::fs::OpenOptions::new();
+                opts.append(true).create(true);
+                *file = Some(cache.dir.open_with(&name, &opts)?);
+            }
+            // One write per record: whole lines or a torn last one, never interleaved pieces.
+            let n = file.as_mut().expect("opened above").write(&line)?;
+            if n != line.len() {
+                return Err(std::io::Error::new(
+                    std::io::ErrorKind::WriteZero,
+                    format!("short append ({n} of {} bytes)", line.len()),
+                ));
+            }
+            Ok(())
+        };
+        append(&mut self.file).map_err(|source| PlexusError::Io {
+            path: cache.root.join(&name).display().to_string(),
+            source,
+        })
     }
 }
 
@@ -237,7 +359,10 @@ mod tests {
         assert_eq!(cache.load("c1").unwrap(), Some(plan()));
         let mut updated = plan();
         updated.attachments[0].result = Some(serde_json::json!({"cniVersion": "1.0.0"}));
-        cache.update(&updated).unwrap();
+        cache
+            .journal("c1")
+            .record(0, updated.attachments[0].result.as_ref().unwrap())
+            .unwrap();
         assert_eq!(cache.load("c1").unwrap(), Some(updated));
         assert_eq!(cache.container_ids().unwrap(), vec!["c1".to_string()]);
         cache.remove("c1").unwrap();
@@ -250,6 +375,83 @@ mod tests {
                 .is_none(),
             "nothing left"
         );
+    }
+
+    fn two_attachments() -> AttachmentPlan {
+        let mut p = plan();
+        let mut second = p.attachments[0].clone();
+        second.network = "ns/net1".into();
+        second.ifname = "net1".into();
+        second.is_default = false;
+        p.attachments.push(second);
+        p
+    }
+
+    #[test]
+    fn journal_records_apply_in_order_and_the_last_for_an_index_wins() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = AttachmentCache::open(tmp.path()).unwrap();
+        cache.store(&two_attachments()).unwrap();
+        let mut j = cache.journal("c1");
+        j.record(0, &serde_json::json!({"n": "first"})).unwrap();
+        j.record(1, &serde_json::json!({"n": "second"})).unwrap();
+        j.record(0, &serde_json::json!({"n": "rewritten"})).unwrap();
+        let got = cache.load("c1").unwrap().unwrap();
+        assert_eq!(
+            got.attachments[0].result,
+            Some(serde_json::json!({"n": "rewritten"}))
+        );
+        assert_eq!(
+            got.attachments[1].result,
+            Some(serde_json::json!({"n": "second"}))
+        );
+        // The plan file itself was written once, without results.
+        let raw: AttachmentPlan =
+            serde_json::from_slice(&std::fs::read(cache.path_of("c1")).unwrap()).unwrap();
+        assert_eq!(raw, two_attachments());
+        // A new plan for the same container starts without the old results.
+        cache.store(&two_attachments()).unwrap();
+        assert_eq!(cache.load("c1").unwrap(), Some(two_attachments()));
+    }
+
+    #[test]
+    fn a_torn_last_record_is_ignored_and_a_corrupt_whole_one_is_an_error() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = AttachmentCache::open(tmp.path()).unwrap();
+        cache.store(&two_attachments()).unwrap();
+        cache
+            .journal("c1")
+            .record(0, &serde_json::json!({"n": 1}))
+            .unwrap();
+        let journal = tmp.path().join("attachments/c1.results");
+        // A process killed inside its second append.
+        let mut bytes = std::fs::read(&journal).unwrap();
+        bytes.extend_from_slice(br#"{"index":1,"result":{"n""#);
+        std::fs::write(&journal, &bytes).unwrap();
+        let got = cache.load("c1").unwrap().unwrap();
+        assert_eq!(got.attachments[0].result, Some(serde_json::json!({"n": 1})));
+        assert_eq!(got.attachments[1].result, None);
+        // A whole line that is not a record, or names an attachment the plan lacks, is corruption.
+        for bad in ["not json\n", "{\"index\":7,\"result\":{}}\n"] {
+            std::fs::write(&journal, bad).unwrap();
+            let err = cache.load("c1").unwrap_err().to_string();
+            assert!(
+                err.contains("attachments/c1.results") && err.contains("line 1"),
+                "{err}"
+            );
+        }
+        cache.remove("c1").unwrap();
+        assert!(!journal.exists() && !cache.path_of("c1").exists());
+    }
+
+    #[test]
+    fn an_empty_plan_file_counts_as_no_plan() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = AttachmentCache::open(tmp.path()).unwrap();
+        std::fs::write(tmp.path().join("attachments/c1.json"), "").unwrap();
+        assert_eq!(cache.load("c1").unwrap(), None);
+        cache.store(&plan()).unwrap();
+        assert_eq!(cache.load("c1").unwrap(), Some(plan()));
     }
 
     #[test]

@@ -4,8 +4,6 @@ use std::io::{Read, Seek, Write};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 
 /// One plugin execution.
@@ -46,6 +44,9 @@ fn is_executable(p: &Path) -> bool {
         .map(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
         .unwrap_or(false)
 }
+
+/// How long stdout is still read after a timed-out delegate's process group was killed.
+const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// What an empty pipe accepts without blocking (POSIX PIPE_BUF on Linux).
 const PIPE_BUF: usize = 4096;
@@ -90,28 +91,53 @@ impl Exec for ProcessExec {
                 let _ = stdin.write_all(&input);
             }))
         };
-        // The watchdog kills the process group when stdout is still open at the deadline; reading stdout ends
-        // when the plugin (and every process it left holding the pipe) is gone, or killed.
-        let timed_out = Arc::new(AtomicBool::new(false));
-        let (done, disarmed) = mpsc::channel::<()>();
-        {
-            let (timed_out, timeout) = (timed_out.clone(), req.timeout);
-            std::thread::spawn(move || {
-                if let Err(mpsc::RecvTimeoutError::Timeout) = disarmed.recv_timeout(timeout) {
-                    timed_out.store(true, Ordering::SeqCst);
-                    if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
-                        let _ = rustix::process::kill_process_group(
-                            pgid,
-                            rustix::process::Signal::KILL,
-                        );
-                    }
-                }
-            });
-        }
+        // The deadline is kept by polling stdout with the time left: when stdout is still open at the deadline
+        // the process group is killed. Reading ends when the plugin (and every process it left holding the
+        // pipe) is gone, or killed. No thread: every hand-off waits for a core on a busy node.
+        let deadline = start + req.timeout;
+        let mut timed_out = false;
         let mut out = Vec::new();
-        let _ = stdout.read_to_end(&mut out);
-        // Disarmed before reaping: from here on the watchdog cannot fire (a closed channel wins over its deadline).
-        drop(done);
+        let mut buf = [0u8; 8192];
+        loop {
+            let now = Instant::now();
+            if now >= deadline && !timed_out {
+                timed_out = true;
+                if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
+                    let _ =
+                        rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
+                }
+            }
+            // After the kill, a process that left the group may still hold the pipe: stop reading after a grace.
+            let until = if timed_out {
+                deadline + KILL_GRACE
+            } else {
+                deadline
+            };
+            let left = until.saturating_duration_since(now);
+            if timed_out && left.is_zero() {
+                break;
+            }
+            let mut fds = [rustix::event::PollFd::new(
+                &stdout,
+                rustix::event::PollFlags::IN,
+            )];
+            let wait = rustix::event::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: i64::from(left.subsec_nanos()),
+            };
+            match rustix::event::poll(&mut fds, Some(&wait)) {
+                Ok(0) => continue,
+                Ok(_) => {}
+                Err(rustix::io::Errno::INTR) => continue,
+                Err(e) => return Err(e.into()),
+            }
+            match stdout.read(&mut buf) {
+                Ok(0) => break,
+                Ok(n) => out.extend_from_slice(&buf[..n]),
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(_) => break,
+            }
+        }
         let status = child.wait()?;
         if let Some(w) = writer {
             let _ = w.join();
@@ -121,7 +147,6 @@ impl Exec for ProcessExec {
         err_file.seek(std::io::SeekFrom::Start(0))?;
         err_file.read_to_end(&mut stderr)?;
         let stdout = out;
-        let timed_out = timed_out.load(Ordering::SeqCst);
         Ok(ExecOutput {
             code: status.code(),
             stdout,

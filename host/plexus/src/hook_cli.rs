@@ -4,7 +4,6 @@
 use plexus_hooks::{HookKind, HookSpec, Hooks, PolicyOutcome};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::Instant;
 
 const USAGE: &str = "\
@@ -28,7 +27,7 @@ enum CliError {
 }
 
 /// Runs `plexus hook ARGS...` (`args` is what follows `hook`).
-pub fn main(args: &[String]) -> ExitCode {
+pub fn main(args: &[String]) -> u8 {
     init_logging();
     let result = match args.first().map(String::as_str) {
         Some("inspect") => inspect(&args[1..]),
@@ -36,7 +35,7 @@ pub fn main(args: &[String]) -> ExitCode {
         Some("run") => run(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
-            return ExitCode::SUCCESS;
+            return 0;
         }
         Some(other) => Err(CliError::Usage(format!("unknown hook command {other:?}"))),
         None => Err(CliError::Usage("missing hook command".into())),
@@ -44,15 +43,15 @@ pub fn main(args: &[String]) -> ExitCode {
     match result {
         Ok(out) => {
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-            ExitCode::SUCCESS
+            0
         }
         Err(CliError::Usage(msg)) => {
             eprintln!("plexus hook: {msg}\n{USAGE}");
-            ExitCode::from(2)
+            2
         }
         Err(CliError::Failed(msg)) => {
             eprintln!("plexus hook: {msg}");
-            ExitCode::FAILURE
+            1
         }
     }
 }

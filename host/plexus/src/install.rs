@@ -10,7 +10,6 @@ use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
@@ -586,16 +585,16 @@ pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError
 }
 
 /// `plexus install [flags]`; `args` are the arguments after the program name.
-pub fn main(args: &[String]) -> ExitCode {
+pub fn main(args: &[String]) -> u8 {
     let opts = match parse_args(args) {
         Ok(opts) => opts,
         Err(InstallError::Help) => {
             println!("{}", usage());
-            return ExitCode::SUCCESS;
+            return 0;
         }
         Err(err) => {
             eprintln!("plexus install: {err}");
-            return ExitCode::from(2);
+            return 2;
         }
     };
     let env = ApiServerEnv {
@@ -607,10 +606,10 @@ pub fn main(args: &[String]) -> ExitCode {
             .filter(|p| !p.is_empty()),
     };
     match run(&opts, &env) {
-        Ok(()) => ExitCode::SUCCESS,
+        Ok(()) => 0,
         Err(err) => {
             eprintln!("plexus install: {err}");
-            ExitCode::FAILURE
+            1
         }
     }
 }

@@ -578,6 +578,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
         }
     };
 
+    let mut journal = cache.journal(&inv.container_id);
     for i in 0..plan.attachments.len() {
         let att = &plan.attachments[i];
         let label = ctx.attachment_label(att);
@@ -593,8 +594,9 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
                 if let Err(e) = verified {
                     return Err(rollback(&plan, i + 1, e.context(label)));
                 }
-                // Not synced: the store after finish_add makes the results durable.
-                if let Err(e) = cache.update(&plan) {
+                if let Err(e) =
+                    journal.record(i, plan.attachments[i].result.as_ref().expect("set above"))
+                {
                     return Err(rollback(&plan, i + 1, e));
                 }
             }
@@ -603,13 +605,18 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     }
 
     let n = plan.attachments.len();
+    let recorded: Vec<Option<Value>> = plan.attachments.iter().map(|a| a.result.clone()).collect();
     if let Err(e) = finish_add(&ctx, &mut plan, pod.as_ref()) {
         return Err(rollback(&plan, n, e.context(ctx.pod_label())));
     }
-    // Durable with every result; finish_add may also have moved default routes between the results, and DEL
-    // and CHECK work from the cache.
-    if let Err(e) = cache.store(&plan) {
-        return Err(rollback(&plan, n, e));
+    // finish_add may have moved default routes between the results; DEL and CHECK must see them as printed.
+    for (i, before) in recorded.iter().enumerate() {
+        let now = plan.attachments[i].result.as_ref().expect("set above");
+        if before.as_ref() != Some(now) {
+            if let Err(e) = journal.record(i, now) {
+                return Err(rollback(&plan, n, e));
+            }
+        }
     }
     let cluster_result = plan.attachments[0].result.as_ref().expect("set above");
     let out = CniResult::parse(cluster_result)
