@@ -1,10 +1,18 @@
-//! Compiled components on disk: `<cacheDir>/hooks/<component sha256>-<engine hash>.cwasm`.
+//! Compiled components on disk: `<cacheDir>/hooks/<component sha256>-<engine hash>.cwasm`, and an index from
+//! component files to their sha256: `<cacheDir>/hooks/<sha256 of the path, 16 hex>.module`.
 //!
 //! Loading precompiled code skips validation of the machine code, so an artifact is only used when
 //! nobody but root (or the user plexus runs as) could have written it: the directory and the file
-//! must be owned by such a user and not group- or other-writable. A CRC32 in the file catches truncation
-//! and corruption (trust comes from the permissions; a cryptographic hash of the ~1 MB artifact on every
-//! load cost more than the rest of loading). Anything else is refused, logged and recompiled.
+//! must be owned by such a user and not group- or other-writable. A trailer (magic, length, CRC32 of the
+//! artifact) catches truncation and corruption; trust comes from the permissions (a cryptographic hash of the
+//! ~1 MB artifact on every load cost more than the rest of loading). Anything else is refused, logged and
+//! recompiled.
+//!
+//! A warm load reads neither the component nor the whole artifact into memory: the index says which sha256 an
+//! unchanged component file has (same device, inode, size, mtime and ctime; ctime cannot be set back by a
+//! user, so a file changed in any way misses), and the artifact is mapped from the page cache, checked, and
+//! handed to wasmtime as a file mapping. Every copy of a megabyte into fresh memory costs page faults, which
+//! were most of the time of an ADD with hooks.
 
 use sha2::{Digest, Sha256};
 use std::fs;
@@ -14,7 +22,9 @@ use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
-const MAGIC: &[u8; 8] = b"PLXHOOK2";
+/// The trailer after the wasmtime artifact: magic, artifact length (u64 LE), CRC32 of the artifact (LE).
+const MAGIC: &[u8; 8] = b"PLXHOOK3";
+const TRAILER: usize = 8 + 8 + 4;
 
 /// Where a loaded component's machine code came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -70,7 +80,7 @@ fn distrust(meta: &fs::Metadata) -> Option<String> {
 }
 
 /// The cache directory, created (0700) if missing, or why it cannot be used.
-fn cache_dir(base: &Path) -> Result<PathBuf, String> {
+pub(crate) fn cache_dir(base: &Path) -> Result<PathBuf, String> {
     // Whoever can write the base directory can swap the `hooks` directory itself.
     if let Ok(meta) = fs::metadata(base) {
         if let Some(why) = distrust(&meta) {
@@ -98,34 +108,87 @@ fn cache_dir(base: &Path) -> Result<PathBuf, String> {
 
 /// The artifact path for a component with this digest, as `load` would use it.
 pub(crate) fn artifact_path(base: &Path, engine: &Engine, sha256: &str) -> PathBuf {
-    base.join("hooks")
-        .join(format!("{sha256}-{}.cwasm", engine_hash(engine)))
+    base.join("hooks").join(artifact_name(engine, sha256))
+}
+
+fn artifact_name(engine: &Engine, sha256: &str) -> String {
+    format!("{sha256}-{}.cwasm", engine_hash(engine))
+}
+
+/// Checks the trailer of the artifact at `path` against a read-only mapping of the file, without copying it.
+fn check_artifact(file: &fs::File, len: usize) -> Result<(), String> {
+    if len < TRAILER {
+        return Err("not a plexus hook artifact (too short)".into());
+    }
+    // SAFETY: a shared read-only mapping of a regular file that only root or this user can write (checked by
+    // the caller); it is only read, and unmapped before returning.
+    #[allow(unsafe_code)]
+    let map = unsafe {
+        rustix::mm::mmap(
+            std::ptr::null_mut(),
+            len,
+            rustix::mm::ProtFlags::READ,
+            rustix::mm::MapFlags::SHARED,
+            file,
+            0,
+        )
+    }
+    .map_err(|e| format!("cannot map: {e}"))?;
+    struct Unmap(*mut std::ffi::c_void, usize);
+    impl Drop for Unmap {
+        fn drop(&mut self) {
+            // SAFETY: the mapping made above, no longer borrowed.
+            #[allow(unsafe_code)]
+            let _ = unsafe { rustix::mm::munmap(self.0, self.1) };
+        }
+    }
+    let _unmap = Unmap(map, len);
+    // SAFETY: `map` is a readable mapping of `len` bytes that lives until `_unmap` drops.
+    #[allow(unsafe_code)]
+    let bytes = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
+    let (payload, trailer) = bytes.split_at(len - TRAILER);
+    if &trailer[..8] != MAGIC {
+        return Err("not a plexus hook artifact".into());
+    }
+    let stored_len = u64::from_le_bytes(trailer[8..16].try_into().expect("8 bytes"));
+    if stored_len != payload.len() as u64 {
+        return Err(format!(
+            "length mismatch ({} bytes, trailer says {stored_len}: truncated or corrupted)",
+            payload.len()
+        ));
+    }
+    if crc32fast::hash(payload).to_le_bytes() != trailer[16..20] {
+        return Err("checksum mismatch (corrupted or tampered)".into());
+    }
+    Ok(())
 }
 
 fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
-    let meta = fs::symlink_metadata(path).map_err(|e| format!("cannot stat: {e}"))?;
+    let file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(path)
+        .map_err(|e| format!("cannot open: {e}"))?;
+    let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
     if !meta.is_file() {
         return Err("not a regular file".into());
     }
     if let Some(why) = distrust(&meta) {
         return Err(why);
     }
-    let bytes = fs::read(path).map_err(|e| format!("cannot read: {e}"))?;
-    let header = MAGIC.len() + 4;
-    if bytes.len() < header || &bytes[..MAGIC.len()] != MAGIC {
-        return Err("not a plexus hook artifact".into());
-    }
-    let (digest, payload) = bytes[MAGIC.len()..].split_at(4);
-    if crc32fast::hash(payload).to_le_bytes() != digest {
-        return Err("checksum mismatch (corrupted or tampered)".into());
-    }
-    // SAFETY: wasmtime requires that deserialized bytes come from `Component::serialize` of a
-    // compatible engine. The file name carries this engine's compatibility hash, the checksum above
-    // matches what `write_artifact` stored, and the file and its directory are writable only by root or
-    // the user plexus runs as (checked above and in `cache_dir`).
+    check_artifact(&file, meta.len() as usize)?;
+    // SAFETY: wasmtime requires that the file holds what `Component::serialize` of a compatible engine
+    // produced, and that it does not change while mapped. The file name carries this engine's compatibility
+    // hash, the trailer checked above matches what `write_artifact` stored, and the file and its directory are
+    // writable only by root or the user plexus runs as (checked above and in `cache_dir`), who replace
+    // artifacts by rename, never in place. wasmtime maps the file privately and ignores the trailer.
     #[allow(unsafe_code)]
-    let component = unsafe { Component::deserialize(engine, payload) };
-    component.map_err(|e| format!("cannot deserialize: {e}"))
+    let component = unsafe { Component::deserialize_file(engine, path) };
+    component.map_err(|e| format!("cannot deserialize: {e:#}"))
+}
+
+fn libc_o_nofollow() -> i32 {
+    rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
 fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String> {
@@ -143,9 +206,10 @@ fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String>
             .create_new(true)
             .mode(0o600)
             .open(&tmp)?;
-        f.write_all(MAGIC)?;
-        f.write_all(&crc32fast::hash(payload).to_le_bytes())?;
         f.write_all(payload)?;
+        f.write_all(MAGIC)?;
+        f.write_all(&(payload.len() as u64).to_le_bytes())?;
+        f.write_all(&crc32fast::hash(payload).to_le_bytes())?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         if let Ok(d) = fs::File::open(dir) {
@@ -159,31 +223,45 @@ fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String>
     })
 }
 
-/// Compiles `wasm` or loads its cached artifact. `Err` only when the component does not compile.
+/// Whether and where [`load`] keeps compiled artifacts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum CacheUse<'a> {
+    /// No cache configured (one-off runs).
+    Off,
+    /// A cache was configured but cannot be trusted or created (why).
+    Unusable(&'a str),
+    /// The verified `hooks` directory (from [`cache_dir`]).
+    Dir(&'a Path),
+}
+
+/// Loads the cached artifact of the component with this digest, or compiles the component (its bytes come
+/// from `wasm`, asked only then) and caches the result. `Err` only when the component does not compile.
 pub(crate) fn load(
     engine: &Engine,
-    wasm: &[u8],
     sha256: &str,
-    base: Option<&Path>,
+    wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>,
+    cache: CacheUse<'_>,
 ) -> Result<(Component, ArtifactSource), String> {
-    let Some(base) = base else {
-        let c = Component::from_binary(engine, wasm).map_err(|e| format!("{e:#}"))?;
-        return Ok((
-            c,
-            ArtifactSource::CompiledUncached("no cache directory".into()),
-        ));
+    let compile = |wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>| -> Result<Component, String> {
+        Component::from_binary(engine, &wasm()?).map_err(|e| format!("{e:#}"))
     };
-    let dir = match cache_dir(base) {
-        Ok(dir) => dir,
-        Err(why) => {
-            tracing::warn!("not using the hook cache: {why}");
-            let c = Component::from_binary(engine, wasm).map_err(|e| format!("{e:#}"))?;
-            return Ok((c, ArtifactSource::CompiledUncached(why)));
+    let dir = match cache {
+        CacheUse::Off => {
+            let c = compile(wasm)?;
+            return Ok((
+                c,
+                ArtifactSource::CompiledUncached("no cache directory".into()),
+            ));
         }
+        CacheUse::Unusable(why) => {
+            let c = compile(wasm)?;
+            return Ok((c, ArtifactSource::CompiledUncached(why.to_string())));
+        }
+        CacheUse::Dir(dir) => dir,
     };
-    let path = artifact_path(base, engine, sha256);
+    let path = dir.join(artifact_name(engine, sha256));
     let mut refused = None;
-    if path.exists() || fs::symlink_metadata(&path).is_ok() {
+    if fs::symlink_metadata(&path).is_ok() {
         match read_artifact(engine, &path) {
             Ok(c) => return Ok((c, ArtifactSource::Cached)),
             Err(why) => {
@@ -195,9 +273,9 @@ pub(crate) fn load(
             }
         }
     }
-    let c = Component::from_binary(engine, wasm).map_err(|e| format!("{e:#}"))?;
+    let c = compile(wasm)?;
     let source = match c.serialize() {
-        Ok(payload) => match write_artifact(&dir, &path, &payload) {
+        Ok(payload) => match write_artifact(dir, &path, &payload) {
             Ok(()) => refused.map_or(ArtifactSource::Compiled, ArtifactSource::Recompiled),
             Err(why) => {
                 tracing::warn!("{why}");
@@ -211,4 +289,113 @@ pub(crate) fn load(
         }
     };
     Ok((c, source))
+}
+
+/// What identifies an unchanged component file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct ModuleStat {
+    dev: u64,
+    ino: u64,
+    size: u64,
+    mtime_ns: i128,
+    ctime_ns: i128,
+}
+
+impl ModuleStat {
+    pub(crate) fn of(path: &Path) -> std::io::Result<ModuleStat> {
+        let m = fs::metadata(path)?;
+        Ok(ModuleStat {
+            dev: m.dev(),
+            ino: m.ino(),
+            size: m.size(),
+            mtime_ns: i128::from(m.mtime()) * 1_000_000_000 + i128::from(m.mtime_nsec()),
+            ctime_ns: i128::from(m.ctime()) * 1_000_000_000 + i128::from(m.ctime_nsec()),
+        })
+    }
+
+    fn line(&self) -> String {
+        format!(
+            "{} {} {} {} {}",
+            self.dev, self.ino, self.size, self.mtime_ns, self.ctime_ns
+        )
+    }
+}
+
+const INDEX_HEADER: &str = "plexus-hook-module 1";
+
+/// How long a component file must have been left unchanged before its digest is recorded.
+const RACY_NS: i128 = 2_000_000_000;
+
+fn index_path(dir: &Path, module: &Path) -> PathBuf {
+    use std::os::unix::ffi::OsStrExt;
+    let key = sha256_hex(module.as_os_str().as_bytes());
+    dir.join(format!("{}.module", &key[..16]))
+}
+
+/// The sha256 recorded for `module` when the file is unchanged since (see the module docs).
+pub(crate) fn indexed_sha256(dir: &Path, module: &Path, stat: &ModuleStat) -> Option<String> {
+    use std::io::Read;
+    use std::os::unix::ffi::OsStrExt;
+    let mut file = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc_o_nofollow())
+        .open(index_path(dir, module))
+        .ok()?;
+    let meta = file.metadata().ok()?;
+    if !meta.is_file() || distrust(&meta).is_some() || meta.len() > 64 * 1024 {
+        return None;
+    }
+    let mut text = Vec::new();
+    file.read_to_end(&mut text).ok()?;
+    // header, path, stat line, sha256: the path is compared whole (the file name is only a hash of it).
+    let mut lines = text.split(|b| *b == b'\n');
+    let (header, path, st, sha) = (lines.next()?, lines.next()?, lines.next()?, lines.next()?);
+    if header != INDEX_HEADER.as_bytes()
+        || path != module.as_os_str().as_bytes()
+        || st != stat.line().as_bytes()
+        || sha.len() != 64
+        || !sha.iter().all(|b| b.is_ascii_hexdigit())
+    {
+        return None;
+    }
+    Some(String::from_utf8_lossy(sha).into_owned())
+}
+
+/// Records that `module`, as `stat` describes it, has this sha256. Best effort: a failure only costs the next
+/// load a read and a hash.
+pub(crate) fn record_sha256(dir: &Path, module: &Path, stat: &ModuleStat, sha256: &str) {
+    use std::os::unix::ffi::OsStrExt;
+    // A file changed within the filesystem's timestamp granularity after this stat could keep the same times
+    // (and size): only files left alone for a while are recorded (as git does with racily clean files).
+    let now_ns = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as i128);
+    if now_ns - stat.mtime_ns.max(stat.ctime_ns) < RACY_NS {
+        return;
+    }
+    let path = index_path(dir, module);
+    let tmp = dir.join(format!(".tmp-{}-module", std::process::id()));
+    let write = || -> std::io::Result<()> {
+        let _ = fs::remove_file(&tmp);
+        let mut f = fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let mut text = Vec::new();
+        text.extend_from_slice(INDEX_HEADER.as_bytes());
+        text.push(b'\n');
+        text.extend_from_slice(module.as_os_str().as_bytes());
+        text.push(b'\n');
+        text.extend_from_slice(stat.line().as_bytes());
+        text.push(b'\n');
+        text.extend_from_slice(sha256.as_bytes());
+        text.push(b'\n');
+        f.write_all(&text)?;
+        fs::rename(&tmp, &path)
+    };
+    if let Err(e) = write() {
+        let _ = fs::remove_file(&tmp);
+        tracing::debug!("cannot record the digest of {}: {e}", module.display());
+    }
 }

@@ -128,6 +128,31 @@ fn read_module(path: &Path) -> Result<(Vec<u8>, String), LoadError> {
     Ok((bytes, sha))
 }
 
+/// The sha256 of a component file, from the cache's index when the file is unchanged (then without its bytes),
+/// else read and hashed (and recorded in the index when the file did not change meanwhile).
+fn module_digest(
+    path: &Path,
+    cache: cache::CacheUse<'_>,
+) -> Result<(String, Option<Vec<u8>>), LoadError> {
+    let cache::CacheUse::Dir(dir) = cache else {
+        let (bytes, sha) = read_module(path)?;
+        return Ok((sha, Some(bytes)));
+    };
+    let read_err = |error| LoadError::Read {
+        path: path.to_path_buf(),
+        error,
+    };
+    let before = cache::ModuleStat::of(path).map_err(read_err)?;
+    if let Some(sha) = cache::indexed_sha256(dir, path, &before) {
+        return Ok((sha, None));
+    }
+    let (bytes, sha) = read_module(path)?;
+    if cache::ModuleStat::of(path).map_err(read_err)? == before {
+        cache::record_sha256(dir, path, &before, &sha);
+    }
+    Ok((sha, Some(bytes)))
+}
+
 fn new_linker(engine: &Engine) -> Result<Linker<State>, String> {
     let mut linker = Linker::new(engine);
     wasmtime_wasi::p2::add_to_linker_sync(&mut linker).map_err(|e| format!("{e:#}"))?;
@@ -190,6 +215,15 @@ impl Hooks {
         check_specs(specs)?;
         let engine = engine::new_engine().map_err(HookError::Engine)?;
         let linker = new_linker(&engine).map_err(HookError::Engine)?;
+        let dir = cache_dir.map(cache::cache_dir);
+        if let Some(Err(why)) = &dir {
+            tracing::warn!("not using the hook cache: {why}");
+        }
+        let cache_use = match &dir {
+            None => cache::CacheUse::Off,
+            Some(Err(why)) => cache::CacheUse::Unusable(why),
+            Some(Ok(d)) => cache::CacheUse::Dir(d),
+        };
         let mut components: HashMap<String, Component> = HashMap::new();
         let mut hooks = Vec::new();
         let mut artifacts = Vec::new();
@@ -200,7 +234,7 @@ impl Hooks {
                 error,
             };
             let start = Instant::now();
-            let (bytes, sha) = read_module(&spec.module).map_err(load_err)?;
+            let (sha, mut bytes) = module_digest(&spec.module, cache_use).map_err(load_err)?;
             if let Some(pin) = &spec.sha256 {
                 let pin = pin
                     .trim()
@@ -217,8 +251,22 @@ impl Hooks {
             let component = match components.get(&sha) {
                 Some(c) => c.clone(),
                 None => {
+                    // The bytes are needed only to compile; when the digest came from the index they are read
+                    // now, and must still be what the index said.
+                    let mut wasm = || -> Result<Vec<u8>, String> {
+                        if let Some(b) = bytes.take() {
+                            return Ok(b);
+                        }
+                        let (b, now) = read_module(&spec.module).map_err(|e| e.to_string())?;
+                        if now != sha {
+                            return Err(format!(
+                                "the file changed while loading (sha256 {sha}, now {now})"
+                            ));
+                        }
+                        Ok(b)
+                    };
                     let (c, source) =
-                        cache::load(&engine, &bytes, &sha, cache_dir).map_err(|reason| {
+                        cache::load(&engine, &sha, &mut wasm, cache_use).map_err(|reason| {
                             load_err(LoadError::Compile {
                                 path: spec.module.clone(),
                                 reason,
@@ -535,12 +583,25 @@ pub fn compile(path: &Path, cache_dir: &Path) -> Result<Artifact, LoadError> {
         path: path.to_path_buf(),
         reason,
     })?;
-    let (_, source) = cache::load(&engine, &bytes, &sha, Some(cache_dir)).map_err(|reason| {
-        LoadError::Compile {
+    let dir = cache::cache_dir(cache_dir);
+    let cache_use = match &dir {
+        Ok(d) => cache::CacheUse::Dir(d),
+        Err(why) => {
+            tracing::warn!("not using the hook cache: {why}");
+            cache::CacheUse::Unusable(why)
+        }
+    };
+    let mut bytes = Some(bytes);
+    let mut wasm = || {
+        bytes
+            .take()
+            .ok_or_else(|| "component read twice".to_string())
+    };
+    let (_, source) =
+        cache::load(&engine, &sha, &mut wasm, cache_use).map_err(|reason| LoadError::Compile {
             path: path.to_path_buf(),
             reason,
-        }
-    })?;
+        })?;
     Ok(Artifact {
         hook: path.display().to_string(),
         module: path.to_path_buf(),

@@ -376,6 +376,96 @@ fn cache_is_used_on_second_load_and_distrusted_when_writable() {
 }
 
 #[test]
+fn the_digest_index_is_used_only_for_unchanged_trusted_entries() {
+    let dir = tempfile::tempdir().unwrap();
+    let (a, b) = (dir.path().join("a.wasm"), dir.path().join("b.wasm"));
+    std::fs::copy(guest("namespace-isolation"), &a).unwrap();
+    std::fs::copy(guest("test-policy-only"), &b).unwrap();
+    let specs = |m: &PathBuf| [HookSpec::new("h", HookKind::Policy, m)];
+    let index_entries = || -> Vec<PathBuf> {
+        std::fs::read_dir(dir.path().join("hooks"))
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .filter(|p| p.extension().is_some_and(|e| e == "module"))
+            .collect()
+    };
+    // A file changed a moment ago is not indexed (its times may not move on the next change).
+    let fresh = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(fresh.artifacts()[0].source, ArtifactSource::Compiled);
+    assert!(index_entries().is_empty());
+    std::thread::sleep(Duration::from_millis(2100));
+    let sha_b = Hooks::load(&specs(&b), dir.path()).unwrap().artifacts()[0]
+        .sha256
+        .clone();
+    let first = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(first.artifacts()[0].source, ArtifactSource::Cached);
+    let sha_a = first.artifacts()[0].sha256.clone();
+    assert_eq!(index_entries().len(), 2, "both files indexed now");
+    // The index is believed while the file is unchanged...
+    let second = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(second.artifacts()[0].sha256, sha_a);
+    assert_eq!(second.artifacts()[0].source, ArtifactSource::Cached);
+
+    // (It is the index that answers: a trusted entry claiming b's digest for a is believed, the file is not
+    // read.)
+    let entry_a = index_entries()
+        .into_iter()
+        .find(|p| std::fs::read_to_string(p).unwrap().contains(&sha_a))
+        .expect("a's entry");
+    let text = std::fs::read_to_string(&entry_a).unwrap();
+    std::fs::write(&entry_a, text.replace(&sha_a, &sha_b)).unwrap();
+    std::fs::set_permissions(&entry_a, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let lied_to = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(lied_to.artifacts()[0].sha256, sha_b);
+    // ...but an entry anyone could have written is not.
+    std::fs::set_permissions(&entry_a, std::fs::Permissions::from_mode(0o666)).unwrap();
+    let third = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(third.artifacts()[0].sha256, sha_a);
+
+    // Same path, other contents: hashed again, compiled anew, and a pin is checked against the real digest.
+    std::fs::write(&a, std::fs::read(guest("test-trap")).unwrap()).unwrap();
+    let fourth = Hooks::load(&specs(&a), dir.path()).unwrap();
+    assert_eq!(
+        fourth.artifacts()[0].sha256,
+        plexus_hooks::inspect(&a).unwrap().sha256
+    );
+    assert_eq!(fourth.artifacts()[0].source, ArtifactSource::Compiled);
+    let mut pinned = HookSpec::new("h", HookKind::Policy, &a);
+    pinned.sha256 = Some(sha_a);
+    match Hooks::load(&[pinned], dir.path()) {
+        Err(HookError::Load {
+            error: LoadError::Sha256Mismatch { .. },
+            ..
+        }) => {}
+        other => panic!("expected a sha256 mismatch, got {other:?}"),
+    }
+}
+
+#[test]
+fn a_truncated_artifact_is_refused_and_recompiled() {
+    let dir = tempfile::tempdir().unwrap();
+    let specs = [spec("ns-iso", HookKind::Policy, "namespace-isolation")];
+    Hooks::load(&specs, dir.path()).unwrap();
+    let artifact = plexus_hooks::artifact_path(&guest("namespace-isolation"), dir.path()).unwrap();
+    let bytes = std::fs::read(&artifact).unwrap();
+    for keep in [bytes.len() / 2, 10] {
+        std::fs::write(&artifact, &bytes[..keep]).unwrap();
+        let hooks = Hooks::load(&specs, dir.path()).unwrap();
+        match &hooks.artifacts()[0].source {
+            ArtifactSource::Recompiled(why) => assert!(
+                why.contains("not a plexus hook artifact") || why.contains("length"),
+                "{why}"
+            ),
+            other => panic!("a truncated artifact must be refused, got {other:?}"),
+        }
+        assert!(matches!(
+            hooks.policy(&pod(), vec![]).unwrap(),
+            PolicyOutcome::Admit(_)
+        ));
+    }
+}
+
+#[test]
 fn writable_cache_directory_is_not_used() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::create_dir(dir.path().join("hooks")).unwrap();
