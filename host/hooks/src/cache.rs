@@ -3,15 +3,16 @@
 //!
 //! Loading precompiled code skips validation of the machine code, so an artifact is only used when
 //! nobody but root (or the user plexus runs as) could have written it: the directory and the file
-//! must be owned by such a user and not group- or other-writable. A trailer (magic, length, CRC32 of the
-//! artifact) catches truncation and corruption; trust comes from the permissions (a cryptographic hash of the
-//! ~1 MB artifact on every load cost more than the rest of loading). Anything else is refused, logged and
-//! recompiled.
+//! must be owned by such a user and not group- or other-writable. A trailer (magic, length) catches a truncated
+//! or foreign file; wasmtime checks the rest of the structure (its ELF layout, the engine it was compiled for).
+//! The machine code itself is trusted as any executable root installed is: checksumming the ~1 MB artifact on
+//! every load (sha256 first, CRC32 later) cost more than the rest of loading. Anything else is refused, logged
+//! and recompiled; the artifact is written with a sync and an atomic rename, so a crash cannot leave half of one.
 //!
 //! A warm load reads neither the component nor the whole artifact into memory: the index says which sha256 an
 //! unchanged component file has (same device, inode, size, mtime and ctime; ctime cannot be set back by a
-//! user, so a file changed in any way misses), and the artifact is mapped from the page cache, checked, and
-//! handed to wasmtime as a file mapping. Every copy of a megabyte into fresh memory costs page faults, which
+//! user, so a file changed in any way misses), and the artifact's trailer is checked and the file handed to
+//! wasmtime, which maps it. Every copy of a megabyte into fresh memory costs page faults, which
 //! were most of the time of an ADD with hooks.
 
 use sha2::{Digest, Sha256};
@@ -22,9 +23,9 @@ use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
-/// The trailer after the wasmtime artifact: magic, artifact length (u64 LE), CRC32 of the artifact (LE).
-const MAGIC: &[u8; 8] = b"PLXHOOK3";
-const TRAILER: usize = 8 + 8 + 4;
+/// The trailer after the wasmtime artifact: magic, artifact length (u64 LE).
+const MAGIC: &[u8; 8] = b"PLXHOOK4";
+const TRAILER: usize = 8 + 8;
 
 /// Where a loaded component's machine code came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -115,50 +116,24 @@ fn artifact_name(engine: &Engine, sha256: &str) -> String {
     format!("{sha256}-{}.cwasm", engine_hash(engine))
 }
 
-/// Checks the trailer of the artifact at `path` against a read-only mapping of the file, without copying it.
+/// Checks the trailer of an artifact file of `len` bytes: reads only its last bytes.
 fn check_artifact(file: &fs::File, len: usize) -> Result<(), String> {
+    use std::os::unix::fs::FileExt;
     if len < TRAILER {
         return Err("not a plexus hook artifact (too short)".into());
     }
-    // SAFETY: a shared read-only mapping of a regular file that only root or this user can write (checked by
-    // the caller); it is only read, and unmapped before returning.
-    #[allow(unsafe_code)]
-    let map = unsafe {
-        rustix::mm::mmap(
-            std::ptr::null_mut(),
-            len,
-            rustix::mm::ProtFlags::READ,
-            rustix::mm::MapFlags::SHARED,
-            file,
-            0,
-        )
-    }
-    .map_err(|e| format!("cannot map: {e}"))?;
-    struct Unmap(*mut std::ffi::c_void, usize);
-    impl Drop for Unmap {
-        fn drop(&mut self) {
-            // SAFETY: the mapping made above, no longer borrowed.
-            #[allow(unsafe_code)]
-            let _ = unsafe { rustix::mm::munmap(self.0, self.1) };
-        }
-    }
-    let _unmap = Unmap(map, len);
-    // SAFETY: `map` is a readable mapping of `len` bytes that lives until `_unmap` drops.
-    #[allow(unsafe_code)]
-    let bytes = unsafe { std::slice::from_raw_parts(map.cast::<u8>(), len) };
-    let (payload, trailer) = bytes.split_at(len - TRAILER);
+    let mut trailer = [0u8; TRAILER];
+    file.read_exact_at(&mut trailer, (len - TRAILER) as u64)
+        .map_err(|e| format!("cannot read: {e}"))?;
     if &trailer[..8] != MAGIC {
         return Err("not a plexus hook artifact".into());
     }
     let stored_len = u64::from_le_bytes(trailer[8..16].try_into().expect("8 bytes"));
-    if stored_len != payload.len() as u64 {
+    let payload = (len - TRAILER) as u64;
+    if stored_len != payload {
         return Err(format!(
-            "length mismatch ({} bytes, trailer says {stored_len}: truncated or corrupted)",
-            payload.len()
+            "length mismatch ({payload} bytes, trailer says {stored_len}: truncated or corrupted)"
         ));
-    }
-    if crc32fast::hash(payload).to_le_bytes() != trailer[16..20] {
-        return Err("checksum mismatch (corrupted or tampered)".into());
     }
     Ok(())
 }
@@ -209,7 +184,6 @@ fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String>
         f.write_all(payload)?;
         f.write_all(MAGIC)?;
         f.write_all(&(payload.len() as u64).to_le_bytes())?;
-        f.write_all(&crc32fast::hash(payload).to_le_bytes())?;
         f.sync_all()?;
         fs::rename(&tmp, path)?;
         if let Ok(d) = fs::File::open(dir) {

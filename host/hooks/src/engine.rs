@@ -11,7 +11,7 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 pub(crate) const TICK: Duration = Duration::from_millis(2);
 
 /// Instances alive at once (one per call in flight; a call's store is dropped before the next call).
-const POOL_COMPONENT_INSTANCES: u32 = 8;
+const POOL_COMPONENT_INSTANCES: u32 = 4;
 
 pub(crate) fn new_engine() -> Result<Engine, String> {
     let mut config = Config::new();

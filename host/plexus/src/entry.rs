@@ -22,7 +22,8 @@ pub struct Outcome {
     pub success: bool,
 }
 
-/// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`).
+/// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`). Meant for a process that
+/// exits afterwards (see the end of `run_inner`); a long-lived host drives [`orchestrate`] itself.
 pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
     let stdin = stdin_json(stdin);
     let reply_version = orchestrate::reply_version(
@@ -92,14 +93,19 @@ fn run_inner(
         podnet: &IpRoute,
         hooks: hooks.as_ref(),
     };
-    match command {
+    let out = match command {
         Command::Add => orchestrate::add(&inv, &fx).map(|r| Some(r.to_string())),
         Command::Del => orchestrate::del(&inv, &fx).map(|()| None),
         Command::Check => orchestrate::check(&inv, &fx).map(|()| None),
         Command::Status => orchestrate::status(&inv, &fx).map(|()| None),
         Command::Gc => orchestrate::gc(&inv, &fx).map(|()| None),
         Command::Version => unreachable!("handled above"),
-    }
+    };
+    // The process exits right after: the hook runtime's mappings (compiled code, the instance pool) and its
+    // epoch thread are left to the exit, which releases them at once, instead of being unmapped and joined one
+    // by one (measurable on every ADD with hooks).
+    std::mem::forget(hooks);
+    out
 }
 
 fn init_logging(conf: &PlexusConf) {
