@@ -10,32 +10,37 @@ use wasmtime::{Config, Engine, InstanceAllocationStrategy, PoolingAllocationConf
 /// may come at once).
 pub(crate) const TICK: Duration = Duration::from_millis(2);
 
-/// Instances alive at once (one per call in flight; a call's store is dropped before the next call).
+/// Instances alive at once in a pooled engine (one per call in flight; a call's store is dropped before the
+/// next call).
 const POOL_COMPONENT_INSTANCES: u32 = 4;
 
-pub(crate) fn new_engine() -> Result<Engine, String> {
+/// The engine. `pooled` selects wasmtime's pooling allocator, for a long-lived host that makes many calls: it
+/// reserves the instances' memories and tables once and reuses the slots, instead of mapping and unmapping a
+/// 4 GiB reservation (and the memory's initial image) on every call, which made warm calls 25-40% faster in
+/// `hook_bench`. Setting the pool up costs ~150 µs (wasmtime sizes it by the CPUs it may use, which std reads
+/// from the cgroup files), more than it saves in a plexus process, which makes a handful of calls; so the CNI
+/// binary does not pool. Freed slots are reset with madvise, not kept resident: zeroing a resident megabyte
+/// on every free cost more than it saved.
+pub(crate) fn new_engine(pooled: bool) -> Result<Engine, String> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     config.wasm_component_model(true);
     config.parallel_compilation(true);
-    // Every call instantiates afresh; the pooling allocator reserves the instances' memories and tables once
-    // per engine and reuses the slots, instead of mapping and unmapping a 4 GiB reservation (and the
-    // memory's initial image) on every call: warm calls measured 25-35% faster (docs/benchmarks.md).
-    // Freed slots are reset with madvise, not kept resident: zeroing a resident megabyte on every free cost
-    // more than it saved in a plexus process, which makes only a handful of calls.
-    let mut pool = PoolingAllocationConfig::default();
-    pool.total_component_instances(POOL_COMPONENT_INSTANCES)
-        .total_core_instances(POOL_COMPONENT_INSTANCES * 4)
-        .total_memories(POOL_COMPONENT_INSTANCES * 2)
-        .total_tables(POOL_COMPONENT_INSTANCES * 4)
-        .total_stacks(0)
-        // Per module (docs/hooks.md, "Limits"): what toolchains emit, with room.
-        .max_memories_per_module(2)
-        .max_tables_per_module(4)
-        .table_elements(100_000)
-        // A hook's memoryLimitMiB is at most 4096; its limiter enforces the configured value.
-        .max_memory_size(4096 << 20);
-    config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    if pooled {
+        let mut pool = PoolingAllocationConfig::default();
+        pool.total_component_instances(POOL_COMPONENT_INSTANCES)
+            .total_core_instances(POOL_COMPONENT_INSTANCES * 4)
+            .total_memories(POOL_COMPONENT_INSTANCES * 2)
+            .total_tables(POOL_COMPONENT_INSTANCES * 4)
+            .total_stacks(0)
+            // Per module (docs/hooks.md, "Limits"): what toolchains emit, with room.
+            .max_memories_per_module(2)
+            .max_tables_per_module(4)
+            .table_elements(100_000)
+            // A hook's memoryLimitMiB is at most 4096; its limiter enforces the configured value.
+            .max_memory_size(4096 << 20);
+        config.allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+    }
     Engine::new(&config).map_err(|e| format!("{e:#}"))
 }
 
