@@ -247,22 +247,29 @@ pub(crate) fn load(
             }
         }
     }
-    let c = compile(wasm)?;
-    let source = match c.serialize() {
-        Ok(payload) => match write_artifact(dir, &path, &payload) {
-            Ok(()) => refused.map_or(ArtifactSource::Compiled, ArtifactSource::Recompiled),
-            Err(why) => {
-                tracing::warn!("{why}");
-                ArtifactSource::CompiledUncached(why)
+    // Compiled straight to the artifact's bytes, written, and then mapped like any cached artifact: the
+    // compiled code is never held twice (as a loaded component and as its serialization), which kept the peak
+    // memory of an ADD that compiles its hooks several MiB higher.
+    let payload = engine
+        .precompile_component(&wasm()?)
+        .map_err(|e| format!("{e:#}"))?;
+    let written = write_artifact(dir, &path, &payload);
+    if written.is_ok() {
+        drop(payload);
+        match read_artifact(engine, &path) {
+            Ok(c) => {
+                let source = refused.map_or(ArtifactSource::Compiled, ArtifactSource::Recompiled);
+                return Ok((c, source));
             }
-        },
-        Err(e) => {
-            let why = format!("cannot serialize: {e}");
-            tracing::warn!("{why}");
-            ArtifactSource::CompiledUncached(why)
+            Err(why) => return Err(format!("the artifact just written is unusable: {why}")),
         }
-    };
-    Ok((c, source))
+    }
+    let why = written.expect_err("handled above");
+    tracing::warn!("{why}");
+    // SAFETY: `payload` is what `precompile_component` of this very engine returned a moment ago.
+    #[allow(unsafe_code)]
+    let c = unsafe { Component::deserialize(engine, &payload) }.map_err(|e| format!("{e:#}"))?;
+    Ok((c, ArtifactSource::CompiledUncached(why)))
 }
 
 /// What identifies an unchanged component file.

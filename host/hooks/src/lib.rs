@@ -227,7 +227,7 @@ impl Hooks {
             });
         }
         check_specs(specs)?;
-        let engine = engine::new_engine(pooled).map_err(HookError::Engine)?;
+        let engine = engine::new_engine(pooled, false).map_err(HookError::Engine)?;
         let linker = new_linker(&engine).map_err(HookError::Engine)?;
         let dir = cache_dir.map(cache::cache_dir);
         if let Some(Err(why)) = &dir {
@@ -593,7 +593,7 @@ fn cut(mut s: String, max: usize) -> String {
 pub fn compile(path: &Path, cache_dir: &Path) -> Result<Artifact, LoadError> {
     let start = Instant::now();
     let (bytes, sha) = read_module(path)?;
-    let engine = engine::new_engine(false).map_err(|reason| LoadError::Compile {
+    let engine = engine::new_engine(false, true).map_err(|reason| LoadError::Compile {
         path: path.to_path_buf(),
         reason,
     })?;
@@ -632,7 +632,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
         path: path.to_path_buf(),
         reason,
     };
-    let engine = engine::new_engine(false).map_err(compile_err)?;
+    let engine = engine::new_engine(false, false).map_err(compile_err)?;
     let component =
         Component::from_binary(&engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?;
     let ty = component.component_type();
@@ -664,7 +664,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
 /// The cache file `Hooks::load` would use for this component (for tests and operators).
 pub fn artifact_path(module: &Path, cache_dir: &Path) -> Result<PathBuf, LoadError> {
     let (_, sha) = read_module(module)?;
-    let engine = engine::new_engine(false).map_err(|reason| LoadError::Compile {
+    let engine = engine::new_engine(false, false).map_err(|reason| LoadError::Compile {
         path: module.to_path_buf(),
         reason,
     })?;

@@ -531,6 +531,22 @@ fn writable_cache_directory_is_not_used() {
 }
 
 #[test]
+fn what_hook_compile_caches_is_what_an_add_loads() {
+    // `plexus hook compile` (install time) compiles in parallel, an ADD does not: the artifacts must be the
+    // same ones.
+    let dir = tempfile::tempdir().unwrap();
+    let compiled = plexus_hooks::compile(&guest("status-labels"), dir.path()).unwrap();
+    assert_eq!(compiled.source, ArtifactSource::Compiled);
+    let hooks = Hooks::load(
+        &[spec("labels", HookKind::Status, "status-labels")],
+        dir.path(),
+    )
+    .unwrap();
+    assert_eq!(hooks.artifacts()[0].source, ArtifactSource::Cached);
+    assert_eq!(hooks.artifacts()[0].sha256, compiled.sha256);
+}
+
+#[test]
 fn one_component_serving_several_hooks_is_compiled_once() {
     let dir = tempfile::tempdir().unwrap();
     let hooks = Hooks::load(
