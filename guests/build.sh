@@ -63,7 +63,7 @@ debian)
                 "$root/tests/setup.sh"
                 break
             fi
-            echo "build-guests: $f is missing; run 'sudo $root/tests/setup.sh' (Debian wasm toolchain) first" >&2
+            echo "build-guests: $f is missing; run '$root/tests/setup.sh' as root (Debian wasm toolchain) first" >&2
             exit 1
         fi
     done
@@ -71,7 +71,7 @@ debian)
     if ! command -v rust-lld >/dev/null; then
         lld=$(command -v lld-22 || command -v lld || true)
         if [[ -z $lld ]]; then
-            echo "build-guests: no lld found; run 'sudo $root/tests/setup.sh' first" >&2
+            echo "build-guests: no lld found; run '$root/tests/setup.sh' as root first" >&2
             exit 1
         fi
         mkdir -p "$target/guests-tools/bin"

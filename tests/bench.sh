@@ -2,7 +2,7 @@
 # The benchmark command: what Plexus costs a pod, against a floor that execs the same delegates directly.
 # Writes docs/benchmarks.md and docs/benchmarks.png (overwritten on every run) from target/bench/*.json.
 #
-#   sudo bash tests/bench.sh [--runs N]      # default 50 runs per case; under 10 minutes on 2 cores
+#   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; under 10 minutes on 2 cores
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).
@@ -11,7 +11,7 @@ set -euo pipefail
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$here/.." && pwd)
 if [[ $(id -u) != 0 ]]; then
-    echo "bench: needs root (network namespaces, bridges, the reference plugins): sudo bash tests/bench.sh" >&2
+    echo "bench: needs root (network namespaces, bridges, the reference plugins): run bash tests/bench.sh as root" >&2
     exit 1
 fi
 bash "$here/setup.sh"

@@ -47,7 +47,7 @@ pub fn require_root_and_plugins() {
         .unwrap_or("?");
     assert!(
         euid == "0",
-        "real-network tests need root (effective uid is {euid}); run them as root, e.g. `sudo -E cargo test --release -p plexus-tests`"
+        "real-network tests need root (effective uid is {euid}); run them as root (`cargo test --release -p plexus-tests` in a root shell)"
     );
     let bridge = Path::new(CNI_BIN_DIR).join("bridge");
     assert!(
