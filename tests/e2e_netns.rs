@@ -174,6 +174,34 @@ impl Pod {
     }
 }
 
+/// The world most tests start from: `cluster-net` on bridge `br` (subnet `s0`) and a NAD on bridge `br2`
+/// (subnet `s1`), both bridge + host-local without routes. The bridges are deleted when this is dropped.
+struct Side {
+    br: HostBridge,
+    br2: HostBridge,
+    s0: Subnet24,
+    s1: Subnet24,
+}
+
+impl Pod {
+    /// Sets up [`Side`] with the NAD named `nad` (its network has the same name).
+    fn with_side_nad(&self, nad: &str) -> Side {
+        let side = Side {
+            br: HostBridge::reserve("cbr"),
+            br2: HostBridge::reserve("sbr"),
+            s0: unique_subnet24(),
+            s1: unique_subnet24(),
+        };
+        self.cluster_net(&side.br, side.s0, no_routes(), &[]);
+        self.ns.cleanup_host_link(side.br2.name());
+        self.nad(
+            nad,
+            bridge_net(nad, &side.br2, side.s1, &self.ipam, no_routes(), &[]),
+        );
+        side
+    }
+}
+
 impl Drop for Pod {
     /// A test that failed between ADD and DEL still leaves no iptables rules, qdiscs or reservations: DEL runs
     /// best effort while the plan is cached (the namespace itself goes with `NetNs`).
@@ -361,15 +389,7 @@ fn foundation_bridge_host_local_add_check_del() {
 #[test]
 fn check_fails_naming_the_attachment_whose_interface_is_gone_and_del_still_cleans_up() {
     let pod = Pod::new("chk");
-    let br = HostBridge::reserve("kbr");
-    let br2 = HostBridge::reserve("kb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "side",
-        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, .. } = pod.with_side_nad("side");
     pod.manifest(Some("side"));
     pod.add();
     pod.cni("CHECK", &pod.conf()).ok();
@@ -824,15 +844,7 @@ fn s4_1_2_1_9_default_route_moves_for_ipv4_and_ipv6() {
 #[test]
 fn s4_2_same_network_twice_two_interfaces_two_reservations() {
     let pod = Pod::new("twice");
-    let br = HostBridge::reserve("tbr");
-    let br2 = HostBridge::reserve("tb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "side",
-        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, .. } = pod.with_side_nad("side");
     pod.manifest(Some("side,side"));
 
     pod.add();
@@ -910,15 +922,8 @@ fn snapshot(ns: &NetNs) -> (Vec<String>, Vec<String>) {
 #[test]
 fn s7_2_failure_in_the_third_attachment_leaves_the_namespace_as_it_was() {
     let pod = Pod::new("fail3");
-    let br = HostBridge::reserve("xbr");
-    let br2 = HostBridge::reserve("xb2");
-    let (s0, s1, s2) = (unique_subnet24(), unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "ok-net",
-        bridge_net("ok-net", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, .. } = pod.with_side_nad("ok-net");
+    let s2 = unique_subnet24();
     pod.nad("broken", macvlan_net("broken", "pxnosuch0", s2, &pod.ipam));
     pod.manifest(Some("ok-net,broken"));
     let before = snapshot(&pod.ns);
@@ -955,15 +960,7 @@ fn s7_2_failure_in_the_third_attachment_leaves_the_namespace_as_it_was() {
 #[test]
 fn s4_1_2_1_5_and_6_interface_name_and_cni_args_reach_the_plugins() {
     let pod = Pod::new("ifargs");
-    let br = HostBridge::reserve("abr");
-    let br2 = HostBridge::reserve("ab2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "side",
-        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, s1, .. } = pod.with_side_nad("side");
     // host-local honours `args.cni.ips`: an address it would never pick first proves cni-args arrived.
     let wanted = s1.host(200);
     pod.manifest(Some(
@@ -1025,15 +1022,7 @@ fn s3_4_1_rule2_config_less_nad_uses_the_conf_dir_list_on_a_real_network() {
 #[test]
 fn add_repeated_without_del_replaces_the_attachments_without_leaking() {
     let pod = Pod::new("again");
-    let br = HostBridge::reserve("gbr");
-    let br2 = HostBridge::reserve("gb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "side",
-        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, .. } = pod.with_side_nad("side");
     pod.manifest(Some("side"));
     pod.add();
     let first_veths = pod.host_veths(&[br.name(), br2.name()]);
@@ -1112,15 +1101,7 @@ fn s4_1_2_1_9_empty_default_route_list_clears_every_default_route() {
 #[test]
 fn del_works_from_the_cache_after_the_pod_and_nads_are_gone() {
     let pod = Pod::new("gone");
-    let br = HostBridge::reserve("obr");
-    let br2 = HostBridge::reserve("ob2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "side",
-        bridge_net("side", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, .. } = pod.with_side_nad("side");
     pod.manifest(Some("side"));
     pod.add();
     pod.link("net1");

@@ -166,6 +166,16 @@ fn libc_o_nofollow() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
+/// A new file at `tmp` (a stale one from an earlier process of the same pid removed first), mode 0600.
+fn create_private(tmp: &Path) -> std::io::Result<fs::File> {
+    let _ = fs::remove_file(tmp);
+    fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(tmp)
+}
+
 fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String> {
     let tmp = dir.join(format!(
         ".tmp-{}-{}",
@@ -175,12 +185,7 @@ fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String>
             .unwrap_or("artifact")
     ));
     let write = || -> std::io::Result<()> {
-        let _ = fs::remove_file(&tmp);
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut f = create_private(&tmp)?;
         f.write_all(payload)?;
         f.write_all(MAGIC)?;
         f.write_all(&(payload.len() as u64).to_le_bytes())?;
@@ -357,12 +362,7 @@ pub(crate) fn record_sha256(dir: &Path, module: &Path, stat: &ModuleStat, sha256
     let path = index_path(dir, module);
     let tmp = dir.join(format!(".tmp-{}-module", std::process::id()));
     let write = || -> std::io::Result<()> {
-        let _ = fs::remove_file(&tmp);
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)?;
+        let mut f = create_private(&tmp)?;
         let mut text = Vec::new();
         text.extend_from_slice(INDEX_HEADER.as_bytes());
         text.push(b'\n');
