@@ -466,6 +466,86 @@ fn failing_second_attachment_rolls_back_the_first() {
 // The attachment cache
 
 #[test]
+fn an_empty_plan_file_is_no_plan_so_del_replans_from_the_cluster() {
+    // What a power loss right after an ADD can leave: the name on disk, not the data (the cache is not synced).
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["side-plugin"]);
+    sb.pod(POD_NS, "p", Some("side"));
+    sb.nad(
+        POD_NS,
+        "side",
+        Some(json!({"cniVersion": "1.0.0", "name": "side", "type": "side-plugin"})),
+    );
+    let conf = sb.conf(json!({}));
+    let args = Sandbox::pod_args(POD_NS, "p");
+    sb.run("ADD", "c1", &args, &conf).ok();
+    std::fs::write(sb.path("cache/attachments/c1.json"), "").unwrap();
+    std::fs::remove_file(sb.path("cache/attachments/c1.results")).unwrap();
+    sb.clear_calls();
+    sb.run("DEL", "c1", &args, &conf).ok();
+    let dels: Vec<(String, String)> = sb
+        .call_summary()
+        .into_iter()
+        .map(|(plugin, command, ifname)| {
+            assert_eq!(command, "DEL");
+            (plugin, ifname)
+        })
+        .collect();
+    assert_eq!(
+        dels,
+        [
+            ("side-plugin".to_string(), "net1".to_string()),
+            ("cluster-plugin".to_string(), "eth0".to_string())
+        ],
+        "re-planned from the pod and its NAD, torn down in reverse"
+    );
+    assert!(sb.cached().is_empty(), "{:?}", sb.cached());
+}
+
+#[test]
+fn del_after_a_killed_add_passes_each_recorded_result_and_ignores_a_torn_record() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["side-plugin"]);
+    sb.pod(POD_NS, "p", Some("side"));
+    sb.nad(
+        POD_NS,
+        "side",
+        Some(json!({"cniVersion": "1.0.0", "name": "side", "type": "side-plugin"})),
+    );
+    let conf = sb.conf(json!({}));
+    let args = Sandbox::pod_args(POD_NS, "p");
+    sb.run("ADD", "c1", &args, &conf).ok();
+    // As if plexus had been killed while appending the second attachment's result.
+    let journal = sb.path("cache/attachments/c1.results");
+    let text = std::fs::read_to_string(&journal).unwrap();
+    let first = text.lines().next().unwrap();
+    std::fs::write(
+        &journal,
+        format!("{first}\n{{\"index\":1,\"result\":{{\"cniV"),
+    )
+    .unwrap();
+    sb.clear_calls();
+    sb.run("DEL", "c1", &args, &conf).ok();
+    let calls = sb.calls();
+    assert_eq!(calls.len(), 2, "{:?}", sb.call_summary());
+    assert_eq!(calls[0].plugin, "side-plugin");
+    assert!(
+        calls[0].stdin.get("prevResult").is_none(),
+        "no result was recorded for the second attachment: {}",
+        calls[0].stdin
+    );
+    assert_eq!(calls[1].plugin, "cluster-plugin");
+    let recorded: Value = serde_json::from_str(first).unwrap();
+    assert_eq!(
+        calls[1].stdin["prevResult"]["interfaces"], recorded["result"]["interfaces"],
+        "the cluster network's DEL gets its recorded result"
+    );
+    assert!(sb.cached().is_empty(), "{:?}", sb.cached());
+}
+
+#[test]
 fn corrupt_cache_file_fails_del_and_check_naming_the_file() {
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0");
