@@ -77,8 +77,8 @@ impl Exec for ProcessExec {
         let mut stdin = child.stdin.take().expect("stdin piped");
         let mut stdout = child.stdout.take().expect("stdout piped");
         // Every hand-off between threads waits for a core on a busy node, so the common path has none: small
-        // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), stdout is read here, and
-        // the watchdog is never waited for.
+        // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), and stdout is read here
+        // under the deadline.
         let writer = if req.stdin.len() <= PIPE_BUF {
             // A plugin that exits without reading stdin closes the pipe; that is its business.
             let _ = stdin.write_all(req.stdin);
