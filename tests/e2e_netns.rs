@@ -186,17 +186,41 @@ struct Side {
 impl Pod {
     /// Sets up [`Side`] with the NAD named `nad` (its network has the same name).
     fn with_side_nad(&self, nad: &str) -> Side {
+        self.with_side_nad_routes(nad, false, false)
+    }
+
+    /// The same, with a default route through the cluster network's gateway and/or the NAD's.
+    fn with_side_nad_routes(&self, nad: &str, cluster_default: bool, side_default: bool) -> Side {
         let side = Side {
             br: HostBridge::reserve("cbr"),
             br2: HostBridge::reserve("sbr"),
             s0: unique_subnet24(),
             s1: unique_subnet24(),
         };
-        self.cluster_net(&side.br, side.s0, no_routes(), &[]);
+        let default_via = |on: bool, s: Subnet24| {
+            if on {
+                json!([{"dst": "0.0.0.0/0", "gw": s.host(1)}])
+            } else {
+                no_routes()
+            }
+        };
+        self.cluster_net(
+            &side.br,
+            side.s0,
+            default_via(cluster_default, side.s0),
+            &[],
+        );
         self.ns.cleanup_host_link(side.br2.name());
         self.nad(
             nad,
-            bridge_net(nad, &side.br2, side.s1, &self.ipam, no_routes(), &[]),
+            bridge_net(
+                nad,
+                &side.br2,
+                side.s1,
+                &self.ipam,
+                default_via(side_default, side.s1),
+                &[],
+            ),
         );
         side
     }
@@ -681,20 +705,7 @@ fn s4_1_2_1_7_and_8_port_mappings_and_bandwidth_from_the_selection() {
 #[test]
 fn s4_1_2_1_9_default_route_moves_to_the_requested_gateway() {
     let pod = Pod::new("dr");
-    let br = HostBridge::reserve("dbr");
-    let br2 = HostBridge::reserve("db2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(
-        &br,
-        s0,
-        json!([{"dst": "0.0.0.0/0", "gw": s0.host(1)}]),
-        &[],
-    );
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "exit",
-        bridge_net("exit", &br2, s1, &pod.ipam, no_routes(), &[]),
-    );
+    let Side { br, br2, s1, .. } = pod.with_side_nad_routes("exit", true, false);
     let gw = s1.host(1);
     pod.manifest(Some(
         &json!([{"name": "exit", "default-route": [gw]}]).to_string(),
@@ -1050,27 +1061,7 @@ fn add_repeated_without_del_replaces_the_attachments_without_leaking() {
 #[test]
 fn s4_1_2_1_9_empty_default_route_list_clears_every_default_route() {
     let pod = Pod::new("drnone");
-    let br = HostBridge::reserve("nbr");
-    let br2 = HostBridge::reserve("nb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(
-        &br,
-        s0,
-        json!([{"dst": "0.0.0.0/0", "gw": s0.host(1)}]),
-        &[],
-    );
-    pod.ns.cleanup_host_link(br2.name());
-    pod.nad(
-        "isolated",
-        bridge_net(
-            "isolated",
-            &br2,
-            s1,
-            &pod.ipam,
-            json!([{"dst": "0.0.0.0/0", "gw": s1.host(1)}]),
-            &[],
-        ),
-    );
+    let Side { br, br2, s1, .. } = pod.with_side_nad_routes("isolated", true, true);
     pod.manifest(Some(
         &json!([{"name": "isolated", "default-route": []}]).to_string(),
     ));

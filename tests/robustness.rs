@@ -465,9 +465,9 @@ fn failing_second_attachment_rolls_back_the_first() {
 // ---------------------------------------------------------------------------------------------------------
 // The attachment cache
 
-#[test]
-fn an_empty_plan_file_is_no_plan_so_del_replans_from_the_cluster() {
-    // What a power loss right after an ADD can leave: the name on disk, not the data (the cache is not synced).
+/// Container `id` of pod `p` added: the cluster network and the NAD `side` (fake `side-plugin`). Returns the
+/// sandbox, the conf and the pod's CNI_ARGS.
+fn added_pod_with_side_network(id: &str) -> (Sandbox, Value, String) {
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0");
     sb.fakes(&["side-plugin"]);
@@ -479,7 +479,14 @@ fn an_empty_plan_file_is_no_plan_so_del_replans_from_the_cluster() {
     );
     let conf = sb.conf(json!({}));
     let args = Sandbox::pod_args(POD_NS, "p");
-    sb.run("ADD", "c1", &args, &conf).ok();
+    sb.run("ADD", id, &args, &conf).ok();
+    (sb, conf, args)
+}
+
+#[test]
+fn an_empty_plan_file_is_no_plan_so_del_replans_from_the_cluster() {
+    // What a power loss right after an ADD can leave: the name on disk, not the data (the cache is not synced).
+    let (sb, conf, args) = added_pod_with_side_network("c1");
     std::fs::write(sb.path("cache/attachments/c1.json"), "").unwrap();
     std::fs::remove_file(sb.path("cache/attachments/c1.results")).unwrap();
     sb.clear_calls();
@@ -505,18 +512,7 @@ fn an_empty_plan_file_is_no_plan_so_del_replans_from_the_cluster() {
 
 #[test]
 fn del_after_a_killed_add_passes_each_recorded_result_and_ignores_a_torn_record() {
-    let sb = Sandbox::new();
-    sb.cluster_net("1.0.0");
-    sb.fakes(&["side-plugin"]);
-    sb.pod(POD_NS, "p", Some("side"));
-    sb.nad(
-        POD_NS,
-        "side",
-        Some(json!({"cniVersion": "1.0.0", "name": "side", "type": "side-plugin"})),
-    );
-    let conf = sb.conf(json!({}));
-    let args = Sandbox::pod_args(POD_NS, "p");
-    sb.run("ADD", "c1", &args, &conf).ok();
+    let (sb, conf, args) = added_pod_with_side_network("c1");
     // As if plexus had been killed while appending the second attachment's result.
     let journal = sb.path("cache/attachments/c1.results");
     let text = std::fs::read_to_string(&journal).unwrap();
