@@ -141,7 +141,7 @@ fn check_artifact(file: &fs::File, len: usize) -> Result<(), String> {
 fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
     let file = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc_o_nofollow())
+        .custom_flags(o_nofollow())
         .open(path)
         .map_err(|e| format!("cannot open: {e}"))?;
     let meta = file.metadata().map_err(|e| format!("cannot stat: {e}"))?;
@@ -162,7 +162,7 @@ fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
     component.map_err(|e| format!("cannot deserialize: {e:#}"))
 }
 
-fn libc_o_nofollow() -> i32 {
+fn o_nofollow() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
@@ -324,7 +324,7 @@ pub(crate) fn indexed_sha256(dir: &Path, module: &Path, stat: &ModuleStat) -> Op
     use std::os::unix::ffi::OsStrExt;
     let mut file = fs::OpenOptions::new()
         .read(true)
-        .custom_flags(libc_o_nofollow())
+        .custom_flags(o_nofollow())
         .open(index_path(dir, module))
         .ok()?;
     let meta = file.metadata().ok()?;

@@ -283,11 +283,18 @@ impl AttachmentCache {
     }
 }
 
-/// One line of the results journal.
-#[derive(Serialize, Deserialize)]
+/// One line of the results journal, as read.
+#[derive(Deserialize)]
 struct Record {
     index: usize,
     result: Value,
+}
+
+/// One line of the results journal, as written (borrowing the result).
+#[derive(Serialize)]
+struct RecordRef<'a> {
+    index: usize,
+    result: &'a Value,
 }
 
 /// Appends the results of one container's ADD to its journal (see the module docs).
@@ -301,11 +308,8 @@ pub struct Journal<'a> {
 impl Journal<'_> {
     /// Records `result` as the result of attachment `index`, in one append.
     pub fn record(&mut self, index: usize, result: &Value) -> Result<(), PlexusError> {
-        let mut line = serde_json::to_vec(&Record {
-            index,
-            result: result.clone(),
-        })
-        .map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let mut line = serde_json::to_vec(&RecordRef { index, result })
+            .map_err(|e| PlexusError::Decode(e.to_string()))?;
         line.push(b'\n');
         let name = AttachmentCache::journal_name(&self.container_id);
         let cache = self.cache;
