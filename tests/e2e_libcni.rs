@@ -3,12 +3,11 @@
 //! in turn runs Debian's reference plugins in a real namespace. Needs root; build plexus first.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 use plexus_tests::libcni::Libcni;
 use plexus_tests::netns::{
-    host_links_on_bridge, require_root_and_plugins, unique_subnet24, HostBridge, IpamDir, Link,
-    NetNs, Subnet24, CNI_BIN_DIR,
+    host_links_on_bridge, iptables_nat, require_root_and_plugins, unique_subnet24, HostBridge,
+    IpamDir, Link, NetNs, Subnet24, CNI_BIN_DIR,
 };
 use plexus_tests::plexus::{plexus_bin, Sandbox};
 use serde_json::{json, Value};
@@ -235,19 +234,6 @@ impl Drop for DelOnDrop<'_> {
             eprintln!("cleanup: DelNetworkList of {}: {e}", self.0.container());
         }
     }
-}
-
-fn iptables_nat() -> String {
-    let out = Command::new("iptables-save")
-        .args(["-t", "nat"])
-        .output()
-        .expect("run iptables-save");
-    assert!(
-        out.status.success(),
-        "iptables-save: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 #[test]

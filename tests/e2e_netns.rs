@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::process::Command;
 
 use plexus_tests::netns::{
-    host_link, host_links_on_bridge, require_root_and_plugins, unique_subnet24, HostBridge,
-    IpamDir, Link, NetNs, Subnet24, VethPair, CNI_BIN_DIR,
+    host_link, host_links_on_bridge, iptables_nat, require_root_and_plugins, unique_subnet24,
+    HostBridge, IpamDir, Link, NetNs, Subnet24, VethPair, CNI_BIN_DIR,
 };
 use plexus_tests::plexus::{Run, Sandbox};
 use serde_json::{json, Value};
@@ -191,6 +191,21 @@ impl Pod {
 
     /// The same, with a default route through the cluster network's gateway and/or the NAD's.
     fn with_side_nad_routes(&self, nad: &str, cluster_default: bool, side_default: bool) -> Side {
+        self.with_side_nad_full(nad, cluster_default, side_default, &[])
+    }
+
+    /// The same, with `extra` plugins chained after the NAD's bridge.
+    fn with_side_nad_plugins(&self, nad: &str, extra: &[Value]) -> Side {
+        self.with_side_nad_full(nad, false, false, extra)
+    }
+
+    fn with_side_nad_full(
+        &self,
+        nad: &str,
+        cluster_default: bool,
+        side_default: bool,
+        extra: &[Value],
+    ) -> Side {
         let side = Side {
             br: HostBridge::reserve("cbr"),
             br2: HostBridge::reserve("sbr"),
@@ -219,7 +234,7 @@ impl Pod {
                 side.s1,
                 &self.ipam,
                 default_via(side_default, side.s1),
-                &[],
+                extra,
             ),
         );
         side
@@ -561,16 +576,8 @@ fn s4_1_2_1_3_static_ips_through_the_ips_capability_are_on_the_interface() {
 #[test]
 fn s4_1_2_1_4_mac_through_tuning_is_set_on_the_interface() {
     let pod = Pod::new("mac");
-    let br = HostBridge::reserve("cbr");
-    let br2 = HostBridge::reserve("cb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
     let tuning = json!({"type": "tuning", "capabilities": {"mac": true}});
-    pod.nad(
-        "mac-net",
-        bridge_net("mac-net", &br2, s1, &pod.ipam, no_routes(), &[tuning]),
-    );
+    let Side { br, br2, s1, .. } = pod.with_side_nad_plugins("mac-net", &[tuning]);
     // A locally administered unicast address that no kernel would pick at random for a veth.
     let mac = format!(
         "02:42:c6:{:02x}:{:02x}:2a",
@@ -592,19 +599,6 @@ fn s4_1_2_1_4_mac_through_tuning_is_set_on_the_interface() {
 
     pod.cni("CHECK", &pod.conf()).ok();
     pod.del_and_assert_clean(&["cluster-net", "mac-net"], &[br.name(), br2.name()]);
-}
-
-fn iptables_nat() -> String {
-    let out = Command::new("iptables-save")
-        .args(["-t", "nat"])
-        .output()
-        .expect("run iptables-save");
-    assert!(
-        out.status.success(),
-        "iptables-save: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 fn tc_qdiscs(dev: &str) -> String {
@@ -1111,18 +1105,10 @@ fn del_works_from_the_cache_after_the_pod_and_nads_are_gone() {
 #[test]
 fn s4_1_2_1_3_ips_a_plugin_ignored_fail_the_pod_and_are_rolled_back() {
     let pod = Pod::new("ipsno");
-    let br = HostBridge::reserve("jbr");
-    let br2 = HostBridge::reserve("jb2");
-    let (s0, s1) = (unique_subnet24(), unique_subnet24());
-    pod.cluster_net(&br, s0, no_routes(), &[]);
-    pod.ns.cleanup_host_link(br2.name());
     // The list claims the ips capability (on tuning, which ignores it), so the capability check passes, but
     // host-local never sees the request and hands out the range's first address.
     let tuning = json!({"type": "tuning", "capabilities": {"ips": true}});
-    pod.nad(
-        "liar",
-        bridge_net("liar", &br2, s1, &pod.ipam, no_routes(), &[tuning]),
-    );
+    let Side { br, br2, s1, .. } = pod.with_side_nad_plugins("liar", &[tuning]);
     let wanted = format!("{}/24", s1.host(123));
     pod.manifest(Some(
         &json!([{"name": "liar", "ips": [wanted]}]).to_string(),

@@ -681,6 +681,20 @@ impl Default for IpamDir {
     }
 }
 
+/// The host's iptables nat table (`iptables-save -t nat`), to see what portmap left behind.
+pub fn iptables_nat() -> String {
+    let out = Command::new("iptables-save")
+        .args(["-t", "nat"])
+        .output()
+        .expect("run iptables-save");
+    assert!(
+        out.status.success(),
+        "iptables-save: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
