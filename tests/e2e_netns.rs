@@ -77,13 +77,18 @@ impl Pod {
 
     /// Runs plexus for this pod, the way a runtime would, with the reference plugins on CNI_PATH.
     fn cni(&self, command: &str, conf: &Value) -> Run {
+        self.cni_with_args(command, conf, &Sandbox::pod_args(POD_NS, &self.name))
+    }
+
+    /// The same with the runtime's `CNI_ARGS` as given.
+    fn cni_with_args(&self, command: &str, conf: &Value, args: &str) -> Run {
         let env = [
             ("CNI_COMMAND", command.to_string()),
             ("CNI_CONTAINERID", self.id.clone()),
             ("CNI_NETNS", self.ns.path().display().to_string()),
             ("CNI_IFNAME", "eth0".to_string()),
             ("CNI_PATH", CNI_BIN_DIR.to_string()),
-            ("CNI_ARGS", Sandbox::pod_args(POD_NS, &self.name)),
+            ("CNI_ARGS", args.to_string()),
         ];
         let env: Vec<(String, String)> = env
             .iter()
@@ -1135,4 +1140,75 @@ fn s4_1_2_1_3_ips_a_plugin_ignored_fail_the_pod_and_are_rolled_back() {
         assert!(host_links_on_bridge(b).is_empty(), "host veths left on {b}");
     }
     assert_eq!(pod.sb.cached(), Vec::<String>::new());
+}
+
+#[test]
+fn kubernetes_args_without_ignore_unknown_reach_the_real_bridge_plugin() {
+    // Runtimes that do not add IgnoreUnknown=1 themselves: bridge and host-local load CNI_ARGS strictly and
+    // would refuse the K8S_POD_* keys; plexus adds IgnoreUnknown=1 for its delegates, as Multus does.
+    let pod = Pod::new("k8sargs");
+    let Side { br, br2, .. } = pod.with_side_nad("side");
+    pod.manifest(Some("side"));
+    let args = format!(
+        "K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID=uid-{}",
+        pod.name, pod.id, pod.name
+    );
+    pod.cni_with_args("ADD", &pod.conf(), &args).ok();
+    pod.link("eth0");
+    pod.link("net1");
+    let veths = pod.host_veths(&[br.name(), br2.name()]);
+    pod.cni_with_args("DEL", &pod.conf(), &args).ok();
+    assert_eq!(names(&pod.ns.links()), vec!["lo"]);
+    for v in &veths {
+        assert!(host_link(v).is_none(), "host veth {v} survived DEL");
+    }
+    assert_eq!(pod.ipam.reservations("side"), vec![]);
+    assert_eq!(pod.ipam.reservations("cluster-net"), vec![]);
+}
+
+#[test]
+fn del_without_a_cache_releases_what_still_resolves_when_a_nad_is_gone() {
+    let pod = Pod::new("lostcache");
+    let _side = pod.with_side_nad("side");
+    // A second NAD on a bridge of its own: deleted before the DEL.
+    let br3 = HostBridge::reserve("dbr");
+    pod.ns.cleanup_host_link(br3.name());
+    pod.nad(
+        "doomed",
+        bridge_net(
+            "doomed",
+            &br3,
+            unique_subnet24(),
+            &pod.ipam,
+            no_routes(),
+            &[],
+        ),
+    );
+    pod.manifest(Some("doomed,side"));
+    pod.add();
+    for n in ["cluster-net", "doomed", "side"] {
+        assert_eq!(pod.ipam.reservations(n).len(), 1, "{n}");
+    }
+    // The cache is lost (disk wiped, cacheDir changed) and the NAD deleted.
+    std::fs::remove_dir_all(pod.sb.path("cache")).unwrap();
+    std::fs::remove_file(pod.sb.path(&format!("cluster/nad-{POD_NS}-doomed.json"))).unwrap();
+
+    let run = pod.cni("DEL", &pod.conf());
+    run.ok();
+    assert!(
+        run.stderr.contains("cannot release") && run.stderr.contains("default/doomed"),
+        "{}",
+        run.stderr
+    );
+    // The cluster network and `side` (net2, the name its ADD gave it) are released, addresses and interfaces.
+    assert_eq!(pod.ipam.reservations("cluster-net"), vec![]);
+    assert_eq!(pod.ipam.reservations("side"), vec![]);
+    let left = names(&pod.ns.links());
+    assert!(
+        !left.contains(&"eth0".to_string()) && !left.contains(&"net2".to_string()),
+        "{left:?}"
+    );
+    // Only the deleted NAD's attachment is left (nothing says how to undo it), as the log says.
+    assert!(left.contains(&"net1".to_string()), "{left:?}");
+    assert_eq!(pod.ipam.reservations("doomed").len(), 1);
 }

@@ -204,6 +204,13 @@ impl ApiServer {
             .remove(&(namespace.to_string(), name.to_string()))
     }
 
+    pub fn remove_nad(&self, namespace: &str, name: &str) -> Option<Value> {
+        self.shared
+            .lock()
+            .nads
+            .remove(&(namespace.to_string(), name.to_string()))
+    }
+
     /// Every Event posted so far, as stored.
     pub fn events(&self) -> Vec<Value> {
         self.shared.lock().events.clone()

@@ -94,10 +94,7 @@ impl FileCluster {
         names.sort();
         let mut out = Vec::new();
         for name in names {
-            let text = self
-                .dir
-                .read_to_string(&name)
-                .map_err(|e| self.io_err(&name, e))?;
+            let text = self.read_manifest(&name)?;
             for doc in parse_documents(&text, name.ends_with(".json")).map_err(|reason| {
                 ClusterError::Invalid {
                     what: format!("manifest {}", self.root.join(&name).display()),
@@ -108,6 +105,31 @@ impl FileCluster {
             }
         }
         Ok(out)
+    }
+
+    /// One manifest's text, at most [`MAX_MANIFEST_BYTES`], refused when nested deeper than
+    /// [`MAX_NESTING`] (the YAML parser's cost grows with the square of the depth).
+    fn read_manifest(&self, name: &str) -> Result<String, ClusterError> {
+        use std::io::Read;
+        let invalid = |reason: String| ClusterError::Invalid {
+            what: format!("manifest {}", self.root.join(name).display()),
+            reason,
+        };
+        let file = self.dir.open(name).map_err(|e| self.io_err(name, e))?;
+        let mut text = String::new();
+        file.take(MAX_MANIFEST_BYTES + 1)
+            .read_to_string(&mut text)
+            .map_err(|e| self.io_err(name, e))?;
+        if text.len() as u64 > MAX_MANIFEST_BYTES {
+            return Err(invalid(format!("larger than {MAX_MANIFEST_BYTES} bytes")));
+        }
+        let depth = nesting_depth(&text);
+        if depth > MAX_NESTING {
+            return Err(invalid(format!(
+                "nested {depth} levels deep; at most {MAX_NESTING} are accepted"
+            )));
+        }
+        Ok(text)
     }
 
     fn find(
@@ -134,6 +156,63 @@ impl FileCluster {
         }
         Ok(None)
     }
+}
+
+/// The largest manifest file read.
+pub const MAX_MANIFEST_BYTES: u64 = 8 << 20;
+
+/// The deepest nesting a manifest may have (Kubernetes objects need about ten levels).
+pub const MAX_NESTING: usize = 64;
+
+/// An upper bound of how deeply `text` nests, in YAML or JSON: flow collections (`[`, `{` outside quotes and
+/// comments) plus block nesting, which needs a column of indentation (or a `- ` / `? ` indicator, two
+/// columns) per level. Linear in the text, so a hostile file is refused before the parser sees it.
+fn nesting_depth(text: &str) -> usize {
+    let mut deepest = 0usize;
+    let mut flow = 0usize;
+    for line in text.lines() {
+        let bytes = line.as_bytes();
+        let mut i = 0;
+        let mut columns = 0usize;
+        // Leading indentation and compact block indicators ("- - - x").
+        while i < bytes.len() {
+            match bytes[i] {
+                b' ' | b'\t' => {
+                    columns += 1;
+                    i += 1;
+                }
+                b'-' | b'?' if bytes.get(i + 1).is_none_or(|b| *b == b' ') => {
+                    columns += 2;
+                    i += 2;
+                }
+                _ => break,
+            }
+        }
+        let mut quote: Option<u8> = None;
+        let mut line_flow = flow;
+        while i < bytes.len() {
+            let b = bytes[i];
+            match quote {
+                Some(q) if b == q => quote = None,
+                Some(b'"') if b == b'\\' => i += 1,
+                Some(_) => {}
+                None => match b {
+                    b'"' | b'\'' => quote = Some(b),
+                    b'#' if i == 0 || bytes[i - 1] == b' ' => break,
+                    b'[' | b'{' => {
+                        flow += 1;
+                        line_flow = line_flow.max(flow);
+                    }
+                    b']' | b'}' => flow = flow.saturating_sub(1),
+                    _ => {}
+                },
+            }
+            i += 1;
+        }
+        // Block levels nest by at least one column each (two for indicators).
+        deepest = deepest.max(line_flow + columns.div_ceil(2).max(columns.min(1)));
+    }
+    deepest
 }
 
 /// The documents of one manifest file. A `.json` file is read with the JSON parser (several times faster than
@@ -366,6 +445,42 @@ metadata:
         let (_t2, c2) = cluster(&[("bad.yaml", "kind: [unclosed")]);
         let err = c2.nad("n", "x").unwrap_err().to_string();
         assert!(err.contains("bad.yaml"), "{err}");
+    }
+
+    #[test]
+    fn deeply_nested_or_oversized_manifests_are_refused_before_parsing() {
+        let flow = format!("kind: Pod\nx: {}1{}\n", "[".repeat(5000), "]".repeat(5000));
+        let mut block = String::from("kind: Pod\nx:\n");
+        for level in 1..=300 {
+            block.push_str(&" ".repeat(level));
+            block.push_str("a:\n");
+        }
+        let dashes = format!("kind: Pod\nx:\n{}1\n", "- ".repeat(2000));
+        for (file, text) in [
+            ("flow.yaml", flow),
+            ("block.yaml", block),
+            ("dash.yaml", dashes),
+        ] {
+            let (_t, c) = cluster(&[(file, text.as_str())]);
+            let err = c.nad("ns", "n").unwrap_err().to_string();
+            assert!(err.contains(file) && err.contains("levels deep"), "{err}");
+        }
+        let big = format!("# {}\n", "x".repeat(MAX_MANIFEST_BYTES as usize));
+        let (_t, c) = cluster(&[("big.yaml", big.as_str())]);
+        let err = c.nad("ns", "n").unwrap_err().to_string();
+        assert!(
+            err.contains("big.yaml") && err.contains("larger than"),
+            "{err}"
+        );
+        // The real manifests of this repository's examples pass the check (checked in
+        // reads_pod_and_nads_from_multi_document_yaml too): a pod and a NAD nest a few levels.
+        assert!(
+            nesting_depth(MANIFESTS) < 16,
+            "{}",
+            nesting_depth(MANIFESTS)
+        );
+        // Brackets inside quotes and comments do not count.
+        assert!(nesting_depth("a: \"[[[[[[\" # {{{{{{{{\n") <= 2);
     }
 
     #[test]

@@ -388,10 +388,26 @@ impl KubeCluster {
         }
     }
 
+    /// Posts an event on the pod, best effort (one attempt, failures logged).
+    fn event(&self, pod: &PodRef, kind: (&str, &str), message: &str) -> Result<(), ClusterError> {
+        if !self.settings.events {
+            return Ok(());
+        }
+        let conn = self.connection()?;
+        if let Err(err) = conn
+            .runtime
+            .block_on(self.post_event(&conn.client, pod, kind, message))
+        {
+            tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
+        }
+        Ok(())
+    }
+
     async fn post_event(
         &self,
         client: &Client,
         pod: &PodRef,
+        (type_, reason): (&str, &str),
         message: &str,
     ) -> Result<(), ClusterError> {
         let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -409,9 +425,9 @@ impl KubeCluster {
                 uid: pod.uid.clone(),
                 ..ObjectReference::default()
             },
-            reason: Some(EVENT_REASON.into()),
+            reason: Some(reason.into()),
             message: Some(message.into()),
-            type_: Some("Normal".into()),
+            type_: Some(type_.into()),
             source: Some(EventSource {
                 component: Some(COMPONENT.into()),
                 host: None,
@@ -567,17 +583,16 @@ impl Cluster for KubeCluster {
     }
 
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
-        if !self.settings.events {
-            return Ok(());
-        }
-        let conn = self.connection()?;
-        if let Err(err) = conn
-            .runtime
-            .block_on(self.post_event(&conn.client, pod, message))
-        {
-            tracing::warn!(pod = %pod, error = %err, "could not post the AddedInterface event");
-        }
-        Ok(())
+        self.event(pod, ("Normal", EVENT_REASON), message)
+    }
+
+    fn record_warning(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.event(pod, ("Warning", reason), message)
     }
 }
 

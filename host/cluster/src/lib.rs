@@ -61,4 +61,13 @@ pub trait Cluster {
     fn record_attachment(&self, _pod: &PodRef, _message: &str) -> Result<(), ClusterError> {
         Ok(())
     }
+    /// Records a problem an operator should see on the pod (a Warning event where the source supports it).
+    fn record_warning(
+        &self,
+        _pod: &PodRef,
+        _reason: &str,
+        _message: &str,
+    ) -> Result<(), ClusterError> {
+        Ok(())
+    }
 }

@@ -3,8 +3,10 @@
 //! DEL and CHECK run from it, so they work when the pod, a NAD or the API server is gone. Per container, under
 //! `cacheDir/attachments/` and reached only through a cap-std directory handle:
 //!
-//! - `<id>.json`, the plan: written once per ADD, atomically (temp file, rename), before the first delegate
-//!   runs ([`AttachmentCache::store`]);
+//! - `<id>.json`, the plan: written once per ADD, atomically (temp file `.<id>.json.tmp`, rename), before the
+//!   first delegate runs ([`AttachmentCache::store`]). The temp file's name is fixed per container (only the
+//!   holder of the container's lock writes it), so a process killed between write and rename leaves a name the
+//!   next ADD, DEL or GC of that container removes;
 //! - `<id>.results`, the results journal: one line `{"index": i, "result": {..}}` appended as each attachment
 //!   succeeds, and again for any result the end of the ADD rewrites (default-route moves); the last line for an
 //!   index wins ([`Journal::record`]).
@@ -94,6 +96,20 @@ pub struct AttachmentCache {
 }
 
 impl AttachmentCache {
+    /// The cache of `cache_dir` when it has one, without creating anything: what DEL needs, which must work on a
+    /// read-only or wiped disk.
+    pub fn open_existing(cache_dir: &Path) -> Result<Option<Self>, PlexusError> {
+        let root = cache_dir.join("attachments");
+        match Dir::open_ambient_dir(&root, ambient_authority()) {
+            Ok(dir) => Ok(Some(Self { root, dir })),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+            Err(source) => Err(PlexusError::Io {
+                path: root.display().to_string(),
+                source,
+            }),
+        }
+    }
+
     pub fn open(cache_dir: &Path) -> Result<Self, PlexusError> {
         let root = cache_dir.join("attachments");
         std::fs::create_dir_all(&root).map_err(|source| PlexusError::Io {
@@ -115,6 +131,10 @@ impl AttachmentCache {
 
     fn journal_name(container_id: &str) -> String {
         format!("{container_id}.results")
+    }
+
+    fn temp_name(container_id: &str) -> String {
+        format!(".{container_id}.json.tmp")
     }
 
     pub fn path_of(&self, container_id: &str) -> PathBuf {
@@ -216,7 +236,7 @@ impl AttachmentCache {
     /// earlier plan: readers see the old plan or the new one, never a torn one.
     pub fn store(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
         let name = Self::file_name(&plan.container_id);
-        let tmp = format!(".{name}.{}.tmp", std::process::id());
+        let tmp = Self::temp_name(&plan.container_id);
         let bytes =
             serde_json::to_vec_pretty(plan).map_err(|e| PlexusError::Decode(e.to_string()))?;
         let write = || -> std::io::Result<()> {
@@ -239,9 +259,10 @@ impl AttachmentCache {
     }
 
     /// Removes the plan and its results journal (the journal first: a crash in between leaves a plan that
-    /// DEL can still run from, never results without a plan).
+    /// DEL can still run from, never results without a plan), and a temp file a killed ADD left.
     pub fn remove(&self, container_id: &str) -> Result<(), PlexusError> {
         for name in [
+            Self::temp_name(container_id),
             Self::journal_name(container_id),
             Self::file_name(container_id),
         ] {
@@ -280,6 +301,45 @@ impl AttachmentCache {
         }
         ids.sort();
         Ok(ids)
+    }
+
+    /// Temp files of plans that were never renamed (a process killed inside [`AttachmentCache::store`]), with
+    /// the container each belongs to, for GC. Also finds the per-process names earlier versions used
+    /// (`.<id>.json.<pid>.tmp`).
+    pub fn temp_files(&self) -> Result<Vec<(String, String)>, PlexusError> {
+        let io = |source| PlexusError::Io {
+            path: self.root.display().to_string(),
+            source,
+        };
+        let mut found = Vec::new();
+        for entry in self.dir.entries().map_err(io)? {
+            let name = entry
+                .map_err(io)?
+                .file_name()
+                .to_string_lossy()
+                .into_owned();
+            let id = name
+                .strip_prefix('.')
+                .filter(|_| name.ends_with(".tmp"))
+                .and_then(|rest| rest.split_once(".json."))
+                .map(|(id, _)| id.to_string());
+            if let Some(id) = id {
+                found.push((id, name));
+            }
+        }
+        found.sort();
+        Ok(found)
+    }
+
+    /// Removes one file found by [`AttachmentCache::temp_files`]; the caller holds the container's lock.
+    pub fn remove_temp(&self, name: &str) -> Result<(), PlexusError> {
+        match self.dir.remove_file(name) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PlexusError::Io {
+                path: self.root.join(name).display().to_string(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -446,6 +506,37 @@ mod tests {
         }
         cache.remove("c1").unwrap();
         assert!(!journal.exists() && !cache.path_of("c1").exists());
+    }
+
+    #[test]
+    fn remove_takes_a_temp_file_a_killed_store_left_and_gc_finds_old_ones() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = AttachmentCache::open(tmp.path()).unwrap();
+        let dir = tmp.path().join("attachments");
+        // A process killed between writing the temp file and renaming it.
+        std::fs::write(dir.join(".c1.json.tmp"), "{").unwrap();
+        // An earlier version's per-process name.
+        std::fs::write(dir.join(".c2.json.4242.tmp"), "{").unwrap();
+        assert_eq!(cache.load("c1").unwrap(), None);
+        assert_eq!(
+            cache.temp_files().unwrap(),
+            vec![
+                ("c1".to_string(), ".c1.json.tmp".to_string()),
+                ("c2".to_string(), ".c2.json.4242.tmp".to_string())
+            ]
+        );
+        cache.remove("c1").unwrap();
+        cache.remove_temp(".c2.json.4242.tmp").unwrap();
+        assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+        // open_existing creates nothing.
+        let other = tempfile::tempdir().unwrap();
+        assert!(AttachmentCache::open_existing(other.path())
+            .unwrap()
+            .is_none());
+        assert!(!other.path().join("attachments").exists());
+        assert!(AttachmentCache::open_existing(tmp.path())
+            .unwrap()
+            .is_some());
     }
 
     #[test]

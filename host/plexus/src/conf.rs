@@ -87,6 +87,10 @@ pub struct PlexusConf {
     pub valid_attachments: Option<Vec<ValidAttachment>>,
 }
 
+/// The range `delegateTimeoutMs` may take: below it no real plugin finishes (0 or 1 would fail every call), above
+/// it a hung delegate would hold the container's lock past any runtime's own timeout.
+pub const DELEGATE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
+
 fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     if p.is_absolute() {
         Ok(p)
@@ -98,9 +102,18 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     }
 }
 
+/// The most bytes of network configuration plexus reads from stdin (a conf with a large prevResult is tens of
+/// KiB).
+pub const STDIN_CAP: usize = 4 << 20;
+
 /// Stdin as a JSON object: what every command but VERSION needs, and where VERSION finds the
 /// `cniVersion` to answer in. Parsed once per invocation.
 pub fn stdin_json(stdin: &[u8]) -> Result<Value, PlexusError> {
+    if stdin.len() > STDIN_CAP {
+        return Err(PlexusError::Decode(format!(
+            "network configuration on stdin is larger than {STDIN_CAP} bytes"
+        )));
+    }
     if stdin.iter().all(u8::is_ascii_whitespace) {
         return Err(PlexusError::Decode(
             "empty network configuration on stdin".into(),
@@ -180,6 +193,14 @@ impl PlexusConf {
                 "logLevel {log_level:?} is not one of error, warn, info, debug, trace"
             )));
         }
+        let delegate_timeout_ms = raw.delegate_timeout_ms.unwrap_or(120_000);
+        if !DELEGATE_TIMEOUT_MS.contains(&delegate_timeout_ms) {
+            return Err(PlexusError::Config(format!(
+                "delegateTimeoutMs must be between {} and {}, got {delegate_timeout_ms}",
+                DELEGATE_TIMEOUT_MS.start(),
+                DELEGATE_TIMEOUT_MS.end()
+            )));
+        }
         Ok(Self {
             cni_version,
             name: raw.name.unwrap_or_else(|| "plexus".into()),
@@ -201,18 +222,21 @@ impl PlexusConf {
                 raw.run_dir.unwrap_or_else(|| "/run/plexus".into()),
             )?,
             cluster,
-            readiness_indicator_file: raw.readiness_indicator_file,
+            readiness_indicator_file: raw
+                .readiness_indicator_file
+                .map(|p| absolute("readinessIndicatorFile", p))
+                .transpose()?,
             readiness_timeout: Duration::from_millis(raw.readiness_timeout_ms.unwrap_or(30_000)),
             device_info_dir: absolute(
                 "deviceInfoDir",
                 raw.device_info_dir
                     .unwrap_or_else(|| "/var/run/k8s.cni.cncf.io/devinfo/cni".into()),
             )?,
-            delegate_timeout: Duration::from_millis(raw.delegate_timeout_ms.unwrap_or(120_000)),
+            delegate_timeout: Duration::from_millis(delegate_timeout_ms),
             ignore_invalid_selections,
             hooks: raw.hooks,
             log_level,
-            log_file: raw.log_file,
+            log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
             runtime_config: raw.runtime_config,
             prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments,
@@ -263,6 +287,24 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.to_string().contains("cacheDir"), "{e}");
+        for (extra, key) in [
+            (r#""logFile":"plexus.log""#, "logFile"),
+            (
+                r#""readinessIndicatorFile":"ready""#,
+                "readinessIndicatorFile",
+            ),
+            (r#""delegateTimeoutMs":0"#, "delegateTimeoutMs"),
+            (r#""delegateTimeoutMs":1"#, "delegateTimeoutMs"),
+            (r#""delegateTimeoutMs":86400000"#, "delegateTimeoutMs"),
+        ] {
+            let text = format!(r#"{{"cniVersion":"1.0.0","clusterNetwork":"x",{extra}}}"#);
+            let e = parse(text.as_bytes(), false).unwrap_err();
+            assert_eq!(e.cni_code(), 7, "{e}");
+            assert!(e.to_string().contains(key), "{e}");
+        }
+        let big = vec![b' '; STDIN_CAP + 1];
+        let e = parse(&big, false).unwrap_err();
+        assert!(e.to_string().contains("larger than"), "{e}");
         let e = parse(
             br#"{"cniVersion":"1.0.0","clusterNetwork":"x","cluster":{"source":"etcd"}}"#,
             false,

@@ -9,7 +9,7 @@ use plexus_core::cni::{CniError, CniVersion};
 use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
-use crate::error::PlexusError;
+use crate::error::{bounded, PlexusError};
 use crate::exec::ProcessExec;
 use crate::invocation::{command_of, Command, Invocation};
 use crate::orchestrate::{self, Effects, HookRunner, NoHooks};
@@ -38,8 +38,9 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
             success: true,
         },
         Err(e) => {
-            tracing::error!(code = e.cni_code(), "{e}");
-            let err = CniError::new(reply_version, e.cni_code(), e.to_string(), e.details());
+            let msg = bounded(e.to_string());
+            tracing::error!(code = e.cni_code(), "{msg}");
+            let err = CniError::new(reply_version, e.cni_code(), msg, bounded(e.details()));
             Outcome {
                 stdout: Some(err.to_json().to_string()),
                 success: false,

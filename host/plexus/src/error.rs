@@ -23,6 +23,22 @@ pub const CODE_INVALID_CONFIG: u32 = 7;
 pub const CODE_TRY_AGAIN_LATER: u32 = 11;
 pub const CODE_NOT_AVAILABLE: u32 = 50;
 
+/// The most bytes of a message plexus prints (the CNI error's `msg` and `details`, a log line's message, an
+/// event): errors can echo input (a pod name, a delegate's output) and the runtime stores what it is given.
+pub const MESSAGE_CAP: usize = 4096;
+
+/// `text` cut to at most [`MESSAGE_CAP`] bytes on a character boundary, saying how much was cut.
+pub fn bounded(text: String) -> String {
+    if text.len() <= MESSAGE_CAP {
+        return text;
+    }
+    let mut end = MESSAGE_CAP - 64;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}... ({} more bytes)", &text[..end], text.len() - end)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum PlexusError {
     #[error("{0}")]
@@ -158,6 +174,16 @@ mod tests {
         assert_eq!(nf.cni_code(), 7);
         let down = PlexusError::Cluster(ClusterError::Unavailable("refused".into()));
         assert_eq!(down.cni_code(), 11);
+    }
+
+    #[test]
+    fn messages_are_bounded_on_a_character_boundary() {
+        assert_eq!(bounded("short".into()), "short");
+        let long = "é".repeat(MESSAGE_CAP);
+        let cut = bounded(long.clone());
+        assert!(cut.len() <= MESSAGE_CAP, "{}", cut.len());
+        assert!(cut.ends_with(" more bytes)"), "{cut}");
+        assert!(long.starts_with(cut.split("...").next().unwrap()));
     }
 
     #[test]

@@ -1,10 +1,26 @@
 //! Running delegate plugin binaries: lookup in `binDir` + `CNI_PATH`, exec with a deadline, output capture.
+//!
+//! A delegate is bounded in time and in bytes: `delegateTimeoutMs` covers its whole life (a delegate that closes
+//! stdout and keeps running is killed at the deadline like one that never answers), and at most
+//! [`STDOUT_CAP`] bytes of stdout and [`STDERR_CAP`] bytes of stderr are kept.
 
-use std::io::{Read, Seek, Write};
+use std::io::{Read, Write};
+use std::os::unix::fs::FileExt;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
+
+use rustix::event::{PollFd, PollFlags};
+use rustix::process::{Pid, Signal};
+
+/// The most a delegate may print on stdout. A CNI result or error object is a few KiB; past this the delegate
+/// is killed and the call fails.
+pub const STDOUT_CAP: usize = 1 << 20;
+
+/// The most of a delegate's stderr that is kept (for the log and error messages); writes past it fail with
+/// EPERM in the delegate, which is its business.
+pub const STDERR_CAP: usize = 64 << 10;
 
 /// One plugin execution.
 #[derive(Debug, Clone)]
@@ -22,7 +38,10 @@ pub struct ExecOutput {
     pub code: Option<i32>,
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
+    /// The deadline passed and the delegate's process group was killed.
     pub timed_out: bool,
+    /// The delegate printed more than [`STDOUT_CAP`] on stdout and its process group was killed.
+    pub overflowed: bool,
     pub elapsed: Duration,
 }
 
@@ -45,11 +64,14 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
-/// How long stdout is still read after a timed-out delegate's process group was killed.
+/// How long plexus still waits for a killed delegate to exit (and for its stdout to close).
 const KILL_GRACE: Duration = Duration::from_secs(2);
 
 /// What an empty pipe accepts without blocking (POSIX PIPE_BUF on Linux).
 const PIPE_BUF: usize = 4096;
+
+/// How often the exit of a delegate is checked where the kernel has no pidfds (before Linux 5.3).
+const EXIT_POLL: Duration = Duration::from_millis(10);
 
 /// Runs real processes. Each delegate gets its own process group, so a delegate that hangs is killed
 /// together with anything it started.
@@ -60,11 +82,9 @@ impl Exec for ProcessExec {
     fn run(&self, req: &ExecRequest<'_>) -> std::io::Result<ExecOutput> {
         let start = Instant::now();
         // stderr goes to an anonymous memory file rather than a pipe: a pipe would need a reader thread, and
-        // joining it is a hand-off that waits for a core on a busy node.
-        let err_file = std::fs::File::from(rustix::fs::memfd_create(
-            "plexus-delegate-stderr",
-            rustix::fs::MemfdFlags::CLOEXEC,
-        )?);
+        // joining it is a hand-off that waits for a core on a busy node. The file is made STDERR_CAP long and
+        // sealed against growing, so a delegate that floods stderr cannot use more memory than that.
+        let err_file = stderr_file()?;
         let mut child = Command::new(req.plugin)
             .env_clear()
             .envs(req.env.iter().map(|(k, v)| (k, v)))
@@ -75,7 +95,7 @@ impl Exec for ProcessExec {
             .spawn()?;
         let pid = child.id();
         let mut stdin = child.stdin.take().expect("stdin piped");
-        let mut stdout = child.stdout.take().expect("stdout piped");
+        let stdout = child.stdout.take().expect("stdout piped");
         // Every hand-off between threads waits for a core on a busy node, so the common path has none: small
         // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), and stdout is read here
         // under the deadline.
@@ -91,69 +111,155 @@ impl Exec for ProcessExec {
                 let _ = stdin.write_all(&input);
             }))
         };
-        // The deadline is kept by polling stdout with the time left: when stdout is still open at the deadline
-        // the process group is killed. Reading ends when the plugin (and every process it left holding the
-        // pipe) is gone, or killed. No thread: every hand-off waits for a core on a busy node.
-        let deadline = start + req.timeout;
-        let mut timed_out = false;
-        let mut out = Vec::new();
-        let mut buf = [0u8; 8192];
-        loop {
-            let now = Instant::now();
-            if now >= deadline && !timed_out {
-                timed_out = true;
-                if let Some(pgid) = rustix::process::Pid::from_raw(pid as i32) {
-                    let _ =
-                        rustix::process::kill_process_group(pgid, rustix::process::Signal::KILL);
-                }
+        let mut watch = Watch {
+            child: &mut child,
+            pgid: Pid::from_raw(pid as i32),
+            pidfd: Pid::from_raw(pid as i32).and_then(|p| {
+                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+            }),
+            deadline: start + req.timeout,
+            kill_end: None,
+            timed_out: false,
+            overflowed: false,
+        };
+        let (status, stdout) = watch.run(stdout)?;
+        let (timed_out, overflowed) = (watch.timed_out, watch.overflowed);
+        // The writer ends when the delegate's group is gone (EPIPE); one still blocked on a process that left
+        // the group is not waited for.
+        if let Some(w) = writer.filter(|w| w.is_finished()) {
+            let _ = w.join();
+        }
+        Ok(ExecOutput {
+            code: status.and_then(|s| s.code()),
+            stdout,
+            stderr: read_stderr(&err_file)?,
+            timed_out,
+            overflowed,
+            elapsed: start.elapsed(),
+        })
+    }
+}
+
+/// A memory file of STDERR_CAP bytes that cannot grow: the child writes from offset 0, and the shared file
+/// offset says how much it wrote.
+fn stderr_file() -> std::io::Result<std::fs::File> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd = rustix::fs::memfd_create(
+        "plexus-delegate-stderr",
+        MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING,
+    )?;
+    rustix::fs::ftruncate(&fd, STDERR_CAP as u64)?;
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::GROW | SealFlags::SHRINK | SealFlags::SEAL)?;
+    Ok(std::fs::File::from(fd))
+}
+
+/// What the delegate wrote to `file` (see [`stderr_file`]).
+fn read_stderr(file: &std::fs::File) -> std::io::Result<Vec<u8>> {
+    let written = rustix::fs::seek(file, rustix::fs::SeekFrom::Current(0))? as usize;
+    let mut buf = vec![0u8; written.min(STDERR_CAP)];
+    file.read_exact_at(&mut buf, 0)?;
+    Ok(buf)
+}
+
+/// One running delegate and its deadline.
+struct Watch<'a> {
+    child: &'a mut Child,
+    pgid: Option<Pid>,
+    /// Readable once the child exits; `None` where the kernel has no pidfds.
+    pidfd: Option<rustix::fd::OwnedFd>,
+    deadline: Instant,
+    /// Set when the group was killed: how long to wait for it to go.
+    kill_end: Option<Instant>,
+    timed_out: bool,
+    overflowed: bool,
+}
+
+impl Watch<'_> {
+    fn kill(&mut self) {
+        if self.kill_end.is_none() {
+            if let Some(pgid) = self.pgid {
+                let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
             }
-            // After the kill, a process that left the group may still hold the pipe: stop reading after a grace.
-            let until = if timed_out {
-                deadline + KILL_GRACE
-            } else {
-                deadline
-            };
-            let left = until.saturating_duration_since(now);
-            if timed_out && left.is_zero() {
+            self.kill_end = Some(Instant::now() + KILL_GRACE);
+        }
+    }
+
+    /// Reads stdout (up to the cap) and waits for the exit, both under the deadline, in one poll loop (no
+    /// thread). Ends when stdout is closed and the child has exited, or when the group was killed and the
+    /// grace after the kill is over (then the status is `None` if the child is still not gone).
+    fn run(
+        &mut self,
+        mut stdout: std::process::ChildStdout,
+    ) -> std::io::Result<(Option<ExitStatus>, Vec<u8>)> {
+        let mut out = Vec::new();
+        let mut out_open = true;
+        let mut status = None;
+        let mut buf = [0u8; 8192];
+        while out_open || status.is_none() {
+            let now = Instant::now();
+            if now >= self.deadline && self.kill_end.is_none() {
+                self.timed_out = true;
+                self.kill();
+            }
+            let until = self.kill_end.unwrap_or(self.deadline);
+            let mut left = until.saturating_duration_since(now);
+            if self.kill_end.is_some() && left.is_zero() {
                 break;
             }
-            let mut fds = [rustix::event::PollFd::new(
-                &stdout,
-                rustix::event::PollFlags::IN,
-            )];
+            if self.pidfd.is_none() && status.is_none() {
+                left = left.min(EXIT_POLL);
+            }
             let wait = rustix::event::Timespec {
                 tv_sec: left.as_secs() as i64,
                 tv_nsec: i64::from(left.subsec_nanos()),
             };
-            match rustix::event::poll(&mut fds, Some(&wait)) {
-                Ok(0) => continue,
-                Ok(_) => {}
-                Err(rustix::io::Errno::INTR) => continue,
-                Err(e) => return Err(e.into()),
+            let (out_ready, exited) = {
+                let mut fds = Vec::with_capacity(2);
+                if out_open {
+                    fds.push(PollFd::new(&stdout, PollFlags::IN));
+                }
+                let pidfd_slot = match (&self.pidfd, status.is_none()) {
+                    (Some(fd), true) => {
+                        fds.push(PollFd::new(fd, PollFlags::IN));
+                        Some(fds.len() - 1)
+                    }
+                    _ => None,
+                };
+                match rustix::event::poll(&mut fds, Some(&wait)) {
+                    Ok(_) => {}
+                    Err(rustix::io::Errno::INTR) => continue,
+                    Err(e) => return Err(e.into()),
+                }
+                let ready = |i: usize| !fds[i].revents().is_empty();
+                (
+                    out_open && ready(0),
+                    pidfd_slot.map_or(self.pidfd.is_none(), ready),
+                )
+            };
+            if out_ready {
+                match stdout.read(&mut buf) {
+                    Ok(0) => out_open = false,
+                    Ok(n) => {
+                        out.extend_from_slice(&buf[..n]);
+                        if out.len() > STDOUT_CAP {
+                            out.truncate(STDOUT_CAP);
+                            out_open = false;
+                            self.overflowed = true;
+                            self.kill();
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(_) => out_open = false,
+                }
             }
-            match stdout.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => out.extend_from_slice(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(_) => break,
+            if exited && status.is_none() {
+                status = self.child.try_wait()?;
             }
         }
-        let status = child.wait()?;
-        if let Some(w) = writer {
-            let _ = w.join();
+        if status.is_none() {
+            status = self.child.try_wait()?;
         }
-        let mut stderr = Vec::new();
-        let mut err_file = err_file;
-        err_file.seek(std::io::SeekFrom::Start(0))?;
-        err_file.read_to_end(&mut stderr)?;
-        let stdout = out;
-        Ok(ExecOutput {
-            code: status.code(),
-            stdout,
-            stderr,
-            timed_out,
-            elapsed: start.elapsed(),
-        })
+        Ok((status, out))
     }
 }
 
@@ -200,7 +306,8 @@ mod tests {
         let p = script(
             tmp.path(),
             "big",
-            "cat; head -c 200000 /dev/zero | tr '\\0' e >&2",
+            // tr fails once stderr is full (EPERM past the cap); the script itself still exits 0.
+            "cat; head -c 200000 /dev/zero | tr '\\0' e >&2; exit 0",
         );
         let input = vec![b'x'; 100_000];
         let out = ProcessExec
@@ -214,7 +321,8 @@ mod tests {
         assert!(!out.timed_out);
         assert_eq!(out.code, Some(0));
         assert_eq!(out.stdout, input);
-        assert_eq!(out.stderr.len(), 200_000);
+        // stderr is kept up to its cap (the rest failed to write in the delegate).
+        assert_eq!(out.stderr.len(), STDERR_CAP);
         assert!(out.stderr.iter().all(|b| *b == b'e'));
     }
 
@@ -240,6 +348,59 @@ mod tests {
             !marker.exists(),
             "the delegate's background child must die with it"
         );
+    }
+
+    #[test]
+    fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_at_the_deadline() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = script(tmp.path(), "closer", "exec 1>&-; exec sleep 100000");
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &p,
+                env: &[],
+                stdin: b"",
+                timeout: Duration::from_millis(300),
+            })
+            .unwrap();
+        assert!(out.timed_out, "{out:?}");
+        assert_eq!(out.code, None, "killed by a signal");
+        assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
+    }
+
+    #[test]
+    fn a_flooding_delegate_is_killed_at_the_stdout_cap_and_stderr_is_capped() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = script(tmp.path(), "yes", "exec yes");
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &p,
+                env: &[],
+                stdin: b"",
+                timeout: Duration::from_secs(30),
+            })
+            .unwrap();
+        assert!(out.overflowed && !out.timed_out, "{out:?}");
+        assert_eq!(out.stdout.len(), STDOUT_CAP);
+        assert_eq!(out.code, None, "killed by a signal");
+
+        // stderr: 1 MiB written, the first STDERR_CAP bytes kept, and the delegate still exits normally.
+        let p = script(
+            tmp.path(),
+            "loud",
+            "head -c 1048576 /dev/zero | tr '\\0' e >&2; echo done",
+        );
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &p,
+                env: &[],
+                stdin: b"",
+                timeout: Duration::from_secs(30),
+            })
+            .unwrap();
+        assert!(!out.timed_out && !out.overflowed, "{out:?}");
+        assert_eq!(out.stdout, b"done\n");
+        assert_eq!(out.stderr.len(), STDERR_CAP);
+        assert!(out.stderr.iter().all(|b| *b == b'e'));
     }
 
     #[test]

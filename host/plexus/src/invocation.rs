@@ -8,7 +8,7 @@ use plexus_core::spec::naming::{validate_container_id, validate_ifname};
 use plexus_core::spec::PodRef;
 
 use crate::conf::PlexusConf;
-use crate::error::PlexusError;
+use crate::error::{bounded, PlexusError};
 use serde_json::Value;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -33,6 +33,21 @@ impl Command {
         }
     }
 }
+
+/// The longest container id accepted: it names files (`<id>.json`, `.<id>.json.tmp`, `<id>.lock`) whose names
+/// the filesystem limits to 255 bytes. Runtimes use 64 hex digits.
+pub const MAX_CONTAINER_ID: usize = 200;
+
+/// The longest `CNI_ARGS` accepted.
+pub const MAX_CNI_ARGS: usize = 64 << 10;
+
+/// Kubernetes' own limits on the pod identity the runtime passes (a namespace is a DNS label, a name a DNS
+/// subdomain); longer values cannot name a pod, and would be echoed into every message.
+const POD_ARG_LIMITS: [(&str, usize); 3] = [
+    ("K8S_POD_NAMESPACE", 63),
+    ("K8S_POD_NAME", 253),
+    ("K8S_POD_UID", 128),
+];
 
 /// A validated invocation. Everything below the entry point works from this value alone.
 #[derive(Debug, Clone)]
@@ -82,6 +97,12 @@ impl Invocation {
 
         let (container_id, ifname) = if per_container {
             let id = require("CNI_CONTAINERID")?;
+            if id.len() > MAX_CONTAINER_ID {
+                return Err(PlexusError::Env(format!(
+                    "CNI_CONTAINERID is {} bytes long; at most {MAX_CONTAINER_ID} are accepted",
+                    id.len()
+                )));
+            }
             validate_container_id(&id)
                 .map_err(|e| PlexusError::Env(format!("CNI_CONTAINERID: {e}")))?;
             let ifname = require("CNI_IFNAME")?;
@@ -94,8 +115,22 @@ impl Invocation {
             Command::Add | Command::Check => Some(require("CNI_NETNS")?),
             _ => get("CNI_NETNS"),
         };
-        let args = CniArgs::parse(env.get("CNI_ARGS").map(String::as_str).unwrap_or(""))
-            .map_err(|e| PlexusError::Env(format!("CNI_ARGS: {e}")))?;
+        let raw_args = env.get("CNI_ARGS").map(String::as_str).unwrap_or("");
+        if raw_args.len() > MAX_CNI_ARGS {
+            return Err(PlexusError::Env(format!(
+                "CNI_ARGS is {} bytes long; at most {MAX_CNI_ARGS} are accepted",
+                raw_args.len()
+            )));
+        }
+        let args = CniArgs::parse(raw_args)
+            .map_err(|e| PlexusError::Env(bounded(format!("CNI_ARGS: {e}"))))?;
+        for (key, max) in POD_ARG_LIMITS {
+            if let Some(len) = args.get(key).map(str::len).filter(|len| *len > max) {
+                return Err(PlexusError::Env(format!(
+                    "CNI_ARGS: {key} is {len} bytes long; Kubernetes allows at most {max}"
+                )));
+            }
+        }
         let conf = PlexusConf::from_json(stdin?, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
         let mut path: Vec<PathBuf> = conf.bin_dir.iter().cloned().collect();
         path.extend(
@@ -226,6 +261,31 @@ mod tests {
             (err.cni_code(), err.to_string()),
             (4, "unknown CNI_COMMAND \"FROB\"".to_string())
         );
+    }
+
+    #[test]
+    fn oversized_ids_and_pod_names_are_refused_without_echoing_them() {
+        let long = "a".repeat(1 << 20);
+        let base = [
+            ("CNI_COMMAND", "DEL"),
+            ("CNI_CONTAINERID", "c"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/b"),
+        ];
+        let pod_args = format!("K8S_POD_NAMESPACE=ns;K8S_POD_NAME={long}");
+        let just_too_long = format!("K8S_POD_NAMESPACE=ns;K8S_POD_NAME={}", "a".repeat(254));
+        for (key, value, needle) in [
+            ("CNI_CONTAINERID", long.as_str(), "CNI_CONTAINERID"),
+            ("CNI_ARGS", pod_args.as_str(), "CNI_ARGS"),
+            ("CNI_ARGS", just_too_long.as_str(), "K8S_POD_NAME"),
+        ] {
+            let mut e = env(&base);
+            e.insert(key.into(), value.into());
+            let err = Invocation::from_env(&e, stdin_json(CONF)).unwrap_err();
+            assert_eq!(err.cni_code(), 4, "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains(needle) && msg.len() < 200, "{msg}");
+        }
     }
 
     #[test]

@@ -58,7 +58,10 @@ fn real_main() -> u8 {
     let env = std::env::vars().collect();
     let mut stdin = Vec::new();
     // VERSION may come with no stdin at all; a read error is treated as empty input.
-    let _ = std::io::stdin().read_to_end(&mut stdin);
+    // Read one byte past the cap, so an oversized conf is refused rather than cut.
+    let _ = std::io::stdin()
+        .take(plexus::conf::STDIN_CAP as u64 + 1)
+        .read_to_end(&mut stdin);
     let outcome = plexus::entry::run(&env, &stdin);
     if let Some(text) = outcome.stdout {
         let mut out = std::io::stdout().lock();

@@ -19,7 +19,8 @@ use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDef
 use serde_json::{json, Map, Value};
 
 use crate::cache::{Attachment, AttachmentCache, AttachmentPlan};
-use crate::error::PlexusError;
+use crate::deleted::DeletedLog;
+use crate::error::{bounded, PlexusError};
 use crate::exec::Exec;
 use crate::invocation::Invocation;
 use crate::lock::ContainerLock;
@@ -87,6 +88,41 @@ impl HookRunner for NoHooks {
     }
     fn status(&self, _: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
         Ok(entries)
+    }
+}
+
+/// What planning does with a network it cannot resolve: an ADD fails on it, a DEL without a cache skips it
+/// and names it.
+enum Unplannable<'e> {
+    Fail,
+    Skip(&'e mut Vec<PlexusError>),
+}
+
+impl Unplannable<'_> {
+    fn handle<T>(&mut self, r: Result<T, PlexusError>) -> Result<Option<T>, PlexusError> {
+        match (r, self) {
+            (Ok(v), _) => Ok(Some(v)),
+            (Err(e), Unplannable::Fail) => Err(e),
+            (Err(e), Unplannable::Skip(skipped)) => {
+                skipped.push(e);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// The event reason of a DEL that could not release everything.
+const TEARDOWN_INCOMPLETE: &str = "TeardownIncomplete";
+
+/// The most networks one pod may select: each is an interface, a delegate run and a cache record.
+pub const MAX_SELECTIONS: usize = 64;
+
+/// True when `e` says the cluster source did not answer.
+fn is_unavailable(e: &PlexusError) -> bool {
+    match e {
+        PlexusError::Cluster(c) => c.is_transient(),
+        PlexusError::Context { source, .. } => is_unavailable(source),
+        _ => false,
     }
 }
 
@@ -241,8 +277,13 @@ impl<'a> Ctx<'a> {
         parse_list(&resolved.config, &nad.name).map_err(|e| e.context(label))
     }
 
-    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4).
-    fn plan(&self, pod: Option<&Pod>) -> Result<AttachmentPlan, PlexusError> {
+    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4). What
+    /// cannot be planned fails the plan or is skipped, as `unplannable` says.
+    fn plan(
+        &self,
+        pod: Option<&Pod>,
+        mut unplannable: Unplannable<'_>,
+    ) -> Result<AttachmentPlan, PlexusError> {
         let inv = self.inv;
         let mut plan = AttachmentPlan::new(
             &inv.container_id,
@@ -250,30 +291,36 @@ impl<'a> Ctx<'a> {
             inv.conf.cni_version.as_str(),
             inv.pod.clone(),
         );
-        let (name, list) = self
+        let cluster = self
             .resolve_ref(&inv.conf.cluster_network, pod)
-            .map_err(|e| e.context("cluster network"))?;
-        plan.attachments.push(Attachment {
-            network: name,
-            ifname: inv.ifname.clone(),
-            is_default: true,
-            config: list.to_value(),
-            // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
-            capability_args: inv.conf.runtime_config.clone(),
-            selection: None,
-            result: None,
-        });
+            .map_err(|e| e.context("cluster network"));
+        if let Some((name, list)) = unplannable.handle(cluster)? {
+            plan.attachments.push(Attachment {
+                network: name,
+                ifname: inv.ifname.clone(),
+                is_default: true,
+                config: list.to_value(),
+                // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
+                capability_args: inv.conf.runtime_config.clone(),
+                selection: None,
+                result: None,
+            });
+        }
         let mut ifnames = IfNameAllocator::new(&inv.ifname);
         if inv.pod.is_none() {
             return Ok(plan);
         }
         for reference in &inv.conf.default_networks {
-            let (name, list) = self
+            let resolved = self
                 .resolve_ref(reference, pod)
-                .map_err(|e| e.context(format!("default network {reference:?}")))?;
+                .map_err(|e| e.context(format!("default network {reference:?}")));
             let ifname = ifnames
                 .next(None)
-                .map_err(|e| PlexusError::Config(e.to_string()))?;
+                .map_err(|e| PlexusError::Config(e.to_string()));
+            let Some((name, list)) = unplannable.handle(resolved)? else {
+                continue;
+            };
+            let ifname = ifname?;
             plan.attachments.push(Attachment {
                 network: name,
                 ifname,
@@ -285,28 +332,39 @@ impl<'a> Ctx<'a> {
             });
         }
         let Some(pod) = pod else { return Ok(plan) };
-        let selections = self.selections(pod)?;
+        let Some(selections) = unplannable.handle(self.selections(pod))? else {
+            return Ok(plan);
+        };
         for sel in selections {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let nad = self
-                .cluster()?
-                .nad(&sel.namespace, &sel.name)
-                .map_err(|e| ctx(e.into()))?;
             let sel_json = sel.to_json();
-            let mut list = self
-                .resolve_nad_config(&nad, Some(&sel_json), Some(pod))
-                .map_err(ctx)?;
-            check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
-                .map_err(|e| PlexusError::Config(e.to_string()))?;
+            let resolved = self
+                .cluster()
+                .and_then(|c| c.nad(&sel.namespace, &sel.name).map_err(|e| ctx(e.into())))
+                .and_then(|nad| {
+                    self.resolve_nad_config(&nad, Some(&sel_json), Some(pod))
+                        .map_err(ctx)
+                })
+                .and_then(|list| {
+                    check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
+                        .map_err(|e| PlexusError::Config(e.to_string()))?;
+                    Ok(list)
+                });
+            // The interface name is taken whether or not the network resolves, so a DEL that skips one
+            // network gives the others the names their ADD gave them.
+            let ifname = ifnames
+                .next(sel.interface.as_deref())
+                .map_err(|e| ctx(PlexusError::Config(e.to_string())));
+            let Some(mut list) = unplannable.handle(resolved)? else {
+                continue;
+            };
+            let ifname = ifname?;
             if let Some(args) = sel.delegate_cni_args() {
                 for plugin in &mut list.plugins {
                     merge_cni_args(plugin, &args);
                 }
             }
-            let ifname = ifnames
-                .next(sel.interface.as_deref())
-                .map_err(|e| ctx(PlexusError::Config(e.to_string())))?;
             let mut capability_args = sel.runtime_config();
             if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
                 // Device Information Specification 4.2 / 5.1: a file unique per attachment.
@@ -329,6 +387,47 @@ impl<'a> Ctx<'a> {
         Ok(plan)
     }
 
+    /// The plan of a DEL that found no cache entry (the cache was lost, or ADD never got as far as planning):
+    /// everything that still resolves. What does not is named in the log and, where the cluster answered, in
+    /// an event on the pod; the DEL goes on without it (docs/conformance.md, "DEL without a cache").
+    fn replan_for_del(&self) -> AttachmentPlan {
+        let mut unresolved = Vec::new();
+        let pod = match (&self.inv.pod, self.fx.cluster) {
+            (Some(pod_ref), Some(cluster)) => match cluster.pod(pod_ref) {
+                Ok(pod) => Some(pod),
+                Err(e) => {
+                    unresolved.push(PlexusError::from(e).context("the pod's own networks"));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let plan = self
+            .plan(pod.as_ref(), Unplannable::Skip(&mut unresolved))
+            .unwrap_or_else(|e| {
+                // Only a pod whose interface names run out gets here; the cluster network is still known.
+                tracing::warn!(container = %self.inv.container_id, "DEL without a cached plan: {e}");
+                AttachmentPlan::new(&self.inv.container_id, None, "", None)
+            });
+        if unresolved.is_empty() {
+            return plan;
+        }
+        let names: Vec<String> = unresolved.iter().map(ToString::to_string).collect();
+        let message = bounded(format!(
+            "DEL without a cached plan released {} network(s); cannot release what does not resolve any more: {}",
+            plan.attachments.len(),
+            names.join("; ")
+        ));
+        tracing::warn!(container = %self.inv.container_id, "{}: {message}", self.pod_label());
+        let cluster_answered = !unresolved.iter().any(is_unavailable);
+        if let (Some(cluster), Some(pod_ref), true) =
+            (self.fx.cluster, self.inv.pod.as_ref(), cluster_answered)
+        {
+            let _ = cluster.record_warning(pod_ref, TEARDOWN_INCOMPLETE, &message);
+        }
+        plan
+    }
+
     /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
     fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
         let Some(raw) = pod.networks_annotation() else {
@@ -342,6 +441,12 @@ impl<'a> Ctx<'a> {
         let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
             // The caller names the pod.
             .map_err(|e| PlexusError::Config(e.to_string()))?;
+        if parsed.selections.len() > MAX_SELECTIONS {
+            return Err(PlexusError::Config(format!(
+                "the networks annotation selects {} networks; at most {MAX_SELECTIONS} are allowed",
+                parsed.selections.len()
+            )));
+        }
         if let Some(ignored) = &parsed.ignored {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
@@ -531,6 +636,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     let ctx = Ctx::new(inv, fx);
     wait_ready(inv)?;
     let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
+    DeletedLog::new(&inv.conf.run_dir).forget(&inv.container_id);
     let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
     if let Some(stale) = cache.load(&inv.container_id)? {
         // ADD twice without DEL breaks the runtime contract; tear the old attachments down so nothing leaks.
@@ -549,7 +655,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
         _ => None,
     };
     let mut plan = ctx
-        .plan(pod.as_ref())
+        .plan(pod.as_ref(), Unplannable::Fail)
         .map_err(|e| e.context(ctx.pod_label()))?;
     cache.store(&plan)?;
 
@@ -706,41 +812,51 @@ fn finish_add(
 }
 
 /// DEL: from the cache when there is one; every attachment is torn down even if some fail (spec 7.2).
+///
+/// Without a cache entry: a DEL repeated after a completed one is answered from `runDir` alone (no cluster
+/// request); otherwise plexus re-plans what still resolves. A DEL with nothing to tear down succeeds whatever
+/// the state of the disk.
 pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
     let ctx = Ctx::new(inv, fx);
     let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
-    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
-    let plan = match cache.load(&inv.container_id)? {
+    let deleted = DeletedLog::new(&inv.conf.run_dir);
+    let cache = AttachmentCache::open_existing(&inv.conf.cache_dir)?;
+    let cached = match &cache {
+        Some(cache) => cache.load(&inv.container_id)?,
+        None => None,
+    };
+    let from_cache = cached.is_some();
+    let plan = match cached {
         Some(plan) => plan,
-        None => {
-            // No cache: ADD never got as far as planning, or DEL is repeated. Re-plan best effort.
-            let pod = match (&inv.pod, fx.cluster) {
-                (Some(p), Some(c)) => c.pod(p).ok(),
-                _ => None,
-            };
-            match ctx.plan(pod.as_ref()) {
-                Ok(plan) => plan,
-                Err(e) => {
-                    tracing::warn!(container = %inv.container_id, "DEL without a cached plan and the networks cannot be resolved ({e}); nothing to tear down");
-                    return Ok(());
-                }
-            }
+        None if deleted.contains(&inv.container_id) => {
+            tracing::debug!(container = %inv.container_id, "DEL repeated after a completed DEL: nothing to do");
+            return Ok(());
         }
+        None => ctx.replan_for_del(),
     };
     let errors = ctx.teardown(&plan, plan.attachments.len());
-    if errors.is_empty() {
-        cache.remove(&inv.container_id)?;
-        return Ok(());
+    if !errors.is_empty() {
+        return Err(PlexusError::Many {
+            summary: format!(
+                "{}: {} of {} detachments failed",
+                ctx.pod_label(),
+                errors.len(),
+                plan.attachments.len()
+            ),
+            errors,
+        });
     }
-    Err(PlexusError::Many {
-        summary: format!(
-            "{}: {} of {} detachments failed",
-            ctx.pod_label(),
-            errors.len(),
-            plan.attachments.len()
-        ),
-        errors,
-    })
+    if let Some(cache) = &cache {
+        match cache.remove(&inv.container_id) {
+            Ok(()) => {}
+            Err(e) if from_cache => return Err(e),
+            // Nothing was cached, so at most a temp file of a killed ADD is left; a disk that cannot remove
+            // it (read-only) must not fail a DEL that had nothing else to do.
+            Err(e) => tracing::warn!(container = %inv.container_id, "{e}"),
+        }
+    }
+    deleted.record(&inv.container_id);
+    Ok(())
 }
 
 /// CHECK: every cached attachment, in order, against its cached result.
@@ -797,17 +913,36 @@ pub fn status(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
 
 /// GC (CNI 1.1): tears down cached plans of containers the runtime no longer knows, then passes GC on to
 /// every 1.1.0 delegate network with the attachments that remain valid for it.
+///
+/// CNI 1.1: GC exists from cniVersion 1.1.0, and `cni.dev/valid-attachments` is required; without it nothing
+/// can tell which attachments are in use, so GC refuses rather than read it as "none are".
 pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    if !inv.conf.cni_version.supports_status_gc() {
+        return Err(PlexusError::Version(format!(
+            "GC is not supported by cniVersion {}",
+            inv.conf.cni_version
+        )));
+    }
+    let Some(valid_attachments) = &inv.conf.valid_attachments else {
+        return Err(PlexusError::Config(
+            "GC needs cni.dev/valid-attachments (the attachments still in use); it is missing"
+                .into(),
+        ));
+    };
     let ctx = Ctx::new(inv, fx);
-    let valid: BTreeSet<&str> = inv
-        .conf
-        .valid_attachments
+    let valid: BTreeSet<&str> = valid_attachments
         .iter()
-        .flatten()
         .map(|a| a.container_id.as_str())
         .collect();
     let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
     let mut errors = Vec::new();
+    // Temp files of plans a killed ADD never renamed; under the container's lock no ADD is writing one.
+    for (id, name) in cache.temp_files()? {
+        let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
+        if let Err(e) = cache.remove_temp(&name) {
+            errors.push(e);
+        }
+    }
     let mut per_network: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
     for id in cache.container_ids()? {
         let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
@@ -858,7 +993,7 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             let entry = per_network
                 .entry(list.name.clone())
                 .or_insert_with(|| (list.to_value(), Vec::new()));
-            for a in inv.conf.valid_attachments.iter().flatten() {
+            for a in valid_attachments {
                 let pair = json!({"containerID": a.container_id, "ifname": a.ifname});
                 if !entry.1.contains(&pair) {
                     entry.1.push(pair);

@@ -172,7 +172,7 @@ impl Delegator<'_> {
             env.push(("CNI_CONTAINERID".into(), rt.container_id.into()));
             env.push(("CNI_IFNAME".into(), rt.ifname.into()));
             env.push(("CNI_NETNS".into(), rt.netns.unwrap_or_default().into()));
-            env.push(("CNI_ARGS".into(), rt.args.to_string()));
+            env.push(("CNI_ARGS".into(), delegate_args(rt.args)));
         }
         let stdin = serde_json::to_vec(conf).map_err(|e| PlexusError::Decode(e.to_string()))?;
         tracing::debug!(plugin = %plugin.display(), command = command.as_str(), network = %list.name, ifname = rt.ifname, "exec delegate");
@@ -200,6 +200,17 @@ impl Delegator<'_> {
                     "plugin {ty:?} ({}) did not finish within {:?} and was killed",
                     command.as_str(),
                     rt.timeout
+                ),
+                details: String::new(),
+            });
+        }
+        if out.overflowed {
+            return Err(PlexusError::Delegate {
+                code: CODE_DELEGATE_FAILED,
+                msg: format!(
+                    "plugin {ty:?} ({}) printed more than {} bytes on stdout and was killed",
+                    command.as_str(),
+                    crate::exec::STDOUT_CAP
                 ),
                 details: String::new(),
             });
@@ -243,6 +254,16 @@ impl Delegator<'_> {
     }
 }
 
+/// `CNI_ARGS` for a delegate: the runtime's, with `IgnoreUnknown=1` first unless the runtime gave one. Plugins
+/// that load their args strictly (bridge, host-local, ...) otherwise fail on the `K8S_POD_*` keys the runtime
+/// adds for plexus; Multus does the same.
+fn delegate_args(args: &plexus_core::cni::CniArgs) -> String {
+    if args.is_empty() || args.get("IgnoreUnknown").is_some() {
+        return args.to_string();
+    }
+    format!("IgnoreUnknown=1;{args}")
+}
+
 fn plugin_type(list: &NetworkConfigList, index: usize) -> String {
     list.plugins[index]
         .get("type")
@@ -255,5 +276,29 @@ fn truncate(s: &str, max: usize) -> &str {
     match s.char_indices().nth(max) {
         Some((i, _)) => &s[..i],
         None => s,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use plexus_core::cni::CniArgs;
+
+    #[test]
+    fn delegates_get_ignore_unknown_unless_the_runtime_set_it() {
+        let args = |s: &str| delegate_args(&CniArgs::parse(s).unwrap());
+        assert_eq!(
+            args("K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p"),
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=ns;K8S_POD_NAME=p"
+        );
+        assert_eq!(
+            args("IgnoreUnknown=0;K8S_POD_NAME=p"),
+            "IgnoreUnknown=0;K8S_POD_NAME=p"
+        );
+        assert_eq!(
+            args("K8S_POD_NAME=p;IgnoreUnknown=true"),
+            "K8S_POD_NAME=p;IgnoreUnknown=true"
+        );
+        assert_eq!(args(""), "");
     }
 }

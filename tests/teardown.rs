@@ -1,0 +1,468 @@
+//! Teardown that never sticks and never leaks, through the real `plexus` binary: delegates bounded in time and
+//! bytes, DEL without a cache, repeated DELs, GC's preconditions, what a completed DEL leaves on disk, and a
+//! read-only cache directory. Real-namespace cases are in e2e_netns.rs; the reliability report
+//! (tests/soak.sh) repeats these faults many times.
+
+use std::path::Path;
+
+use plexus_tests::apiserver::{ApiServer, Fault};
+use plexus_tests::plexus::{Run, Sandbox};
+use serde_json::{json, Value};
+
+const POD_NS: &str = "ns";
+
+/// Installs `body` as the shell script `name` in the sandbox's bin dir.
+fn script(sb: &Sandbox, name: &str, body: &str) {
+    use std::os::unix::fs::PermissionsExt;
+    let path = sb.path("bin").join(name);
+    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+}
+
+/// A cluster network whose one plugin is the script `cluster-script`: `add` for ADD, `del` for DEL.
+fn script_cluster(sb: &Sandbox, add: &str, del: &str) {
+    script(
+        sb,
+        "cluster-script",
+        &format!("case \"$CNI_COMMAND\" in\nADD) {add} ;;\nDEL) {del} ;;\nesac"),
+    );
+    sb.conf_file(
+        "00-cluster.conflist",
+        &json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [{"type": "cluster-script"}]}),
+    );
+}
+
+/// Processes whose command line contains `needle`.
+fn processes_matching(needle: &str) -> Vec<String> {
+    let mut found = Vec::new();
+    for entry in std::fs::read_dir("/proc").unwrap().filter_map(Result::ok) {
+        if let Ok(cmd) = std::fs::read(entry.path().join("cmdline")) {
+            let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+            if cmd.contains(needle) {
+                found.push(format!("{}: {cmd}", entry.file_name().to_string_lossy()));
+            }
+        }
+    }
+    found
+}
+
+/// Every file under `dir`, relative, sorted (nothing if it does not exist).
+fn files_under(dir: &Path) -> Vec<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
+        for e in std::fs::read_dir(dir)
+            .into_iter()
+            .flatten()
+            .filter_map(Result::ok)
+        {
+            let p = e.path();
+            if p.is_dir() {
+                walk(root, &p, out);
+            } else {
+                out.push(p.strip_prefix(root).unwrap().display().to_string());
+            }
+        }
+    }
+    let mut out = Vec::new();
+    walk(dir, dir, &mut out);
+    out.sort();
+    out
+}
+
+/// The largest resident set of any child this test process has reaped, in KiB.
+fn children_max_rss_kib() -> i64 {
+    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
+    #[allow(unsafe_code)]
+    // SAFETY: getrusage writes a plain struct we own.
+    let usage = unsafe {
+        assert_eq!(
+            libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()),
+            0
+        );
+        usage.assume_init()
+    };
+    usage.ru_maxrss
+}
+
+#[track_caller]
+fn assert_small_error(run: &Run, code: u64) {
+    assert_eq!(
+        run.code(),
+        code,
+        "{}",
+        &run.stdout[..run.stdout.len().min(2000)]
+    );
+    assert!(
+        run.stdout.len() < 10_000,
+        "the error object is {} bytes",
+        run.stdout.len()
+    );
+}
+
+#[test]
+fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_and_the_del_that_follows_runs() {
+    let sb = Sandbox::new();
+    script_cluster(&sb, "exec 1>&-; exec sleep 987651", "exit 0");
+    let conf = sb.conf(json!({"delegateTimeoutMs": 500}));
+    let run = sb.run("ADD", "c1", "", &conf);
+    assert_small_error(&run, 101);
+    assert!(run.msg().contains("did not finish within"), "{}", run.msg());
+    assert!(
+        processes_matching("sleep 987651").is_empty(),
+        "the delegate outlived its deadline: {:?}",
+        processes_matching("sleep 987651")
+    );
+    // Nothing was attached, so the DEL that follows has nothing to wait for.
+    sb.run("DEL", "c1", "", &conf).ok();
+
+    // The DEL verb is bounded the same way: an attached container whose delegate hangs in DEL.
+    let result = r#"echo '{"cniVersion":"1.0.0"}'"#;
+    script_cluster(&sb, result, "exec 1>&-; exec sleep 987652");
+    sb.run("ADD", "c2", "", &conf).ok();
+    let run = sb.run("DEL", "c2", "", &conf);
+    assert_small_error(&run, 101);
+    assert!(processes_matching("sleep 987652").is_empty());
+    assert_eq!(sb.cached(), vec!["c2.json"], "a failed DEL keeps the plan");
+    // The lock was let go: the runtime's retry goes through.
+    script_cluster(&sb, result, "exit 0");
+    sb.run("DEL", "c2", "", &conf).ok();
+    assert!(sb.cached().is_empty(), "{:?}", sb.cached());
+    assert_eq!(files_under(&sb.path("run/locks")), Vec::<String>::new());
+}
+
+#[test]
+fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
+    let sb = Sandbox::new();
+    script_cluster(&sb, "exec yes", "exit 0");
+    let conf = sb.conf(json!({"delegateTimeoutMs": 20000}));
+    let run = sb.run("ADD", "c1", "", &conf);
+    assert_small_error(&run, 100);
+    assert!(
+        run.msg().contains("printed more than 1048576 bytes"),
+        "{}",
+        run.msg()
+    );
+    // Before the cap, plexus read `yes` until the deadline (1.6 GB in 3 s).
+    let rss = children_max_rss_kib();
+    assert!(rss < 200 * 1024, "a child of this test reached {rss} KiB");
+    assert!(
+        sb.cached().is_empty(),
+        "nothing is cached: {:?}",
+        sb.cached()
+    );
+
+    // An oversized result is refused the same way, and nothing of it reaches the cache.
+    script_cluster(
+        &sb,
+        r#"printf '{"cniVersion":"1.0.0","dns":{"domain":"'; head -c 3000000 /dev/zero | tr '\0' x; printf '"}}'"#,
+        "exit 0",
+    );
+    assert_small_error(&sb.run("ADD", "c2", "", &conf), 100);
+    assert!(sb.cached().is_empty(), "{:?}", sb.cached());
+}
+
+#[test]
+fn long_messages_are_cut_before_they_reach_the_runtime() {
+    let sb = Sandbox::new();
+    // A CNI error object with a 400 KB message and details (under the stdout cap, so it is parsed and relayed).
+    script_cluster(
+        &sb,
+        r#"printf '{"cniVersion":"1.0.0","code":7,"msg":"'; head -c 400000 /dev/zero | tr '\0' m; printf '","details":"'; head -c 400000 /dev/zero | tr '\0' d; printf '"}'; exit 1"#,
+        "exit 0",
+    );
+    let conf = sb.conf(json!({}));
+    let run = sb.run("ADD", "c1", "", &conf);
+    assert_small_error(&run, 7);
+    assert!(run.msg().contains("more bytes)"), "{}", run.msg());
+    assert!(
+        run.stderr.len() < 64 * 1024,
+        "the log line is {} bytes",
+        run.stderr.len()
+    );
+    // A pod name far past Kubernetes' limit is refused without being echoed.
+    let args = format!(
+        "K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME={}",
+        "p".repeat(60_000)
+    );
+    let run = sb.run("ADD", "c2", &args, &conf);
+    assert_small_error(&run, 4);
+    assert!(run.msg().contains("K8S_POD_NAME"), "{}", run.msg());
+}
+
+/// A pod selecting `gone` and `kept`, added; then the cache is wiped and the NAD `gone` deleted.
+fn lost_cache_and_deleted_nad(sb: &Sandbox) -> Value {
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["gone-plugin", "kept-plugin"]);
+    sb.pod(POD_NS, "web", Some("gone,kept"));
+    for n in ["gone", "kept"] {
+        sb.nad(
+            POD_NS,
+            n,
+            Some(json!({"cniVersion": "1.0.0", "name": n, "type": format!("{n}-plugin")})),
+        );
+    }
+    let conf = sb.conf(json!({}));
+    sb.run("ADD", "c1", &Sandbox::pod_args(POD_NS, "web"), &conf)
+        .ok();
+    std::fs::remove_dir_all(sb.path("cache")).unwrap();
+    std::fs::remove_file(sb.path(&format!("cluster/nad-{POD_NS}-gone.json"))).unwrap();
+    sb.clear_calls();
+    conf
+}
+
+#[test]
+fn del_without_a_cache_releases_every_network_that_still_resolves() {
+    let sb = Sandbox::new();
+    let conf = lost_cache_and_deleted_nad(&sb);
+    let run = sb.run("DEL", "c1", &Sandbox::pod_args(POD_NS, "web"), &conf);
+    // Success, so the pod can be deleted; what could not be released is named in the log.
+    run.ok();
+    assert_eq!(
+        sb.call_summary(),
+        vec![
+            ("kept-plugin".into(), "DEL".into(), "net2".into()),
+            ("cluster-plugin".into(), "DEL".into(), "eth0".into()),
+        ],
+        "the remaining network keeps the interface name its ADD gave it"
+    );
+    assert!(
+        run.stderr.contains("cannot release") && run.stderr.contains("ns/gone"),
+        "{}",
+        run.stderr
+    );
+}
+
+#[test]
+fn add_after_a_completed_del_is_torn_down_by_the_next_del() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let conf = sb.conf(json!({}));
+    for _ in 0..2 {
+        sb.run("ADD", "c1", "", &conf).ok();
+        sb.clear_calls();
+        sb.run("DEL", "c1", "", &conf).ok();
+        assert_eq!(
+            sb.call_summary(),
+            vec![("cluster-plugin".into(), "DEL".into(), "eth0".into())],
+            "a new ADD makes the container's next DEL real again"
+        );
+    }
+    // The repeated DEL is answered from the record: no delegate runs.
+    sb.clear_calls();
+    sb.run("DEL", "c1", "", &conf).ok();
+    assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+}
+
+#[test]
+fn a_completed_del_leaves_nothing_for_the_container_but_its_record() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let conf = sb.conf(json!({}));
+    sb.run("ADD", "c1", "", &conf).ok();
+    // What a process killed between writing the plan's temp file and renaming it leaves.
+    std::fs::write(sb.path("cache/attachments/.c1.json.tmp"), "{\"torn").unwrap();
+    sb.run("DEL", "c1", "", &conf).ok();
+    assert_eq!(files_under(&sb.path("cache")), Vec::<String>::new());
+    assert_eq!(
+        files_under(&sb.path("run")),
+        vec!["deleted/.pruned", "deleted/c1"]
+    );
+
+    // A killed ADD that never planned leaves its temp file too; DEL without a cache removes it.
+    std::fs::write(sb.path("cache/attachments/.c2.json.tmp"), "{").unwrap();
+    sb.run("DEL", "c2", "", &conf).ok();
+    assert_eq!(files_under(&sb.path("cache")), Vec::<String>::new());
+    assert!(files_under(&sb.path("run/locks")).is_empty());
+}
+
+#[test]
+fn gc_temp_files_of_killed_adds_are_collected() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.1.0");
+    let conf = sb.conf(json!({"cniVersion": "1.1.0"}));
+    sb.run("ADD", "live", "", &conf).ok();
+    std::fs::write(sb.path("cache/attachments/.dead.json.tmp"), "{").unwrap();
+    std::fs::write(sb.path("cache/attachments/.old.json.777.tmp"), "{").unwrap();
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([{"containerID": "live", "ifname": "eth0"}]);
+    let env = vec![
+        ("CNI_COMMAND".to_string(), "GC".to_string()),
+        ("CNI_PATH".to_string(), sb.path("bin").display().to_string()),
+    ];
+    sb.run_env(&env, gc.to_string().as_bytes()).ok();
+    assert_eq!(
+        files_under(&sb.path("cache/attachments")),
+        vec!["live.json", "live.results"]
+    );
+}
+
+#[test]
+fn gc_needs_cni_1_1_and_the_valid_attachments_key() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let conf = sb.conf(json!({}));
+    sb.run("ADD", "c1", "", &conf).ok();
+    sb.clear_calls();
+    let env = vec![
+        ("CNI_COMMAND".to_string(), "GC".to_string()),
+        ("CNI_PATH".to_string(), sb.path("bin").display().to_string()),
+    ];
+    // GC exists from cniVersion 1.1.0: a 1.0.0 conf gets "incompatible version", and nothing is torn down.
+    let mut gc = conf.clone();
+    gc["cni.dev/valid-attachments"] = json!([]);
+    let run = sb.run_env(&env, gc.to_string().as_bytes());
+    assert_eq!(run.code(), 1, "{}", run.stdout);
+    assert!(run.msg().contains("GC"), "{}", run.msg());
+    // A 1.1.0 GC without the key is an error, not "nothing is valid".
+    let mut gc = conf.clone();
+    gc["cniVersion"] = json!("1.1.0");
+    let run = sb.run_env(&env, gc.to_string().as_bytes());
+    assert_eq!(run.code(), 7, "{}", run.stdout);
+    assert!(
+        run.msg().contains("cni.dev/valid-attachments"),
+        "{}",
+        run.msg()
+    );
+    assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+    assert_eq!(sb.cached(), vec!["c1.json"]);
+}
+
+/// A read-only tmpfs mounted over `dir` until dropped.
+struct ReadOnlyMount(std::path::PathBuf);
+
+impl ReadOnlyMount {
+    fn new(dir: &Path) -> ReadOnlyMount {
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=1m", "plexus-ro"])
+            .arg(dir)
+            .status()
+            .unwrap()
+            .success();
+        assert!(
+            ok,
+            "mount a read-only tmpfs on {} (needs root)",
+            dir.display()
+        );
+        ReadOnlyMount(dir.to_path_buf())
+    }
+}
+
+impl Drop for ReadOnlyMount {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[test]
+fn a_del_with_nothing_to_do_succeeds_on_a_read_only_cache_dir() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let conf = sb.conf(json!({}));
+    let _ro = ReadOnlyMount::new(&sb.path("cache"));
+    sb.run("DEL", "never-added", "", &conf).ok();
+    // The cluster network still got its DEL (its IPAM may hold an address for the id).
+    assert_eq!(
+        sb.call_summary(),
+        vec![("cluster-plugin".into(), "DEL".into(), "eth0".into())]
+    );
+}
+
+#[test]
+fn more_selections_than_the_limit_are_refused_naming_it() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let names: Vec<String> = (0..65).map(|i| format!("n{i}")).collect();
+    sb.pod(POD_NS, "many", Some(&names.join(",")));
+    let run = sb.run(
+        "ADD",
+        "c1",
+        &Sandbox::pod_args(POD_NS, "many"),
+        &sb.conf(json!({})),
+    );
+    assert_eq!(run.code(), 7, "{}", run.stdout);
+    assert!(run.msg().contains("at most 64"), "{}", run.msg());
+    assert!(sb.calls().is_empty());
+}
+
+// The Kubernetes source (the API server emulator over real HTTP): what DEL asks the API.
+
+fn kube_sandbox(server: &ApiServer) -> (Sandbox, Value) {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["gone-plugin", "kept-plugin"]);
+    let kubeconfig = sb.path("kubeconfig");
+    server.write_kubeconfig(&kubeconfig);
+    server.add_pod(json!({"metadata": {
+        "name": "web", "namespace": POD_NS, "uid": "uid-web",
+        "annotations": {"k8s.v1.cni.cncf.io/networks": "gone,kept"}
+    }}));
+    for n in ["gone", "kept"] {
+        server.add_nad(json!({
+            "metadata": {"name": n, "namespace": POD_NS},
+            "spec": {"config": format!("{{\"cniVersion\":\"1.0.0\",\"type\":\"{n}-plugin\"}}")}
+        }));
+    }
+    let conf = sb.conf(json!({"cluster": {
+        "source": "kube", "kubeconfig": kubeconfig,
+        "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
+        "initialBackoffMs": 10, "maxBackoffMs": 20
+    }}));
+    (sb, conf)
+}
+
+#[test]
+fn a_repeated_del_asks_the_api_nothing_whatever_it_does() {
+    let server = ApiServer::start();
+    let (sb, conf) = kube_sandbox(&server);
+    let args = Sandbox::pod_args(POD_NS, "web");
+    sb.run("ADD", "c1", &args, &conf).ok();
+    sb.run("DEL", "c1", &args, &conf).ok();
+    sb.clear_calls();
+    server.clear_requests();
+    // The API hangs: a re-plan would wait out its deadline.
+    server.inject(
+        "GET",
+        "/api/v1/namespaces/ns/pods/web",
+        Fault::Hang,
+        usize::MAX,
+    );
+    let run = sb.run("DEL", "c1", &args, &conf);
+    run.ok();
+    assert!(server.requests().is_empty(), "{:?}", server.requests());
+    assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+    // And refused (the server is gone): the same answer, still without a warning.
+    drop(server);
+    let run = sb.run("DEL", "c1", &args, &conf);
+    run.ok();
+    assert!(!run.stderr.contains("WARN"), "{}", run.stderr);
+}
+
+#[test]
+fn del_without_a_cache_names_a_deleted_nad_in_a_warning_event() {
+    let server = ApiServer::start();
+    let (sb, conf) = kube_sandbox(&server);
+    let args = Sandbox::pod_args(POD_NS, "web");
+    sb.run("ADD", "c1", &args, &conf).ok();
+    std::fs::remove_dir_all(sb.path("cache")).unwrap();
+    server.remove_nad(POD_NS, "gone");
+    sb.clear_calls();
+    sb.run("DEL", "c1", &args, &conf).ok();
+    assert_eq!(
+        sb.call_summary(),
+        vec![
+            ("kept-plugin".into(), "DEL".into(), "net2".into()),
+            ("cluster-plugin".into(), "DEL".into(), "eth0".into()),
+        ]
+    );
+    let warnings: Vec<Value> = server
+        .events()
+        .into_iter()
+        .filter(|e| e["type"] == "Warning")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0]["reason"], "TeardownIncomplete");
+    let msg = warnings[0]["message"].as_str().unwrap();
+    assert!(
+        msg.contains("ns/gone") && msg.contains("not found"),
+        "{msg}"
+    );
+}
