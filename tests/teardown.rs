@@ -130,6 +130,54 @@ fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_and_the_del_that_fo
 }
 
 #[test]
+fn a_delegate_dies_with_a_killed_plexus() {
+    // A runtime kills plexus at its own timeout and calls DEL at once: a delegate left running would attach
+    // after that DEL.
+    let sb = Sandbox::new();
+    let marker = sb.path("attached-after-kill");
+    script_cluster(
+        &sb,
+        &format!("sleep 1; touch {}", marker.display()),
+        "exit 0",
+    );
+    let conf = sb.conf(json!({}));
+    let mut child = std::process::Command::new(plexus_tests::plexus::plexus_bin())
+        .env_clear()
+        .env("CNI_COMMAND", "ADD")
+        .env("CNI_CONTAINERID", "c1")
+        .env("CNI_NETNS", "/run/netns/fake-c1")
+        .env("CNI_IFNAME", "eth0")
+        .env("CNI_PATH", sb.path("bin"))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(conf.to_string().as_bytes())
+            .unwrap();
+    }
+    // Until the delegate runs (the plan is cached just before).
+    let start = std::time::Instant::now();
+    while sb.cached().is_empty() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(200));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    assert!(!marker.exists(), "the delegate outlived plexus and finished its ADD");
+    // The runtime's DEL cleans up from the plan.
+    sb.run("DEL", "c1", "", &conf).ok();
+    assert!(sb.cached().is_empty());
+}
+
+#[test]
 fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     let sb = Sandbox::new();
     script_cluster(&sb, "exec yes", "exit 0");

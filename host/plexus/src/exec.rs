@@ -85,14 +85,15 @@ impl Exec for ProcessExec {
         // joining it is a hand-off that waits for a core on a busy node. The file is made STDERR_CAP long and
         // sealed against growing, so a delegate that floods stderr cannot use more memory than that.
         let err_file = stderr_file()?;
-        let mut child = Command::new(req.plugin)
-            .env_clear()
+        let mut cmd = Command::new(req.plugin);
+        cmd.env_clear()
             .envs(req.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::piped())
             .stdout(Stdio::piped())
             .stderr(Stdio::from(err_file.try_clone()?))
-            .process_group(0)
-            .spawn()?;
+            .process_group(0);
+        die_with_parent(&mut cmd);
+        let mut child = cmd.spawn()?;
         let pid = child.id();
         let mut stdin = child.stdin.take().expect("stdin piped");
         let stdout = child.stdout.take().expect("stdout piped");
@@ -137,6 +138,29 @@ impl Exec for ProcessExec {
             overflowed,
             elapsed: start.elapsed(),
         })
+    }
+}
+
+/// Makes the delegate get SIGKILL when plexus dies. The runtime kills plexus when its own timeout passes and
+/// then calls DEL at once: a delegate left running would race that DEL and could attach after it (an
+/// interface or an address nobody releases). Killed instead, whatever it had done is in the plan DEL tears
+/// down.
+fn die_with_parent(cmd: &mut Command) {
+    let parent = rustix::process::getpid();
+    #[allow(unsafe_code)]
+    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe system calls
+    // (prctl, getppid, kill of itself), touching no memory of the parent.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Plexus may have died between fork and prctl: then no signal is coming.
+            if rustix::process::getppid() != Some(parent) {
+                libc::kill(libc::getpid(), libc::SIGKILL);
+            }
+            Ok(())
+        });
     }
 }
 
