@@ -171,7 +171,10 @@ fn a_delegate_dies_with_a_killed_plexus() {
     child.kill().unwrap();
     child.wait().unwrap();
     std::thread::sleep(std::time::Duration::from_millis(1500));
-    assert!(!marker.exists(), "the delegate outlived plexus and finished its ADD");
+    assert!(
+        !marker.exists(),
+        "the delegate outlived plexus and finished its ADD"
+    );
     // The runtime's DEL cleans up from the plan.
     sb.run("DEL", "c1", "", &conf).ok();
     assert!(sb.cached().is_empty());

@@ -225,7 +225,7 @@ impl ApiServer {
         self.shared.lock().requests.clear();
     }
 
-    /// The next `times` requests matching `method` (or `"*"`) and exactly `path` suffer `fault`.
+    /// The next `times` requests matching `method` (or `"*"`) and exactly `path` (or `"*"`) suffer `fault`.
     pub fn inject(&self, method: &str, path: &str, fault: Fault, times: usize) {
         self.shared.lock().faults.push(FaultRule {
             method: method.to_string(),
@@ -317,7 +317,9 @@ fn wants_close(request: &RecordedRequest) -> bool {
 
 fn take_fault(state: &mut State, request: &RecordedRequest) -> Option<Fault> {
     let rule = state.faults.iter_mut().find(|r| {
-        r.remaining > 0 && (r.method == "*" || r.method == request.method) && r.path == request.path
+        r.remaining > 0
+            && (r.method == "*" || r.method == request.method)
+            && (r.path == "*" || r.path == request.path)
     })?;
     rule.remaining -= 1;
     Some(rule.fault.clone())
