@@ -12,6 +12,9 @@ PKGS=(
   iproute2 iptables nftables
   # the Debian route to wasm32-wasip1 guests (see ../shared/guest-toolchain.md)
   rustc-web cargo-web rust-web-src lld-22 wasi-libc
+  # a real container runtime for the teardown tests: containerd (CRI plugin) with runc, and a static busybox
+  # for the pause image the tests build
+  containerd runc busybox-static
   # benchmarks: plots and profiles
   python3-matplotlib valgrind
   jq

@@ -1,6 +1,8 @@
 //! The one integration-test harness (see design.md, Style 7).
 
 pub mod apiserver;
+pub mod containerd;
+pub mod cri;
 pub mod libcni;
 pub mod netns;
 pub mod plexus;

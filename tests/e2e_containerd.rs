@@ -1,0 +1,252 @@
+//! Teardown through a real container runtime: Debian's containerd 1.6 with its CRI plugin and runc, plexus as its
+//! CNI plugin, driven over CRI as kubelet drives it (RunPodSandbox, StopPodSandbox, RemovePodSandbox). The pod's
+//! networks are Debian's bridge + host-local, the cluster source the API server emulator over real HTTP.
+//!
+//! containerd calls DEL on StopPodSandbox and again on RemovePodSandbox (the second with an empty CNI_NETNS): the
+//! repeated DEL these tests watch. Needs root, containerd, runc and busybox-static (tests/setup.sh).
+
+use std::path::PathBuf;
+
+use plexus_tests::apiserver::{ApiServer, Fault};
+use plexus_tests::containerd::Containerd;
+use plexus_tests::netns::{
+    require_root_and_plugins, unique_subnet24, HostBridge, IpamDir, CNI_BIN_DIR,
+};
+use plexus_tests::plexus::{plexus_bin, Sandbox};
+use serde_json::{json, Value};
+
+const POD_NS: &str = "team";
+
+/// One node: plexus's directories, containerd's CNI dirs, two bridge networks, the API emulator.
+struct Node {
+    sb: Sandbox,
+    ipam: IpamDir,
+    _bridges: [HostBridge; 3],
+    server: Option<ApiServer>,
+    containerd: Containerd,
+}
+
+impl Node {
+    /// A node whose pod `web` selects `networks` out of the NADs `side` and `gone` (both exist).
+    fn new(networks: &str) -> Node {
+        require_root_and_plugins();
+        let sb = Sandbox::new();
+        let ipam = IpamDir::new();
+        let bridges = [
+            HostBridge::reserve("cdc"),
+            HostBridge::reserve("cds"),
+            HostBridge::reserve("cdg"),
+        ];
+        let net = |name: &str, bridge: &HostBridge| {
+            let subnet = unique_subnet24();
+            json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
+                "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
+                "ipam": {"type": "host-local", "dataDir": ipam.path(),
+                         "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]]}
+            }]})
+        };
+        sb.conf_file("00-cluster.conflist", &net("cluster-net", &bridges[0]));
+        let server = ApiServer::start();
+        server.add_pod(json!({"metadata": {
+            "name": "web", "namespace": POD_NS, "uid": "uid-web",
+            "annotations": {"k8s.v1.cni.cncf.io/networks": networks}
+        }}));
+        for (name, bridge) in [("side", &bridges[1]), ("gone", &bridges[2])] {
+            server.add_nad(json!({
+                "metadata": {"name": name, "namespace": POD_NS},
+                "spec": {"config": net(name, bridge).to_string()}
+            }));
+        }
+        server.write_kubeconfig(&sb.path("kubeconfig"));
+        // containerd's CNI dirs: plexus and the reference plugins in one bin dir, plexus's conflist.
+        let bin = sb.path("cni-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(plexus_bin(), bin.join("plexus")).unwrap();
+        for plugin in std::fs::read_dir(CNI_BIN_DIR).unwrap().flatten() {
+            std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+        }
+        let conf = sb.path("cni-conf");
+        std::fs::create_dir_all(&conf).unwrap();
+        let mut plexus = sb.conf(json!({
+            "logFile": sb.path("plexus.log"),
+            "cluster": {"source": "kube", "kubeconfig": sb.path("kubeconfig"),
+                        "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
+                        "initialBackoffMs": 10, "maxBackoffMs": 20},
+        }));
+        let obj = plexus.as_object_mut().unwrap();
+        obj.remove("cniVersion");
+        obj.remove("name");
+        let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus]});
+        std::fs::write(conf.join("00-plexus.conflist"), list.to_string()).unwrap();
+        let containerd = Containerd::start(&bin, &conf);
+        Node {
+            sb,
+            ipam,
+            _bridges: bridges,
+            server: Some(server),
+            containerd,
+        }
+    }
+
+    fn server(&self) -> &ApiServer {
+        self.server.as_ref().expect("the API server is up")
+    }
+
+    fn run(&mut self) -> String {
+        self.containerd
+            .run_pod_sandbox(POD_NS, "web", "uid-web")
+            .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\nplexus: {}", self.plexus_log()))
+    }
+
+    /// StopPodSandbox then RemovePodSandbox, as kubelet does when the pod is deleted.
+    fn stop_and_remove(&self, id: &str) {
+        let cri = self.containerd.cri();
+        cri.stop_pod_sandbox(id)
+            .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\nplexus: {}", self.plexus_log()));
+        cri.remove_pod_sandbox(id)
+            .unwrap_or_else(|e| panic!("RemovePodSandbox: {e}\nplexus: {}", self.plexus_log()));
+    }
+
+    fn plexus_log(&self) -> String {
+        std::fs::read_to_string(self.sb.path("plexus.log")).unwrap_or_default()
+    }
+
+    /// (network, container id) of every host-local reservation.
+    fn reservations(&self) -> Vec<(String, String)> {
+        let mut out = Vec::new();
+        for n in ["cluster-net", "side", "gone"] {
+            for r in self.ipam.reservations(n) {
+                out.push((n.to_string(), r.container_id));
+            }
+        }
+        out
+    }
+
+    /// How many times plexus was invoked with `command` (from its log).
+    fn invocations(&self, command: &str) -> usize {
+        self.plexus_log()
+            .matches(&format!("invoked command=\"{command}\""))
+            .count()
+    }
+
+    fn cache_files(&self) -> Vec<PathBuf> {
+        std::fs::read_dir(self.sb.path("cache/attachments"))
+            .map(|d| d.flatten().map(|e| e.path()).collect())
+            .unwrap_or_default()
+    }
+}
+
+#[test]
+fn kubelets_sandbox_lifecycle_attaches_then_releases_everything() {
+    let mut node = Node::new("side");
+    let id = node.run();
+    assert_eq!(
+        node.reservations(),
+        vec![
+            ("cluster-net".to_string(), id.clone()),
+            ("side".to_string(), id.clone())
+        ]
+    );
+    let status = node.containerd.cri().pod_sandbox_status(&id).unwrap();
+    let ip = status.status.unwrap().network.unwrap().ip;
+    assert_eq!(
+        node.ipam.reserved_ips("cluster-net"),
+        vec![ip.parse::<std::net::IpAddr>().unwrap()],
+        "the runtime's pod IP is the cluster network's"
+    );
+    let pod = node.server().pod(POD_NS, "web").unwrap();
+    let st: Value = serde_json::from_str(
+        pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
+    assert_eq!(st.as_array().unwrap().len(), 2, "{st}");
+
+    node.server().clear_requests();
+    node.stop_and_remove(&id);
+    assert_eq!(node.reservations(), vec![], "every address released");
+    assert!(node.cache_files().is_empty(), "{:?}", node.cache_files());
+    assert!(
+        node.invocations("DEL") >= 2,
+        "containerd calls DEL on stop and on remove:\n{}",
+        node.plexus_log()
+    );
+    assert!(
+        node.plexus_log()
+            .contains("DEL repeated after a completed DEL"),
+        "the repeated DEL is answered from runDir"
+    );
+    assert!(
+        node.server().requests().is_empty(),
+        "teardown asked the API nothing: {:?}",
+        node.server().requests()
+    );
+}
+
+#[test]
+fn teardown_succeeds_with_the_api_hung_and_then_refused() {
+    let mut node = Node::new("side");
+    let hung = node.run();
+    node.server().inject("*", "*", Fault::Hang, usize::MAX);
+    node.server().clear_requests();
+    node.stop_and_remove(&hung);
+    assert!(
+        node.server().requests().is_empty(),
+        "{:?}",
+        node.server().requests()
+    );
+    assert_eq!(node.reservations(), vec![]);
+
+    // A second pod, added while the API answers, torn down with the API gone.
+    node.server = None;
+    let server = ApiServer::start();
+    server.add_pod(json!({"metadata": {
+        "name": "web", "namespace": POD_NS, "uid": "uid-web",
+        "annotations": {"k8s.v1.cni.cncf.io/networks": ""}
+    }}));
+    server.write_kubeconfig(&node.sb.path("kubeconfig"));
+    let refused = node.run();
+    assert_eq!(node.reservations().len(), 1, "{:?}", node.reservations());
+    drop(server);
+    node.stop_and_remove(&refused);
+    assert_eq!(node.reservations(), vec![]);
+    assert!(node.cache_files().is_empty());
+}
+
+#[test]
+fn teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest() {
+    let mut node = Node::new("gone,side");
+    let id = node.run();
+    assert_eq!(node.reservations().len(), 3, "{:?}", node.reservations());
+    std::fs::remove_dir_all(node.sb.path("cache")).unwrap();
+    node.server().remove_nad(POD_NS, "gone");
+    node.stop_and_remove(&id);
+    // The deleted NAD's address cannot be released without its configuration: the only thing left, and named.
+    assert_eq!(
+        node.reservations(),
+        vec![("gone".to_string(), id.clone())],
+        "cluster-net and side are released"
+    );
+    let warnings: Vec<Value> = node
+        .server()
+        .events()
+        .into_iter()
+        .filter(|e| e["reason"] == "TeardownIncomplete")
+        .collect();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0]["message"]
+        .as_str()
+        .unwrap()
+        .contains("team/gone"));
+}
+
+#[test]
+fn a_containerd_restart_between_add_and_teardown_leaks_nothing() {
+    let mut node = Node::new("side");
+    let id = node.run();
+    node.containerd.restart();
+    node.stop_and_remove(&id);
+    assert_eq!(node.reservations(), vec![]);
+    assert!(node.cache_files().is_empty());
+}

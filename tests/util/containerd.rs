@@ -1,0 +1,293 @@
+//! A private containerd (Debian's 1.6, CRI plugin, runc) started for one test, with plexus as its CNI plugin.
+//!
+//! Everything lives in a temp dir: root, state, the gRPC socket, the CNI bin and conf dirs. No image can be
+//! pulled here, so the sandbox ("pause") image is built by [`pause_image`] from Debian's static busybox and
+//! imported. Dropping a [`Containerd`] stops and removes the sandboxes it ran, kills containerd and its shims
+//! and unmounts what they left.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::cri::{Cri, CriError};
+
+/// The name the sandbox image is imported under (`sandbox_image` in the CRI config).
+pub const PAUSE_IMAGE: &str = "plexus.test/pause:1";
+
+/// How long a CRI call may take: RunPodSandbox runs plexus and every delegate.
+const CRI_TIMEOUT: Duration = Duration::from_secs(60);
+
+pub struct Containerd {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    sandboxes: Vec<String>,
+}
+
+/// Skips (returns false) with a message when containerd, runc or busybox are missing; tests/setup.sh installs
+/// them.
+pub fn available() -> bool {
+    let missing: Vec<&str> = [
+        "/usr/bin/containerd",
+        "/usr/bin/ctr",
+        "/usr/sbin/runc",
+        "/usr/bin/busybox",
+    ]
+    .into_iter()
+    .filter(|p| !Path::new(p).exists())
+    .collect();
+    assert!(
+        missing.is_empty(),
+        "missing {missing:?}: run tests/setup.sh (apt-get install containerd runc busybox-static)"
+    );
+    true
+}
+
+impl Containerd {
+    /// Starts containerd with `cni_bin` (plexus and the reference plugins) and `cni_conf` (plexus's conflist) as
+    /// its CNI directories, imports the pause image and waits until its CRI answers.
+    pub fn start(cni_bin: &Path, cni_conf: &Path) -> Containerd {
+        available();
+        let dir = tempfile::Builder::new()
+            .prefix("plx-containerd-")
+            .tempdir_in("/var/tmp")
+            .expect("containerd dir");
+        let root = dir.path();
+        let config = format!(
+            r#"version = 2
+root = "{root}/root"
+state = "{root}/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+
+[grpc]
+  address = "{root}/containerd.sock"
+
+[ttrpc]
+  address = "{root}/containerd.sock.ttrpc"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{PAUSE_IMAGE}"
+  disable_cgroup = true
+  restrict_oom_score_adj = true
+  disable_apparmor = true
+  stream_server_address = "127.0.0.1"
+  [plugins."io.containerd.grpc.v1.cri".containerd]
+    snapshotter = "native"
+  [plugins."io.containerd.grpc.v1.cri".cni]
+    bin_dir = "{bin}"
+    conf_dir = "{conf}"
+"#,
+            root = root.display(),
+            bin = cni_bin.display(),
+            conf = cni_conf.display(),
+        );
+        std::fs::write(root.join("config.toml"), config).expect("containerd config");
+        let mut c = Containerd {
+            dir,
+            child: None,
+            sandboxes: Vec::new(),
+        };
+        c.spawn();
+        let import = Command::new("ctr")
+            .arg("--address")
+            .arg(c.socket())
+            .args([
+                "-n",
+                "k8s.io",
+                "images",
+                "import",
+                "--snapshotter",
+                "native",
+            ])
+            .arg(pause_image())
+            .output()
+            .expect("run ctr");
+        assert!(
+            import.status.success(),
+            "ctr images import: {}",
+            String::from_utf8_lossy(&import.stderr)
+        );
+        c
+    }
+
+    pub fn socket(&self) -> PathBuf {
+        self.dir.path().join("containerd.sock")
+    }
+
+    /// containerd's own log (its stderr): what it says about CNI calls.
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    fn spawn(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.path().join("containerd.log"))
+            .expect("containerd log");
+        let child = Command::new("containerd")
+            .arg("--config")
+            .arg(self.dir.path().join("config.toml"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log fd"))
+            .stderr(log)
+            .spawn()
+            .expect("start containerd");
+        self.child = Some(child);
+        // Ready when the CRI answers a status query for a sandbox that does not exist.
+        let end = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(2)) {
+                if let Err(CriError(msg)) = cri.pod_sandbox_status("probe") {
+                    if msg.contains("NotFound") {
+                        return;
+                    }
+                }
+            }
+            assert!(
+                Instant::now() < end,
+                "containerd did not come up within 30 s:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// kill -9 of containerd (its shims and sandboxes live on, as on a real node), then a fresh start on the
+    /// same state.
+    pub fn restart(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.spawn();
+    }
+
+    pub fn cri(&self) -> Cri {
+        Cri::connect(&self.socket(), CRI_TIMEOUT).expect("connect to containerd's CRI")
+    }
+
+    /// RunPodSandbox, remembered so that drop removes it if the test does not.
+    pub fn run_pod_sandbox(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<String, CriError> {
+        let id = self.cri().run_pod_sandbox(namespace, name, uid)?;
+        self.sandboxes.push(id.clone());
+        Ok(id)
+    }
+}
+
+impl Drop for Containerd {
+    fn drop(&mut self) {
+        if self.child.is_some() {
+            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(10)) {
+                for id in &self.sandboxes {
+                    let _ = cri.stop_pod_sandbox(id);
+                    let _ = cri.remove_pod_sandbox(id);
+                }
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        // Shims outlive containerd by design; they name its socket on their command line.
+        let socket = self.socket().display().to_string();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+            if String::from_utf8_lossy(&cmd).contains(&socket) {
+                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+                }
+            }
+        }
+        // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
+        let root = self.dir.path().display().to_string();
+        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
+            .filter(|m| m.starts_with(&root))
+            .collect();
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in mounts {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+    }
+}
+
+/// An OCI image layout (tar) of a sandbox image: Debian's static busybox, sleeping. Built once per process.
+pub fn pause_image() -> &'static Path {
+    static IMAGE: OnceLock<PathBuf> = OnceLock::new();
+    IMAGE.get_or_init(|| {
+        let dir = std::env::temp_dir().join(format!("plx-pause-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let rootfs = dir.join("rootfs");
+        std::fs::create_dir_all(rootfs.join("bin")).expect("rootfs");
+        std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).expect("copy busybox");
+        let layer = dir.join("layer.tar");
+        let ok = Command::new("tar")
+            .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+            .arg(&rootfs)
+            .arg("-cf")
+            .arg(&layer)
+            .arg(".")
+            .status()
+            .expect("tar")
+            .success();
+        assert!(ok, "tar the pause rootfs");
+        let layout = dir.join("layout");
+        let blobs = layout.join("blobs/sha256");
+        std::fs::create_dir_all(&blobs).expect("blobs dir");
+        let put = |bytes: &[u8]| -> (String, usize) {
+            let digest = hex::encode(Sha256::digest(bytes));
+            std::fs::write(blobs.join(&digest), bytes).expect("write blob");
+            (format!("sha256:{digest}"), bytes.len())
+        };
+        let (layer_digest, layer_size) = put(&std::fs::read(&layer).expect("layer"));
+        let config = json!({
+            "architecture": "amd64", "os": "linux",
+            "config": {"Entrypoint": ["/bin/busybox", "sleep", "2147483647"], "Env": ["PATH=/bin"]},
+            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+        });
+        let (config_digest, config_size) = put(config.to_string().as_bytes());
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+        });
+        let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
+        let index = json!({
+            "schemaVersion": 2,
+            "manifests": [{
+                "mediaType": "application/vnd.oci.image.manifest.v1+json",
+                "digest": manifest_digest, "size": manifest_size,
+                "platform": {"architecture": "amd64", "os": "linux"},
+                "annotations": {"io.containerd.image.name": PAUSE_IMAGE, "org.opencontainers.image.ref.name": "1"},
+            }],
+        });
+        std::fs::write(layout.join("index.json"), index.to_string()).expect("index.json");
+        let mut f = std::fs::File::create(layout.join("oci-layout")).expect("oci-layout");
+        f.write_all(br#"{"imageLayoutVersion":"1.0.0"}"#).expect("oci-layout");
+        let tar = dir.join("pause.tar");
+        let ok = Command::new("tar")
+            .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+            .arg(&layout)
+            .arg("-cf")
+            .arg(&tar)
+            .args(["oci-layout", "index.json", "blobs"])
+            .status()
+            .expect("tar")
+            .success();
+        assert!(ok, "tar the pause image layout");
+        tar
+    })
+}

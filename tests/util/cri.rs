@@ -1,0 +1,221 @@
+//! A minimal CRI client (`runtime.v1.RuntimeService`), to drive a real containerd the way kubelet does:
+//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus. gRPC over the runtime's unix socket.
+//!
+//! Only the messages and fields these calls need are declared (with prost's derive); unknown fields in answers
+//! are skipped by protobuf's rules. Field numbers are those of the CRI API (`k8s.io/cri-api`,
+//! `pkg/apis/runtime/v1/api.proto`).
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use hyper_util::rt::TokioIo;
+use tonic::codec::ProstCodec;
+use tonic::transport::{Channel, Endpoint, Uri};
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxMetadata {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(string, tag = "2")]
+    pub uid: String,
+    #[prost(string, tag = "3")]
+    pub namespace: String,
+    #[prost(uint32, tag = "4")]
+    pub attempt: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxConfig {
+    #[prost(message, optional, tag = "1")]
+    pub metadata: Option<PodSandboxMetadata>,
+    #[prost(string, tag = "2")]
+    pub hostname: String,
+    #[prost(string, tag = "3")]
+    pub log_directory: String,
+    #[prost(map = "string, string", tag = "6")]
+    pub labels: HashMap<String, String>,
+    #[prost(map = "string, string", tag = "7")]
+    pub annotations: HashMap<String, String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunPodSandboxRequest {
+    #[prost(message, optional, tag = "1")]
+    pub config: Option<PodSandboxConfig>,
+    #[prost(string, tag = "2")]
+    pub runtime_handler: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RunPodSandboxResponse {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+}
+
+/// The request of StopPodSandbox and of RemovePodSandbox (both carry only the id).
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxIdRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct Empty {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxStatusRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+    #[prost(bool, tag = "2")]
+    pub verbose: bool,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxNetworkStatus {
+    #[prost(string, tag = "1")]
+    pub ip: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxStatus {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    /// 0 ready, 1 not ready.
+    #[prost(int32, tag = "3")]
+    pub state: i32,
+    #[prost(message, optional, tag = "5")]
+    pub network: Option<PodSandboxNetworkStatus>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandboxStatusResponse {
+    #[prost(message, optional, tag = "1")]
+    pub status: Option<PodSandboxStatus>,
+    /// With `verbose`: JSON documents, among them the sandbox's network namespace path.
+    #[prost(map = "string, string", tag = "2")]
+    pub info: HashMap<String, String>,
+}
+
+/// A connection to one runtime's CRI socket. Every call is bounded by `timeout`.
+pub struct Cri {
+    runtime: tokio::runtime::Runtime,
+    channel: Channel,
+    timeout: Duration,
+}
+
+/// A failed CRI call: the gRPC status (code and message), or the transport's error.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct CriError(pub String);
+
+impl Cri {
+    /// Connects to `socket` (the runtime's `grpc.address`).
+    pub fn connect(socket: &Path, timeout: Duration) -> Result<Cri, CriError> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .map_err(|e| CriError(format!("tokio runtime: {e}")))?;
+        let path: PathBuf = socket.to_path_buf();
+        let channel = runtime
+            .block_on(async move {
+                // The URI is required by the API but unused: every connection goes to the socket.
+                Endpoint::try_from("http://cri.invalid")
+                    .expect("static URI")
+                    .connect_timeout(timeout)
+                    .timeout(timeout)
+                    .connect_with_connector(tower::service_fn(move |_: Uri| {
+                        let path = path.clone();
+                        async move {
+                            Ok::<_, std::io::Error>(TokioIo::new(
+                                tokio::net::UnixStream::connect(path).await?,
+                            ))
+                        }
+                    }))
+                    .await
+            })
+            .map_err(|e| CriError(format!("connect {}: {e}", socket.display())))?;
+        Ok(Cri {
+            runtime,
+            channel,
+            timeout,
+        })
+    }
+
+    fn call<Req, Resp>(&self, method: &'static str, req: Req) -> Result<Resp, CriError>
+    where
+        Req: prost::Message + Send + Sync + 'static,
+        Resp: prost::Message + Default + Send + Sync + 'static,
+    {
+        let mut grpc = tonic::client::Grpc::new(self.channel.clone());
+        let path = tonic::codegen::http::uri::PathAndQuery::from_static(method);
+        let timeout = self.timeout;
+        self.runtime.block_on(async move {
+            let call = async {
+                grpc.ready()
+                    .await
+                    .map_err(|e| CriError(format!("{method}: not ready: {e}")))?;
+                grpc.unary(
+                    tonic::Request::new(req),
+                    path,
+                    ProstCodec::<Req, Resp>::default(),
+                )
+                .await
+                .map(tonic::Response::into_inner)
+                .map_err(|s| CriError(format!("{method}: {:?}: {}", s.code(), s.message())))
+            };
+            tokio::time::timeout(timeout, call)
+                .await
+                .map_err(|_| CriError(format!("{method}: no answer within {timeout:?}")))?
+        })
+    }
+
+    /// RunPodSandbox for pod `namespace/name` (uid `uid`), as kubelet sends it; returns the sandbox id.
+    pub fn run_pod_sandbox(
+        &self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<String, CriError> {
+        let req = RunPodSandboxRequest {
+            config: Some(PodSandboxConfig {
+                metadata: Some(PodSandboxMetadata {
+                    name: name.into(),
+                    uid: uid.into(),
+                    namespace: namespace.into(),
+                    attempt: 0,
+                }),
+                hostname: name.into(),
+                ..PodSandboxConfig::default()
+            }),
+            runtime_handler: String::new(),
+        };
+        let resp: RunPodSandboxResponse =
+            self.call("/runtime.v1.RuntimeService/RunPodSandbox", req)?;
+        Ok(resp.pod_sandbox_id)
+    }
+
+    pub fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let req = PodSandboxIdRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call::<_, Empty>("/runtime.v1.RuntimeService/StopPodSandbox", req)
+            .map(drop)
+    }
+
+    pub fn remove_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
+        let req = PodSandboxIdRequest {
+            pod_sandbox_id: id.into(),
+        };
+        self.call::<_, Empty>("/runtime.v1.RuntimeService/RemovePodSandbox", req)
+            .map(drop)
+    }
+
+    pub fn pod_sandbox_status(&self, id: &str) -> Result<PodSandboxStatusResponse, CriError> {
+        let req = PodSandboxStatusRequest {
+            pod_sandbox_id: id.into(),
+            verbose: true,
+        };
+        self.call("/runtime.v1.RuntimeService/PodSandboxStatus", req)
+    }
+}
