@@ -326,7 +326,7 @@ fn a_completed_del_leaves_nothing_for_the_container_but_its_record() {
 }
 
 #[test]
-fn gc_temp_files_of_killed_adds_are_collected() {
+fn gc_collects_temp_files_of_killed_adds_and_expired_del_records() {
     let sb = Sandbox::new();
     sb.cluster_net("1.1.0");
     let conf = sb.conf(json!({"cniVersion": "1.1.0"}));
@@ -339,10 +339,26 @@ fn gc_temp_files_of_killed_adds_are_collected() {
         ("CNI_COMMAND".to_string(), "GC".to_string()),
         ("CNI_PATH".to_string(), sb.path("bin").display().to_string()),
     ];
+    // A record of a DEL older than its 24 h, and a fresh one.
+    std::fs::create_dir_all(sb.path("run/deleted")).unwrap();
+    for name in ["expired", "fresh"] {
+        std::fs::write(sb.path(&format!("run/deleted/{name}")), "").unwrap();
+    }
+    std::fs::File::options()
+        .write(true)
+        .open(sb.path("run/deleted/expired"))
+        .unwrap()
+        .set_modified(std::time::SystemTime::now() - std::time::Duration::from_secs(25 * 3600))
+        .unwrap();
     sb.run_env(&env, gc.to_string().as_bytes()).ok();
     assert_eq!(
         files_under(&sb.path("cache/attachments")),
         vec!["live.json", "live.results"]
+    );
+    assert_eq!(
+        files_under(&sb.path("run/deleted")),
+        vec![".pruned", "fresh"],
+        "GC prunes expired DEL records"
     );
 }
 

@@ -936,6 +936,8 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         .collect();
     let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
     let mut errors = Vec::new();
+    // The runtime's own clean-up is a good time for the record of completed DELs too.
+    DeletedLog::new(&inv.conf.run_dir).prune();
     // Temp files of plans a killed ADD never renamed; under the container's lock no ADD is writing one.
     for (id, name) in cache.temp_files()? {
         let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
