@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use plexus_tests::apiserver::{ApiServer, Fault};
 use plexus_tests::containerd::Containerd;
 use plexus_tests::netns::{
-    require_root_and_plugins, unique_subnet24, HostBridge, IpamDir, CNI_BIN_DIR,
+    bridge_host_local, require_root_and_plugins, HostBridge, IpamDir, CNI_BIN_DIR,
 };
 use plexus_tests::plexus::{plexus_bin, Sandbox};
 use serde_json::{json, Value};
@@ -37,14 +37,7 @@ impl Node {
             HostBridge::reserve("cds"),
             HostBridge::reserve("cdg"),
         ];
-        let net = |name: &str, bridge: &HostBridge| {
-            let subnet = unique_subnet24();
-            json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
-                "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
-                "ipam": {"type": "host-local", "dataDir": ipam.path(),
-                         "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]]}
-            }]})
-        };
+        let net = |name: &str, bridge: &HostBridge| bridge_host_local(name, bridge, &ipam);
         sb.conf_file("00-cluster.conflist", &net("cluster-net", &bridges[0]));
         let server = ApiServer::start();
         server.add_pod(json!({"metadata": {

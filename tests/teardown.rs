@@ -141,27 +141,21 @@ fn a_delegate_dies_with_a_killed_plexus() {
         "exit 0",
     );
     let conf = sb.conf(json!({}));
-    let mut child = std::process::Command::new(plexus_tests::plexus::plexus_bin())
-        .env_clear()
-        .env("CNI_COMMAND", "ADD")
-        .env("CNI_CONTAINERID", "c1")
-        .env("CNI_NETNS", "/run/netns/fake-c1")
-        .env("CNI_IFNAME", "eth0")
-        .env("CNI_PATH", sb.path("bin"))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    {
-        use std::io::Write;
-        child
-            .stdin
-            .take()
-            .unwrap()
-            .write_all(conf.to_string().as_bytes())
-            .unwrap();
-    }
+    let env = [
+        ("CNI_COMMAND", "ADD"),
+        ("CNI_CONTAINERID", "c1"),
+        ("CNI_NETNS", "/run/netns/fake-c1"),
+        ("CNI_IFNAME", "eth0"),
+    ]
+    .map(|(k, v)| (k.to_string(), v.to_string()));
+    let mut env = env.to_vec();
+    env.push(("CNI_PATH".into(), sb.path("bin").display().to_string()));
+    let mut child = plexus_tests::plexus::spawn_plexus(
+        &env,
+        conf.to_string().as_bytes(),
+        std::process::Stdio::null(),
+        std::process::Stdio::null(),
+    );
     // Until the delegate runs (the plan is cached just before).
     let start = std::time::Instant::now();
     while sb.cached().is_empty() && start.elapsed() < std::time::Duration::from_secs(10) {

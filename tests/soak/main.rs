@@ -7,7 +7,6 @@
 //! Usage: `plexus-soak [--iterations N] [--pods N]` (defaults 200 and 64).
 
 use std::collections::BTreeSet;
-use std::io::Write;
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -15,10 +14,10 @@ use std::time::{Duration, Instant};
 
 use plexus_tests::apiserver::{ApiServer, Fault};
 use plexus_tests::netns::{
-    host_links_on_bridge, require_root_and_plugins, unique_subnet24, HostBridge, IpamDir, NetNs,
+    bridge_host_local, host_links_on_bridge, require_root_and_plugins, HostBridge, IpamDir, NetNs,
     CNI_BIN_DIR,
 };
-use plexus_tests::plexus::{plexus_bin, Sandbox};
+use plexus_tests::plexus::{self, Sandbox};
 use serde_json::{json, Value};
 
 const POD_NS: &str = "soak";
@@ -140,15 +139,8 @@ impl RealWorld {
         let sb = Sandbox::new();
         let ipam = IpamDir::new();
         let bridges = [HostBridge::reserve("sbc"), HostBridge::reserve("sbs")];
-        let net = |name: &str, bridge: &HostBridge| {
-            let subnet = unique_subnet24();
-            // A /24 has room for the 64-way row's pods; the ranges are only bookkeeping inside namespaces.
-            json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
-                "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
-                "ipam": {"type": "host-local", "dataDir": ipam.path(),
-                         "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]]}
-            }]})
-        };
+        // A /24 has room for the 64-way row's pods; the ranges are only bookkeeping inside namespaces.
+        let net = |name: &str, bridge: &HostBridge| bridge_host_local(name, bridge, &ipam);
         sb.conf_file("00-cluster.conflist", &net("cluster-net", &bridges[0]));
         sb.nad(POD_NS, "side", Some(net("side", &bridges[1])));
         for i in 0..pods {
@@ -219,21 +211,12 @@ fn env_for(command: &str, id: &str, netns: &Path, path: &str, args: &str) -> Vec
 }
 
 fn spawn_plexus(env: &[(String, String)], conf: &Value) -> Child {
-    let mut child = Command::new(plexus_bin())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::null())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn plexus");
-    let _ = child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(conf.to_string().as_bytes());
-    child
+    plexus::spawn_plexus(
+        env,
+        conf.to_string().as_bytes(),
+        Stdio::null(),
+        Stdio::null(),
+    )
 }
 
 /// Cache files, lock files and processes of this run left in a sandbox.
@@ -467,20 +450,12 @@ fn flooding_delegate(iterations: usize) -> Row {
 /// (for its rusage), which clippy cannot see.
 #[allow(clippy::zombie_processes)]
 fn run_measured(env: &[(String, String)], conf: &Value) -> (bool, usize, u64) {
-    let mut child = Command::new(plexus_bin())
-        .env_clear()
-        .env("PATH", std::env::var("PATH").unwrap_or_default())
-        .envs(env.iter().map(|(k, v)| (k, v)))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("spawn plexus");
-    let _ = child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(conf.to_string().as_bytes());
+    let mut child = plexus::spawn_plexus(
+        env,
+        conf.to_string().as_bytes(),
+        Stdio::piped(),
+        Stdio::null(),
+    );
     let mut out = Vec::new();
     let _ = std::io::Read::read_to_end(&mut child.stdout.take().expect("stdout"), &mut out);
     let mut status = 0;

@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::{Mutex, Once};
 
 use serde::Deserialize;
+use serde_json::{json, Value};
 use tempfile::TempDir;
 
 /// Where Debian's containernetworking-plugins package puts the reference plugins.
@@ -693,6 +694,17 @@ pub fn iptables_nat() -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// A configuration list `name` of one bridge plugin (`bridge`, the gateway, no masquerade) with host-local in a
+/// fresh subnet, its reservations in `ipam`: the network the teardown tests and the reliability report attach.
+pub fn bridge_host_local(name: &str, bridge: &HostBridge, ipam: &IpamDir) -> Value {
+    let subnet = unique_subnet24();
+    json!({"cniVersion": "1.0.0", "name": name, "plugins": [{
+        "type": "bridge", "bridge": bridge.name(), "isGateway": true, "ipMasq": false,
+        "ipam": {"type": "host-local", "dataDir": ipam.path(),
+                 "ranges": [[{"subnet": subnet.cidr(), "gateway": subnet.host(1)}]]}
+    }]})
 }
 
 #[cfg(test)]

@@ -35,6 +35,28 @@ pub fn fake_cni_bin() -> PathBuf {
     bin
 }
 
+/// Starts plexus with exactly this environment (plus PATH), writes `stdin` and closes it; stdout and stderr go
+/// where the caller says. For tests that kill it, time it or reap it themselves.
+pub fn spawn_plexus(
+    env: &[(String, String)],
+    stdin: &[u8],
+    stdout: Stdio,
+    stderr: Stdio,
+) -> std::process::Child {
+    let mut child = Command::new(plexus_bin())
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .stdin(Stdio::piped())
+        .stdout(stdout)
+        .stderr(stderr)
+        .spawn()
+        .expect("spawn plexus");
+    // A plexus killed before it read its stdin closes the pipe: that is the caller's business.
+    let _ = child.stdin.take().expect("stdin piped").write_all(stdin);
+    child
+}
+
 /// One recorded delegate call.
 #[derive(Debug, Clone)]
 pub struct Call {
@@ -221,16 +243,7 @@ impl Sandbox {
 
     /// Runs plexus with exactly this environment (plus PATH) and stdin.
     pub fn run_env(&self, env: &[(String, String)], stdin: &[u8]) -> Run {
-        let mut child = Command::new(plexus_bin())
-            .env_clear()
-            .env("PATH", std::env::var("PATH").unwrap_or_default())
-            .envs(env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .expect("spawn plexus");
-        child.stdin.take().unwrap().write_all(stdin).unwrap();
+        let child = spawn_plexus(env, stdin, Stdio::piped(), Stdio::piped());
         let out = child.wait_with_output().unwrap();
         Run {
             success: out.status.success(),

@@ -280,55 +280,53 @@ impl AttachmentCache {
         Ok(())
     }
 
-    /// The container ids that have a plan (for GC).
-    pub fn container_ids(&self) -> Result<Vec<String>, PlexusError> {
+    /// The names in the cache directory, sorted.
+    fn names(&self) -> Result<Vec<String>, PlexusError> {
         let io = |source| PlexusError::Io {
             path: self.root.display().to_string(),
             source,
         };
-        let mut ids = Vec::new();
+        let mut names = Vec::new();
         for entry in self.dir.entries().map_err(io)? {
-            let name = entry
-                .map_err(io)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            if let Some(id) = name.strip_suffix(".json") {
-                if !name.starts_with('.') {
-                    ids.push(id.to_string());
-                }
-            }
+            names.push(
+                entry
+                    .map_err(io)?
+                    .file_name()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
         }
-        ids.sort();
-        Ok(ids)
+        names.sort();
+        Ok(names)
+    }
+
+    /// The container ids that have a plan (for GC).
+    pub fn container_ids(&self) -> Result<Vec<String>, PlexusError> {
+        Ok(self
+            .names()?
+            .into_iter()
+            .filter(|name| !name.starts_with('.'))
+            .filter_map(|name| name.strip_suffix(".json").map(str::to_string))
+            .collect())
     }
 
     /// Temp files of plans that were never renamed (a process killed inside [`AttachmentCache::store`]), with
     /// the container each belongs to, for GC. Also finds the per-process names earlier versions used
     /// (`.<id>.json.<pid>.tmp`).
     pub fn temp_files(&self) -> Result<Vec<(String, String)>, PlexusError> {
-        let io = |source| PlexusError::Io {
-            path: self.root.display().to_string(),
-            source,
-        };
-        let mut found = Vec::new();
-        for entry in self.dir.entries().map_err(io)? {
-            let name = entry
-                .map_err(io)?
-                .file_name()
-                .to_string_lossy()
-                .into_owned();
-            let id = name
-                .strip_prefix('.')
-                .filter(|_| name.ends_with(".tmp"))
-                .and_then(|rest| rest.split_once(".json."))
-                .map(|(id, _)| id.to_string());
-            if let Some(id) = id {
-                found.push((id, name));
-            }
-        }
-        found.sort();
-        Ok(found)
+        Ok(self
+            .names()?
+            .into_iter()
+            .filter_map(|name| {
+                let id = name
+                    .strip_prefix('.')
+                    .filter(|_| name.ends_with(".tmp"))?
+                    .split_once(".json.")?
+                    .0
+                    .to_string();
+                Some((id, name))
+            })
+            .collect())
     }
 
     /// Removes one file found by [`AttachmentCache::temp_files`]; the caller holds the container's lock.

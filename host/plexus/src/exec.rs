@@ -292,6 +292,17 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
+    fn run(p: &Path, env: &[(String, String)], stdin: &[u8], timeout: Duration) -> ExecOutput {
+        ProcessExec
+            .run(&ExecRequest {
+                plugin: p,
+                env,
+                stdin,
+                timeout,
+            })
+            .unwrap()
+    }
+
     fn script(dir: &Path, name: &str, body: &str) -> PathBuf {
         let p = dir.join(name);
         std::fs::write(&p, format!("#!/bin/sh\n{body}\n")).unwrap();
@@ -308,14 +319,7 @@ mod tests {
             "cat; echo \"cmd=$CNI_COMMAND home=$HOME\" >&2; exit 3",
         );
         let env = vec![("CNI_COMMAND".to_string(), "ADD".to_string())];
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &env,
-                stdin: b"{\"a\":1}",
-                timeout: Duration::from_secs(10),
-            })
-            .unwrap();
+        let out = run(&p, &env, b"{\"a\":1}", Duration::from_secs(10));
         assert_eq!(out.stdout, b"{\"a\":1}");
         // The environment is exactly what was given: HOME is not inherited.
         assert_eq!(String::from_utf8_lossy(&out.stderr), "cmd=ADD home=\n");
@@ -334,14 +338,7 @@ mod tests {
             "cat; head -c 200000 /dev/zero | tr '\\0' e >&2; exit 0",
         );
         let input = vec![b'x'; 100_000];
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &[],
-                stdin: &input,
-                timeout: Duration::from_secs(10),
-            })
-            .unwrap();
+        let out = run(&p, &[], &input, Duration::from_secs(10));
         assert!(!out.timed_out);
         assert_eq!(out.code, Some(0));
         assert_eq!(out.stdout, input);
@@ -356,14 +353,7 @@ mod tests {
         let marker = tmp.path().join("child-survived");
         let body = format!("(sleep 2; touch {}) & sleep 30", marker.display());
         let p = script(tmp.path(), "hang", &body);
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &[],
-                stdin: b"",
-                timeout: Duration::from_millis(200),
-            })
-            .unwrap();
+        let out = run(&p, &[], b"", Duration::from_millis(200));
         assert!(out.timed_out);
         assert_eq!(out.code, None, "killed by a signal");
         assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
@@ -378,14 +368,7 @@ mod tests {
     fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_at_the_deadline() {
         let tmp = tempfile::tempdir().unwrap();
         let p = script(tmp.path(), "closer", "exec 1>&-; exec sleep 100000");
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &[],
-                stdin: b"",
-                timeout: Duration::from_millis(300),
-            })
-            .unwrap();
+        let out = run(&p, &[], b"", Duration::from_millis(300));
         assert!(out.timed_out, "{out:?}");
         assert_eq!(out.code, None, "killed by a signal");
         assert!(out.elapsed < Duration::from_secs(10), "{:?}", out.elapsed);
@@ -395,14 +378,7 @@ mod tests {
     fn a_flooding_delegate_is_killed_at_the_stdout_cap_and_stderr_is_capped() {
         let tmp = tempfile::tempdir().unwrap();
         let p = script(tmp.path(), "yes", "exec yes");
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &[],
-                stdin: b"",
-                timeout: Duration::from_secs(30),
-            })
-            .unwrap();
+        let out = run(&p, &[], b"", Duration::from_secs(30));
         assert!(out.overflowed && !out.timed_out, "{out:?}");
         assert_eq!(out.stdout.len(), STDOUT_CAP);
         assert_eq!(out.code, None, "killed by a signal");
@@ -413,14 +389,7 @@ mod tests {
             "loud",
             "head -c 1048576 /dev/zero | tr '\\0' e >&2; echo done",
         );
-        let out = ProcessExec
-            .run(&ExecRequest {
-                plugin: &p,
-                env: &[],
-                stdin: b"",
-                timeout: Duration::from_secs(30),
-            })
-            .unwrap();
+        let out = run(&p, &[], b"", Duration::from_secs(30));
         assert!(!out.timed_out && !out.overflowed, "{out:?}");
         assert_eq!(out.stdout, b"done\n");
         assert_eq!(out.stderr.len(), STDERR_CAP);
