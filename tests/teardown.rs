@@ -452,6 +452,17 @@ fn kube_sandbox(server: &ApiServer) -> (Sandbox, Value) {
     sb.fakes(&["gone-plugin", "kept-plugin"]);
     let kubeconfig = sb.path("kubeconfig");
     server.write_kubeconfig(&kubeconfig);
+    kube_objects(server);
+    let conf = sb.conf(json!({"cluster": {
+        "source": "kube", "kubeconfig": kubeconfig,
+        "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
+        "initialBackoffMs": 10, "maxBackoffMs": 20
+    }}));
+    (sb, conf)
+}
+
+/// Pod `web` selecting `gone` and `kept`, and both NADs.
+fn kube_objects(server: &ApiServer) {
     server.add_pod(json!({"metadata": {
         "name": "web", "namespace": POD_NS, "uid": "uid-web",
         "annotations": {"k8s.v1.cni.cncf.io/networks": "gone,kept"}
@@ -462,12 +473,6 @@ fn kube_sandbox(server: &ApiServer) -> (Sandbox, Value) {
             "spec": {"config": format!("{{\"cniVersion\":\"1.0.0\",\"type\":\"{n}-plugin\"}}")}
         }));
     }
-    let conf = sb.conf(json!({"cluster": {
-        "source": "kube", "kubeconfig": kubeconfig,
-        "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
-        "initialBackoffMs": 10, "maxBackoffMs": 20
-    }}));
-    (sb, conf)
 }
 
 #[test]
@@ -526,4 +531,38 @@ fn del_without_a_cache_names_a_deleted_nad_in_a_warning_event() {
         msg.contains("ns/gone") && msg.contains("not found"),
         "{msg}"
     );
+}
+
+#[test]
+fn a_del_that_could_not_ask_the_api_is_not_recorded_and_the_next_one_releases_the_rest() {
+    let server = ApiServer::start();
+    let (sb, conf) = kube_sandbox(&server);
+    let args = Sandbox::pod_args(POD_NS, "web");
+    sb.run("ADD", "c1", &args, &conf).ok();
+    std::fs::remove_dir_all(sb.path("cache")).unwrap();
+    sb.clear_calls();
+    // The API refuses every request: only the cluster network (from confDir) can be released.
+    server.inject("*", "*", Fault::Status(503), usize::MAX);
+    sb.run("DEL", "c1", &args, &conf).ok();
+    assert_eq!(
+        sb.call_summary(),
+        vec![("cluster-plugin".into(), "DEL".into(), "eth0".into())]
+    );
+    assert!(
+        !sb.path("run/deleted/c1").exists(),
+        "a DEL that could not ask the API is not complete"
+    );
+    // The API is back: the runtime's next DEL re-plans and releases the pod's own networks.
+    drop(server);
+    let server = ApiServer::start();
+    kube_objects(&server);
+    server.write_kubeconfig(&sb.path("kubeconfig"));
+    sb.clear_calls();
+    sb.run("DEL", "c1", &args, &conf).ok();
+    let plugins: Vec<String> = sb.call_summary().into_iter().map(|c| c.0).collect();
+    assert_eq!(
+        plugins,
+        vec!["kept-plugin", "gone-plugin", "cluster-plugin"]
+    );
+    assert!(sb.path("run/deleted/c1").exists());
 }

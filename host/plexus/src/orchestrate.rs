@@ -320,7 +320,9 @@ impl<'a> Ctx<'a> {
             let Some((name, list)) = unplannable.handle(resolved)? else {
                 continue;
             };
-            let ifname = ifname?;
+            let Some(ifname) = unplannable.handle(ifname)? else {
+                continue;
+            };
             plan.attachments.push(Attachment {
                 network: name,
                 ifname,
@@ -359,7 +361,9 @@ impl<'a> Ctx<'a> {
             let Some(mut list) = unplannable.handle(resolved)? else {
                 continue;
             };
-            let ifname = ifname?;
+            let Some(ifname) = unplannable.handle(ifname)? else {
+                continue;
+            };
             if let Some(args) = sel.delegate_cni_args() {
                 for plugin in &mut list.plugins {
                     merge_cni_args(plugin, &args);
@@ -389,8 +393,10 @@ impl<'a> Ctx<'a> {
 
     /// The plan of a DEL that found no cache entry (the cache was lost, or ADD never got as far as planning):
     /// everything that still resolves. What does not is named in the log and, where the cluster answered, in
-    /// an event on the pod; the DEL goes on without it (docs/conformance.md, "DEL without a cache").
-    fn replan_for_del(&self) -> AttachmentPlan {
+    /// an event on the pod; the DEL goes on without it (docs/conformance.md, "DEL without a cache"). The flag
+    /// says whether the cluster answered every question: if it did not, what is left may still resolve later,
+    /// so the DEL must not be recorded as complete.
+    fn replan_for_del(&self) -> (AttachmentPlan, bool) {
         let mut unresolved = Vec::new();
         let pod = match (&self.inv.pod, self.fx.cluster) {
             (Some(pod_ref), Some(cluster)) => match cluster.pod(pod_ref) {
@@ -405,12 +411,12 @@ impl<'a> Ctx<'a> {
         let plan = self
             .plan(pod.as_ref(), Unplannable::Skip(&mut unresolved))
             .unwrap_or_else(|e| {
-                // Only a pod whose interface names run out gets here; the cluster network is still known.
+                // Skip reports every failure through `unresolved`; nothing else fails.
                 tracing::warn!(container = %self.inv.container_id, "DEL without a cached plan: {e}");
                 AttachmentPlan::new(&self.inv.container_id, None, "", None)
             });
         if unresolved.is_empty() {
-            return plan;
+            return (plan, true);
         }
         let names: Vec<String> = unresolved.iter().map(ToString::to_string).collect();
         let message = bounded(format!(
@@ -425,7 +431,7 @@ impl<'a> Ctx<'a> {
         {
             let _ = cluster.record_warning(pod_ref, TEARDOWN_INCOMPLETE, &message);
         }
-        plan
+        (plan, cluster_answered)
     }
 
     /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
@@ -826,8 +832,8 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         None => None,
     };
     let from_cache = cached.is_some();
-    let plan = match cached {
-        Some(plan) => plan,
+    let (plan, complete) = match cached {
+        Some(plan) => (plan, true),
         None if deleted.contains(&inv.container_id) => {
             tracing::debug!(container = %inv.container_id, "DEL repeated after a completed DEL: nothing to do");
             return Ok(());
@@ -855,7 +861,11 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             Err(e) => tracing::warn!(container = %inv.container_id, "{e}"),
         }
     }
-    deleted.record(&inv.container_id);
+    // A DEL that could not ask the cluster is not recorded: the runtime's next DEL re-plans, and releases
+    // what resolves once the cluster answers again.
+    if complete {
+        deleted.record(&inv.container_id);
+    }
     Ok(())
 }
 
