@@ -91,6 +91,9 @@ pub struct PlexusConf {
 /// it a hung delegate would hold the container's lock past any runtime's own timeout.
 pub const DELEGATE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
+/// The longest an ADD may wait for the readiness indicator (a runtime gives up on the sandbox long before).
+pub const MAX_READINESS_TIMEOUT_MS: u64 = 3_600_000;
+
 fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     if p.is_absolute() {
         Ok(p)
@@ -193,6 +196,12 @@ impl PlexusConf {
                 "logLevel {log_level:?} is not one of error, warn, info, debug, trace"
             )));
         }
+        let readiness_timeout_ms = raw.readiness_timeout_ms.unwrap_or(30_000);
+        if readiness_timeout_ms > MAX_READINESS_TIMEOUT_MS {
+            return Err(PlexusError::Config(format!(
+                "readinessTimeoutMs must be at most {MAX_READINESS_TIMEOUT_MS}, got {readiness_timeout_ms}"
+            )));
+        }
         let delegate_timeout_ms = raw.delegate_timeout_ms.unwrap_or(120_000);
         if !DELEGATE_TIMEOUT_MS.contains(&delegate_timeout_ms) {
             return Err(PlexusError::Config(format!(
@@ -226,7 +235,7 @@ impl PlexusConf {
                 .readiness_indicator_file
                 .map(|p| absolute("readinessIndicatorFile", p))
                 .transpose()?,
-            readiness_timeout: Duration::from_millis(raw.readiness_timeout_ms.unwrap_or(30_000)),
+            readiness_timeout: Duration::from_millis(readiness_timeout_ms),
             device_info_dir: absolute(
                 "deviceInfoDir",
                 raw.device_info_dir
@@ -296,6 +305,7 @@ mod tests {
             (r#""delegateTimeoutMs":0"#, "delegateTimeoutMs"),
             (r#""delegateTimeoutMs":1"#, "delegateTimeoutMs"),
             (r#""delegateTimeoutMs":86400000"#, "delegateTimeoutMs"),
+            (r#""readinessTimeoutMs":86400000"#, "readinessTimeoutMs"),
         ] {
             let text = format!(r#"{{"cniVersion":"1.0.0","clusterNetwork":"x",{extra}}}"#);
             let e = parse(text.as_bytes(), false).unwrap_err();

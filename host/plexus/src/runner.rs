@@ -9,7 +9,7 @@ use std::time::Duration;
 use plexus_core::cni::{CniArgs, CniError, CniResult, CniVersion, NetworkConfigList};
 use serde_json::{Map, Value};
 
-use crate::error::{PlexusError, CODE_DELEGATE_FAILED, CODE_DELEGATE_TIMEOUT};
+use crate::error::{bounded, PlexusError, CODE_DELEGATE_FAILED, CODE_DELEGATE_TIMEOUT};
 use crate::exec::{Exec, ExecRequest};
 use crate::invocation::Command;
 
@@ -219,8 +219,14 @@ impl Delegator<'_> {
             if let Ok(err) = CniError::parse_bytes(&out.stdout) {
                 return Err(PlexusError::Delegate {
                     code: err.code,
-                    msg: format!("plugin {ty:?} failed {}: {}", command.as_str(), err.msg),
-                    details: err.details,
+                    // Bounded here, where the delegate's text enters: every log line and error built from
+                    // it stays small.
+                    msg: format!(
+                        "plugin {ty:?} failed {}: {}",
+                        command.as_str(),
+                        bounded(err.msg)
+                    ),
+                    details: bounded(err.details),
                 });
             }
             let status = out.code.map_or("killed by a signal".to_string(), |c| {
@@ -283,6 +289,54 @@ fn truncate(s: &str, max: usize) -> &str {
 mod tests {
     use super::*;
     use plexus_core::cni::CniArgs;
+
+    /// Answers every run with the same output.
+    struct Canned(crate::exec::ExecOutput);
+
+    impl Exec for Canned {
+        fn run(&self, _: &ExecRequest<'_>) -> std::io::Result<crate::exec::ExecOutput> {
+            Ok(self.0.clone())
+        }
+        fn find(&self, plugin: &str, _: &[PathBuf]) -> Option<PathBuf> {
+            Some(PathBuf::from(plugin))
+        }
+    }
+
+    #[test]
+    fn a_delegates_long_error_is_bounded_where_it_enters() {
+        let huge = "x".repeat(500_000);
+        let err =
+            serde_json::json!({"cniVersion": "1.0.0", "code": 7, "msg": huge, "details": huge});
+        let exec = Canned(crate::exec::ExecOutput {
+            code: Some(1),
+            stdout: err.to_string().into_bytes(),
+            ..Default::default()
+        });
+        let list = NetworkConfigList::parse(
+            &serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": "p"}]}),
+        )
+        .unwrap();
+        let args = CniArgs::new();
+        let rt = RuntimeParams {
+            container_id: "c1",
+            netns: Some("/run/netns/x"),
+            ifname: "eth0",
+            args: &args,
+            path: &[],
+            base_env: &[],
+            timeout: Duration::from_secs(1),
+        };
+        let e = Delegator { exec: &exec }
+            .del(&list, &rt, &Map::new(), None)
+            .unwrap_err();
+        assert_eq!(e.cni_code(), 7);
+        assert!(
+            e.to_string().len() < 2 * crate::error::MESSAGE_CAP,
+            "{}",
+            e.to_string().len()
+        );
+        assert!(e.details().len() <= crate::error::MESSAGE_CAP);
+    }
 
     #[test]
     fn delegates_get_ignore_unknown_unless_the_runtime_set_it() {
