@@ -8,6 +8,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 
 import matplotlib
 
@@ -373,6 +374,8 @@ def main():
             w("callgrind, instructions by function (exclusive):")
             w("")
             w("```")
+            # The object a function is in, by file name only: the docs name no path of the measuring machine.
+            lines = [re.sub(r"\[(?:[^\]]*/)?([^\]/]+)\]", r"[\1]", ln) for ln in lines]
             w("\n".join(ln[:160] for ln in lines))
             w("```")
             w("")
