@@ -122,6 +122,32 @@ fn pod_is_read_and_its_uid_checked() {
 }
 
 #[test]
+fn an_oversized_answer_is_refused_not_read_whole() {
+    let e = env();
+    // A pod far larger than any the API server can store: the client stops reading at its limit.
+    let huge = "x".repeat(plexus_cluster::MAX_RESPONSE_BYTES + 1024);
+    e.server.add_pod(json!({"metadata": {
+        "name": "huge", "namespace": "team-a", "uid": "uid-h",
+        "annotations": {"k8s.v1.cni.cncf.io/networks": huge}
+    }}));
+    let err = e
+        .cluster
+        .pod(&PodRef {
+            namespace: "team-a".into(),
+            name: "huge".into(),
+            uid: None,
+        })
+        .unwrap_err();
+    let msg = err.to_string();
+    assert!(msg.contains("length limit exceeded"), "{msg}");
+    assert!(
+        msg.len() < 2000,
+        "the error does not echo the body: {}",
+        msg.len()
+    );
+}
+
+#[test]
 fn missing_pod_is_not_found() {
     let e = env();
     let err = e

@@ -68,6 +68,10 @@ const SERVICE_HOST_ENV: &str = "KUBERNETES_SERVICE_HOST";
 const NAD_GROUP: &str = "k8s.cni.cncf.io";
 const NAD_PLURAL: &str = "network-attachment-definitions";
 const EVENT_REASON: &str = "AddedInterface";
+
+/// The largest API response read. A pod or a NAD is a few KiB; the largest objects Kubernetes stores are about
+/// 1.5 MiB (etcd's request limit).
+pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 const COMPONENT: &str = "plexus";
 
 /// A cluster source backed by the Kubernetes API server.
@@ -270,7 +274,20 @@ impl KubeCluster {
         let config = runtime.block_on(self.config())?;
         // The client spawns its request buffer onto the runtime it is built in.
         let client = runtime
-            .block_on(async { Client::try_from(config) })
+            .block_on(async {
+                kube::client::ClientBuilder::try_from(config).map(|builder| {
+                    // Every answer is bounded in bytes as well as time: a body past the limit fails the read.
+                    builder
+                        .with_layer(&tower::util::MapResponseLayer::new(
+                            |response: http::Response<_>| {
+                                response.map(|body| {
+                                    http_body_util::Limited::new(body, MAX_RESPONSE_BYTES)
+                                })
+                            },
+                        ))
+                        .build()
+                })
+            })
             .map_err(|e| ClusterError::Invalid {
                 what: "kube client configuration".into(),
                 reason: error_chain(&e),

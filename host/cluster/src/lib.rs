@@ -6,7 +6,7 @@
 mod file;
 mod kube;
 
-pub use self::kube::{KubeCluster, KubeSettings};
+pub use self::kube::{KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
