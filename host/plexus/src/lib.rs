@@ -15,3 +15,6 @@ pub mod lock;
 pub mod orchestrate;
 pub mod podnet;
 pub mod runner;
+
+#[cfg(test)]
+mod orchestrate_tests;

@@ -1,0 +1,501 @@
+//! ADD, DEL, CHECK, STATUS and GC in process, without root: in-memory fakes of every outside effect (delegate
+//! exec, the cluster source, the pod's network) and a temp dir for the cache and locks. The real-namespace,
+//! libcni and containerd suites under `tests/` are the integration layer; these pin the orchestration itself.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::IpAddr;
+use std::path::{Path, PathBuf};
+
+use plexus_cluster::{Cluster, ClusterError};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use serde_json::{json, Value};
+
+use crate::conf::stdin_json;
+use crate::error::PlexusError;
+use crate::exec::{Exec, ExecOutput, ExecRequest};
+use crate::invocation::Invocation;
+use crate::orchestrate::{self, Effects, NoHooks};
+use crate::podnet::PodNetwork;
+
+/// One delegate call as the fake saw it.
+#[derive(Debug, Clone, PartialEq)]
+struct Call {
+    plugin: String,
+    command: String,
+    ifname: String,
+    stdin: Value,
+}
+
+/// Delegates that attach nothing: ADD answers a result naming `CNI_IFNAME`, everything else succeeds, unless
+/// a failure was set for (plugin, command).
+#[derive(Default)]
+struct FakeExec {
+    calls: RefCell<Vec<Call>>,
+    failures: BTreeSet<(String, String)>,
+}
+
+impl FakeExec {
+    fn failing(plugin: &str, command: &str) -> FakeExec {
+        FakeExec {
+            failures: [(plugin.to_string(), command.to_string())].into(),
+            ..FakeExec::default()
+        }
+    }
+
+    fn summary(&self) -> Vec<(String, String, String)> {
+        self.calls
+            .borrow()
+            .iter()
+            .map(|c| (c.plugin.clone(), c.command.clone(), c.ifname.clone()))
+            .collect()
+    }
+}
+
+impl Exec for FakeExec {
+    fn run(&self, req: &ExecRequest<'_>) -> std::io::Result<ExecOutput> {
+        let env: BTreeMap<&str, &str> = req
+            .env
+            .iter()
+            .map(|(k, v)| (k.as_str(), v.as_str()))
+            .collect();
+        let plugin = req
+            .plugin
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let command = env["CNI_COMMAND"].to_string();
+        let ifname = env
+            .get("CNI_IFNAME")
+            .copied()
+            .unwrap_or_default()
+            .to_string();
+        let stdin: Value = serde_json::from_slice(req.stdin).unwrap();
+        self.calls.borrow_mut().push(Call {
+            plugin: plugin.clone(),
+            command: command.clone(),
+            ifname: ifname.clone(),
+            stdin: stdin.clone(),
+        });
+        if self.failures.contains(&(plugin.clone(), command.clone())) {
+            let err = json!({"cniVersion": "1.0.0", "code": 11, "msg": format!("{plugin} refuses {command}")});
+            return Ok(ExecOutput {
+                code: Some(1),
+                stdout: err.to_string().into_bytes(),
+                ..ExecOutput::default()
+            });
+        }
+        let stdout = if command == "ADD" {
+            let n = self.calls.borrow().len();
+            stdin.get("prevResult").cloned().unwrap_or_else(|| {
+                json!({"cniVersion": stdin["cniVersion"], "interfaces": [{"name": ifname, "sandbox": "/run/netns/x"}],
+                       "ips": [{"address": format!("10.0.0.{n}/24"), "interface": 0}]})
+            })
+            .to_string()
+        } else {
+            String::new()
+        };
+        Ok(ExecOutput {
+            code: Some(0),
+            stdout: stdout.into_bytes(),
+            ..ExecOutput::default()
+        })
+    }
+
+    fn find(&self, plugin: &str, _: &[PathBuf]) -> Option<PathBuf> {
+        Some(Path::new("/fake").join(plugin))
+    }
+}
+
+/// Pods and NADs in memory; what plexus writes back is recorded.
+#[derive(Default)]
+struct FakeCluster {
+    pods: BTreeMap<(String, String), Pod>,
+    nads: BTreeMap<(String, String), NetworkAttachmentDefinition>,
+    statuses: RefCell<Vec<(String, Value)>>,
+    warnings: RefCell<Vec<(String, String)>>,
+    down: bool,
+}
+
+impl FakeCluster {
+    fn with_pod(networks: &str) -> FakeCluster {
+        let mut c = FakeCluster::default();
+        c.pods.insert(
+            ("ns".into(), "web".into()),
+            Pod {
+                namespace: "ns".into(),
+                name: "web".into(),
+                uid: Some("uid-web".into()),
+                annotations: [(
+                    "k8s.v1.cni.cncf.io/networks".to_string(),
+                    networks.to_string(),
+                )]
+                .into(),
+                ..Pod::default()
+            },
+        );
+        for name in ["a", "b", "c"] {
+            c.nads.insert(
+                ("ns".into(), name.into()),
+                NetworkAttachmentDefinition {
+                    namespace: "ns".into(),
+                    name: name.into(),
+                    config: Some(
+                        json!({"cniVersion": "1.0.0", "type": format!("{name}-plugin")})
+                            .to_string(),
+                    ),
+                    annotations: BTreeMap::new(),
+                },
+            );
+        }
+        c
+    }
+}
+
+impl Cluster for FakeCluster {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        if self.down {
+            return Err(ClusterError::Unavailable("connection refused".into()));
+        }
+        self.pods
+            .get(&(pod.namespace.clone(), pod.name.clone()))
+            .cloned()
+            .ok_or_else(|| ClusterError::NotFound {
+                kind: "pod",
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+            })
+    }
+
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        if self.down {
+            return Err(ClusterError::Unavailable("connection refused".into()));
+        }
+        self.nads
+            .get(&(namespace.to_string(), name.to_string()))
+            .cloned()
+            .ok_or_else(|| ClusterError::NotFound {
+                kind: "NetworkAttachmentDefinition",
+                namespace: namespace.into(),
+                name: name.into(),
+            })
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        self.statuses.borrow_mut().push((
+            pod.to_string(),
+            serde_json::from_str(network_status).unwrap(),
+        ));
+        Ok(())
+    }
+
+    fn record_warning(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.warnings
+            .borrow_mut()
+            .push((pod.to_string(), format!("{reason}: {message}")));
+        Ok(())
+    }
+}
+
+/// The pod's network: nothing to do without default-route selections.
+struct NoPodNetwork;
+
+impl PodNetwork for NoPodNetwork {
+    fn set_default_route(
+        &self,
+        _: &str,
+        _: &str,
+        _: &[IpAddr],
+        _: &[String],
+    ) -> Result<(), PlexusError> {
+        Ok(())
+    }
+}
+
+/// A node: confDir with the cluster network `cluster-net` (plugin `cluster-plugin`), cacheDir, runDir.
+struct Node {
+    dir: tempfile::TempDir,
+    version: &'static str,
+}
+
+impl Node {
+    fn new(version: &'static str) -> Node {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir_all(dir.path().join("net.d")).unwrap();
+        std::fs::write(
+            dir.path().join("net.d/00-cluster.conflist"),
+            json!({"cniVersion": version, "name": "cluster-net", "plugins": [{"type": "cluster-plugin"}]})
+                .to_string(),
+        )
+        .unwrap();
+        Node { dir, version }
+    }
+
+    fn path(&self, rel: &str) -> PathBuf {
+        self.dir.path().join(rel)
+    }
+
+    fn invocation(&self, command: &str, extra: Value) -> Invocation {
+        let mut conf = json!({
+            "cniVersion": self.version, "name": "plexus", "type": "plexus", "clusterNetwork": "cluster-net",
+            "confDir": self.path("net.d"), "cacheDir": self.path("cache"), "runDir": self.path("run"),
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            conf[k] = v.clone();
+        }
+        let env: BTreeMap<String, String> = [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", "c1"),
+            ("CNI_NETNS", "/run/netns/x"),
+            ("CNI_IFNAME", "eth0"),
+            ("CNI_PATH", "/fake"),
+            (
+                "CNI_ARGS",
+                "K8S_POD_NAMESPACE=ns;K8S_POD_NAME=web;K8S_POD_UID=uid-web",
+            ),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+        Invocation::from_env(&env, stdin_json(conf.to_string().as_bytes())).unwrap()
+    }
+
+    fn cached(&self) -> bool {
+        self.path("cache/attachments/c1.json").exists()
+    }
+}
+
+fn effects<'a>(exec: &'a FakeExec, cluster: &'a FakeCluster) -> Effects<'a> {
+    Effects {
+        exec,
+        cluster: Some(cluster),
+        podnet: &NoPodNetwork,
+        hooks: &NoHooks,
+    }
+}
+
+fn s(plugin: &str, command: &str, ifname: &str) -> (String, String, String) {
+    (plugin.into(), command.into(), ifname.into())
+}
+
+#[test]
+fn add_attaches_in_order_publishes_status_and_returns_the_cluster_result() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+    let result = orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("cluster-plugin", "ADD", "eth0"),
+            s("a-plugin", "ADD", "net1"),
+            s("b-plugin", "ADD", "net2")
+        ]
+    );
+    assert_eq!(result["interfaces"][0]["name"], "eth0");
+    let statuses = cluster.statuses.borrow();
+    let names: Vec<&Value> = statuses[0]
+        .1
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| &e["name"])
+        .collect();
+    assert_eq!(names, vec!["cluster-net", "ns/a", "ns/b"]);
+    assert!(node.cached());
+}
+
+#[test]
+fn a_failure_in_the_nth_attachment_rolls_back_the_earlier_ones_in_reverse() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (
+        FakeExec::failing("c-plugin", "ADD"),
+        FakeCluster::with_pod("a,b,c"),
+    );
+    let err = orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap_err();
+    assert_eq!(err.cni_code(), 11, "the delegate's own code");
+    assert!(err.to_string().contains("network ns/c (net3)"), "{err}");
+    // The failed attachment gets its DEL (CNI: a failed ADD is followed by DEL), then the earlier ones in
+    // reverse; nothing after it ran.
+    assert_eq!(
+        exec.summary()[4..],
+        [
+            s("c-plugin", "DEL", "net3"),
+            s("b-plugin", "DEL", "net2"),
+            s("a-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0")
+        ]
+    );
+    assert!(!node.cached(), "a clean rollback removes the plan");
+    assert!(cluster.statuses.borrow().is_empty());
+}
+
+#[test]
+fn del_from_the_cache_runs_in_reverse_with_the_cached_results_and_asks_the_cluster_nothing() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    let added: Vec<Value> = exec
+        .calls
+        .borrow()
+        .iter()
+        .map(|c| c.stdin.clone())
+        .collect();
+    let exec = FakeExec::default();
+    // The cluster is down: DEL needs nothing from it.
+    let down = FakeCluster {
+        down: true,
+        ..FakeCluster::default()
+    };
+    orchestrate::del(&node.invocation("DEL", json!({})), &effects(&exec, &down)).unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("b-plugin", "DEL", "net2"),
+            s("a-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0")
+        ]
+    );
+    let calls = exec.calls.borrow();
+    assert!(
+        calls[2].stdin.get("prevResult").is_some(),
+        "{}",
+        calls[2].stdin
+    );
+    assert_eq!(added.len(), 3);
+    assert!(!node.cached());
+    assert!(node.path("run/deleted/c1").exists());
+    // Repeated: nothing runs.
+    let again = FakeExec::default();
+    orchestrate::del(&node.invocation("DEL", json!({})), &effects(&again, &down)).unwrap();
+    assert!(again.summary().is_empty());
+}
+
+#[test]
+fn del_without_a_cache_replans_and_skips_what_no_longer_resolves() {
+    let node = Node::new("1.0.0");
+    let mut cluster = FakeCluster::with_pod("a,b");
+    cluster.nads.remove(&("ns".to_string(), "a".to_string()));
+    let exec = FakeExec::default();
+    orchestrate::del(
+        &node.invocation("DEL", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("b-plugin", "DEL", "net2"),
+            s("cluster-plugin", "DEL", "eth0")
+        ]
+    );
+    let warnings = cluster.warnings.borrow();
+    assert_eq!(warnings.len(), 1);
+    assert!(warnings[0].1.starts_with("TeardownIncomplete") && warnings[0].1.contains("ns/a"));
+    assert!(node.path("run/deleted/c1").exists());
+}
+
+#[test]
+fn a_partial_del_attempts_every_attachment_reports_the_failure_and_keeps_the_plan() {
+    let node = Node::new("1.0.0");
+    let cluster = FakeCluster::with_pod("a,b");
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&FakeExec::default(), &cluster),
+    )
+    .unwrap();
+    let exec = FakeExec::failing("b-plugin", "DEL");
+    let err = orchestrate::del(
+        &node.invocation("DEL", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap_err();
+    assert!(
+        err.to_string().contains("1 of 3 detachments failed"),
+        "{err}"
+    );
+    assert_eq!(exec.summary().len(), 3, "every attachment attempted");
+    assert!(node.cached(), "the runtime's retry has the plan");
+    assert!(!node.path("run/deleted/c1").exists());
+}
+
+#[test]
+fn check_runs_every_cached_list_in_order_with_its_result() {
+    let node = Node::new("1.0.0");
+    let cluster = FakeCluster::with_pod("a");
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&FakeExec::default(), &cluster),
+    )
+    .unwrap();
+    let exec = FakeExec::default();
+    orchestrate::check(
+        &node.invocation("CHECK", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("cluster-plugin", "CHECK", "eth0"),
+            s("a-plugin", "CHECK", "net1")
+        ]
+    );
+    assert!(exec
+        .calls
+        .borrow()
+        .iter()
+        .all(|c| c.stdin.get("prevResult").is_some()));
+}
+
+#[test]
+fn status_asks_the_cluster_network_and_gc_tears_down_what_is_no_longer_valid() {
+    let node = Node::new("1.1.0");
+    let cluster = FakeCluster::with_pod("a");
+    let exec = FakeExec::default();
+    orchestrate::status(
+        &node.invocation("STATUS", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(exec.summary(), vec![s("cluster-plugin", "STATUS", "")]);
+
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&FakeExec::default(), &cluster),
+    )
+    .unwrap();
+    let exec = FakeExec::default();
+    let gc = node.invocation("GC", json!({"cni.dev/valid-attachments": []}));
+    orchestrate::gc(&gc, &effects(&exec, &cluster)).unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("a-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0"),
+            s("cluster-plugin", "GC", "")
+        ]
+    );
+    assert!(!node.cached());
+}
