@@ -5,7 +5,7 @@ use std::fmt;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
-use super::version::CniVersion;
+use super::version::{CniVersion, UnsupportedVersion};
 
 /// The well-known error codes of the specification (0-99 are reserved; 100+ are plugin specific).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -199,6 +199,13 @@ impl fmt::Display for CniError {
 }
 
 impl std::error::Error for CniError {}
+
+// Here rather than beside the type, so that version.rs (which error objects need) does not import this module.
+impl CniErrorCode for UnsupportedVersion {
+    fn cni_code(&self) -> u32 {
+        ErrorCode::IncompatibleVersion.code()
+    }
+}
 
 impl CniErrorCode for CniError {
     fn cni_code(&self) -> u32 {

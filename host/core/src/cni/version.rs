@@ -5,8 +5,6 @@ use std::str::FromStr;
 
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
-use super::error::{CniErrorCode, ErrorCode};
-
 /// A released CNI specification version. Ordered oldest to newest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum CniVersion {
@@ -106,12 +104,6 @@ impl fmt::Display for CniVersion {
 )]
 pub struct UnsupportedVersion(pub String);
 
-impl CniErrorCode for UnsupportedVersion {
-    fn cni_code(&self) -> u32 {
-        ErrorCode::IncompatibleVersion.code()
-    }
-}
-
 impl FromStr for CniVersion {
     type Err = UnsupportedVersion;
 
@@ -141,6 +133,7 @@ impl<'de> Deserialize<'de> for CniVersion {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cni::error::CniErrorCode;
 
     #[test]
     fn round_trips_every_version_string() {
