@@ -291,15 +291,21 @@ fn wait_bounded(child: &mut Child, limit: Duration) -> bool {
 /// kill -9 of plexus at a random point of `verb`, then what the runtime does next: DEL until it succeeds.
 fn kill_during(rng: &mut Rng, verb: &str, iterations: usize) -> Row {
     let world = RealWorld::new(1);
-    // How long one uncontended verb takes here, so kill points spread over its whole length.
+    // How long one uncontended verb takes here (median of five), so kill points spread over its whole length.
     let probe = NetNs::new("soakprobe");
-    let t = Instant::now();
-    assert!(world.run("ADD", "soak-probe", 0, probe.path()), "probe ADD");
-    let add_time = t.elapsed();
-    let t = Instant::now();
-    assert!(world.run("DEL", "soak-probe", 0, probe.path()), "probe DEL");
-    let del_time = t.elapsed();
+    let (mut adds, mut dels) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        assert!(world.run("ADD", "soak-probe", 0, probe.path()), "probe ADD");
+        adds.push(t.elapsed());
+        let t = Instant::now();
+        assert!(world.run("DEL", "soak-probe", 0, probe.path()), "probe DEL");
+        dels.push(t.elapsed());
+    }
     drop(probe);
+    adds.sort();
+    dels.sort();
+    let (add_time, del_time) = (adds[2], dels[2]);
     let span = if verb == "ADD" { add_time } else { del_time };
     let span_us = (span.as_micros() as u64 * 5 / 4).max(1000);
 
