@@ -11,27 +11,6 @@ use serde_json::{json, Value};
 
 const POD_NS: &str = "ns";
 
-/// Installs `body` as the shell script `name` in the sandbox's bin dir.
-fn script(sb: &Sandbox, name: &str, body: &str) {
-    use std::os::unix::fs::PermissionsExt;
-    let path = sb.path("bin").join(name);
-    std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
-}
-
-/// A cluster network whose one plugin is the script `cluster-script`: `add` for ADD, `del` for DEL.
-fn script_cluster(sb: &Sandbox, add: &str, del: &str) {
-    script(
-        sb,
-        "cluster-script",
-        &format!("case \"$CNI_COMMAND\" in\nADD) {add} ;;\nDEL) {del} ;;\nesac"),
-    );
-    sb.conf_file(
-        "00-cluster.conflist",
-        &json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [{"type": "cluster-script"}]}),
-    );
-}
-
 /// Processes whose command line contains `needle`.
 fn processes_matching(needle: &str) -> Vec<String> {
     let mut found = Vec::new();
@@ -101,7 +80,7 @@ fn assert_small_error(run: &Run, code: u64) {
 #[test]
 fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_and_the_del_that_follows_runs() {
     let sb = Sandbox::new();
-    script_cluster(&sb, "exec 1>&-; exec sleep 987651", "exit 0");
+    sb.script_cluster("exec 1>&-; exec sleep 987651", "exit 0");
     let conf = sb.conf(json!({"delegateTimeoutMs": 500}));
     let run = sb.run("ADD", "c1", "", &conf);
     assert_small_error(&run, 101);
@@ -116,14 +95,14 @@ fn a_delegate_that_closes_stdout_and_keeps_running_is_killed_and_the_del_that_fo
 
     // The DEL verb is bounded the same way: an attached container whose delegate hangs in DEL.
     let result = r#"echo '{"cniVersion":"1.0.0"}'"#;
-    script_cluster(&sb, result, "exec 1>&-; exec sleep 987652");
+    sb.script_cluster(result, "exec 1>&-; exec sleep 987652");
     sb.run("ADD", "c2", "", &conf).ok();
     let run = sb.run("DEL", "c2", "", &conf);
     assert_small_error(&run, 101);
     assert!(processes_matching("sleep 987652").is_empty());
     assert_eq!(sb.cached(), vec!["c2.json"], "a failed DEL keeps the plan");
     // The lock was let go: the runtime's retry goes through.
-    script_cluster(&sb, result, "exit 0");
+    sb.script_cluster(result, "exit 0");
     sb.run("DEL", "c2", "", &conf).ok();
     assert!(sb.cached().is_empty(), "{:?}", sb.cached());
     assert_eq!(files_under(&sb.path("run/locks")), Vec::<String>::new());
@@ -135,11 +114,7 @@ fn a_delegate_dies_with_a_killed_plexus() {
     // after that DEL.
     let sb = Sandbox::new();
     let marker = sb.path("attached-after-kill");
-    script_cluster(
-        &sb,
-        &format!("sleep 1; touch {}", marker.display()),
-        "exit 0",
-    );
+    sb.script_cluster(&format!("sleep 1; touch {}", marker.display()), "exit 0");
     let conf = sb.conf(json!({}));
     let env = [
         ("CNI_COMMAND", "ADD"),
@@ -177,7 +152,7 @@ fn a_delegate_dies_with_a_killed_plexus() {
 #[test]
 fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     let sb = Sandbox::new();
-    script_cluster(&sb, "exec yes", "exit 0");
+    sb.script_cluster("exec yes", "exit 0");
     let conf = sb.conf(json!({"delegateTimeoutMs": 20000}));
     let run = sb.run("ADD", "c1", "", &conf);
     assert_small_error(&run, 100);
@@ -196,8 +171,7 @@ fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     );
 
     // An oversized result is refused the same way, and nothing of it reaches the cache.
-    script_cluster(
-        &sb,
+    sb.script_cluster(
         r#"printf '{"cniVersion":"1.0.0","dns":{"domain":"'; head -c 3000000 /dev/zero | tr '\0' x; printf '"}}'"#,
         "exit 0",
     );
@@ -209,8 +183,7 @@ fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
 fn long_messages_are_cut_before_they_reach_the_runtime() {
     let sb = Sandbox::new();
     // A CNI error object with a 400 KB message and details (under the stdout cap, so it is parsed and relayed).
-    script_cluster(
-        &sb,
+    sb.script_cluster(
         r#"printf '{"cniVersion":"1.0.0","code":7,"msg":"'; head -c 400000 /dev/zero | tr '\0' m; printf '","details":"'; head -c 400000 /dev/zero | tr '\0' d; printf '"}'; exit 1"#,
         "exit 0",
     );

@@ -364,21 +364,10 @@ fn kill_during(rng: &mut Rng, verb: &str, iterations: usize) -> Row {
     }
 }
 
-/// A script delegate as the cluster network's only plugin.
+/// A script delegate as the cluster network's only plugin (DEL succeeds).
 fn script_world(add: &str) -> Sandbox {
-    use std::os::unix::fs::PermissionsExt;
     let sb = Sandbox::new();
-    let path = sb.path("bin/soak-script");
-    std::fs::write(
-        &path,
-        format!("#!/bin/sh\ncase \"$CNI_COMMAND\" in\nADD) {add} ;;\nesac\nexit 0\n"),
-    )
-    .expect("write the script delegate");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
-    sb.conf_file(
-        "00-cluster.conflist",
-        &json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [{"type": "soak-script"}]}),
-    );
+    sb.script_cluster(add, "exit 0");
     sb
 }
 
@@ -427,7 +416,7 @@ fn flooding_delegate(iterations: usize) -> Row {
     let (mut failed, mut peak_kib, mut longest) = (0, 0u64, 0usize);
     for i in 0..iterations {
         // Every other iteration floods stderr instead (until the timeout).
-        let marker = sb.path("bin/soak-script.stderr");
+        let marker = sb.path("bin/cluster-script.stderr");
         if i % 2 == 1 {
             std::fs::write(&marker, "").expect("marker");
         } else {

@@ -152,6 +152,21 @@ impl Sandbox {
         self
     }
 
+    /// The cluster network `cluster-net` as one shell-script plugin, `cluster-script`: `add` runs for ADD, `del`
+    /// for DEL (each a line of sh); other verbs do nothing. For delegates that misbehave (hang, flood, die).
+    pub fn script_cluster(&self, add: &str, del: &str) -> &Self {
+        use std::os::unix::fs::PermissionsExt;
+        let path = self.path("bin/cluster-script");
+        let body =
+            format!("#!/bin/sh\ncase \"$CNI_COMMAND\" in\nADD) {add} ;;\nDEL) {del} ;;\nesac\n");
+        std::fs::write(&path, body).expect("write the script delegate");
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+        self.conf_file(
+            "00-cluster.conflist",
+            &json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [{"type": "cluster-script"}]}),
+        )
+    }
+
     /// Writes a file into `net.d/` (the confDir).
     pub fn conf_file(&self, name: &str, value: &Value) -> &Self {
         std::fs::write(

@@ -112,17 +112,13 @@ impl AttachmentCache {
 
     pub fn open(cache_dir: &Path) -> Result<Self, PlexusError> {
         let root = cache_dir.join("attachments");
-        std::fs::create_dir_all(&root).map_err(|source| PlexusError::Io {
+        let io = |source| PlexusError::Io {
             path: root.display().to_string(),
             source,
-        })?;
-        let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|source| {
-            PlexusError::Io {
-                path: root.display().to_string(),
-                source,
-            }
-        })?;
-        Ok(Self { root, dir })
+        };
+        std::fs::create_dir_all(&root).map_err(io)?;
+        // Made just above; gone again only if something removed it meanwhile.
+        Self::open_existing(cache_dir)?.ok_or_else(|| io(std::io::ErrorKind::NotFound.into()))
     }
 
     fn file_name(container_id: &str) -> String {
@@ -266,18 +262,20 @@ impl AttachmentCache {
             Self::journal_name(container_id),
             Self::file_name(container_id),
         ] {
-            match self.dir.remove_file(&name) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(source) => {
-                    return Err(PlexusError::Io {
-                        path: self.root.join(&name).display().to_string(),
-                        source,
-                    })
-                }
-            }
+            self.remove_if_present(&name)?;
         }
         Ok(())
+    }
+
+    /// Removes `name` from the cache directory; a name that is not there is fine.
+    fn remove_if_present(&self, name: &str) -> Result<(), PlexusError> {
+        match self.dir.remove_file(name) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PlexusError::Io {
+                path: self.root.join(name).display().to_string(),
+                source: e,
+            }),
+            _ => Ok(()),
+        }
     }
 
     /// The names in the cache directory, sorted.
@@ -331,13 +329,7 @@ impl AttachmentCache {
 
     /// Removes one file found by [`AttachmentCache::temp_files`]; the caller holds the container's lock.
     pub fn remove_temp(&self, name: &str) -> Result<(), PlexusError> {
-        match self.dir.remove_file(name) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(PlexusError::Io {
-                path: self.root.join(name).display().to_string(),
-                source: e,
-            }),
-            _ => Ok(()),
-        }
+        self.remove_if_present(name)
     }
 }
 

@@ -105,21 +105,6 @@ impl DeletedLog {
             }
         }
     }
-
-    /// How many DELs are recorded (for tests and reports).
-    pub fn len(&self) -> usize {
-        std::fs::read_dir(&self.dir)
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
-                    .count()
-            })
-            .unwrap_or(0)
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 /// How long ago `t` was; a time in the future (clock set back) counts as now.
@@ -134,6 +119,17 @@ mod tests {
     fn set_age(path: &Path, ago: Duration) {
         let f = std::fs::File::options().write(true).open(path).unwrap();
         f.set_modified(SystemTime::now() - ago).unwrap();
+    }
+
+    /// How many DELs are recorded.
+    fn count(log: &DeletedLog) -> usize {
+        std::fs::read_dir(&log.dir)
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+                    .count()
+            })
+            .unwrap_or(0)
     }
 
     #[test]
@@ -162,7 +158,7 @@ mod tests {
         assert!(log.contains("new"));
         log.prune();
         assert!(!tmp.path().join("deleted/old").exists());
-        assert_eq!(log.len(), 1);
+        assert_eq!(count(&log), 1);
     }
 
     #[test]
@@ -178,10 +174,10 @@ mod tests {
         set_age(&dir.join("c1"), Duration::from_secs(50));
         // Not due yet: the first record marked a prune.
         log.record("second");
-        assert_eq!(log.len(), MAX_ENTRIES + 7);
+        assert_eq!(count(&log), MAX_ENTRIES + 7);
         set_age(&dir.join(PRUNE_MARK), PRUNE_EVERY);
         log.record("third");
-        assert_eq!(log.len(), MAX_ENTRIES);
+        assert_eq!(count(&log), MAX_ENTRIES);
         assert!(
             !dir.join("c0").exists() && !dir.join("c1").exists(),
             "the oldest go first"

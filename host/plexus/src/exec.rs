@@ -108,10 +108,11 @@ impl Exec for ProcessExec {
                 let _ = stdin.write_all(&input);
             }))
         };
+        let pid = Pid::from_raw(pid as i32);
         let mut watch = Watch {
             child: &mut child,
-            pgid: Pid::from_raw(pid as i32),
-            pidfd: Pid::from_raw(pid as i32).and_then(|p| {
+            pgid: pid,
+            pidfd: pid.and_then(|p| {
                 rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
             }),
             deadline: start + req.timeout,

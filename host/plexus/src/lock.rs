@@ -81,7 +81,7 @@ impl ContainerLock {
             if Instant::now() >= deadline {
                 return Err(PlexusError::NotReady(format!(
                     "another operation on container {container_id} holds {} for more than {wait:?}",
-                    locks.join(&name).display()
+                    Self::path(run_dir, container_id).display()
                 )));
             }
             // Polling rather than a blocking flock keeps the wait bounded without a thread or a signal.
@@ -90,7 +90,7 @@ impl ContainerLock {
         }
     }
 
-    /// The lock file's path (for tests and messages).
+    /// The lock file's path.
     pub fn path(run_dir: &Path, container_id: &str) -> PathBuf {
         run_dir.join("locks").join(format!("{container_id}.lock"))
     }
