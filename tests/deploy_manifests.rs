@@ -1,9 +1,7 @@
 //! The deployment manifests in examples/deploy/ parse into typed Kubernetes objects, with no stray keys,
 //! and grant Plexus exactly the permissions it uses.
 
-#[allow(dead_code)]
-#[path = "../host/plexus/src/install.rs"]
-mod install;
+use plexus::install;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -13,7 +11,7 @@ use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::de::DeserializeOwned;
-use serde::{Deserialize, Serialize};
+use serde::Serialize;
 use serde_json::Value;
 
 fn deploy_dir() -> PathBuf {
@@ -37,11 +35,10 @@ fn documents() -> Vec<(String, Value)> {
     for file in files {
         let text = std::fs::read_to_string(&file).unwrap();
         let name = file.file_name().unwrap().to_string_lossy().into_owned();
-        for doc in serde_yaml::Deserializer::from_str(&text) {
-            let value = Value::deserialize(doc).unwrap_or_else(|e| panic!("{name}: {e}"));
-            if !value.is_null() {
-                docs.push((name.clone(), value));
-            }
+        let values: Vec<Value> =
+            serde_saphyr::from_multiple(&text).unwrap_or_else(|e| panic!("{name}: {e}"));
+        for value in values.into_iter().filter(|v| !v.is_null()) {
+            docs.push((name.clone(), value));
         }
     }
     docs

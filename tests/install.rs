@@ -1,10 +1,4 @@
 //! `plexus install` against temporary CNI directories.
-//!
-//! The module is compiled in directly: it belongs to the `plexus` binary, not to a library crate.
-
-#[allow(dead_code)]
-#[path = "../host/plexus/src/install.rs"]
-mod install;
 
 use std::fs;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
@@ -12,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use install::*;
+use plexus::install::{self, *};
 use serde_json::{json, Value};
 
 fn args(list: &[&str]) -> Vec<String> {
@@ -207,7 +201,7 @@ fn kubeconfig_embeds_token_ca_and_server() {
     let sa = ServiceAccount::load("10.96.0.1", "443", &token_file, &ca_file).unwrap();
     assert_eq!(sa.server, "https://10.96.0.1:443");
     assert_eq!(sa.token, "tok-1", "trailing newline trimmed");
-    let kc: Value = serde_yaml::from_str(&sa.kubeconfig()).unwrap();
+    let kc: Value = serde_saphyr::from_str(&sa.kubeconfig().unwrap()).unwrap();
     assert_eq!(kc["current-context"], "plexus");
     assert_eq!(
         kc["clusters"][0]["cluster"]["server"],

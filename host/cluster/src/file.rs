@@ -8,6 +8,7 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use atomic_write_file::AtomicWriteFile;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
@@ -223,14 +224,8 @@ fn parse_documents(text: &str, json: bool) -> Result<Vec<Value>, String> {
             return Ok(if value.is_null() { vec![] } else { vec![value] });
         }
     }
-    let mut docs = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(text) {
-        let value = Value::deserialize(doc).map_err(|e| e.to_string())?;
-        if !value.is_null() {
-            docs.push(value);
-        }
-    }
-    Ok(docs)
+    let docs: Vec<Value> = serde_saphyr::from_multiple(text).map_err(|e| e.to_string())?;
+    Ok(docs.into_iter().filter(|v| !v.is_null()).collect())
 }
 
 fn flatten_list(obj: Value, sink: &mut dyn FnMut(Value)) {
@@ -317,37 +312,29 @@ impl Cluster for FileCluster {
         })
     }
 
-    /// Replaces the status file atomically (temp file, rename). Not synced: this is the development source,
-    /// and the status is rewritten by the next ADD; with the Kubernetes source it is an API write.
+    /// Replaces the status file atomically: a reader sees the previous status or the new one, whole.
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
-        let ns_dir = format!("status/{}", pod.namespace);
-        let dir = match self.dir.open_dir(&ns_dir) {
-            Ok(d) => d,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                self.dir
-                    .create_dir_all(&ns_dir)
-                    .map_err(|e| self.io_err(&ns_dir, e))?;
-                self.dir
-                    .open_dir(&ns_dir)
-                    .map_err(|e| self.io_err(&ns_dir, e))?
+        // Names become path components below the directory, and nothing may climb out of it.
+        for part in [&pod.namespace, &pod.name] {
+            if part.is_empty() || part.contains('/') || part.starts_with('.') {
+                return Err(ClusterError::Invalid {
+                    what: format!("pod {pod}"),
+                    reason: format!("{part:?} cannot name a status file"),
+                });
             }
-            Err(e) => return Err(self.io_err(&ns_dir, e)),
-        };
-        let final_name = format!("{}.json", pod.name);
-        let tmp_name = format!(".{}.json.tmp.{}", pod.name, std::process::id());
-        let rel = format!("{ns_dir}/{final_name}");
-        let mut bytes = Vec::with_capacity(network_status.len() + 1);
-        bytes.extend_from_slice(network_status.as_bytes());
-        bytes.push(b'\n');
+        }
+        let ns_dir = format!("status/{}", pod.namespace);
+        self.dir
+            .create_dir_all(&ns_dir)
+            .map_err(|e| self.io_err(&ns_dir, e))?;
+        let rel = format!("{ns_dir}/{}.json", pod.name);
         let write = || -> std::io::Result<()> {
-            let mut f = dir.create(&tmp_name)?;
-            f.write_all(&bytes)?;
-            dir.rename(&tmp_name, &dir, &final_name)
+            let mut f = AtomicWriteFile::open(self.root.join(&rel))?;
+            f.write_all(network_status.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.commit()
         };
-        write().map_err(|e| {
-            let _ = dir.remove_file(&tmp_name);
-            self.io_err(&rel, e)
-        })
+        write().map_err(|e| self.io_err(&rel, e))
     }
 }
 
@@ -511,6 +498,17 @@ metadata:
             .unwrap()
             .collect();
         assert_eq!(leftovers.len(), 1, "no temp file left behind");
+
+        for (namespace, name) in [("..", "p"), ("ns", "../../escape"), ("ns", ".hidden")] {
+            let pod = PodRef {
+                namespace: namespace.into(),
+                name: name.into(),
+                uid: None,
+            };
+            let err = c.write_status(&pod, "[]").unwrap_err().to_string();
+            assert!(err.contains("cannot name a status file"), "{err}");
+        }
+        assert!(!t.path().join("escape.json").exists());
     }
 
     #[test]

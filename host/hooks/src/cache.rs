@@ -15,6 +15,8 @@
 //! wasmtime, which maps it. Every copy of a megabyte into fresh memory costs page faults, which
 //! were most of the time of an ADD with hooks.
 
+use atomic_write_file::unix::OpenOptionsExt as _;
+use atomic_write_file::AtomicWriteFile;
 use sha2::{Digest, Sha256};
 use std::fs;
 use std::io::Write;
@@ -166,40 +168,23 @@ fn o_nofollow() -> i32 {
     rustix::fs::OFlags::NOFOLLOW.bits() as i32
 }
 
-/// A new file at `tmp` (a stale one from an earlier process of the same pid removed first), mode 0600.
-fn create_private(tmp: &Path) -> std::io::Result<fs::File> {
-    let _ = fs::remove_file(tmp);
-    fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
+/// Replaces `path` with `bytes`, mode 0600: a temp file without a name until commit, synced, renamed, and the
+/// directory synced, so a reader sees the old file or the whole new one.
+fn replace_private(path: &Path, bytes: &[&[u8]]) -> std::io::Result<()> {
+    let mut f = AtomicWriteFile::options()
         .mode(0o600)
-        .open(tmp)
+        .preserve_mode(false)
+        .open(path)?;
+    for part in bytes {
+        f.write_all(part)?;
+    }
+    f.commit()
 }
 
-fn write_artifact(dir: &Path, path: &Path, payload: &[u8]) -> Result<(), String> {
-    let tmp = dir.join(format!(
-        ".tmp-{}-{}",
-        std::process::id(),
-        path.file_name()
-            .and_then(|n| n.to_str())
-            .unwrap_or("artifact")
-    ));
-    let write = || -> std::io::Result<()> {
-        let mut f = create_private(&tmp)?;
-        f.write_all(payload)?;
-        f.write_all(MAGIC)?;
-        f.write_all(&(payload.len() as u64).to_le_bytes())?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        if let Ok(d) = fs::File::open(dir) {
-            let _ = d.sync_all();
-        }
-        Ok(())
-    };
-    write().map_err(|e| {
-        let _ = fs::remove_file(&tmp);
-        format!("cannot write {}: {e}", path.display())
-    })
+fn write_artifact(path: &Path, payload: &[u8]) -> Result<(), String> {
+    let len = (payload.len() as u64).to_le_bytes();
+    replace_private(path, &[payload, MAGIC, &len])
+        .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
 /// Whether and where [`load`] keeps compiled artifacts.
@@ -258,7 +243,7 @@ pub(crate) fn load(
     let payload = engine
         .precompile_component(&wasm()?)
         .map_err(|e| format!("{e:#}"))?;
-    let written = write_artifact(dir, &path, &payload);
+    let written = write_artifact(&path, &payload);
     if written.is_ok() {
         drop(payload);
         match read_artifact(engine, &path) {
@@ -360,23 +345,16 @@ pub(crate) fn record_sha256(dir: &Path, module: &Path, stat: &ModuleStat, sha256
         return;
     }
     let path = index_path(dir, module);
-    let tmp = dir.join(format!(".tmp-{}-module", std::process::id()));
-    let write = || -> std::io::Result<()> {
-        let mut f = create_private(&tmp)?;
-        let mut text = Vec::new();
-        text.extend_from_slice(INDEX_HEADER.as_bytes());
-        text.push(b'\n');
-        text.extend_from_slice(module.as_os_str().as_bytes());
-        text.push(b'\n');
-        text.extend_from_slice(stat.line().as_bytes());
-        text.push(b'\n');
-        text.extend_from_slice(sha256.as_bytes());
-        text.push(b'\n');
-        f.write_all(&text)?;
-        fs::rename(&tmp, &path)
-    };
-    if let Err(e) = write() {
-        let _ = fs::remove_file(&tmp);
+    let mut text = Vec::new();
+    text.extend_from_slice(INDEX_HEADER.as_bytes());
+    text.push(b'\n');
+    text.extend_from_slice(module.as_os_str().as_bytes());
+    text.push(b'\n');
+    text.extend_from_slice(stat.line().as_bytes());
+    text.push(b'\n');
+    text.extend_from_slice(sha256.as_bytes());
+    text.push(b'\n');
+    if let Err(e) = replace_private(&path, &[&text]) {
         tracing::debug!("cannot record the digest of {}: {e}", module.display());
     }
 }

@@ -1,12 +1,12 @@
 //! The attachment cache: the full plan of a pod's attachments, persisted before the first delegate runs.
 //!
 //! DEL and CHECK run from it, so they work when the pod, a NAD or the API server is gone. Per container, under
-//! `cacheDir/attachments/` and reached only through a cap-std directory handle:
+//! `cacheDir/attachments/` (container ids are checked to be one path component, CNI spec section 3):
 //!
-//! - `<id>.json`, the plan: written once per ADD, atomically (temp file `.<id>.json.tmp`, rename), before the
-//!   first delegate runs ([`AttachmentCache::store`]). The temp file's name is fixed per container (only the
-//!   holder of the container's lock writes it), so a process killed between write and rename leaves a name the
-//!   next ADD, DEL or GC of that container removes;
+//! - `<id>.json`, the plan: written once per ADD, before the first delegate runs ([`AttachmentCache::store`]),
+//!   atomically and durably: a temp file with no name (`O_TMPFILE`), synced, named, renamed over the plan, and
+//!   the directory synced. A process killed while writing leaves nothing; one killed between naming and rename
+//!   leaves `.<id>.json.XXXXXX`, which GC removes;
 //! - `<id>.results`, the results journal: one line `{"index": i, "result": {..}}` appended as each attachment
 //!   succeeds, and again for any result the end of the ADD rewrites (default-route moves); the last line for an
 //!   index wins ([`Journal::record`]).
@@ -16,16 +16,15 @@
 //! a single `write` of one line, so a process killed mid-ADD leaves whole lines and at most one torn last line,
 //! which [`AttachmentCache::load`] ignores.
 //!
-//! Nothing here is synced to the disk. What the cache must survive is plexus being killed (the runtime's
-//! timeout) or crashing, and the page cache survives both. A power loss also removes every pod network
-//! namespace, and the files survive it unless it comes within the kernel's writeback delay (seconds) after the
-//! write; syncing cost more than a millisecond of every pod's wait (docs/benchmarks.md). libcni's result cache
-//! and Multus's own cache are not synced either. For the power-loss case: an empty plan file (a name that
-//! reached the disk before its data) counts as no plan, so DEL re-plans from the cluster instead of failing.
+//! The plan is synced: it is what lets a DEL after a power loss find the IPAM allocations that survived on
+//! disk. The journal is not: a lost journal line costs a DEL its result (the delegate's DEL gets none, which
+//! CNI allows), and syncing each line would cost every attachment a disk flush. An empty plan file counts as no
+//! plan, so DEL re-plans from the cluster instead of failing.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
+use atomic_write_file::AtomicWriteFile;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use plexus_core::spec::PodRef;
@@ -129,7 +128,9 @@ impl AttachmentCache {
         format!("{container_id}.results")
     }
 
-    fn temp_name(container_id: &str) -> String {
+    /// The temp file name earlier versions wrote the plan under: a node upgraded after a killed ADD may
+    /// still have one.
+    fn legacy_temp_name(container_id: &str) -> String {
         format!(".{container_id}.json.tmp")
     }
 
@@ -231,26 +232,21 @@ impl AttachmentCache {
     /// Writes the plan (with any results it holds) atomically, and drops any results journal left beside an
     /// earlier plan: readers see the old plan or the new one, never a torn one.
     pub fn store(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
-        let name = Self::file_name(&plan.container_id);
-        let tmp = Self::temp_name(&plan.container_id);
         let bytes =
             serde_json::to_vec_pretty(plan).map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let path = self.path_of(&plan.container_id);
         let write = || -> std::io::Result<()> {
             match self.dir.remove_file(Self::journal_name(&plan.container_id)) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
-            let mut f = self.dir.create(&tmp)?;
+            let mut f = AtomicWriteFile::open(&path)?;
             f.write_all(&bytes)?;
-            self.dir.rename(&tmp, &self.dir, &name)?;
-            Ok(())
+            f.commit()
         };
-        write().map_err(|source| {
-            let _ = self.dir.remove_file(&tmp);
-            PlexusError::Io {
-                path: self.path_of(&plan.container_id).display().to_string(),
-                source,
-            }
+        write().map_err(|source| PlexusError::Io {
+            path: path.display().to_string(),
+            source,
         })
     }
 
@@ -258,7 +254,7 @@ impl AttachmentCache {
     /// DEL can still run from, never results without a plan), and a temp file a killed ADD left.
     pub fn remove(&self, container_id: &str) -> Result<(), PlexusError> {
         for name in [
-            Self::temp_name(container_id),
+            Self::legacy_temp_name(container_id),
             Self::journal_name(container_id),
             Self::file_name(container_id),
         ] {
@@ -308,20 +304,15 @@ impl AttachmentCache {
             .collect())
     }
 
-    /// Temp files of plans that were never renamed (a process killed inside [`AttachmentCache::store`]), with
-    /// the container each belongs to, for GC. Also finds the per-process names earlier versions used
-    /// (`.<id>.json.<pid>.tmp`).
+    /// Temp files of plans that were never renamed, with the container each belongs to, for GC: a process
+    /// killed inside [`AttachmentCache::store`] between naming its temp file and the rename
+    /// (`.<id>.json.XXXXXX`), and the names earlier versions used (`.<id>.json.tmp`, `.<id>.json.<pid>.tmp`).
     pub fn temp_files(&self) -> Result<Vec<(String, String)>, PlexusError> {
         Ok(self
             .names()?
             .into_iter()
             .filter_map(|name| {
-                let id = name
-                    .strip_prefix('.')
-                    .filter(|_| name.ends_with(".tmp"))?
-                    .split_once(".json.")?
-                    .0
-                    .to_string();
+                let id = name.strip_prefix('.')?.split_once(".json.")?.0.to_string();
                 Some((id, name))
             })
             .collect())
@@ -499,7 +490,7 @@ mod tests {
     }
 
     #[test]
-    fn remove_takes_a_temp_file_a_killed_store_left_and_gc_finds_old_ones() {
+    fn store_leaves_no_temp_file_and_gc_finds_any_a_killed_store_left() {
         let tmp = tempfile::tempdir().unwrap();
         let cache = AttachmentCache::open(tmp.path()).unwrap();
         let dir = tmp.path().join("attachments");
@@ -507,17 +498,28 @@ mod tests {
         std::fs::write(dir.join(".c1.json.tmp"), "{").unwrap();
         // An earlier version's per-process name.
         std::fs::write(dir.join(".c2.json.4242.tmp"), "{").unwrap();
+        // Killed between naming the unnamed temp file and the rename.
+        std::fs::write(dir.join(".c3.json.Xy12Zq"), "{").unwrap();
         assert_eq!(cache.load("c1").unwrap(), None);
         assert_eq!(
             cache.temp_files().unwrap(),
             vec![
                 ("c1".to_string(), ".c1.json.tmp".to_string()),
-                ("c2".to_string(), ".c2.json.4242.tmp".to_string())
+                ("c2".to_string(), ".c2.json.4242.tmp".to_string()),
+                ("c3".to_string(), ".c3.json.Xy12Zq".to_string())
             ]
         );
         cache.remove("c1").unwrap();
         cache.remove_temp(".c2.json.4242.tmp").unwrap();
+        cache.remove_temp(".c3.json.Xy12Zq").unwrap();
         assert!(std::fs::read_dir(&dir).unwrap().next().is_none());
+        cache.store(&plan()).unwrap();
+        let names: Vec<_> = std::fs::read_dir(&dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name())
+            .collect();
+        assert_eq!(names, ["c1.json"]);
+        cache.remove("c1").unwrap();
         // open_existing creates nothing.
         let other = tempfile::tempdir().unwrap();
         assert!(AttachmentCache::open_existing(other.path())

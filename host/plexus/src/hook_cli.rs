@@ -22,6 +22,8 @@ const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
 
 /// Failures of a command: usage mistakes (exit 2) or errors (exit 1).
 enum CliError {
+    /// `--help` after a command: the usage, on stdout, exit 0.
+    Help,
     Usage(String),
     Failed(String),
 }
@@ -45,6 +47,10 @@ pub fn main(args: &[String]) -> u8 {
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
             0
         }
+        Err(CliError::Help) => {
+            println!("{USAGE}");
+            0
+        }
         Err(CliError::Usage(msg)) => {
             eprintln!("plexus hook: {msg}\n{USAGE}");
             2
@@ -66,38 +72,44 @@ fn init_logging() {
 }
 
 /// `--flag value` pairs, flag without its dashes.
-type Flags<'a> = Vec<(&'a str, &'a str)>;
+type Flags = Vec<(String, String)>;
 
-/// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags.
-fn parse<'a>(args: &'a [String], known: &[&str]) -> Result<(PathBuf, Flags<'a>), CliError> {
+/// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags; `--help` anywhere asks
+/// for the usage.
+fn parse(args: &[String], known: &[&str]) -> Result<(PathBuf, Flags), CliError> {
+    use lexopt::Arg::{Long, Short, Value as Positional};
+    let usage = |e: lexopt::Error| CliError::Usage(e.to_string());
+    let mut parser = lexopt::Parser::from_args(args);
     let mut file = None;
     let mut flags = Vec::new();
-    let mut it = args.iter();
-    while let Some(a) = it.next() {
-        if let Some(flag) = a.strip_prefix("--") {
-            if !known.contains(&flag) {
-                return Err(CliError::Usage(format!("unknown option --{flag}")));
+    while let Some(arg) = parser.next().map_err(usage)? {
+        match arg {
+            Long("help") | Short('h') => return Err(CliError::Help),
+            Long(name) if known.contains(&name) => {
+                let name = name.to_string();
+                let value = parser
+                    .value()
+                    .map_err(|_| CliError::Usage(format!("--{name} needs a value")))?;
+                flags.push((name, value.to_string_lossy().into_owned()));
             }
-            let value = it
-                .next()
-                .ok_or_else(|| CliError::Usage(format!("--{flag} needs a value")))?;
-            flags.push((flag, value.as_str()));
-        } else if file.is_none() {
-            file = Some(PathBuf::from(a));
-        } else {
-            return Err(CliError::Usage(format!("unexpected argument {a:?}")));
+            Long(name) => return Err(CliError::Usage(format!("unknown option --{name}"))),
+            Short(c) => return Err(CliError::Usage(format!("unknown option -{c}"))),
+            Positional(v) if file.is_none() => file = Some(PathBuf::from(v)),
+            Positional(v) => {
+                return Err(CliError::Usage(format!("unexpected argument {v:?}")));
+            }
         }
     }
     let file = file.ok_or_else(|| CliError::Usage("missing FILE".into()))?;
     Ok((file, flags))
 }
 
-fn flag<'a>(flags: &[(&str, &'a str)], name: &str) -> Option<&'a str> {
+fn flag<'a>(flags: &'a [(String, String)], name: &str) -> Option<&'a str> {
     flags
         .iter()
         .rev()
-        .find(|(f, _)| *f == name)
-        .map(|(_, v)| *v)
+        .find(|(f, _)| f == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn failed(e: impl std::fmt::Display) -> CliError {

@@ -4,11 +4,14 @@
 //! `--watch` to keep the kubeconfig in step with the projected token and the conflist with the cluster
 //! network's conf. Every file is written to a temporary name in its directory, synced and renamed, so the
 //! container runtime never reads half a conf and a running `plexus` never blocks the binary update
-//! ("text file busy"). This module depends on std, serde_json and thiserror only.
+//! ("text file busy"). The kubeconfig is kube's own type, written with serde-saphyr.
 
 use std::fs;
 use std::io::Write;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+
+use atomic_write_file::unix::OpenOptionsExt as _;
+use atomic_write_file::AtomicWriteFile;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -137,40 +140,46 @@ fn fmt_duration(d: Duration) -> String {
 
 /// Parses the arguments after `install` (a leading `install` is skipped too).
 pub fn parse_args(args: &[String]) -> Result<InstallOptions, InstallError> {
+    use lexopt::Arg::{Long, Short, Value as Positional};
     let mut opts = InstallOptions::default();
     let mut kubeconfig_out = None;
     let args = match args.first() {
         Some(first) if first == "install" => &args[1..],
         _ => args,
     };
-    let mut it = args.iter();
-    while let Some(arg) = it.next() {
-        let (flag, inline) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f, Some(v.to_string())),
-            _ => (arg.as_str(), None),
+    let usage = |e: lexopt::Error| InstallError::Usage(e.to_string());
+    let mut parser = lexopt::Parser::from_args(args);
+    while let Some(arg) = parser.next().map_err(usage)? {
+        let flag = match &arg {
+            Long(name) => format!("--{name}"),
+            Short(c) => format!("-{c}"),
+            Positional(v) => {
+                let v = v.to_string_lossy();
+                return Err(InstallError::Usage(format!("unknown argument {v:?}")));
+            }
         };
-        let mut value = |flag: &str| -> Result<String, InstallError> {
-            match inline.clone().or_else(|| it.next().cloned()) {
-                Some(v) if !v.is_empty() => Ok(v),
+        let mut value = || -> Result<String, InstallError> {
+            match parser.value() {
+                Ok(v) if !v.is_empty() => Ok(v.to_string_lossy().into_owned()),
                 _ => Err(InstallError::Usage(format!("{flag} needs a value"))),
             }
         };
-        let duration = |flag: &str, v: String| {
+        let duration = |v: String| {
             parse_duration(&v)
                 .ok_or_else(|| InstallError::Usage(format!("{flag}: {v:?} is not a duration")))
         };
-        match flag {
-            "--bin-dir" => opts.bin_dir = value(flag)?.into(),
-            "--conf-dir" => opts.conf_dir = value(flag)?.into(),
-            "--cni-bin-source" => opts.cni_bin_source = Some(value(flag)?.into()),
-            "--kubeconfig-out" => kubeconfig_out = Some(PathBuf::from(value(flag)?)),
-            "--cluster-network-conf" => opts.cluster_network_conf = Some(value(flag)?),
-            "--timeout" => opts.timeout = duration(flag, value(flag)?)?,
-            "--poll-interval" => opts.poll_interval = duration(flag, value(flag)?)?,
-            "--token-file" => opts.token_file = value(flag)?.into(),
-            "--ca-file" => opts.ca_file = value(flag)?.into(),
-            "--watch" if inline.is_none() => opts.watch = true,
-            "--uninstall" if inline.is_none() => opts.uninstall = true,
+        match flag.as_str() {
+            "--bin-dir" => opts.bin_dir = value()?.into(),
+            "--conf-dir" => opts.conf_dir = value()?.into(),
+            "--cni-bin-source" => opts.cni_bin_source = Some(value()?.into()),
+            "--kubeconfig-out" => kubeconfig_out = Some(PathBuf::from(value()?)),
+            "--cluster-network-conf" => opts.cluster_network_conf = Some(value()?),
+            "--timeout" => opts.timeout = duration(value()?)?,
+            "--poll-interval" => opts.poll_interval = duration(value()?)?,
+            "--token-file" => opts.token_file = value()?.into(),
+            "--ca-file" => opts.ca_file = value()?.into(),
+            "--watch" => opts.watch = true,
+            "--uninstall" => opts.uninstall = true,
             "-h" | "--help" => return Err(InstallError::Help),
             other => return Err(InstallError::Usage(format!("unknown argument {other:?}"))),
         }
@@ -208,32 +217,19 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<bool, Ins
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    let file_name = path
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    // Hidden and without a conf extension, so a runtime scanning the dir never picks it up.
-    let tmp = dir.join(format!(".{file_name}.tmp.{}", std::process::id()));
-    let result = (|| -> std::io::Result<()> {
-        let mut f = fs::OpenOptions::new()
-            .write(true)
-            .create(true)
-            .truncate(true)
+    // The temp file has no name until it is committed (or a hidden one), so a runtime scanning the dir never
+    // picks it up; commit syncs the file, renames it and syncs the directory.
+    let write = || -> std::io::Result<()> {
+        let mut f = AtomicWriteFile::options()
             .mode(mode)
-            .open(&tmp)?;
+            .preserve_mode(false)
+            .open(path)?;
         f.write_all(contents)?;
-        f.set_permissions(fs::Permissions::from_mode(mode))?;
-        f.sync_all()?;
-        fs::rename(&tmp, path)?;
-        fs::File::open(dir)?.sync_all()
-    })();
-    if let Err(source) = result {
-        let _ = fs::remove_file(&tmp);
-        return Err(InstallError::Io {
-            path: path.to_path_buf(),
-            source,
-        });
-    }
+        f.as_file()
+            .set_permissions(fs::Permissions::from_mode(mode))?;
+        f.commit()
+    };
+    write().map_err(io_err(path))?;
     Ok(true)
 }
 
@@ -291,41 +287,54 @@ impl ServiceAccount {
     }
 
     /// A kubeconfig with the token and CA embedded: the host's `plexus` cannot read the pod's projected volume.
-    pub fn kubeconfig(&self) -> String {
-        format!(
-            "# Written by plexus install; rewritten when the service account token changes.\n\
-             apiVersion: v1\nkind: Config\n\
-             clusters:\n- name: local\n  cluster:\n    server: {server}\n    certificate-authority-data: {ca}\n\
-             users:\n- name: plexus\n  user:\n    token: {token}\n\
-             contexts:\n- name: plexus\n  context:\n    cluster: local\n    user: plexus\n\
-             current-context: plexus\n",
-            server = self.server,
-            ca = base64(&self.ca_pem),
-            token = self.token,
-        )
+    pub fn kubeconfig(&self) -> Result<String, InstallError> {
+        use kube::config::{
+            AuthInfo, Cluster, Context, Kubeconfig, NamedAuthInfo, NamedCluster, NamedContext,
+        };
+        let config = Kubeconfig {
+            api_version: Some("v1".into()),
+            kind: Some("Config".into()),
+            clusters: vec![NamedCluster {
+                name: "local".into(),
+                cluster: Some(Cluster {
+                    server: Some(self.server.clone()),
+                    certificate_authority_data: Some(base64(&self.ca_pem)),
+                    ..Cluster::default()
+                }),
+                ..NamedCluster::default()
+            }],
+            auth_infos: vec![NamedAuthInfo {
+                name: "plexus".into(),
+                auth_info: Some(AuthInfo {
+                    token: Some(self.token.clone().into()),
+                    ..AuthInfo::default()
+                }),
+                ..NamedAuthInfo::default()
+            }],
+            contexts: vec![NamedContext {
+                name: "plexus".into(),
+                context: Some(Context {
+                    cluster: "local".into(),
+                    user: Some("plexus".into()),
+                    ..Context::default()
+                }),
+                ..NamedContext::default()
+            }],
+            current_context: Some("plexus".into()),
+            ..Kubeconfig::default()
+        };
+        let yaml = serde_saphyr::to_string(&config)
+            .map_err(|e| InstallError::ServiceAccount(format!("cannot write a kubeconfig: {e}")))?;
+        Ok(format!(
+            "# Written by plexus install; rewritten when the service account token changes.\n{yaml}"
+        ))
     }
 }
 
-/// Standard base64 with padding (RFC 4648 section 4).
+/// Standard base64 with padding (RFC 4648 section 4), as a kubeconfig embeds certificates.
 pub fn base64(data: &[u8]) -> String {
-    const ALPHABET: &[u8; 64] = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-    let mut out = String::with_capacity(data.len().div_ceil(3) * 4);
-    for chunk in data.chunks(3) {
-        let b = [
-            chunk[0],
-            *chunk.get(1).unwrap_or(&0),
-            *chunk.get(2).unwrap_or(&0),
-        ];
-        let n = (u32::from(b[0]) << 16) | (u32::from(b[1]) << 8) | u32::from(b[2]);
-        for i in 0..4 {
-            if i <= chunk.len() {
-                out.push(ALPHABET[(n >> (18 - 6 * i) & 63) as usize] as char);
-            } else {
-                out.push('=');
-            }
-        }
-    }
-    out
+    use base64::Engine as _;
+    base64::engine::general_purpose::STANDARD.encode(data)
 }
 
 fn is_conf_file(name: &str) -> bool {
@@ -511,7 +520,7 @@ pub fn refresh(
     let kubeconfig = match (&env.host, &env.port) {
         (Some(host), Some(port)) => {
             let sa = ServiceAccount::load(host, port, &opts.token_file, &opts.ca_file)?;
-            if write_atomic(&opts.kubeconfig_out, sa.kubeconfig().as_bytes(), 0o600)? {
+            if write_atomic(&opts.kubeconfig_out, sa.kubeconfig()?.as_bytes(), 0o600)? {
                 touched.push(opts.kubeconfig_out.clone());
             }
             Some(opts.kubeconfig_out.as_path())

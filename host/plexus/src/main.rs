@@ -13,9 +13,6 @@
 
 use std::io::{Read, Write};
 
-mod hook_cli;
-mod install;
-
 #[cfg(not(test))]
 #[allow(unsafe_code)]
 #[no_mangle]
@@ -38,6 +35,12 @@ extern "C" fn main(_argc: libc::c_int, _argv: *const *const libc::c_char) -> lib
     libc::c_int::from(code)
 }
 
+const USAGE: &str = "\
+usage: plexus                  a CNI plugin: run by a container runtime, with CNI_COMMAND set
+       plexus install ...      put plexus on a node (plexus install --help)
+       plexus hook ...         inspect, compile and run WebAssembly hooks (plexus hook --help)
+       plexus --version";
+
 #[cfg_attr(test, allow(dead_code))]
 fn real_main() -> u8 {
     let args: Vec<String> = std::env::args().collect();
@@ -47,10 +50,14 @@ fn real_main() -> u8 {
                 println!("plexus {}", env!("CARGO_PKG_VERSION"));
                 return 0;
             }
-            "hook" => return hook_cli::main(&args[2..]),
-            "install" => return install::main(&args[2..]),
+            "-h" | "--help" | "help" => {
+                println!("{USAGE}");
+                return 0;
+            }
+            "hook" => return plexus::hook_cli::main(&args[2..]),
+            "install" => return plexus::install::main(&args[2..]),
             other => {
-                eprintln!("plexus: unknown subcommand {other:?}; plexus is run by a container runtime with CNI_COMMAND set");
+                eprintln!("plexus: unknown subcommand {other:?}\n{USAGE}");
                 return 2;
             }
         }

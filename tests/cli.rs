@@ -1,0 +1,113 @@
+//! The `plexus` command lines an operator types: `--help` everywhere, usage mistakes named with exit code 2,
+//! and `plexus hook` on a real component.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use plexus_tests::plexus::plexus_bin;
+use serde_json::Value;
+
+fn plexus(args: &[&str]) -> Output {
+    Command::new(plexus_bin())
+        .args(args)
+        .env_remove("CNI_COMMAND")
+        .output()
+        .unwrap()
+}
+
+fn text(b: &[u8]) -> String {
+    String::from_utf8_lossy(b).into_owned()
+}
+
+fn guest(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let p = target.join("guests").join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: run guests/build.sh",
+        p.display()
+    );
+    p
+}
+
+#[test]
+fn every_command_has_help_on_stdout_with_exit_0() {
+    for (args, mentions) in [
+        (&["--help"][..], "plexus install"),
+        (&["hook", "--help"], "plexus hook run"),
+        (&["hook", "run", "--help"], "--kind policy|resolver|status"),
+        (&["hook", "inspect", "-h"], "plexus hook inspect FILE"),
+        (&["install", "--help"], "--poll-interval"),
+    ] {
+        let out = plexus(args);
+        assert_eq!(
+            out.status.code(),
+            Some(0),
+            "{args:?}: {}",
+            text(&out.stderr)
+        );
+        let stdout = text(&out.stdout);
+        assert!(stdout.contains(mentions), "{args:?}: {stdout}");
+    }
+}
+
+#[test]
+fn usage_mistakes_are_named_with_exit_2() {
+    for (args, named) in [
+        (&["frobnicate"][..], "unknown subcommand \"frobnicate\""),
+        (&["hook", "inspect"], "missing FILE"),
+        (
+            &["hook", "inspect", "a.wasm", "--cache-dir", "/x"],
+            "unknown option --cache-dir",
+        ),
+        (
+            &["hook", "compile", "a.wasm", "--cache-dir"],
+            "--cache-dir needs a value",
+        ),
+        (
+            &["hook", "run", "a.wasm", "b.wasm"],
+            "unexpected argument \"b.wasm\"",
+        ),
+        (
+            &["hook", "run", "a.wasm", "--input", "{}"],
+            "missing --kind",
+        ),
+        (&["hook", "nope"], "unknown hook command \"nope\""),
+        (&["install", "--bin"], "unknown argument \"--bin\""),
+        (&["install", "--watch=yes"], "--watch"),
+    ] {
+        let out = plexus(args);
+        assert_eq!(out.status.code(), Some(2), "{args:?}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(named), "{args:?}: {stderr}");
+        assert!(out.stdout.is_empty(), "{args:?}: stdout is for results");
+    }
+}
+
+#[test]
+fn hook_inspect_and_run_a_real_component() {
+    let wasm = guest("namespace-isolation");
+    let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let kinds = info["kinds"].as_array().unwrap();
+    assert!(kinds.contains(&"policy".into()), "{info}");
+    assert_eq!(info["sha256"].as_str().map(str::len), Some(64), "{info}");
+
+    // `--flag=value` and `--flag value` both work.
+    let input = r#"{"pod": {"namespace": "team-a", "name": "p"},
+                    "selections": [{"name": "net", "namespace": "team-b"}]}"#;
+    let out = plexus(&[
+        "hook",
+        "run",
+        wasm.to_str().unwrap(),
+        "--kind=policy",
+        "--input",
+        input,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["output"]["decision"], "deny", "{run}");
+}
