@@ -87,6 +87,16 @@ pub struct Attachment {
     pub result: Option<Value>,
 }
 
+/// The CNI capability carrying the device-info file path (Device Information Specification 5.1).
+pub const DEVICE_INFO_CAPABILITY: &str = "CNIDeviceInfoFile";
+
+impl Attachment {
+    /// The device-info file of this attachment, if its list asked for one.
+    pub fn device_info_file(&self) -> Option<&str> {
+        self.capability_args.get(DEVICE_INFO_CAPABILITY)?.as_str()
+    }
+}
+
 /// The cache directory.
 #[derive(Debug)]
 pub struct AttachmentCache {

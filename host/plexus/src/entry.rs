@@ -11,8 +11,9 @@ use serde_json::{json, Value};
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
 use crate::error::{bounded, PlexusError};
 use crate::exec::ProcessExec;
+use crate::hooks::{HookRunner, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
-use crate::orchestrate::{self, Effects, HookRunner, NoHooks};
+use crate::orchestrate::{self, Effects};
 use crate::podnet::IpRoute;
 
 /// What the process prints on stdout and how it exits.
@@ -26,7 +27,7 @@ pub struct Outcome {
 /// exits afterwards (see the end of `run_inner`); a long-lived host drives [`orchestrate`] itself.
 pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
     let stdin = stdin_json(stdin);
-    let reply_version = orchestrate::reply_version(
+    let reply_version = reply_version(
         stdin
             .as_ref()
             .ok()
@@ -126,4 +127,11 @@ fn init_logging(conf: &PlexusConf) {
         Some(f) => builder.with_writer(Mutex::new(f)).try_init(),
         None => builder.with_writer(std::io::stderr).try_init(),
     };
+}
+
+/// The version the runtime asked for, for replies (falls back to the newest).
+fn reply_version(requested: Option<&str>) -> CniVersion {
+    requested
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(CniVersion::V1_1_0)
 }

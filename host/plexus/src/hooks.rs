@@ -1,4 +1,5 @@
-//! The wasm hook runtime behind orchestration's [`HookRunner`] trait.
+//! The hook points (design.md, "Hooks") as orchestration sees them, [`HookRunner`], and the wasm hook runtime
+//! behind it.
 
 use std::path::Path;
 
@@ -7,7 +8,45 @@ use plexus_hooks::{HookError, HookSpec, Hooks, PolicyOutcome};
 use serde_json::Value;
 
 use crate::error::PlexusError;
-use crate::orchestrate::{HookRunner, PolicyVerdict};
+
+/// The hook points, as orchestration calls them.
+pub trait HookRunner {
+    fn is_empty(&self) -> bool;
+    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError>;
+    fn resolve(
+        &self,
+        pod: &Pod,
+        selection: &Value,
+        nad: &Value,
+        config: Option<&Value>,
+    ) -> Result<Option<Value>, PlexusError>;
+    fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
+}
+
+/// No hooks configured.
+#[derive(Debug, Default)]
+pub struct NoHooks;
+
+impl HookRunner for NoHooks {
+    fn is_empty(&self) -> bool {
+        true
+    }
+    fn policy(&self, _: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError> {
+        Ok(PolicyOutcome::Admit(selections))
+    }
+    fn resolve(
+        &self,
+        _: &Pod,
+        _: &Value,
+        _: &Value,
+        _: Option<&Value>,
+    ) -> Result<Option<Value>, PlexusError> {
+        Ok(None)
+    }
+    fn status(&self, _: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
+        Ok(entries)
+    }
+}
 
 impl From<HookError> for PlexusError {
     fn from(e: HookError) -> Self {
@@ -37,11 +76,8 @@ impl HookRunner for Hooks {
         Hooks::is_empty(self)
     }
 
-    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyVerdict, PlexusError> {
-        Ok(match Hooks::policy(self, pod, selections)? {
-            PolicyOutcome::Admit(list) => PolicyVerdict::Admit(list),
-            PolicyOutcome::Deny { hook, reason } => PolicyVerdict::Deny { hook, reason },
-        })
+    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError> {
+        Ok(Hooks::policy(self, pod, selections)?)
     }
 
     fn resolve(

@@ -15,8 +15,10 @@ pub mod install;
 pub mod invocation;
 pub mod lock;
 pub mod orchestrate;
+pub mod plan;
 pub mod podnet;
 pub mod runner;
+pub mod teardown;
 
 #[cfg(test)]
 mod orchestrate_tests;

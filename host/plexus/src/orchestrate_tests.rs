@@ -14,8 +14,9 @@ use serde_json::{json, Value};
 use crate::conf::stdin_json;
 use crate::error::PlexusError;
 use crate::exec::{Exec, ExecOutput, ExecRequest};
+use crate::hooks::NoHooks;
 use crate::invocation::Invocation;
-use crate::orchestrate::{self, Effects, NoHooks};
+use crate::orchestrate::{self, Effects};
 use crate::podnet::PodNetwork;
 
 /// One delegate call as the fake saw it.

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use crate::error::{bounded, PlexusError, CODE_DELEGATE_FAILED, CODE_DELEGATE_TIMEOUT};
 use crate::exec::{Exec, ExecRequest};
-use crate::invocation::Command;
+use crate::invocation::{Command, Invocation};
 
 /// The runtime side of one attachment: the unique [container, network, ifname] tuple and its environment.
 #[derive(Debug, Clone)]
@@ -23,6 +23,21 @@ pub struct RuntimeParams<'a> {
     pub path: &'a [PathBuf],
     pub base_env: &'a [(String, String)],
     pub timeout: Duration,
+}
+
+impl<'a> RuntimeParams<'a> {
+    /// The invocation's own container and namespace, on `ifname`.
+    pub fn of(inv: &'a Invocation, ifname: &'a str) -> Self {
+        Self {
+            container_id: &inv.container_id,
+            netns: inv.netns.as_deref(),
+            ifname,
+            args: &inv.args,
+            path: &inv.path,
+            base_env: &inv.base_env,
+            timeout: inv.conf.delegate_timeout,
+        }
+    }
 }
 
 pub struct Delegator<'a> {

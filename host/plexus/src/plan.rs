@@ -1,0 +1,406 @@
+//! Planning (spec 6.2, 4, 3.4): from the invocation and the pod to the [`AttachmentPlan`], every network
+//! resolved to the delegate list it runs with: the cluster network, `defaultNetworks`, then the pod's
+//! selections after the policy hooks, each through the resolver hooks or the 3.4.1 rules.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use plexus_cluster::Cluster;
+use plexus_core::cni::NetworkConfigList;
+use plexus_core::spec::naming::IfNameAllocator;
+use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
+use plexus_core::spec::selection::{
+    parse_selection_annotation, validate_selections, InvalidSelectionPolicy, Selection,
+};
+use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDefinition, Pod};
+use serde_json::{json, Map, Value};
+
+use crate::cache::{Attachment, AttachmentPlan, DEVICE_INFO_CAPABILITY};
+use crate::error::{bounded, PlexusError};
+use crate::invocation::Invocation;
+use crate::orchestrate::{pod_label, Effects};
+use plexus_hooks::PolicyOutcome;
+
+/// What planning does with a network it cannot resolve: an ADD fails on it, a DEL without a cache skips it
+/// and names it.
+pub(crate) enum Unplannable<'e> {
+    Fail,
+    Skip(&'e mut Vec<PlexusError>),
+}
+
+impl Unplannable<'_> {
+    fn handle<T>(&mut self, r: Result<T, PlexusError>) -> Result<Option<T>, PlexusError> {
+        match (r, self) {
+            (Ok(v), _) => Ok(Some(v)),
+            (Err(e), Unplannable::Fail) => Err(e),
+            (Err(e), Unplannable::Skip(skipped)) => {
+                skipped.push(e);
+                Ok(None)
+            }
+        }
+    }
+}
+
+/// The event reason of a DEL that could not release everything.
+const TEARDOWN_INCOMPLETE: &str = "TeardownIncomplete";
+
+/// The most networks one pod may select: each is an interface, a delegate run and a cache record.
+pub const MAX_SELECTIONS: usize = 64;
+
+/// True when `e` says the cluster source did not answer.
+fn is_unavailable(e: &PlexusError) -> bool {
+    match e {
+        PlexusError::Cluster(c) => c.is_transient(),
+        PlexusError::Context { source, .. } => is_unavailable(source),
+        _ => false,
+    }
+}
+
+/// Plans one invocation's attachments; reads `confDir` at most once.
+pub(crate) struct Planner<'a> {
+    inv: &'a Invocation,
+    fx: &'a Effects<'a>,
+    on_disk: std::cell::OnceCell<Vec<OnDiskConf>>,
+}
+
+impl<'a> Planner<'a> {
+    pub(crate) fn new(inv: &'a Invocation, fx: &'a Effects<'a>) -> Self {
+        Self {
+            inv,
+            fx,
+            on_disk: std::cell::OnceCell::new(),
+        }
+    }
+
+    /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
+    fn on_disk(&self) -> &[OnDiskConf] {
+        self.on_disk
+            .get_or_init(|| read_conf_dir(&self.inv.conf.conf_dir))
+    }
+
+    fn cluster(&self) -> Result<&'a dyn Cluster, PlexusError> {
+        self.fx.cluster.ok_or_else(|| {
+            PlexusError::Config(
+                "a NetworkAttachmentDefinition is needed but no cluster source is configured"
+                    .into(),
+            )
+        })
+    }
+
+    /// Resolves `clusterNetwork`/`defaultNetworks` entries: an absolute path, `ns/name` of a NAD, or a name
+    /// found in `confDir` first and then as a NAD in `plexusNamespace`. Returns (status name, list).
+    pub(crate) fn resolve_ref(
+        &self,
+        reference: &str,
+        pod: Option<&Pod>,
+    ) -> Result<(String, NetworkConfigList), PlexusError> {
+        if reference.starts_with('/') {
+            let text = std::fs::read(reference).map_err(|source| PlexusError::Io {
+                path: reference.into(),
+                source,
+            })?;
+            let value: Value = serde_json::from_slice(&text).map_err(|e| {
+                PlexusError::Config(format!(
+                    "network configuration {reference}: invalid JSON: {e}"
+                ))
+            })?;
+            let list = NetworkConfigList::parse(&value).map_err(|e| {
+                PlexusError::Config(format!("network configuration {reference}: {e}"))
+            })?;
+            return Ok((list.name.clone(), list));
+        }
+        let (ns, name) = match reference.split_once('/') {
+            Some((ns, name)) => (ns.to_string(), name.to_string()),
+            None => {
+                let bare = NetworkAttachmentDefinition {
+                    namespace: self.inv.conf.plexus_namespace.clone(),
+                    name: reference.into(),
+                    config: None,
+                    annotations: BTreeMap::new(),
+                };
+                if let Ok(found) = resolve_nad(&bare, self.on_disk()) {
+                    let list = parse_list(&found.config, reference)?;
+                    return Ok((list.name.clone(), list));
+                }
+                if self.fx.cluster.is_none() {
+                    return Err(PlexusError::Config(format!(
+                        "network {reference:?} is not in {} and no cluster source is configured",
+                        self.inv.conf.conf_dir.display()
+                    )));
+                }
+                (
+                    self.inv.conf.plexus_namespace.clone(),
+                    reference.to_string(),
+                )
+            }
+        };
+        let nad = self.cluster()?.nad(&ns, &name)?;
+        let list = self.resolve_nad_config(&nad, None, pod)?;
+        Ok((format!("{ns}/{name}"), list))
+    }
+
+    /// Spec 3.4.1 with resolver hooks first: a hook may supply or rewrite the config.
+    fn resolve_nad_config(
+        &self,
+        nad: &NetworkAttachmentDefinition,
+        selection: Option<&Value>,
+        pod: Option<&Pod>,
+    ) -> Result<NetworkConfigList, PlexusError> {
+        let label = format!("NetworkAttachmentDefinition {}/{}", nad.namespace, nad.name);
+        if let (false, Some(pod)) = (self.fx.hooks.is_empty(), pod) {
+            let current = match &nad.config {
+                Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
+                    PlexusError::Config(format!("{label}: spec.config is not valid JSON: {e}"))
+                })?),
+                None => None,
+            };
+            let nad_json = json!({
+                "apiVersion": "k8s.cni.cncf.io/v1",
+                "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
+                "spec": nad.config.as_ref().map(|c| json!({"config": c})).unwrap_or(json!({})),
+            });
+            let sel = selection
+                .cloned()
+                .unwrap_or_else(|| json!({"name": nad.name, "namespace": nad.namespace}));
+            if let Some(cfg) = self
+                .fx
+                .hooks
+                .resolve(pod, &sel, &nad_json, current.as_ref())?
+            {
+                return parse_list(&cfg, &nad.name)
+                    .map_err(|e| e.context(format!("{label} (from resolver hook)")));
+            }
+        }
+        let resolved =
+            resolve_nad(nad, self.on_disk()).map_err(|e| PlexusError::Config(e.to_string()))?;
+        parse_list(&resolved.config, &nad.name).map_err(|e| e.context(label))
+    }
+
+    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4). What
+    /// cannot be planned fails the plan or is skipped, as `unplannable` says.
+    pub(crate) fn plan(
+        &self,
+        pod: Option<&Pod>,
+        mut unplannable: Unplannable<'_>,
+    ) -> Result<AttachmentPlan, PlexusError> {
+        let inv = self.inv;
+        let mut plan = AttachmentPlan::new(
+            &inv.container_id,
+            inv.netns.as_deref(),
+            inv.conf.cni_version.as_str(),
+            inv.pod.clone(),
+        );
+        let cluster = self
+            .resolve_ref(&inv.conf.cluster_network, pod)
+            .map_err(|e| e.context("cluster network"));
+        if let Some((name, list)) = unplannable.handle(cluster)? {
+            plan.attachments.push(Attachment {
+                network: name,
+                ifname: inv.ifname.clone(),
+                is_default: true,
+                config: list.to_value(),
+                // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
+                capability_args: inv.conf.runtime_config.clone(),
+                selection: None,
+                result: None,
+            });
+        }
+        let mut ifnames = IfNameAllocator::new(&inv.ifname);
+        if inv.pod.is_none() {
+            return Ok(plan);
+        }
+        for reference in &inv.conf.default_networks {
+            let resolved = self
+                .resolve_ref(reference, pod)
+                .map_err(|e| e.context(format!("default network {reference:?}")));
+            let ifname = ifnames
+                .next(None)
+                .map_err(|e| PlexusError::Config(e.to_string()));
+            let Some((name, list)) = unplannable.handle(resolved)? else {
+                continue;
+            };
+            let Some(ifname) = unplannable.handle(ifname)? else {
+                continue;
+            };
+            plan.attachments.push(Attachment {
+                network: name,
+                ifname,
+                is_default: false,
+                config: list.to_value(),
+                capability_args: Map::new(),
+                selection: None,
+                result: None,
+            });
+        }
+        let Some(pod) = pod else { return Ok(plan) };
+        let Some(selections) = unplannable.handle(self.selections(pod))? else {
+            return Ok(plan);
+        };
+        for sel in selections {
+            let network = sel.namespaced_name();
+            let ctx = |e: PlexusError| e.context(format!("network {network}"));
+            let sel_json = sel.to_json();
+            let resolved = self
+                .cluster()
+                .and_then(|c| c.nad(&sel.namespace, &sel.name).map_err(|e| ctx(e.into())))
+                .and_then(|nad| {
+                    self.resolve_nad_config(&nad, Some(&sel_json), Some(pod))
+                        .map_err(ctx)
+                })
+                .and_then(|list| {
+                    check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
+                        .map_err(|e| PlexusError::Config(e.to_string()))?;
+                    Ok(list)
+                });
+            // The interface name is taken whether or not the network resolves, so a DEL that skips one
+            // network gives the others the names their ADD gave them.
+            let ifname = ifnames
+                .next(sel.interface.as_deref())
+                .map_err(|e| ctx(PlexusError::Config(e.to_string())));
+            let Some(mut list) = unplannable.handle(resolved)? else {
+                continue;
+            };
+            let Some(ifname) = unplannable.handle(ifname)? else {
+                continue;
+            };
+            if let Some(args) = sel.delegate_cni_args() {
+                for plugin in &mut list.plugins {
+                    merge_cni_args(plugin, &args);
+                }
+            }
+            let mut capability_args = sel.runtime_config();
+            if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
+                // Device Information Specification 4.2 / 5.1: a file unique per attachment.
+                let file = inv.conf.device_info_dir.join(format!(
+                    "{}-{}-{}-{}-device-info.json",
+                    sel.namespace, sel.name, inv.container_id, ifname
+                ));
+                capability_args.insert(DEVICE_INFO_CAPABILITY.into(), json!(file));
+            }
+            plan.attachments.push(Attachment {
+                network,
+                ifname,
+                is_default: false,
+                config: list.to_value(),
+                capability_args,
+                selection: Some(sel_json),
+                result: None,
+            });
+        }
+        Ok(plan)
+    }
+
+    /// The plan of a DEL that found no cache entry (the cache was lost, or ADD never got as far as planning):
+    /// everything that still resolves. What does not is named in the log and, where the cluster answered, in
+    /// an event on the pod; the DEL goes on without it (docs/conformance.md, "DEL without a cache"). The flag
+    /// says whether the cluster answered every question: if it did not, what is left may still resolve later,
+    /// so the DEL must not be recorded as complete.
+    pub(crate) fn replan_for_del(&self) -> (AttachmentPlan, bool) {
+        let mut unresolved = Vec::new();
+        let pod = match (&self.inv.pod, self.fx.cluster) {
+            (Some(pod_ref), Some(cluster)) => match cluster.pod(pod_ref) {
+                Ok(pod) => Some(pod),
+                Err(e) => {
+                    unresolved.push(PlexusError::from(e).context("the pod's own networks"));
+                    None
+                }
+            },
+            _ => None,
+        };
+        let plan = self
+            .plan(pod.as_ref(), Unplannable::Skip(&mut unresolved))
+            .unwrap_or_else(|e| {
+                // Skip reports every failure through `unresolved`; nothing else fails.
+                tracing::warn!(container = %self.inv.container_id, "DEL without a cached plan: {e}");
+                AttachmentPlan::new(&self.inv.container_id, None, "", None)
+            });
+        if unresolved.is_empty() {
+            return (plan, true);
+        }
+        let names: Vec<String> = unresolved.iter().map(ToString::to_string).collect();
+        let message = bounded(format!(
+            "DEL without a cached plan released {} network(s); cannot release what does not resolve any more: {}",
+            plan.attachments.len(),
+            names.join("; ")
+        ));
+        tracing::warn!(container = %self.inv.container_id, "{}: {message}", pod_label(self.inv));
+        let cluster_answered = !unresolved.iter().any(is_unavailable);
+        if let (Some(cluster), Some(pod_ref), true) =
+            (self.fx.cluster, self.inv.pod.as_ref(), cluster_answered)
+        {
+            let _ = cluster.record_warning(pod_ref, TEARDOWN_INCOMPLETE, &message);
+        }
+        (plan, cluster_answered)
+    }
+
+    /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
+    fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+        let Some(raw) = pod.networks_annotation() else {
+            return Ok(Vec::new());
+        };
+        let policy = if self.inv.conf.ignore_invalid_selections {
+            InvalidSelectionPolicy::Ignore
+        } else {
+            InvalidSelectionPolicy::Fail
+        };
+        let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
+            // The caller names the pod.
+            .map_err(|e| PlexusError::Config(e.to_string()))?;
+        if parsed.selections.len() > MAX_SELECTIONS {
+            return Err(PlexusError::Config(format!(
+                "the networks annotation selects {} networks; at most {MAX_SELECTIONS} are allowed",
+                parsed.selections.len()
+            )));
+        }
+        if let Some(ignored) = &parsed.ignored {
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
+        }
+        if self.fx.hooks.is_empty() {
+            return Ok(parsed.selections);
+        }
+        let input: Vec<Value> = parsed.selections.iter().map(Selection::to_json).collect();
+        match self.fx.hooks.policy(pod, input)? {
+            PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
+                "selection rejected by policy hook {hook:?}: {reason}"
+            ))),
+            PolicyOutcome::Admit(list) => {
+                let sels = list
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| Selection::from_json(v, &pod.namespace, i))
+                    .collect::<Result<Vec<_>, _>>()
+                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
+                validate_selections(&sels)
+                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
+                Ok(sels)
+            }
+        }
+    }
+}
+
+fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
+    NetworkConfigList::parse_with_default_name(config, Some(default_name))
+        .map_err(|e| PlexusError::Config(e.to_string()))
+}
+
+fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut confs: Vec<OnDiskConf> = entries
+        .filter_map(Result::ok)
+        .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
+        .filter_map(|e| {
+            let file_name = e.file_name().to_string_lossy().into_owned();
+            std::fs::read_to_string(e.path())
+                .ok()
+                .map(|contents| OnDiskConf {
+                    file_name,
+                    contents,
+                })
+        })
+        .collect();
+    confs.sort_by(|a, b| a.file_name.cmp(&b.file_name));
+    confs
+}

@@ -1,0 +1,92 @@
+//! Teardown: DEL of a plan's attachments in reverse, every one attempted (spec 7.2), for DEL, for ADD's
+//! rollback and for GC.
+
+use plexus_core::cni::NetworkConfigList;
+
+use crate::cache::{Attachment, AttachmentPlan};
+use crate::error::PlexusError;
+use crate::invocation::Invocation;
+use crate::orchestrate::Effects;
+use crate::runner::{Delegator, RuntimeParams};
+
+/// Tears down the attachments of one container.
+pub(crate) struct Teardown<'a> {
+    inv: &'a Invocation,
+    delegator: Delegator<'a>,
+    container_id: &'a str,
+    netns: Option<&'a str>,
+}
+
+impl<'a> Teardown<'a> {
+    /// For the invocation's own container, in the namespace the runtime names (none at all, on a DEL after
+    /// the namespace is gone).
+    pub(crate) fn of_invocation(inv: &'a Invocation, fx: &'a Effects<'a>) -> Self {
+        Self::of_container(inv, fx, &inv.container_id, inv.netns.as_deref())
+    }
+
+    /// For another container (GC), with the runtime's environment of this invocation.
+    pub(crate) fn of_container(
+        inv: &'a Invocation,
+        fx: &'a Effects<'a>,
+        container_id: &'a str,
+        netns: Option<&'a str>,
+    ) -> Self {
+        Self {
+            inv,
+            delegator: Delegator { exec: fx.exec },
+            container_id,
+            netns,
+        }
+    }
+
+    /// DEL of the first `upto` attachments of `plan`, in reverse; all are attempted.
+    ///
+    /// An attachment without a result never finished ADD (it failed, was never reached, or plexus died during
+    /// it, or the plan was rebuilt for a DEL without cache): it gets its DEL, but a failure is only logged. A
+    /// plugin that cannot undo its own failed ADD (macvlan with a missing master) would otherwise make every
+    /// DEL of the pod fail forever.
+    pub(crate) fn run(&self, plan: &AttachmentPlan, upto: usize) -> Vec<PlexusError> {
+        let mut errors = Vec::new();
+        for att in plan.attachments[..upto].iter().rev() {
+            match self.detach(att) {
+                Err(e) if att.result.is_none() => {
+                    tracing::warn!(container = %self.container_id, "DEL of an attachment that never finished ADD failed: {e}");
+                }
+                Err(e) => errors.push(e),
+                Ok(()) => {}
+            }
+        }
+        errors
+    }
+
+    /// DEL of one attachment's list, with its cached result.
+    fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
+        let rt = RuntimeParams {
+            container_id: self.container_id,
+            netns: self.netns,
+            ..RuntimeParams::of(self.inv, &att.ifname)
+        };
+        cached_list(att)
+            .and_then(|list| {
+                self.delegator
+                    .del(&list, &rt, &att.capability_args, att.result.as_ref())
+            })
+            .map_err(|e| e.context(format!("network {} ({})", att.network, att.ifname)))?;
+        // Device Information Specification 4.2.1: the implementation deletes the file on DEL.
+        if let Some(file) = att.device_info_file() {
+            match std::fs::remove_file(file) {
+                Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
+                    tracing::warn!("cannot remove device-info file {file}: {e}")
+                }
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The delegate configuration list an attachment was planned with.
+pub(crate) fn cached_list(att: &Attachment) -> Result<NetworkConfigList, PlexusError> {
+    NetworkConfigList::parse(&att.config)
+        .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
+}
