@@ -10,6 +10,13 @@ pub mod runtime_config;
 pub mod selection;
 pub mod status;
 
+/// Whether `key` may name an implementation's extension in a selection element or a status entry: the spec
+/// reserves keys without a period, and extensions use reverse domain name notation (`org.example.key`), so a
+/// period at either end or two in a row is not one.
+pub fn is_extension_key(key: &str) -> bool {
+    key.contains('.') && !key.starts_with('.') && !key.ends_with('.') && !key.contains("..")
+}
+
 pub use naming::{
     is_dns1123_label, validate_container_id, validate_dns1123_label, validate_ifname,
     validate_network_name, IfNameAllocator, NamingError,

@@ -1,12 +1,14 @@
-//! JSON values (as plexus holds them) to the WIT records and back, and validation of what hooks return.
+//! JSON values (as plexus holds them) to the WIT records and back. What hooks return is checked by the spec's
+//! own rules, in plexus-core; only the wire form's own mistakes (a JSON string that is not JSON, an extra key
+//! that shadows a field) are caught here.
 
 use crate::bindings::plexus::hooks::types as w;
+use plexus_core::spec::selection::{validate_selections, Selection};
+use plexus_core::spec::status::validate_status_entries;
 use serde_json::{Map, Value};
-use std::collections::BTreeSet;
 
-// The spec's key lists live in plexus-core, so hooks and the host validate against the same lists.
-pub(crate) use plexus_core::spec::selection::SELECTION_KEYS;
-pub(crate) use plexus_core::spec::status::STATUS_KEYS;
+use plexus_core::spec::selection::SELECTION_KEYS;
+use plexus_core::spec::status::STATUS_KEYS;
 
 type R<T> = Result<T, String>;
 
@@ -60,38 +62,16 @@ fn extras_to_wire(key: &str, value: &Value, extras: &mut Vec<(String, String)>) 
     extras.push((key.to_string(), value.to_string()));
 }
 
-/// Reserved keys (no period, not a spec key) that appear in `input`'s extras: a hook may keep those,
-/// but may not invent new ones.
-pub(crate) fn reserved_extras<'a>(
-    input: impl IntoIterator<Item = &'a Value>,
-    spec_keys: &[&str],
-) -> BTreeSet<String> {
-    input
-        .into_iter()
-        .filter_map(Value::as_object)
-        .flat_map(|m| m.keys())
-        .filter(|k| !k.contains('.') && !spec_keys.contains(&k.as_str()))
-        .cloned()
-        .collect()
-}
-
+/// The record's `extras` into `out`. Which keys an extension may use is the spec's rule, checked by
+/// plexus-core on the whole element; here only what the wire form itself can get wrong.
 fn extras_from_wire(
     extras: Vec<(String, String)>,
     spec_keys: &[&str],
-    allowed_reserved: &BTreeSet<String>,
     out: &mut Map<String, Value>,
 ) -> R<()> {
     for (key, text) in extras {
         if spec_keys.contains(&key.as_str()) {
             return Err(format!("extra key {key:?} shadows a spec key"));
-        }
-        if !key.contains('.') && !allowed_reserved.contains(&key) {
-            return Err(format!(
-                "key {key:?} is reserved by the spec (keys of extensions must be reverse-DNS names)"
-            ));
-        }
-        if key.starts_with('.') || key.ends_with('.') || key.contains("..") {
-            return Err(format!("key {key:?} is not a reverse-DNS name"));
         }
         let value: Value = serde_json::from_str(&text)
             .map_err(|e| format!("value of key {key:?} is not valid JSON: {e}"))?;
@@ -180,39 +160,29 @@ pub(crate) fn selection_to_wire(v: &Value, pod_namespace: &str) -> R<w::Selectio
     Ok(s)
 }
 
-fn check_port(port: u32, key: &str) -> R<()> {
-    if (1..=65535).contains(&port) {
-        Ok(())
-    } else {
-        Err(format!("{key:?} {port} is not between 1 and 65535"))
-    }
+/// A policy hook's rewrite, checked by the spec's rules in plexus-core: each element as 4.1.2.1 says
+/// (a missing or empty namespace is the pod's), then the list as a whole.
+pub(crate) fn selections_from_wire(list: Vec<w::Selection>, pod_namespace: &str) -> R<Vec<Value>> {
+    let values = list
+        .into_iter()
+        .map(selection_from_wire)
+        .collect::<R<Vec<_>>>()?;
+    let typed = values
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Selection::from_json(v, pod_namespace, i))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| e.to_string())?;
+    validate_selections(&typed).map_err(|e| e.to_string())?;
+    Ok(values)
 }
 
-fn nonzero(v: Option<u64>, key: &str) -> R<Option<u64>> {
-    match v {
-        Some(0) => Err(format!("{key:?} is zero")),
-        v => Ok(v),
-    }
-}
-
-/// A selection element returned by a policy hook, validated, as spec JSON.
-pub(crate) fn selection_from_wire(
-    s: w::Selection,
-    allowed_reserved: &BTreeSet<String>,
-) -> R<Value> {
-    if s.name.is_empty() {
-        return Err("a selection element has an empty \"name\"".into());
-    }
-    if s.namespace.is_empty() {
-        return Err(format!("selection {:?} has an empty \"namespace\"", s.name));
-    }
+/// One selection record as spec JSON, unchecked.
+fn selection_from_wire(s: w::Selection) -> R<Value> {
     let mut m = Map::new();
     m.insert("name".into(), s.name.clone().into());
     m.insert("namespace".into(), s.namespace.into());
     if let Some(ips) = s.ips {
-        if ips.is_empty() {
-            return Err(format!("selection {:?} has an empty \"ips\" list", s.name));
-        }
         m.insert("ips".into(), ips.into());
     }
     if let Some(mac) = s.mac {
@@ -224,33 +194,21 @@ pub(crate) fn selection_from_wire(
     if let Some(args) = s.cni_args {
         let v: Value = serde_json::from_str(&args)
             .map_err(|e| format!("\"cni-args\" of {:?} is not valid JSON: {e}", s.name))?;
-        object(&v, "\"cni-args\"")?;
         m.insert("cni-args".into(), v);
     }
     if let Some(pms) = s.port_mappings {
-        if pms.is_empty() {
-            return Err(format!(
-                "selection {:?} has an empty \"portMappings\" list",
-                s.name
-            ));
-        }
-        let mut list = Vec::new();
-        for pm in pms {
-            check_port(pm.host_port, "hostPort")?;
-            check_port(pm.container_port, "containerPort")?;
-            let mut o = Map::new();
-            o.insert("hostPort".into(), pm.host_port.into());
-            o.insert("containerPort".into(), pm.container_port.into());
-            if let Some(p) = pm.protocol {
-                if !["tcp", "udp", "sctp"].contains(&p.to_ascii_lowercase().as_str()) {
-                    return Err(format!(
-                        "port mapping protocol {p:?} is not TCP, UDP or SCTP"
-                    ));
+        let list: Vec<Value> = pms
+            .into_iter()
+            .map(|pm| {
+                let mut o = Map::new();
+                o.insert("hostPort".into(), pm.host_port.into());
+                o.insert("containerPort".into(), pm.container_port.into());
+                if let Some(p) = pm.protocol {
+                    o.insert("protocol".into(), p.into());
                 }
-                o.insert("protocol".into(), p.into());
-            }
-            list.push(Value::Object(o));
-        }
+                Value::Object(o)
+            })
+            .collect();
         m.insert("portMappings".into(), list.into());
     }
     if let Some(b) = s.bandwidth {
@@ -261,12 +219,9 @@ pub(crate) fn selection_from_wire(
             ("egressRate", b.egress_rate),
             ("egressBurst", b.egress_burst),
         ] {
-            if let Some(v) = nonzero(v, k)? {
+            if let Some(v) = v {
                 o.insert(k.into(), v.into());
             }
-        }
-        if o.is_empty() {
-            return Err(format!("selection {:?} has an empty \"bandwidth\"", s.name));
         }
         m.insert("bandwidth".into(), Value::Object(o));
     }
@@ -280,7 +235,7 @@ pub(crate) fn selection_from_wire(
         m.insert("ipam-claim-reference".into(), c.into());
     }
     let name = s.name;
-    extras_from_wire(s.extras, SELECTION_KEYS, allowed_reserved, &mut m)
+    extras_from_wire(s.extras, SELECTION_KEYS, &mut m)
         .map_err(|e| format!("selection {name:?}: {e}"))?;
     Ok(Value::Object(m))
 }
@@ -332,17 +287,19 @@ pub(crate) fn entry_to_wire(v: &Value) -> R<w::StatusEntry> {
     Ok(e)
 }
 
-/// A status entry returned by a status hook, validated, as spec JSON.
-pub(crate) fn entry_from_wire(e: w::StatusEntry, allowed_reserved: &BTreeSet<String>) -> R<Value> {
-    if e.name.is_empty() {
-        return Err("a status entry has an empty \"name\"".into());
-    }
-    if e.mac.is_some() && e.interface.is_none() {
-        return Err(format!(
-            "status entry {:?} has \"mac\" without \"interface\"",
-            e.name
-        ));
-    }
+/// A status hook's entries, checked by the spec's rules in plexus-core (section 5: each entry, and exactly
+/// one default).
+pub(crate) fn entries_from_wire(list: Vec<w::StatusEntry>) -> R<Vec<Value>> {
+    let values = list
+        .into_iter()
+        .map(entry_from_wire)
+        .collect::<R<Vec<_>>>()?;
+    validate_status_entries(&values).map_err(|e| e.to_string())?;
+    Ok(values)
+}
+
+/// One status record as spec JSON, unchecked.
+fn entry_from_wire(e: w::StatusEntry) -> R<Value> {
     let mut m = Map::new();
     m.insert("name".into(), e.name.clone().into());
     if let Some(i) = e.interface {
@@ -377,30 +334,14 @@ pub(crate) fn entry_from_wire(e: w::StatusEntry, allowed_reserved: &BTreeSet<Str
     if let Some(info) = e.device_info {
         let v: Value = serde_json::from_str(&info)
             .map_err(|err| format!("\"device-info\" of {:?} is not valid JSON: {err}", e.name))?;
-        object(&v, "\"device-info\"")?;
         m.insert("device-info".into(), v);
     }
     if let Some(g) = e.infiniband_guid {
         m.insert("infiniband-guid".into(), g.into());
     }
-    extras_from_wire(e.extras, STATUS_KEYS, allowed_reserved, &mut m)
+    extras_from_wire(e.extras, STATUS_KEYS, &mut m)
         .map_err(|err| format!("status entry {:?}: {err}", e.name))?;
     Ok(Value::Object(m))
-}
-
-/// The list-level rule of spec 5.3.6: exactly one entry is the cluster-wide default.
-pub(crate) fn check_status_list(entries: &[Value]) -> R<()> {
-    let defaults = entries
-        .iter()
-        .filter(|e| e.get("default") == Some(&Value::Bool(true)))
-        .count();
-    if defaults == 1 {
-        Ok(())
-    } else {
-        Err(format!(
-            "{defaults} status entries have \"default\": true (exactly one must)"
-        ))
-    }
 }
 
 /// A delegate configuration must be a CNI network configuration: an object with a "type", or a
@@ -438,8 +379,7 @@ mod tests {
     use serde_json::json;
 
     fn roundtrip_selection(v: Value) -> R<Value> {
-        let allowed = reserved_extras([&v], SELECTION_KEYS);
-        selection_from_wire(selection_to_wire(&v, "pod-ns")?, &allowed)
+        Ok(selections_from_wire(vec![selection_to_wire(&v, "pod-ns")?], "pod-ns")?.remove(0))
     }
 
     #[test]
@@ -448,11 +388,14 @@ mod tests {
             "name": "net-b", "namespace": "ns", "ips": ["10.1.1.1/24"], "mac": "02:00:00:00:00:01",
             "interface": "net1", "cni-args": {"a": [1]},
             "portMappings": [{"hostPort": 8080, "containerPort": 80, "protocol": "tcp"}],
-            "bandwidth": {"ingressRate": 1000, "egressBurst": 5},
+            "bandwidth": {"ingressRate": 1000, "egressRate": 10, "egressBurst": 5},
             "default-route": ["10.1.1.254"], "infiniband-guid": "24:8a:07:03:00:8d:ae:2f",
-            "ipam-claim-reference": "claim", "org.example.vlan": {"id": 3}
+            "org.example.vlan": {"id": 3}
         });
         assert_eq!(roundtrip_selection(v.clone()).unwrap(), v);
+        // Not with "ips" (4.1.2.1.11).
+        let claim = json!({"name": "net-c", "namespace": "ns", "ipam-claim-reference": "claim"});
+        assert_eq!(roundtrip_selection(claim.clone()).unwrap(), claim);
     }
 
     #[test]
@@ -465,75 +408,74 @@ mod tests {
         assert_eq!(s.namespace, "x");
     }
 
+    /// The rules are plexus-core's (tested there in full); these pin that the hook chain applies them.
     #[test]
-    fn invented_reserved_key_is_refused_but_kept_ones_pass() {
-        let mut s = selection_to_wire(&json!({"name": "a", "namespace": "n"}), "pod-ns").unwrap();
-        s.extras.push(("color".into(), "\"blue\"".into()));
-        let err = selection_from_wire(s.clone(), &BTreeSet::new()).unwrap_err();
-        assert!(err.contains("\"color\" is reserved"), "{err}");
-        let kept: BTreeSet<String> = ["color".to_string()].into();
-        assert!(selection_from_wire(s, &kept).is_ok());
-    }
-
-    #[test]
-    fn selection_output_rules() {
+    fn selection_output_follows_the_spec_rules_of_core() {
         let base = selection_to_wire(&json!({"name": "a", "namespace": "n"}), "pod-ns").unwrap();
-        let none = BTreeSet::new();
+        let out = |s: w::Selection| selections_from_wire(vec![s], "pod-ns");
         let mut s = base.clone();
-        s.namespace.clear();
-        assert!(selection_from_wire(s, &none)
-            .unwrap_err()
-            .contains("namespace"));
+        s.extras.push(("color".into(), "\"blue\"".into()));
+        let err = out(s).unwrap_err();
+        assert!(err.contains("\"color\" is reserved"), "{err}");
         let mut s = base.clone();
         s.port_mappings = Some(vec![w::PortMapping {
             host_port: 0,
             container_port: 80,
             protocol: None,
         }]);
-        assert!(selection_from_wire(s, &none)
-            .unwrap_err()
-            .contains("hostPort"));
+        assert!(out(s).unwrap_err().contains("hostPort"));
+        let mut s = base.clone();
+        s.ips = Some(vec![]);
+        assert!(out(s).unwrap_err().contains("ips"));
         let mut s = base.clone();
         s.extras.push(("org.x".into(), "{not json".into()));
-        assert!(selection_from_wire(s, &none)
-            .unwrap_err()
-            .contains("not valid JSON"));
-        let mut s = base;
+        assert!(out(s).unwrap_err().contains("not valid JSON"));
+        let mut s = base.clone();
         s.extras.push(("mac".into(), "\"x\"".into()));
-        assert!(selection_from_wire(s, &none)
-            .unwrap_err()
-            .contains("shadows"));
+        assert!(out(s).unwrap_err().contains("shadows"));
+        // The list rule: at most one element sets the default route.
+        let mut a = base.clone();
+        a.default_route = Some(vec!["10.1.1.254".into()]);
+        let b = a.clone();
+        let err = selections_from_wire(vec![a, b], "pod-ns").unwrap_err();
+        assert!(err.contains("only one element"), "{err}");
+        // An empty namespace is the pod's, as in the annotation.
+        let mut s = base;
+        s.namespace.clear();
+        assert!(out(s).is_ok());
     }
 
     #[test]
     fn status_entry_with_every_key_round_trips() {
         let v = json!({
             "name": "ns/net", "interface": "net1", "ips": ["10.0.0.2"], "mac": "02:00:00:00:00:02",
-            "mtu": 1500, "default": false,
+            "mtu": 1500, "default": true,
             "dns": {"nameservers": ["10.0.0.53"], "domain": "x.local", "search": ["x.local"]},
             "default-route": ["10.0.0.1"], "device-info": {"type": "pci", "version": "1.1.0"},
             "infiniband-guid": "g", "io.plexus.pod-labels": {"app": "web"}
         });
         let e = entry_to_wire(&v).unwrap();
-        assert_eq!(entry_from_wire(e, &BTreeSet::new()).unwrap(), v);
+        assert_eq!(entries_from_wire(vec![e]).unwrap(), vec![v]);
     }
 
     #[test]
-    fn status_rules() {
+    fn status_output_follows_the_spec_rules_of_core() {
         let e = entry_to_wire(&json!({"name": "a", "default": true})).unwrap();
         let mut bad = e.clone();
         bad.extras.push(("owner".into(), "\"me\"".into()));
-        assert!(entry_from_wire(bad, &BTreeSet::new())
-            .unwrap_err()
-            .contains("reverse-DNS"));
-        let mut bad = e;
+        assert!(entries_from_wire(vec![bad]).unwrap_err().contains("owner"));
+        let mut bad = e.clone();
         bad.mac = Some("02:00:00:00:00:01".into());
-        assert!(entry_from_wire(bad, &BTreeSet::new())
+        assert!(entries_from_wire(vec![bad])
             .unwrap_err()
-            .contains("without \"interface\""));
-        assert!(check_status_list(&[json!({"default": true}), json!({"default": false})]).is_ok());
-        assert!(check_status_list(&[json!({"default": true}), json!({"default": true})]).is_err());
-        assert!(check_status_list(&[json!({"default": false})]).is_err());
+            .contains("\"interface\" is not"));
+        let mut other = entry_to_wire(&json!({"name": "b", "default": false})).unwrap();
+        assert!(entries_from_wire(vec![e.clone(), other.clone()]).is_ok());
+        other.is_default = true;
+        assert!(entries_from_wire(vec![e.clone(), other.clone()]).is_err());
+        let mut none = e;
+        none.is_default = false;
+        assert!(entries_from_wire(vec![none]).is_err());
     }
 
     #[test]

@@ -47,11 +47,12 @@ const _: () = {
     assert_send_sync::<Hooks>();
 };
 
-/// What the policy hooks decided.
+/// What the policy hooks decided, about selections in their spec JSON form or (for a host that has parsed
+/// them) as core's `Selection`s.
 #[derive(Debug, Clone, PartialEq)]
-pub enum PolicyOutcome {
+pub enum PolicyOutcome<T = Value> {
     /// Go ahead with these selections (the input, or a hook's rewrite).
-    Admit(Vec<Value>),
+    Admit(Vec<T>),
     /// A hook refused the pod; `reason` is its message for the CNI error.
     Deny { hook: String, reason: String },
 }
@@ -381,13 +382,8 @@ impl Hooks {
                     policy::Decision::Admit => None,
                     policy::Decision::Deny(reason) => Some(Err(cut(reason, REASON_CAP))),
                     policy::Decision::Rewrite(list) => {
-                        let allowed = convert::reserved_extras(&current, convert::SELECTION_KEYS);
-                        let list = list
-                            .into_iter()
-                            .map(|s| convert::selection_from_wire(s, &allowed))
-                            .collect::<Result<Vec<_>, _>>()
-                            .map_err(Fault::InvalidOutput)?;
-                        Some(Ok(list))
+                        Some(Ok(convert::selections_from_wire(list, &pod.namespace)
+                            .map_err(Fault::InvalidOutput)?))
                     }
                 })
             })();
@@ -481,14 +477,7 @@ impl Hooks {
                     idx.load(&mut *store, inst)?
                         .call_shape(&mut *store, &wpod, &wire)
                 })?;
-                let allowed = convert::reserved_extras(&current, convert::STATUS_KEYS);
-                let list = out
-                    .into_iter()
-                    .map(|e| convert::entry_from_wire(e, &allowed))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(Fault::InvalidOutput)?;
-                convert::check_status_list(&list).map_err(Fault::InvalidOutput)?;
-                Ok(list)
+                convert::entries_from_wire(out).map_err(Fault::InvalidOutput)
             })();
             match step {
                 Ok(list) => current = list,

@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use plexus_core::spec::Pod;
+use plexus_core::spec::{Pod, Selection};
 use plexus_hooks::{HookError, HookSpec, Hooks, PolicyOutcome};
 use serde_json::Value;
 
@@ -12,7 +12,13 @@ use crate::error::PlexusError;
 /// The hook points, as orchestration calls them.
 pub trait HookRunner {
     fn is_empty(&self) -> bool;
-    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError>;
+    /// The policy hooks' verdict on the pod's selections (spec 7.4); what they admit follows the spec's
+    /// rules.
+    fn policy(
+        &self,
+        pod: &Pod,
+        selections: Vec<Selection>,
+    ) -> Result<PolicyOutcome<Selection>, PlexusError>;
     fn resolve(
         &self,
         pod: &Pod,
@@ -20,6 +26,7 @@ pub trait HookRunner {
         nad: &Value,
         config: Option<&Value>,
     ) -> Result<Option<Value>, PlexusError>;
+    /// The status entries after the status hooks; they follow the spec's rules (section 5).
     fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
 }
 
@@ -31,7 +38,11 @@ impl HookRunner for NoHooks {
     fn is_empty(&self) -> bool {
         true
     }
-    fn policy(&self, _: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError> {
+    fn policy(
+        &self,
+        _: &Pod,
+        selections: Vec<Selection>,
+    ) -> Result<PolicyOutcome<Selection>, PlexusError> {
         Ok(PolicyOutcome::Admit(selections))
     }
     fn resolve(
@@ -76,8 +87,23 @@ impl HookRunner for Hooks {
         Hooks::is_empty(self)
     }
 
-    fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, PlexusError> {
-        Ok(Hooks::policy(self, pod, selections)?)
+    fn policy(
+        &self,
+        pod: &Pod,
+        selections: Vec<Selection>,
+    ) -> Result<PolicyOutcome<Selection>, PlexusError> {
+        let input = selections.iter().map(Selection::to_json).collect();
+        Ok(match Hooks::policy(self, pod, input)? {
+            PolicyOutcome::Deny { hook, reason } => PolicyOutcome::Deny { hook, reason },
+            // Checked by the hook chain against the same rules; parsing cannot fail on what passed them.
+            PolicyOutcome::Admit(list) => PolicyOutcome::Admit(
+                list.iter()
+                    .enumerate()
+                    .map(|(i, v)| Selection::from_json(v, &pod.namespace, i))
+                    .collect::<Result<_, _>>()
+                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?,
+            ),
+        })
     }
 
     fn resolve(

@@ -12,9 +12,7 @@ use std::time::{Duration, Instant};
 
 use plexus_cluster::Cluster;
 use plexus_core::cni::{CniResult, NetworkConfigList};
-use plexus_core::spec::status::{
-    network_status, status_default_route, validate_status_entries, NetworkStatus,
-};
+use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
 use plexus_core::spec::Pod;
 use serde_json::{json, Value};
 
@@ -427,8 +425,6 @@ fn publish_status(
     let mut entries: Vec<Value> = statuses.iter().map(NetworkStatus::to_json).collect();
     if !fx.hooks.is_empty() {
         entries = fx.hooks.status(pod, entries)?;
-        validate_status_entries(&entries)
-            .map_err(|e| PlexusError::HookFault(format!("status hook output: {e}")))?;
     }
     let value = serde_json::to_string(&entries).map_err(|e| PlexusError::Decode(e.to_string()))?;
     if let Some(cluster) = fx.cluster {

@@ -9,9 +9,7 @@ use plexus_cluster::Cluster;
 use plexus_core::cni::NetworkConfigList;
 use plexus_core::spec::naming::IfNameAllocator;
 use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
-use plexus_core::spec::selection::{
-    parse_selection_annotation, validate_selections, InvalidSelectionPolicy, Selection,
-};
+use plexus_core::spec::selection::{parse_selection_annotation, InvalidSelectionPolicy, Selection};
 use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDefinition, Pod};
 use serde_json::{json, Map, Value};
 
@@ -356,25 +354,11 @@ impl<'a> Planner<'a> {
         if let Some(ignored) = &parsed.ignored {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
-        if self.fx.hooks.is_empty() {
-            return Ok(parsed.selections);
-        }
-        let input: Vec<Value> = parsed.selections.iter().map(Selection::to_json).collect();
-        match self.fx.hooks.policy(pod, input)? {
+        match self.fx.hooks.policy(pod, parsed.selections)? {
             PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
                 "selection rejected by policy hook {hook:?}: {reason}"
             ))),
-            PolicyOutcome::Admit(list) => {
-                let sels = list
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| Selection::from_json(v, &pod.namespace, i))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
-                validate_selections(&sels)
-                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?;
-                Ok(sels)
-            }
+            PolicyOutcome::Admit(selections) => Ok(selections),
         }
     }
 }

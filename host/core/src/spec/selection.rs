@@ -10,6 +10,7 @@ use std::str::FromStr;
 
 use serde_json::{Map, Value};
 
+use super::is_extension_key;
 use super::naming::{is_dns1123_label, is_dns1123_subdomain, validate_ifname, NamingError};
 
 /// The keys 4.1.2.1 defines, in the order the spec lists them.
@@ -568,15 +569,18 @@ impl Selection {
                     }
                     sel.ipam_claim_reference = Some(s);
                 }
-                other if other.contains('.') => {
+                other if is_extension_key(other) => {
                     sel.extras.insert(other.to_owned(), v.clone());
                 }
-                _ => {
+                other => {
                     return Err(ctx.err(
                         k,
-                        "is not a key the multi-net spec defines; keys without a period are reserved, and \
-                         implementation-specific keys must use reverse domain name notation (e.g. \"org.example.key\")"
-                            .into(),
+                        format!(
+                            "is not a key the multi-net spec defines; {} is reserved (keys without a period are \
+                             the spec's), and implementation-specific keys must use reverse domain name notation \
+                             (e.g. \"org.example.key\")",
+                            quote(other)
+                        ),
                     ))
                 }
             }

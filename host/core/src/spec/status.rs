@@ -433,7 +433,7 @@ pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
                         return Err(bad("a string"));
                     }
                 }
-                other if other.contains('.') => {}
+                other if super::is_extension_key(other) => {}
                 other => {
                     return Err(err(format!(
                         "{other:?} is not a status key the multi-net spec defines; keys without a period are \
