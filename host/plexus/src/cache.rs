@@ -242,8 +242,7 @@ impl AttachmentCache {
     /// Writes the plan (with any results it holds) atomically, and drops any results journal left beside an
     /// earlier plan: readers see the old plan or the new one, never a torn one.
     pub fn store(&self, plan: &AttachmentPlan) -> Result<(), PlexusError> {
-        let bytes =
-            serde_json::to_vec_pretty(plan).map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let bytes = serde_json::to_vec_pretty(plan).map_err(PlexusError::from)?;
         let path = self.path_of(&plan.container_id);
         let write = || -> std::io::Result<()> {
             match self.dir.remove_file(Self::journal_name(&plan.container_id)) {
@@ -359,8 +358,8 @@ pub struct Journal<'a> {
 impl Journal<'_> {
     /// Records `result` as the result of attachment `index`, in one append.
     pub fn record(&mut self, index: usize, result: &Value) -> Result<(), PlexusError> {
-        let mut line = serde_json::to_vec(&RecordRef { index, result })
-            .map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let mut line =
+            serde_json::to_vec(&RecordRef { index, result }).map_err(PlexusError::from)?;
         line.push(b'\n');
         let name = AttachmentCache::journal_name(&self.container_id);
         let cache = self.cache;

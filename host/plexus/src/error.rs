@@ -4,24 +4,29 @@
 //! see `docs/conformance.md` for the table.
 
 use plexus_cluster::ClusterError;
+use plexus_core::cni::{ConfError, ErrorCode};
+use plexus_core::spec::{CapabilityError, NamingError, ResolveError, SelectionError};
+use plexus_hooks::HookError;
 
-/// A delegate (or hook) reported a CNI error object, or failed without one.
-pub const CODE_DELEGATE_FAILED: u32 = 100;
-/// A delegate did not finish within `delegateTimeoutMs` and was killed.
-pub const CODE_DELEGATE_TIMEOUT: u32 = 101;
-/// A policy hook rejected the pod's selection (spec 7.4).
-pub const CODE_POLICY_DENIED: u32 = 102;
-/// A hook faulted (trap, timeout, memory, invalid output) under `failurePolicy: Fail`.
-pub const CODE_HOOK_FAULT: u32 = 103;
+/// Plexus's own codes; the spec's well-known ones are core's [`ErrorCode`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+pub enum PlexusCode {
+    /// A delegate (or hook) reported a CNI error object, or failed without one.
+    DelegateFailed = 100,
+    /// A delegate did not finish within `delegateTimeoutMs` and was killed.
+    DelegateTimeout = 101,
+    /// A policy hook rejected the pod's selection (spec 7.4).
+    PolicyDenied = 102,
+    /// A hook faulted (trap, timeout, memory, invalid output) under `failurePolicy: Fail`.
+    HookFault = 103,
+}
 
-pub const CODE_INCOMPATIBLE_VERSION: u32 = 1;
-pub const CODE_UNKNOWN_CONTAINER: u32 = 3;
-pub const CODE_INVALID_ENV: u32 = 4;
-pub const CODE_IO: u32 = 5;
-pub const CODE_DECODING: u32 = 6;
-pub const CODE_INVALID_CONFIG: u32 = 7;
-pub const CODE_TRY_AGAIN_LATER: u32 = 11;
-pub const CODE_NOT_AVAILABLE: u32 = 50;
+impl PlexusCode {
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+}
 
 /// The most bytes of a message plexus prints (the CNI error's `msg` and `details`, a log line's message, an
 /// event): errors can echo input (a pod name, a delegate's output) and the runtime stores what it is given.
@@ -60,6 +65,26 @@ pub enum PlexusError {
     NotAvailable(String),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
+    /// A network configuration list that is not one (CNI spec).
+    #[error(transparent)]
+    Conf(#[from] ConfError),
+    /// An invalid networks annotation, or policy hook output (spec 4.1).
+    #[error(transparent)]
+    Selection(#[from] SelectionError),
+    /// A NetworkAttachmentDefinition that resolves to no configuration (spec 3.4.1).
+    #[error(transparent)]
+    Resolve(#[from] ResolveError),
+    /// An interface or network name the rules refuse (spec 4.1.2.1.5).
+    #[error(transparent)]
+    Naming(#[from] NamingError),
+    /// A selection asks for a capability the network's plugins do not declare.
+    #[error(transparent)]
+    Capability(#[from] CapabilityError),
+    #[error(transparent)]
+    Hook(#[from] HookError),
+    /// Plexus's own values that do not (de)serialize.
+    #[error(transparent)]
+    Json(#[from] serde_json::Error),
     /// A delegate's own CNI error object (code, msg, details) or a failure without one.
     #[error("{msg}")]
     Delegate {
@@ -100,32 +125,45 @@ impl PlexusError {
         }
     }
 
-    /// The CNI error code for this failure.
+    /// The CNI error code for this failure: the one table from failures to codes.
     pub fn cni_code(&self) -> u32 {
         match self {
-            PlexusError::Env(_) => CODE_INVALID_ENV,
-            PlexusError::Decode(_) => CODE_DECODING,
-            PlexusError::Config(_) => CODE_INVALID_CONFIG,
-            PlexusError::Version(_) => CODE_INCOMPATIBLE_VERSION,
-            PlexusError::Io { .. } => CODE_IO,
-            PlexusError::NotReady(_) => CODE_TRY_AGAIN_LATER,
-            PlexusError::NotAvailable(_) => CODE_NOT_AVAILABLE,
+            PlexusError::Env(_) => ErrorCode::InvalidEnvironment.code(),
+            PlexusError::Decode(_) | PlexusError::Json(_) => ErrorCode::Decoding.code(),
+            // A delegate list's version is the list's content, not the runtime's request: 7, not 1.
+            PlexusError::Config(_)
+            | PlexusError::Conf(_)
+            | PlexusError::Selection(_)
+            | PlexusError::Resolve(_)
+            | PlexusError::Naming(_)
+            | PlexusError::Capability(_) => ErrorCode::InvalidConfig.code(),
+            PlexusError::Version(_) => ErrorCode::IncompatibleVersion.code(),
+            PlexusError::Io { .. } => ErrorCode::Io.code(),
+            PlexusError::NotReady(_) => ErrorCode::TryAgainLater.code(),
+            PlexusError::NotAvailable(_) => ErrorCode::PluginNotAvailable.code(),
             PlexusError::Cluster(e) => match e {
-                ClusterError::NotFound { .. } | ClusterError::Invalid { .. } => CODE_INVALID_CONFIG,
-                ClusterError::UidMismatch { .. } | ClusterError::Unavailable(_) => {
-                    CODE_TRY_AGAIN_LATER
+                ClusterError::NotFound { .. } | ClusterError::Invalid { .. } => {
+                    ErrorCode::InvalidConfig.code()
                 }
-                ClusterError::Forbidden(_) | ClusterError::Io { .. } => CODE_IO,
+                ClusterError::UidMismatch { .. } | ClusterError::Unavailable(_) => {
+                    ErrorCode::TryAgainLater.code()
+                }
+                ClusterError::Forbidden(_) | ClusterError::Io { .. } => ErrorCode::Io.code(),
             },
+            // A hook that cannot be loaded is a configuration problem of the node.
+            PlexusError::Hook(HookError::Load { .. } | HookError::Config(_)) => {
+                ErrorCode::InvalidConfig.code()
+            }
+            PlexusError::Hook(HookError::Fault { .. } | HookError::Engine(_))
+            | PlexusError::HookFault(_) => PlexusCode::HookFault.code(),
             PlexusError::Delegate { code, .. } => *code,
-            PlexusError::PolicyDenied(_) => CODE_POLICY_DENIED,
-            PlexusError::HookFault(_) => CODE_HOOK_FAULT,
+            PlexusError::PolicyDenied(_) => PlexusCode::PolicyDenied.code(),
             PlexusError::Context { source, .. } | PlexusError::Cleanup { source, .. } => {
                 source.cni_code()
             }
-            PlexusError::Many { errors, .. } => {
-                errors.first().map_or(CODE_IO, PlexusError::cni_code)
-            }
+            PlexusError::Many { errors, .. } => errors
+                .first()
+                .map_or(ErrorCode::Io.code(), PlexusError::cni_code),
         }
     }
 
@@ -150,6 +188,80 @@ impl PlexusError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plexus_core::cni::UnsupportedVersion;
+    use plexus_hooks::{Fault, HookKind};
+
+    /// Every kind of failure, with the code the runtime gets for it: the table of docs/conformance.md.
+    #[test]
+    fn every_failure_has_its_code() {
+        let text = || "x".to_string();
+        let json_error = serde_json::from_str::<u8>("{").unwrap_err();
+        let table: Vec<(PlexusError, u32)> = vec![
+            (PlexusError::Version(text()), 1),
+            (
+                PlexusError::Conf(ConfError::UnsupportedCniVersion(UnsupportedVersion(
+                    "9.9.9".into(),
+                ))),
+                7,
+            ),
+            (PlexusError::Env(text()), 4),
+            (
+                PlexusError::Io {
+                    path: text(),
+                    source: std::io::ErrorKind::Other.into(),
+                },
+                5,
+            ),
+            (PlexusError::Cluster(ClusterError::Forbidden(text())), 5),
+            (PlexusError::Decode(text()), 6),
+            (PlexusError::Json(json_error), 6),
+            (PlexusError::Config(text()), 7),
+            (PlexusError::Conf(ConfError::MissingName), 7),
+            (PlexusError::Naming(NamingError::EmptyContainerId), 7),
+            (
+                PlexusError::Capability(CapabilityError {
+                    network: text(),
+                    capability: text(),
+                }),
+                7,
+            ),
+            (
+                PlexusError::Cluster(ClusterError::NotFound {
+                    kind: "pod",
+                    namespace: text(),
+                    name: text(),
+                }),
+                7,
+            ),
+            (PlexusError::Hook(HookError::Config(text())), 7),
+            (PlexusError::NotReady(text()), 11),
+            (PlexusError::Cluster(ClusterError::Unavailable(text())), 11),
+            (PlexusError::NotAvailable(text()), 50),
+            (
+                PlexusError::Delegate {
+                    code: 100,
+                    msg: text(),
+                    details: text(),
+                },
+                100,
+            ),
+            (PlexusError::PolicyDenied(text()), 102),
+            (PlexusError::HookFault(text()), 103),
+            (
+                PlexusError::Hook(HookError::Fault {
+                    hook: text(),
+                    kind: HookKind::Policy,
+                    fault: Fault::Timeout(5),
+                }),
+                103,
+            ),
+        ];
+        for (err, code) in table {
+            assert_eq!(err.cni_code(), code, "{err:?}");
+        }
+        assert_eq!(PlexusCode::DelegateFailed.code(), 100);
+        assert_eq!(PlexusCode::DelegateTimeout.code(), 101);
+    }
 
     #[test]
     fn codes_follow_the_cni_spec_and_survive_context() {

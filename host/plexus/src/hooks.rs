@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use plexus_core::spec::{Pod, Selection};
-use plexus_hooks::{HookError, HookSpec, Hooks, PolicyOutcome};
+use plexus_hooks::{HookSpec, Hooks, PolicyOutcome};
 use serde_json::Value;
 
 use crate::error::PlexusError;
@@ -56,16 +56,6 @@ impl HookRunner for NoHooks {
     }
     fn status(&self, _: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
         Ok(entries)
-    }
-}
-
-impl From<HookError> for PlexusError {
-    fn from(e: HookError) -> Self {
-        match e {
-            // A hook that cannot be loaded is a configuration problem of the node.
-            HookError::Load { .. } | HookError::Config(_) => PlexusError::Config(e.to_string()),
-            HookError::Fault { .. } | HookError::Engine(_) => PlexusError::HookFault(e.to_string()),
-        }
     }
 }
 

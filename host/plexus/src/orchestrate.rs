@@ -11,7 +11,7 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use plexus_cluster::Cluster;
-use plexus_core::cni::{CniResult, NetworkConfigList};
+use plexus_core::cni::{CniResult, ErrorCode, NetworkConfigList};
 use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
 use plexus_core::spec::Pod;
 use serde_json::{json, Value};
@@ -127,7 +127,7 @@ pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
     let plan = cache
         .load(&inv.container_id)?
         .ok_or_else(|| PlexusError::Delegate {
-            code: crate::error::CODE_UNKNOWN_CONTAINER,
+            code: ErrorCode::UnknownContainer.code(),
             msg: format!(
                 "no attachments are known for container {}",
                 inv.container_id
@@ -426,7 +426,7 @@ fn publish_status(
     if !fx.hooks.is_empty() {
         entries = fx.hooks.status(pod, entries)?;
     }
-    let value = serde_json::to_string(&entries).map_err(|e| PlexusError::Decode(e.to_string()))?;
+    let value = serde_json::to_string(&entries).map_err(PlexusError::from)?;
     if let Some(cluster) = fx.cluster {
         // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
         // fail a pod whose networks are all attached.

@@ -170,8 +170,7 @@ impl<'a> Planner<'a> {
                     .map_err(|e| e.context(format!("{label} (from resolver hook)")));
             }
         }
-        let resolved =
-            resolve_nad(nad, self.on_disk()).map_err(|e| PlexusError::Config(e.to_string()))?;
+        let resolved = resolve_nad(nad, self.on_disk())?;
         parse_list(&resolved.config, &nad.name).map_err(|e| e.context(label))
     }
 
@@ -212,9 +211,7 @@ impl<'a> Planner<'a> {
             let resolved = self
                 .resolve_ref(reference, pod)
                 .map_err(|e| e.context(format!("default network {reference:?}")));
-            let ifname = ifnames
-                .next(None)
-                .map_err(|e| PlexusError::Config(e.to_string()));
+            let ifname = ifnames.next(None).map_err(PlexusError::from);
             let Some((name, list)) = unplannable.handle(resolved)? else {
                 continue;
             };
@@ -248,14 +245,14 @@ impl<'a> Planner<'a> {
                 })
                 .and_then(|list| {
                     check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
-                        .map_err(|e| PlexusError::Config(e.to_string()))?;
+                        .map_err(PlexusError::from)?;
                     Ok(list)
                 });
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
                 .next(sel.interface.as_deref())
-                .map_err(|e| ctx(PlexusError::Config(e.to_string())));
+                .map_err(|e| ctx(e.into()));
             let Some(mut list) = unplannable.handle(resolved)? else {
                 continue;
             };
@@ -344,7 +341,7 @@ impl<'a> Planner<'a> {
         };
         let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
             // The caller names the pod.
-            .map_err(|e| PlexusError::Config(e.to_string()))?;
+            .map_err(PlexusError::from)?;
         if parsed.selections.len() > MAX_SELECTIONS {
             return Err(PlexusError::Config(format!(
                 "the networks annotation selects {} networks; at most {MAX_SELECTIONS} are allowed",
@@ -365,7 +362,7 @@ impl<'a> Planner<'a> {
 
 fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
     NetworkConfigList::parse_with_default_name(config, Some(default_name))
-        .map_err(|e| PlexusError::Config(e.to_string()))
+        .map_err(PlexusError::from)
 }
 
 fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {

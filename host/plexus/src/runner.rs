@@ -9,7 +9,7 @@ use std::time::Duration;
 use plexus_core::cni::{CniArgs, CniError, CniResult, CniVersion, NetworkConfigList};
 use serde_json::{Map, Value};
 
-use crate::error::{bounded, PlexusError, CODE_DELEGATE_FAILED, CODE_DELEGATE_TIMEOUT};
+use crate::error::{bounded, PlexusCode, PlexusError};
 use crate::exec::{Exec, ExecRequest};
 use crate::invocation::{Command, Invocation};
 
@@ -189,7 +189,7 @@ impl Delegator<'_> {
             env.push(("CNI_NETNS".into(), rt.netns.unwrap_or_default().into()));
             env.push(("CNI_ARGS".into(), delegate_args(rt.args)));
         }
-        let stdin = serde_json::to_vec(conf).map_err(|e| PlexusError::Decode(e.to_string()))?;
+        let stdin = serde_json::to_vec(conf).map_err(PlexusError::from)?;
         tracing::debug!(plugin = %plugin.display(), command = command.as_str(), network = %list.name, ifname = rt.ifname, "exec delegate");
         let out = self
             .exec
@@ -210,7 +210,7 @@ impl Delegator<'_> {
         tracing::debug!(plugin = %ty, elapsed_ms = out.elapsed.as_secs_f64() * 1e3, "delegate done");
         if out.timed_out {
             return Err(PlexusError::Delegate {
-                code: CODE_DELEGATE_TIMEOUT,
+                code: PlexusCode::DelegateTimeout.code(),
                 msg: format!(
                     "plugin {ty:?} ({}) did not finish within {:?} and was killed",
                     command.as_str(),
@@ -221,7 +221,7 @@ impl Delegator<'_> {
         }
         if out.overflowed {
             return Err(PlexusError::Delegate {
-                code: CODE_DELEGATE_FAILED,
+                code: PlexusCode::DelegateFailed.code(),
                 msg: format!(
                     "plugin {ty:?} ({}) printed more than {} bytes on stdout and was killed",
                     command.as_str(),
@@ -254,7 +254,7 @@ impl Delegator<'_> {
                 .find(|s| !s.is_empty())
                 .unwrap_or("no output");
             return Err(PlexusError::Delegate {
-                code: CODE_DELEGATE_FAILED,
+                code: PlexusCode::DelegateFailed.code(),
                 msg: format!(
                     "plugin {ty:?} failed {} ({status}) without a CNI error: {}",
                     command.as_str(),
