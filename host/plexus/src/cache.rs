@@ -27,7 +27,8 @@ use std::path::{Path, PathBuf};
 use atomic_write_file::AtomicWriteFile;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
-use plexus_core::spec::PodRef;
+use plexus_core::cni::NetworkConfigList;
+use plexus_core::spec::{PodRef, Selection};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
@@ -75,16 +76,49 @@ pub struct Attachment {
     pub ifname: String,
     /// The cluster-wide default network (spec 6).
     pub is_default: bool,
-    /// The delegate configuration list, normalized (name and cniVersion at list level).
-    pub config: Value,
+    /// The delegate configuration list (cached in its `.conflist` form).
+    #[serde(with = "conflist")]
+    pub config: NetworkConfigList,
     /// Capability arguments offered to the list's plugins as runtimeConfig.
     pub capability_args: Map<String, Value>,
-    /// The selection element this attachment came from (spec JSON form), if any.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub selection: Option<Value>,
+    /// The selection element this attachment came from (cached in the spec's JSON form), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none", with = "selection")]
+    pub selection: Option<Selection>,
     /// The list's ADD result, once it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+}
+
+/// A configuration list in the cache: its `.conflist` object, parsed back by the CNI rules.
+mod conflist {
+    use plexus_core::cni::NetworkConfigList;
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(list: &NetworkConfigList, s: S) -> Result<S::Ok, S::Error> {
+        list.to_value().serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<NetworkConfigList, D::Error> {
+        NetworkConfigList::parse(&Value::deserialize(d)?).map_err(D::Error::custom)
+    }
+}
+
+/// A selection in the cache: the spec's element form, which always names the namespace.
+mod selection {
+    use plexus_core::spec::Selection;
+    use serde::{de::Error as _, Deserialize, Deserializer, Serialize, Serializer};
+    use serde_json::Value;
+
+    pub fn serialize<S: Serializer>(sel: &Option<Selection>, s: S) -> Result<S::Ok, S::Error> {
+        sel.as_ref().map(Selection::to_json).serialize(s)
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Selection>, D::Error> {
+        Option::<Value>::deserialize(d)?
+            .map(|v| Selection::from_json(&v, "", 0).map_err(D::Error::custom))
+            .transpose()
+    }
 }
 
 /// The CNI capability carrying the device-info file path (Device Information Specification 5.1).
@@ -396,7 +430,10 @@ mod tests {
             network: "cluster".into(),
             ifname: "eth0".into(),
             is_default: true,
-            config: serde_json::json!({"cniVersion":"1.0.0","name":"cluster","plugins":[{"type":"bridge"}]}),
+            config: NetworkConfigList::parse(&serde_json::json!(
+                {"cniVersion":"1.0.0","name":"cluster","plugins":[{"type":"bridge"}]}
+            ))
+            .unwrap(),
             capability_args: Map::new(),
             selection: None,
             result: None,

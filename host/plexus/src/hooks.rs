@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use plexus_core::spec::{Pod, Selection};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, Selection};
 use plexus_hooks::{HookSpec, Hooks, PolicyOutcome};
 use serde_json::Value;
 
@@ -22,8 +22,8 @@ pub trait HookRunner {
     fn resolve(
         &self,
         pod: &Pod,
-        selection: &Value,
-        nad: &Value,
+        selection: &Selection,
+        nad: &NetworkAttachmentDefinition,
         config: Option<&Value>,
     ) -> Result<Option<Value>, PlexusError>;
     /// The status entries after the status hooks; they follow the spec's rules (section 5).
@@ -48,8 +48,8 @@ impl HookRunner for NoHooks {
     fn resolve(
         &self,
         _: &Pod,
-        _: &Value,
-        _: &Value,
+        _: &Selection,
+        _: &NetworkAttachmentDefinition,
         _: Option<&Value>,
     ) -> Result<Option<Value>, PlexusError> {
         Ok(None)
@@ -99,11 +99,24 @@ impl HookRunner for Hooks {
     fn resolve(
         &self,
         pod: &Pod,
-        selection: &Value,
-        nad: &Value,
+        selection: &Selection,
+        nad: &NetworkAttachmentDefinition,
         config: Option<&Value>,
     ) -> Result<Option<Value>, PlexusError> {
-        Ok(Hooks::resolve(self, pod, selection, Some(nad), config)?)
+        // The WIT carries both in their Kubernetes JSON forms.
+        let nad = serde_json::json!({
+            "apiVersion": "k8s.cni.cncf.io/v1",
+            "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
+            "spec": nad.config.as_ref().map_or(serde_json::json!({}), |c| serde_json::json!({"config": c})),
+        });
+        Ok(Hooks::resolve(
+            self,
+            pod,
+            &selection.to_json(),
+            Some(&nad),
+            config,
+        )?)
     }
 
     fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {

@@ -26,7 +26,7 @@ use crate::lock::ContainerLock;
 use crate::plan::{Planner, Unplannable};
 use crate::podnet::PodNetwork;
 use crate::runner::{Delegator, RuntimeParams};
-use crate::teardown::{cached_list, Teardown};
+use crate::teardown::Teardown;
 
 /// Every outside effect orchestration has, behind its trait.
 pub struct Effects<'a> {
@@ -136,14 +136,13 @@ pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         })?;
     for att in &plan.attachments {
         let label = attachment_label(inv, att);
-        let list = cached_list(att)?;
         let result = att
             .result
             .as_ref()
             .ok_or_else(|| PlexusError::Config(format!("{label}: was never attached")))?;
         Delegator { exec: fx.exec }
             .check(
-                &list,
+                &att.config,
                 &RuntimeParams::of(inv, &att.ifname),
                 &att.capability_args,
                 result,
@@ -202,7 +201,7 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             errors.push(e);
         }
     }
-    let mut per_network: BTreeMap<String, (Value, Vec<Value>)> = BTreeMap::new();
+    let mut per_network: BTreeMap<String, (NetworkConfigList, Vec<Value>)> = BTreeMap::new();
     for id in cache.container_ids()? {
         let _lock = ContainerLock::acquire(&inv.conf.run_dir, &id)?;
         // One unreadable plan must not stop the collection of every other container.
@@ -218,14 +217,8 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         // Every network plexus knows of gets GC, even with no valid attachment left (it may then collect
         // everything it still holds).
         for a in &plan.attachments {
-            let name = a
-                .config
-                .get("name")
-                .and_then(Value::as_str)
-                .unwrap_or_default()
-                .to_string();
             let entry = per_network
-                .entry(name)
+                .entry(a.config.name.clone())
                 .or_insert_with(|| (a.config.clone(), Vec::new()));
             if is_valid {
                 entry.1.push(json!({"containerID": id, "ifname": a.ifname}));
@@ -248,7 +241,7 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         Ok((_, list)) => {
             let entry = per_network
                 .entry(list.name.clone())
-                .or_insert_with(|| (list.to_value(), Vec::new()));
+                .or_insert_with(|| (list, Vec::new()));
             for a in valid_attachments {
                 let pair = json!({"containerID": a.container_id, "ifname": a.ifname});
                 if !entry.1.contains(&pair) {
@@ -258,13 +251,10 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         }
         Err(e) => tracing::warn!("GC cannot resolve the cluster network: {e}"),
     }
-    for (config, attachments) in per_network.values() {
-        if let Ok(list) = NetworkConfigList::parse(config) {
-            let gc =
-                Delegator { exec: fx.exec }.gc(&list, &RuntimeParams::of(inv, ""), attachments);
-            if let Err(e) = gc {
-                errors.push(e.context(format!("GC of network {}", list.name)));
-            }
+    for (list, attachments) in per_network.values() {
+        let gc = Delegator { exec: fx.exec }.gc(list, &RuntimeParams::of(inv, ""), attachments);
+        if let Err(e) = gc {
+            errors.push(e.context(format!("GC of network {}", list.name)));
         }
     }
     if errors.is_empty() {
@@ -312,8 +302,8 @@ fn attach_all(
         let att = &plan.attachments[i];
         let label = attachment_label(inv, att);
         let rt = RuntimeParams::of(inv, &att.ifname);
-        let result = cached_list(att)
-            .and_then(|list| delegator.add(&list, &rt, &att.capability_args))
+        let result = delegator
+            .add(&att.config, &rt, &att.capability_args)
             .map_err(|e| (i + 1, e.context(label.clone())))?;
         let accepted = verify_requested(att, &result)
             .map_err(|e| e.context(label))
@@ -497,13 +487,7 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
         .iter()
         .filter_map(|ip| ip.split('/').next()?.parse().ok())
         .collect();
-    for ip in sel
-        .get("ips")
-        .and_then(Value::as_array)
-        .into_iter()
-        .flatten()
-        .filter_map(Value::as_str)
-    {
+    for ip in &sel.ips {
         let addr: Option<IpAddr> = ip.split('/').next().and_then(|a| a.parse().ok());
         if !addr.is_some_and(|a| have.contains(&a)) {
             return Err(PlexusError::Config(format!(
@@ -512,7 +496,7 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
             )));
         }
     }
-    if let Some(mac) = sel.get("mac").and_then(Value::as_str) {
+    if let Some(mac) = &sel.mac {
         if !status
             .mac
             .as_deref()
@@ -528,13 +512,9 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
     Ok(())
 }
 
+/// The gateways of the attachment's `default-route` (4.1.2.1.9), if its selection asked for it.
 fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
-    let list = att.selection.as_ref()?.get("default-route")?.as_array()?;
-    Some(
-        list.iter()
-            .filter_map(|v| v.as_str()?.parse().ok())
-            .collect(),
-    )
+    att.selection.as_ref()?.default_route.clone()
 }
 
 /// What a plugin wrote into the attachment's device-info file (spec 5.3.8), if anything valid.

@@ -141,7 +141,7 @@ impl<'a> Planner<'a> {
     fn resolve_nad_config(
         &self,
         nad: &NetworkAttachmentDefinition,
-        selection: Option<&Value>,
+        selection: Option<&Selection>,
         pod: Option<&Pod>,
     ) -> Result<NetworkConfigList, PlexusError> {
         let label = format!("NetworkAttachmentDefinition {}/{}", nad.namespace, nad.name);
@@ -152,20 +152,10 @@ impl<'a> Planner<'a> {
                 })?),
                 None => None,
             };
-            let nad_json = json!({
-                "apiVersion": "k8s.cni.cncf.io/v1",
-                "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
-                "spec": nad.config.as_ref().map(|c| json!({"config": c})).unwrap_or(json!({})),
-            });
             let sel = selection
                 .cloned()
-                .unwrap_or_else(|| json!({"name": nad.name, "namespace": nad.namespace}));
-            if let Some(cfg) = self
-                .fx
-                .hooks
-                .resolve(pod, &sel, &nad_json, current.as_ref())?
-            {
+                .unwrap_or_else(|| Selection::new(&nad.namespace, &nad.name));
+            if let Some(cfg) = self.fx.hooks.resolve(pod, &sel, nad, current.as_ref())? {
                 return parse_list(&cfg, &nad.name)
                     .map_err(|e| e.context(format!("{label} (from resolver hook)")));
             }
@@ -196,7 +186,7 @@ impl<'a> Planner<'a> {
                 network: name,
                 ifname: inv.ifname.clone(),
                 is_default: true,
-                config: list.to_value(),
+                config: list,
                 // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
                 capability_args: inv.conf.runtime_config.clone(),
                 selection: None,
@@ -222,7 +212,7 @@ impl<'a> Planner<'a> {
                 network: name,
                 ifname,
                 is_default: false,
-                config: list.to_value(),
+                config: list,
                 capability_args: Map::new(),
                 selection: None,
                 result: None,
@@ -235,12 +225,11 @@ impl<'a> Planner<'a> {
         for sel in selections {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let sel_json = sel.to_json();
             let resolved = self
                 .cluster()
                 .and_then(|c| c.nad(&sel.namespace, &sel.name).map_err(|e| ctx(e.into())))
                 .and_then(|nad| {
-                    self.resolve_nad_config(&nad, Some(&sel_json), Some(pod))
+                    self.resolve_nad_config(&nad, Some(&sel), Some(pod))
                         .map_err(ctx)
                 })
                 .and_then(|list| {
@@ -277,9 +266,9 @@ impl<'a> Planner<'a> {
                 network,
                 ifname,
                 is_default: false,
-                config: list.to_value(),
+                config: list,
                 capability_args,
-                selection: Some(sel_json),
+                selection: Some(sel),
                 result: None,
             });
         }

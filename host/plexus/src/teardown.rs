@@ -1,8 +1,6 @@
 //! Teardown: DEL of a plan's attachments in reverse, every one attempted (spec 7.2), for DEL, for ADD's
 //! rollback and for GC.
 
-use plexus_core::cni::NetworkConfigList;
-
 use crate::cache::{Attachment, AttachmentPlan};
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
@@ -66,11 +64,8 @@ impl<'a> Teardown<'a> {
             netns: self.netns,
             ..RuntimeParams::of(self.inv, &att.ifname)
         };
-        cached_list(att)
-            .and_then(|list| {
-                self.delegator
-                    .del(&list, &rt, &att.capability_args, att.result.as_ref())
-            })
+        self.delegator
+            .del(&att.config, &rt, &att.capability_args, att.result.as_ref())
             .map_err(|e| e.context(format!("network {} ({})", att.network, att.ifname)))?;
         // Device Information Specification 4.2.1: the implementation deletes the file on DEL.
         if let Some(file) = att.device_info_file() {
@@ -83,10 +78,4 @@ impl<'a> Teardown<'a> {
         }
         Ok(())
     }
-}
-
-/// The delegate configuration list an attachment was planned with.
-pub(crate) fn cached_list(att: &Attachment) -> Result<NetworkConfigList, PlexusError> {
-    NetworkConfigList::parse(&att.config)
-        .map_err(|e| PlexusError::Decode(format!("cached config: {e}")))
 }
