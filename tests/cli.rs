@@ -110,4 +110,26 @@ fn hook_inspect_and_run_a_real_component() {
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let run: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(run["output"]["decision"], "deny", "{run}");
+
+    // Input without what the kind needs, or without a pod, is a usage mistake naming it.
+    for (input, named) in [
+        (
+            r#"{"pod": {"namespace": "a", "name": "p"}}"#,
+            "input has no \"selections\"",
+        ),
+        (r#"{"selections": []}"#, "missing field `pod`"),
+    ] {
+        let out = plexus(&[
+            "hook",
+            "run",
+            wasm.to_str().unwrap(),
+            "--kind",
+            "policy",
+            "--input",
+            input,
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{input}");
+        let stderr = text(&out.stderr);
+        assert!(stderr.contains(named), "{input}: {stderr}");
+    }
 }

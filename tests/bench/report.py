@@ -308,17 +308,14 @@ def main():
     w("")
     w(f"In-process figures of the hook runtime alone, {hb['calls']} calls per measurement; a warm call is a fresh "
       "store and instantiation from the pre-instantiated component plus the call. *Warm call* is the engine the "
-      "plexus binary uses (instances allocated on demand: one ADD makes a handful of calls); *pooled* is "
-      "`Hooks::load_pooled` (wasmtime's pooling allocator, for a long-lived host making many calls). The target "
+      "plexus binary uses (instances allocated on demand: one ADD makes a handful of calls). The target "
       "row above is the plexus binary's. Cold compile is an ADD's (one thread; `plexus hook compile` uses every core).")
     w("")
-    w("| guest | kind | component | cold compile | cached load | warm call p50 | warm call p99 | pooled p50 | pooled p99 |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    w("| guest | kind | component | cold compile | cached load | warm call p50 | warm call p99 |")
+    w("| --- | --- | --- | --- | --- | --- | --- |")
     for g in hb["guests"]:
-        pooled = g.get("warmCallPooled") or {}
         w(f"| {g['guest']} | {g['kind']} | {g['componentBytes'] // 1024} KiB | {f(g['coldCompileMs'], 1)} ms | "
-          f"{f(g['cachedLoadMs'])} ms | {f(g['warmCall']['p50Us'], 1)} µs | {f(g['warmCall']['p99Us'], 1)} µs | "
-          f"{f(pooled.get('p50Us', 0), 1)} µs | {f(pooled.get('p99Us', 0), 1)} µs |")
+          f"{f(g['cachedLoadMs'])} ms | {f(g['warmCall']['p50Us'], 1)} µs | {f(g['warmCall']['p99Us'], 1)} µs |")
     t3 = hb["threeInSequence"]
     w("")
     w(f"All three as one ADD runs them: cold load {f(t3['coldLoadMs'], 1)} ms, cached load {f(t3['cachedLoadMs'])} ms, "

@@ -1,7 +1,7 @@
 //! Hook benchmark (not a test): prints JSON with, per example guest, the cold compile and cached load
 //! time and the warm per-call latency (p50/p99 over many calls, each a fresh store + instantiation) from
-//! the engine the plexus binary uses (instances on demand) and from a pooled one (`Hooks::load_pooled`, for a
-//! long-lived host), and the latency of the three kinds in sequence as one ADD runs them.
+//! the engine the plexus binary uses (instances on demand), and the latency of the three kinds in sequence as
+//! one ADD runs them.
 //!
 //! Needs the guests (`guests/build.sh`). Run: `cargo run --release -p plexus-hooks --example hook_bench
 //! [-- CALLS]` (default 2000 calls per measurement).
@@ -144,17 +144,6 @@ fn main() -> Result<(), String> {
             call(&hooks, ex.spec.kind)?;
             samples.push(t.elapsed());
         }
-        // The same calls from a pooled engine (what a long-lived host would use).
-        let pooled = Hooks::load_pooled(specs, cache.path()).map_err(|e| e.to_string())?;
-        for _ in 0..50 {
-            call(&pooled, ex.spec.kind)?;
-        }
-        let mut pooled_samples = Vec::with_capacity(calls);
-        for _ in 0..calls {
-            let t = Instant::now();
-            call(&pooled, ex.spec.kind)?;
-            pooled_samples.push(t.elapsed());
-        }
         per_guest.push(json!({
             "guest": ex.guest,
             "kind": ex.spec.kind,
@@ -162,7 +151,6 @@ fn main() -> Result<(), String> {
             "coldCompileMs": ms(cold_time),
             "cachedLoadMs": ms(cached_time),
             "warmCall": percentiles(samples),
-            "warmCallPooled": percentiles(pooled_samples),
         }));
     }
 

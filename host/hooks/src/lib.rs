@@ -196,30 +196,16 @@ fn check_specs(specs: &[HookSpec]) -> Result<(), HookError> {
 impl Hooks {
     /// Loads the hooks in configured order, compiling each distinct component once and caching the
     /// result under `cache_dir/hooks`.
-    ///
-    /// Instances are allocated on demand, which suits a process that makes a handful of calls (the CNI
-    /// binary); a long-lived host making many calls should use [`Hooks::load_pooled`].
     pub fn load(specs: &[HookSpec], cache_dir: &Path) -> Result<Hooks, HookError> {
-        Self::load_inner(specs, Some(cache_dir), false)
-    }
-
-    /// Like [`Hooks::load`], with instances from a pool reserved once (faster calls, dearer set-up; see
-    /// `engine.rs`). Its compiled artifacts are cached apart from [`Hooks::load`]'s (another engine
-    /// configuration). At most a few calls can be in flight at once.
-    pub fn load_pooled(specs: &[HookSpec], cache_dir: &Path) -> Result<Hooks, HookError> {
-        Self::load_inner(specs, Some(cache_dir), true)
+        Self::load_inner(specs, Some(cache_dir))
     }
 
     /// Like [`Hooks::load`], without reading or writing a cache (for one-off runs).
     pub fn load_uncached(specs: &[HookSpec]) -> Result<Hooks, HookError> {
-        Self::load_inner(specs, None, false)
+        Self::load_inner(specs, None)
     }
 
-    fn load_inner(
-        specs: &[HookSpec],
-        cache_dir: Option<&Path>,
-        pooled: bool,
-    ) -> Result<Hooks, HookError> {
+    fn load_inner(specs: &[HookSpec], cache_dir: Option<&Path>) -> Result<Hooks, HookError> {
         if specs.is_empty() {
             return Ok(Hooks {
                 hooks: Vec::new(),
@@ -228,7 +214,7 @@ impl Hooks {
             });
         }
         check_specs(specs)?;
-        let engine = engine::new_engine(pooled, false).map_err(HookError::Engine)?;
+        let engine = engine::new_engine(false).map_err(HookError::Engine)?;
         let linker = new_linker(&engine).map_err(HookError::Engine)?;
         let dir = cache_dir.map(cache::cache_dir);
         if let Some(Err(why)) = &dir {
@@ -582,7 +568,7 @@ fn cut(mut s: String, max: usize) -> String {
 pub fn compile(path: &Path, cache_dir: &Path) -> Result<Artifact, LoadError> {
     let start = Instant::now();
     let (bytes, sha) = read_module(path)?;
-    let engine = engine::new_engine(false, true).map_err(|reason| LoadError::Compile {
+    let engine = engine::new_engine(true).map_err(|reason| LoadError::Compile {
         path: path.to_path_buf(),
         reason,
     })?;
@@ -621,7 +607,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
         path: path.to_path_buf(),
         reason,
     };
-    let engine = engine::new_engine(false, false).map_err(compile_err)?;
+    let engine = engine::new_engine(false).map_err(compile_err)?;
     let component =
         Component::from_binary(&engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?;
     let ty = component.component_type();
@@ -653,7 +639,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
 /// The cache file `Hooks::load` would use for this component (for tests and operators).
 pub fn artifact_path(module: &Path, cache_dir: &Path) -> Result<PathBuf, LoadError> {
     let (_, sha) = read_module(module)?;
-    let engine = engine::new_engine(false, false).map_err(|reason| LoadError::Compile {
+    let engine = engine::new_engine(false).map_err(|reason| LoadError::Compile {
         path: module.to_path_buf(),
         reason,
     })?;

@@ -183,40 +183,6 @@ fn memory_bomb_hits_the_memory_limit() {
 }
 
 #[test]
-fn pooled_hooks_give_the_same_answers_and_the_same_containment() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut bomb = spec("bomb", HookKind::Policy, "test-memory-bomb");
-    bomb.memory_limit_mib = Some(16);
-    bomb.timeout_ms = Some(5_000);
-    let mut looping = spec("loop", HookKind::Status, "test-endless-loop");
-    looping.timeout_ms = Some(50);
-    let ns = spec("ns-iso", HookKind::Policy, "namespace-isolation");
-    let on_demand = Hooks::load(std::slice::from_ref(&ns), dir.path()).unwrap();
-    let pooled = Hooks::load_pooled(&[ns, bomb.clone(), looping], dir.path()).unwrap();
-    let foreign = vec![json!({"name": "x", "namespace": "elsewhere"})];
-    let first_only = |h: &Hooks| h.policy(&pod(), foreign.clone()).map_err(|e| e.to_string());
-    // Pooled slots are reused call after call: many calls, the same answer as an unpooled engine.
-    let pooled_ns = Hooks::load_pooled(
-        &[spec("ns-iso", HookKind::Policy, "namespace-isolation")],
-        dir.path(),
-    )
-    .unwrap();
-    for _ in 0..20 {
-        assert_eq!(first_only(&pooled_ns), first_only(&on_demand));
-    }
-    assert_eq!(
-        pooled.policy(&pod(), vec![]).unwrap_err().to_string(),
-        "hook \"bomb\" (policy): exceeded its memory limit of 16 MiB"
-    );
-    assert_eq!(
-        pooled.status(&pod(), entries()).unwrap_err().to_string(),
-        "hook \"loop\" (status): timed out after 50 ms"
-    );
-    // After the faults the pool still serves calls.
-    assert_eq!(first_only(&pooled_ns), first_only(&on_demand));
-}
-
-#[test]
 fn trap_is_a_fault_with_the_guest_panic_message() {
     let hooks = load(&[spec("trap", HookKind::Policy, "test-trap")]);
     let (hook, fault) = fault_of(hooks.policy(&pod(), vec![]).unwrap_err());

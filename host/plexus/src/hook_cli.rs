@@ -174,40 +174,19 @@ fn json_arg(text: &str, what: &str) -> Result<Value, CliError> {
         .map_err(|e| CliError::Usage(format!("{what} is not valid JSON: {e}")))
 }
 
-fn pod_of(input: &Value) -> Result<plexus_core::spec::Pod, CliError> {
-    let p = input
-        .get("pod")
-        .and_then(Value::as_object)
-        .ok_or_else(|| CliError::Usage("input has no \"pod\" object".into()))?;
-    let s = |k: &str| p.get(k).and_then(Value::as_str).map(str::to_string);
-    let map = |k: &str| -> Result<_, CliError> {
-        match p.get(k) {
-            None => Ok(Default::default()),
-            Some(v) => serde_json::from_value(v.clone())
-                .map_err(|e| CliError::Usage(format!("pod {k:?} is not a string map: {e}"))),
-        }
-    };
-    Ok(plexus_core::spec::Pod {
-        namespace: s("namespace")
-            .ok_or_else(|| CliError::Usage("pod has no \"namespace\"".into()))?,
-        name: s("name").ok_or_else(|| CliError::Usage("pod has no \"name\"".into()))?,
-        uid: s("uid"),
-        labels: map("labels")?,
-        annotations: map("annotations")?,
-    })
+/// What `--input` holds; which keys a kind needs is checked where it runs.
+#[derive(serde::Deserialize)]
+struct RunInput {
+    pod: plexus_core::spec::Pod,
+    selections: Option<Vec<Value>>,
+    selection: Option<Value>,
+    nad: Option<Value>,
+    config: Option<Value>,
+    entries: Option<Vec<Value>>,
 }
 
-fn field<'a>(input: &'a Value, key: &str) -> Result<&'a Value, CliError> {
-    input
-        .get(key)
-        .ok_or_else(|| CliError::Usage(format!("input has no {key:?}")))
-}
-
-fn list(input: &Value, key: &str) -> Result<Vec<Value>, CliError> {
-    field(input, key)?
-        .as_array()
-        .cloned()
-        .ok_or_else(|| CliError::Usage(format!("input {key:?} is not a list")))
+fn needs<T>(value: Option<T>, key: &str) -> Result<T, CliError> {
+    value.ok_or_else(|| CliError::Usage(format!("input has no {key:?}")))
 }
 
 fn run(args: &[String]) -> Result<Value, CliError> {
@@ -243,7 +222,9 @@ fn run(args: &[String]) -> Result<Value, CliError> {
         .transpose()?;
     spec.timeout_ms = number("timeout-ms")?;
     spec.memory_limit_mib = number("memory-limit-mib")?;
-    let pod = pod_of(&input)?;
+    let input: RunInput =
+        serde_json::from_value(input).map_err(|e| CliError::Usage(format!("--input: {e}")))?;
+    let pod = input.pod;
 
     let start = Instant::now();
     let hooks = Hooks::load_uncached(std::slice::from_ref(&spec)).map_err(|e| failed_err(&e))?;
@@ -252,7 +233,7 @@ fn run(args: &[String]) -> Result<Value, CliError> {
     let start = Instant::now();
     let output = match kind {
         HookKind::Policy => match hooks
-            .policy(&pod, list(&input, "selections")?)
+            .policy(&pod, needs(input.selections, "selections")?)
             .map_err(failed)?
         {
             PolicyOutcome::Admit(selections) => {
@@ -263,17 +244,15 @@ fn run(args: &[String]) -> Result<Value, CliError> {
             }
         },
         HookKind::Resolver => {
-            let selection = field(&input, "selection")?;
-            let nad = input.get("nad").filter(|v| !v.is_null());
-            let config = input.get("config").filter(|v| !v.is_null());
+            let selection = needs(input.selection, "selection")?;
             let out = hooks
-                .resolve(&pod, selection, nad, config)
+                .resolve(&pod, &selection, input.nad.as_ref(), input.config.as_ref())
                 .map_err(failed)?;
             json!({"config": out})
         }
         HookKind::Status => {
             let out = hooks
-                .status(&pod, list(&input, "entries")?)
+                .status(&pod, needs(input.entries, "entries")?)
                 .map_err(failed)?;
             json!({"entries": out})
         }

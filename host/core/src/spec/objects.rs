@@ -29,8 +29,11 @@ impl std::fmt::Display for PodRef {
 pub struct Pod {
     pub namespace: String,
     pub name: String,
+    #[serde(default)]
     pub uid: Option<String>,
+    #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    #[serde(default)]
     pub annotations: BTreeMap<String, String>,
 }
 
