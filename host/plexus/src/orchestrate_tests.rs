@@ -8,13 +8,14 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use plexus_cluster::{Cluster, ClusterError};
-use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef, Selection};
+use plexus_hooks::PolicyOutcome;
 use serde_json::{json, Value};
 
 use crate::conf::stdin_json;
 use crate::error::PlexusError;
 use crate::exec::{Exec, ExecOutput, ExecRequest};
-use crate::hooks::NoHooks;
+use crate::hooks::{HookRunner, NoHooks};
 use crate::invocation::Invocation;
 use crate::orchestrate::{self, Effects};
 use crate::podnet::PodNetwork;
@@ -499,4 +500,173 @@ fn status_asks_the_cluster_network_and_gc_tears_down_what_is_no_longer_valid() {
         ]
     );
     assert!(!node.cached());
+}
+
+/// Hooks in memory: the policy denies pods named in `deny`, or rewrites the selections to `rewrite`; the
+/// resolver supplies `config` for every network; the status hook tags every entry. Calls are recorded.
+#[derive(Default)]
+struct FakeHooks {
+    deny: bool,
+    rewrite: Option<Vec<Selection>>,
+    config: Option<Value>,
+    calls: RefCell<Vec<String>>,
+}
+
+impl HookRunner for FakeHooks {
+    fn is_empty(&self) -> bool {
+        false
+    }
+
+    fn policy(
+        &self,
+        pod: &Pod,
+        selections: Vec<Selection>,
+    ) -> Result<PolicyOutcome<Selection>, PlexusError> {
+        self.calls
+            .borrow_mut()
+            .push(format!("policy {} {}", pod.name, selections.len()));
+        if self.deny {
+            return Ok(PolicyOutcome::Deny {
+                hook: "fake".into(),
+                reason: "no".into(),
+            });
+        }
+        Ok(PolicyOutcome::Admit(
+            self.rewrite.clone().unwrap_or(selections),
+        ))
+    }
+
+    fn resolve(
+        &self,
+        _: &Pod,
+        selection: &Selection,
+        nad: &NetworkAttachmentDefinition,
+        _: Option<&Value>,
+    ) -> Result<Option<Value>, PlexusError> {
+        self.calls.borrow_mut().push(format!(
+            "resolve {} {}",
+            selection.namespaced_name(),
+            nad.name
+        ));
+        Ok(self.config.clone())
+    }
+
+    fn status(&self, _: &Pod, mut entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
+        self.calls
+            .borrow_mut()
+            .push(format!("status {}", entries.len()));
+        for e in &mut entries {
+            e["org.example.tag"] = json!("fake");
+        }
+        Ok(entries)
+    }
+}
+
+/// The pod's network, recording what it was asked to do.
+#[derive(Default)]
+struct RecordingPodNetwork {
+    routes: RefCell<Vec<(String, Vec<IpAddr>, Vec<String>)>>,
+}
+
+impl PodNetwork for RecordingPodNetwork {
+    fn set_default_route(
+        &self,
+        _: &str,
+        target: &str,
+        gateways: &[IpAddr],
+        clear: &[String],
+    ) -> Result<(), PlexusError> {
+        self.routes
+            .borrow_mut()
+            .push((target.into(), gateways.to_vec(), clear.to_vec()));
+        Ok(())
+    }
+}
+
+#[test]
+fn a_policy_hook_that_denies_fails_add_with_code_102_before_any_delegate_runs() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a"));
+    let hooks = FakeHooks {
+        deny: true,
+        ..FakeHooks::default()
+    };
+    let fx = Effects {
+        hooks: &hooks,
+        ..effects(&exec, &cluster)
+    };
+    let err = orchestrate::add(&node.invocation("ADD", json!({})), &fx).unwrap_err();
+    assert_eq!(err.cni_code(), 102, "{err}");
+    assert!(
+        err.to_string().contains("policy hook \"fake\": no"),
+        "{err}"
+    );
+    assert!(exec.summary().is_empty(), "no delegate ran");
+    assert!(!node.cached(), "nothing planned, nothing cached");
+}
+
+#[test]
+fn hooks_rewrite_the_selections_supply_the_config_and_shape_the_status() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+    let hooks = FakeHooks {
+        // The policy keeps only b.
+        rewrite: Some(vec![Selection::new("ns", "b")]),
+        config: Some(json!({"cniVersion": "1.0.0", "type": "from-hook"})),
+        ..FakeHooks::default()
+    };
+    let fx = Effects {
+        hooks: &hooks,
+        ..effects(&exec, &cluster)
+    };
+    orchestrate::add(&node.invocation("ADD", json!({})), &fx).unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("cluster-plugin", "ADD", "eth0"),
+            s("from-hook", "ADD", "net1")
+        ]
+    );
+    assert_eq!(
+        *hooks.calls.borrow(),
+        vec!["policy web 2", "resolve ns/b b", "status 2"]
+    );
+    let statuses = cluster.statuses.borrow();
+    let entries = statuses[0].1.as_array().unwrap();
+    assert_eq!(entries[1]["name"], "ns/b");
+    assert!(entries.iter().all(|e| e["org.example.tag"] == "fake"));
+}
+
+#[test]
+fn default_route_moves_to_the_selected_network_and_the_cached_results_say_so() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (
+        FakeExec::default(),
+        FakeCluster::with_pod(r#"[{"name": "a", "default-route": ["10.0.0.254"]}]"#),
+    );
+    let podnet = RecordingPodNetwork::default();
+    let fx = Effects {
+        podnet: &podnet,
+        ..effects(&exec, &cluster)
+    };
+    orchestrate::add(&node.invocation("ADD", json!({})), &fx).unwrap();
+    assert_eq!(
+        *podnet.routes.borrow(),
+        vec![(
+            "net1".to_string(),
+            vec!["10.0.0.254".parse::<IpAddr>().unwrap()],
+            vec!["eth0".to_string(), "net1".to_string()]
+        )]
+    );
+    // DEL hands the delegate the result as rewritten: the default route is on net1's.
+    orchestrate::del(&node.invocation("DEL", json!({})), &fx).unwrap();
+    let calls = exec.calls.borrow();
+    let del_a = calls
+        .iter()
+        .find(|c| c.plugin == "a-plugin" && c.command == "DEL")
+        .unwrap();
+    assert_eq!(
+        del_a.stdin["prevResult"]["routes"],
+        json!([{"dst": "0.0.0.0/0", "gw": "10.0.0.254"}])
+    );
 }
