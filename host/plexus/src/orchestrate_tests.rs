@@ -562,10 +562,13 @@ impl HookRunner for FakeHooks {
     }
 }
 
+/// One `set_default_route`: the target interface, its gateways, the interfaces cleared.
+type RouteCall = (String, Vec<IpAddr>, Vec<String>);
+
 /// The pod's network, recording what it was asked to do.
 #[derive(Default)]
 struct RecordingPodNetwork {
-    routes: RefCell<Vec<(String, Vec<IpAddr>, Vec<String>)>>,
+    routes: RefCell<Vec<RouteCall>>,
 }
 
 impl PodNetwork for RecordingPodNetwork {
