@@ -673,3 +673,14 @@ fn s4_1_2_1_3_prefix_helper() {
     assert!(is_ip_with_optional_prefix("::ffff:1.2.3.4/128"));
     assert!(!is_ip_with_optional_prefix("10.0.0.1/00"));
 }
+
+#[test]
+fn s4_1_2_1_extension_keys_are_reverse_domain_names() {
+    assert!(ok_key(r#""org.example.vlan": 3"#)
+        .extras
+        .contains_key("org.example.vlan"));
+    for key in [".vlan", "vlan.", "org..example"] {
+        let e = err_key(&format!(r#""{key}": 3"#));
+        assert!(e.contains("is reserved"), "{key}: {e}");
+    }
+}

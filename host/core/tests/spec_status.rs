@@ -340,3 +340,11 @@ fn s5_4_spec_example_entries_validate() {
     ]);
     validate_status_entries(entries.as_array().unwrap()).unwrap();
 }
+
+#[test]
+fn s5_3_extension_keys_are_reverse_domain_names() {
+    for key in [".tag", "tag.", "io..plexus"] {
+        let bad = json!({"name": "n", "default": true, key: 1});
+        assert!(validate_status_entries(&[bad]).is_err(), "{key}");
+    }
+}
