@@ -1,10 +1,9 @@
 //! The `plexus` command lines an operator types: `--help` everywhere, usage mistakes named with exit code 2,
 //! and `plexus hook` on a real component.
 
-use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use plexus_tests::plexus::plexus_bin;
+use plexus_tests::plexus::{guest_wasm, plexus_bin};
 use serde_json::Value;
 
 fn plexus(args: &[&str]) -> Output {
@@ -17,19 +16,6 @@ fn plexus(args: &[&str]) -> Output {
 
 fn text(b: &[u8]) -> String {
     String::from_utf8_lossy(b).into_owned()
-}
-
-fn guest(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("guests").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: run guests/build.sh",
-        p.display()
-    );
-    p
 }
 
 #[test]
@@ -88,7 +74,7 @@ fn usage_mistakes_are_named_with_exit_2() {
 
 #[test]
 fn hook_inspect_and_run_a_real_component() {
-    let wasm = guest("namespace-isolation");
+    let wasm = guest_wasm("namespace-isolation");
     let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();

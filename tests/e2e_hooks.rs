@@ -1,24 +1,9 @@
 //! The example wasm hooks on plexus's ADD path, with the real bridge/host-local plugins in a real network
 //! namespace (issue: WebAssembly hooks, "End to end"). Needs the guests built (tests/run.sh does it).
 
-use std::path::PathBuf;
-
 use plexus_tests::netns::{self, HostBridge, IpamDir, NetNs};
-use plexus_tests::plexus::Sandbox;
+use plexus_tests::plexus::{guest_wasm, Sandbox};
 use serde_json::{json, Value};
-
-fn guest(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
-    let p = target.join("guests").join(format!("{name}.wasm"));
-    assert!(
-        p.exists(),
-        "{} is missing: run guests/build.sh (tests/run.sh does)",
-        p.display()
-    );
-    p
-}
 
 struct World {
     sb: Sandbox,
@@ -51,10 +36,10 @@ fn world(tag: &str) -> World {
     let template = json!({"cniVersion": "1.0.0", "type": "bridge", "bridge": sec_br.name(),
         "ipam": {"type": "host-local", "subnet": sec_net.cidr(), "dataDir": ipam.path()}});
     let conf = sb.conf(json!({"hooks": [
-        {"name": "isolation", "kind": "policy", "module": guest("namespace-isolation")},
-        {"name": "templates", "kind": "resolver", "module": guest("network-templates"),
+        {"name": "isolation", "kind": "policy", "module": guest_wasm("namespace-isolation")},
+        {"name": "templates", "kind": "resolver", "module": guest_wasm("network-templates"),
          "settings": {"templates": {"templated": template}}},
-        {"name": "labels", "kind": "status", "module": guest("status-labels"), "settings": {"labels": ["app"]}},
+        {"name": "labels", "kind": "status", "module": guest_wasm("status-labels"), "settings": {"labels": ["app"]}},
     ]}));
     World {
         sb,
@@ -154,7 +139,7 @@ fn hook_fault_under_fail_policy_rolls_back_and_ignore_skips_it() {
     let w = world("hkf");
     w.sb.pod("team-a", "web", None);
     let mut conf = w.conf.clone();
-    conf["hooks"] = json!([{"name": "looper", "kind": "status", "module": guest("test-endless-loop"), "timeoutMs": 50}]);
+    conf["hooks"] = json!([{"name": "looper", "kind": "status", "module": guest_wasm("test-endless-loop"), "timeoutMs": 50}]);
     let e = env(&w, "fault1", "web");
     let run = w.sb.run_env(&e, conf.to_string().as_bytes());
     assert_eq!(run.code(), 103, "{}", run.stdout);

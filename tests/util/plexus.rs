@@ -21,6 +21,20 @@ pub fn plexus_bin() -> PathBuf {
     bin
 }
 
+/// A guest component built by `guests/build.sh` (the test command runs it), by crate name.
+pub fn guest_wasm(name: &str) -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let p = target.join("guests").join(format!("{name}.wasm"));
+    assert!(
+        p.exists(),
+        "{} is missing: run guests/build.sh (tests/run.sh does)",
+        p.display()
+    );
+    p
+}
+
 /// The fake delegate built with this test crate.
 pub fn fake_cni_bin() -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
