@@ -3,7 +3,8 @@
 use std::net::IpAddr;
 use std::process::Command;
 
-use serde_json::{json, Value};
+use plexus_core::cni::{CniResult, IpNet, Route};
+use serde_json::Value;
 
 use crate::error::PlexusError;
 
@@ -102,6 +103,9 @@ impl PodNetwork for IpRoute {
 /// of the attachments on the cleared interfaces, and the target's result gains one per gateway. CHECK holds the
 /// namespace against these results (bridge verifies every route a result lists), and the runtime receives the
 /// cluster network's result, which must not claim a default route the pod no longer has.
+///
+/// Each result is edited as core's typed result and written back in its own version, as libcni hands results
+/// on (fields the CNI spec does not define are not kept). A result that does not parse is left alone.
 pub fn reroute_results<'a>(
     results: impl IntoIterator<Item = (&'a str, &'a mut Value)>,
     target: &str,
@@ -109,59 +113,40 @@ pub fn reroute_results<'a>(
     clear: &[String],
 ) {
     for (ifname, result) in results {
-        if clear.iter().any(|c| c == ifname) {
-            for routes in route_lists(result) {
-                routes.retain(|r| {
-                    !r.get("dst")
-                        .and_then(Value::as_str)
-                        .is_some_and(is_default_dst)
-                });
-            }
-        }
-        if ifname != target {
+        let clearing = clear.iter().any(|c| c == ifname);
+        if !clearing && ifname != target {
             continue;
         }
-        for gw in gateways {
-            let dst = if gw.is_ipv4() { "0.0.0.0/0" } else { "::/0" };
-            let route = json!({"dst": dst, "gw": gw.to_string()});
-            // Results before 0.3.0 keep routes per family; later ones in one top-level list.
-            let family = if gw.is_ipv4() { "ip4" } else { "ip6" };
-            let list = match result.get_mut(family).filter(|v| v.is_object()) {
-                Some(per_family) => per_family,
-                None => &mut *result,
-            };
-            if let Some(obj) = list.as_object_mut() {
-                let routes = obj.entry("routes").or_insert_with(|| json!([]));
-                if let Some(routes) = routes.as_array_mut() {
-                    routes.push(route);
-                }
+        let Ok(mut typed) = CniResult::parse(result) else {
+            continue;
+        };
+        if clearing {
+            typed.routes.retain(|r| r.dst.prefix_len != 0);
+        }
+        if ifname == target {
+            for gw in gateways {
+                let any = if gw.is_ipv4() {
+                    IpAddr::from([0u8; 4])
+                } else {
+                    IpAddr::from([0u8; 16])
+                };
+                let dst = IpNet {
+                    addr: any,
+                    prefix_len: 0,
+                };
+                typed.routes.push(Route::new(dst, Some(*gw)));
             }
         }
+        if let Ok(rewritten) = typed.to_json(typed.source_version()) {
+            *result = rewritten;
+        }
     }
-}
-
-/// The route lists of a result of any version: `routes`, and `ip4.routes`/`ip6.routes` before 0.3.0.
-fn route_lists(result: &mut Value) -> Vec<&mut Vec<Value>> {
-    let Some(obj) = result.as_object_mut() else {
-        return Vec::new();
-    };
-    obj.iter_mut()
-        .filter_map(|(k, v)| match k.as_str() {
-            "routes" => v.as_array_mut(),
-            "ip4" | "ip6" => v.get_mut("routes")?.as_array_mut(),
-            _ => None,
-        })
-        .collect()
-}
-
-fn is_default_dst(dst: &str) -> bool {
-    dst.split_once('/')
-        .is_some_and(|(addr, len)| len == "0" && addr.parse::<IpAddr>().is_ok())
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn default_routes_move_to_the_target_result() {
