@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use plexus_cluster::{Cluster, ClusterError, KubeCluster, KubeSettings};
 use plexus_core::spec::PodRef;
-use plexus_tests::apiserver::{ApiServer, Fault};
+use plexus_tests::apiserver::{ApiServer, Fault, RecordedRequest};
 use serde_json::{json, Value};
 
 const POD_PATH: &str = "/api/v1/namespaces/team-a/pods/web";
@@ -75,6 +75,16 @@ fn web(uid: Option<&str>) -> PodRef {
         name: "web".into(),
         uid: uid.map(Into::into),
     }
+}
+
+/// The `key=value` parameters of a request's query string.
+fn query_params(r: &RecordedRequest) -> Vec<&str> {
+    r.query
+        .as_deref()
+        .unwrap_or_default()
+        .split('&')
+        .filter(|p| !p.is_empty())
+        .collect()
 }
 
 fn count(server: &ApiServer, method: &str, path: &str) -> usize {
@@ -210,9 +220,9 @@ fn status_is_written_as_a_merge_patch_on_the_status_subresource() {
         ("PATCH", STATUS_PATH)
     );
     assert_eq!(
-        patch.query.as_deref().unwrap_or_default(),
-        "",
-        "no field manager, no dry run, no force"
+        query_params(patch),
+        ["fieldManager=plexus"],
+        "plexus's field manager, no dry run, no force"
     );
     assert_eq!(
         patch.headers.get("content-type").map(String::as_str),
@@ -232,6 +242,36 @@ fn status_is_written_as_a_merge_patch_on_the_status_subresource() {
         stored["metadata"]["annotations"]["keep"], "me",
         "other annotations are untouched"
     );
+}
+
+#[test]
+fn every_request_names_plexus_and_every_write_its_field_manager() {
+    let e = env();
+    e.cluster.pod(&web(Some("uid-1"))).unwrap();
+    e.cluster.nad("team-a", "net-a").unwrap();
+    e.cluster.write_status(&web(Some("uid-1")), "[]").unwrap();
+    e.cluster.record_attachment(&web(None), "Add net1").unwrap();
+    let reqs = e.server.requests();
+    assert_eq!(reqs.len(), 4, "{reqs:?}");
+    let agent = format!("plexus/{}", env!("CARGO_PKG_VERSION"));
+    for r in &reqs {
+        assert_eq!(
+            r.headers.get("user-agent"),
+            Some(&agent),
+            "{} {}",
+            r.method,
+            r.path
+        );
+        if r.method != "GET" {
+            assert_eq!(
+                query_params(r),
+                ["fieldManager=plexus"],
+                "{} {}",
+                r.method,
+                r.path
+            );
+        }
+    }
 }
 
 #[test]

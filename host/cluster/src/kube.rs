@@ -73,6 +73,10 @@ const EVENT_REASON: &str = "AddedInterface";
 /// 1.5 MiB (etcd's request limit).
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 const COMPONENT: &str = "plexus";
+/// How every request names its sender, so an API server's audit log can tell Plexus's traffic apart.
+const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
+/// The field manager of every write, so managedFields tell Plexus's fields apart.
+const FIELD_MANAGER: &str = "plexus";
 
 /// A cluster source backed by the Kubernetes API server.
 pub struct KubeCluster {
@@ -278,6 +282,15 @@ impl KubeCluster {
                 kube::client::ClientBuilder::try_from(config).map(|builder| {
                     // Every answer is bounded in bytes as well as time: a body past the limit fails the read.
                     builder
+                        .with_layer(&tower::util::MapRequestLayer::new(
+                            |mut request: http::Request<kube::client::Body>| {
+                                request.headers_mut().insert(
+                                    http::header::USER_AGENT,
+                                    http::HeaderValue::from_static(USER_AGENT),
+                                );
+                                request
+                            },
+                        ))
                         .with_layer(&tower::util::MapResponseLayer::new(
                             |response: http::Response<_>| {
                                 response.map(|body| {
@@ -464,7 +477,10 @@ impl KubeCluster {
             name: &pod.name,
         };
         // Best effort: one attempt, so a slow API server cannot stretch the ADD with an event nobody awaits.
-        let params = PostParams::default();
+        let params = PostParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PostParams::default()
+        };
         self.call(&op, self.deadline(), 0, || api.create(&params, &event))
             .await
             .map(drop)
@@ -564,7 +580,10 @@ impl Cluster for KubeCluster {
         };
         let patch_body = status_patch(network_status);
         let patch = Patch::Merge(&patch_body);
-        let params = PatchParams::default();
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
         let deadline = self.deadline();
         let mut conflicts = 0u32;
         let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
