@@ -8,7 +8,6 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use atomic_write_file::AtomicWriteFile;
 use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
@@ -328,11 +327,16 @@ impl Cluster for FileCluster {
             .create_dir_all(&ns_dir)
             .map_err(|e| self.io_err(&ns_dir, e))?;
         let rel = format!("{ns_dir}/{}.json", pod.name);
+        // Not synced: this is the development source, and the next ADD writes the status again.
         let write = || -> std::io::Result<()> {
-            let mut f = AtomicWriteFile::open(self.root.join(&rel))?;
+            let mut f = tempfile::Builder::new()
+                .prefix(".status.")
+                .tempfile_in(self.root.join(&ns_dir))?;
             f.write_all(network_status.as_bytes())?;
             f.write_all(b"\n")?;
-            f.commit()
+            f.persist(self.root.join(&rel))
+                .map(drop)
+                .map_err(|e| e.error)
         };
         write().map_err(|e| self.io_err(&rel, e))
     }
