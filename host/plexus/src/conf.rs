@@ -1,6 +1,6 @@
 //! The plexus CNI configuration (design.md, "The plexus CNI configuration"): raw form, then validated.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plexus_core::cni::CniVersion;
@@ -108,6 +108,23 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
 /// The most bytes of network configuration plexus reads from stdin (a conf with a large prevResult is tens of
 /// KiB).
 pub const STDIN_CAP: usize = 4 << 20;
+
+/// The file at `path`, at most `cap` bytes: a larger one is an `InvalidData` error naming the limit, not read
+/// whole. For files plexus reads but does not write (network confs, plugins' device-info files).
+pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(cap as u64 + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() > cap {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {cap} bytes"),
+        ));
+    }
+    Ok(bytes)
+}
 
 /// Stdin as a JSON object: what every command but VERSION needs, and where VERSION finds the
 /// `cniVersion` to answer in. Parsed once per invocation.
@@ -256,6 +273,17 @@ impl PlexusConf {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn files_are_read_up_to_their_cap_and_refused_past_it() {
+        let tmp = tempfile::tempdir().unwrap();
+        let file = tmp.path().join("f");
+        std::fs::write(&file, [b'x'; 16]).unwrap();
+        assert_eq!(read_capped(&file, 16).unwrap().len(), 16);
+        let err = read_capped(&file, 15).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::InvalidData);
+        assert!(err.to_string().contains("larger than 15 bytes"), "{err}");
+    }
 
     fn parse(stdin: &[u8], in_kubernetes: bool) -> Result<PlexusConf, PlexusError> {
         PlexusConf::from_json(stdin_json(stdin)?, in_kubernetes)

@@ -8,6 +8,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plexus_cluster::Cluster;
@@ -17,6 +18,7 @@ use plexus_core::spec::Pod;
 use serde_json::{json, Value};
 
 use crate::cache::{Attachment, AttachmentCache, AttachmentPlan, Journal};
+use crate::conf::read_capped;
 use crate::deleted::DeletedLog;
 use crate::error::PlexusError;
 use crate::exec::Exec;
@@ -517,9 +519,12 @@ fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
     att.selection.as_ref()?.default_route.clone()
 }
 
+/// The most bytes of a device-info file plexus reads (the spec's objects are a few hundred bytes).
+const DEVICE_INFO_CAP: usize = 64 << 10;
+
 /// What a plugin wrote into the attachment's device-info file (spec 5.3.8), if anything valid.
 fn read_device_info(att: &Attachment) -> Option<Value> {
-    let text = std::fs::read(att.device_info_file()?).ok()?;
+    let text = read_capped(Path::new(att.device_info_file()?), DEVICE_INFO_CAP).ok()?;
     let info: Value = serde_json::from_slice(&text).ok()?;
     info.get("type")
         .and_then(Value::as_str)

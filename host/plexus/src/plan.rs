@@ -14,6 +14,7 @@ use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDef
 use serde_json::{json, Map, Value};
 
 use crate::cache::{Attachment, AttachmentPlan, DEVICE_INFO_CAPABILITY};
+use crate::conf::{read_capped, STDIN_CAP};
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
 use crate::orchestrate::{pod_label, Effects};
@@ -93,10 +94,12 @@ impl<'a> Planner<'a> {
         pod: Option<&Pod>,
     ) -> Result<(String, NetworkConfigList), PlexusError> {
         if reference.starts_with('/') {
-            let text = std::fs::read(reference).map_err(|source| PlexusError::Io {
-                path: reference.into(),
-                source,
-            })?;
+            // A conf file is held to the limit of a conf on stdin.
+            let text =
+                read_capped(Path::new(reference), STDIN_CAP).map_err(|source| PlexusError::Io {
+                    path: reference.into(),
+                    source,
+                })?;
             let value: Value = serde_json::from_slice(&text).map_err(|e| {
                 PlexusError::Config(format!(
                     "network configuration {reference}: invalid JSON: {e}"
@@ -363,8 +366,10 @@ fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
         .filter(|e| e.file_type().map(|t| t.is_file()).unwrap_or(false))
         .filter_map(|e| {
             let file_name = e.file_name().to_string_lossy().into_owned();
-            std::fs::read_to_string(e.path())
+            // A file over the limit is skipped like one that cannot be read.
+            read_capped(&e.path(), STDIN_CAP)
                 .ok()
+                .and_then(|bytes| String::from_utf8(bytes).ok())
                 .map(|contents| OnDiskConf {
                     file_name,
                     contents,
