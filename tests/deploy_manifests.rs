@@ -156,6 +156,8 @@ fn rbac_grants_exactly_what_plexus_uses() {
     }
     let expected: BTreeSet<_> = [
         ("", "pods", "get"),
+        ("", "pods", "list"),
+        ("", "pods", "watch"),
         ("", "pods/status", "patch"),
         ("k8s.cni.cncf.io", "network-attachment-definitions", "get"),
         ("k8s.cni.cncf.io", "network-attachment-definitions", "list"),

@@ -15,6 +15,10 @@ step() { printf '\n==> %s\n' "$*" >&2; }
 step "set-up (apt packages, guest toolchain)"
 bash tests/setup.sh
 
+step "set-up: a real kube-apiserver for the daemon tests (built once per machine, then cached)"
+PLEXUS_KUBE_APISERVER=$(bash tests/kube-apiserver.sh)
+export PLEXUS_KUBE_APISERVER
+
 step "style: cargo fmt --check"
 cargo fmt --all --check
 

@@ -15,6 +15,9 @@ PKGS=(
   # a real container runtime for the teardown tests: containerd (CRI plugin) with runc, and a static busybox
   # for the pause image the tests build
   containerd runc busybox-static
+  # the node daemon's tests: etcd under a real kube-apiserver (tests/kube-apiserver.sh builds that), TLS keys,
+  # HTTP to both
+  etcd-server openssl curl
   # benchmarks: plots and profiles
   python3-matplotlib valgrind
   jq

@@ -3,6 +3,7 @@
 pub mod apiserver;
 pub mod containerd;
 pub mod cri;
+pub mod kubeapi;
 pub mod libcni;
 pub mod netns;
 pub mod plexus;

@@ -87,7 +87,7 @@ pub struct KubeCluster {
 
 struct Connection {
     runtime: tokio::runtime::Runtime,
-    client: Client,
+    api: KubeApi,
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -100,14 +100,14 @@ impl std::fmt::Debug for KubeCluster {
 
 /// The NetworkAttachmentDefinition custom resource (spec 3.2) as kube-rs sees it.
 #[derive(Debug, Clone, Deserialize, Serialize)]
-struct NadObject {
+pub(crate) struct NadObject {
     metadata: ObjectMeta,
     #[serde(default)]
     spec: Option<NadSpec>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
-struct NadSpec {
+pub(crate) struct NadSpec {
     #[serde(default)]
     config: Option<String>,
 }
@@ -222,27 +222,7 @@ fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
 impl KubeCluster {
     /// Checks the settings; builds nothing yet. Without a kubeconfig this must run inside a pod.
     pub fn new(settings: KubeSettings) -> Result<KubeCluster, ClusterError> {
-        let invalid = |reason: String| ClusterError::Invalid {
-            what: "kube cluster settings".into(),
-            reason,
-        };
-        if settings.request_timeout_ms == 0 {
-            return Err(invalid("requestTimeoutMs must be greater than 0".into()));
-        }
-        if settings.deadline_ms == 0 {
-            return Err(invalid("deadlineMs must be greater than 0".into()));
-        }
-        if settings.initial_backoff_ms > settings.max_backoff_ms {
-            return Err(invalid(format!(
-                "initialBackoffMs ({}) is greater than maxBackoffMs ({})",
-                settings.initial_backoff_ms, settings.max_backoff_ms
-            )));
-        }
-        if settings.kubeconfig.is_none() && std::env::var_os(SERVICE_HOST_ENV).is_none() {
-            return Err(invalid(format!(
-                "no kubeconfig given and not running in a cluster ({SERVICE_HOST_ENV} is not set)"
-            )));
-        }
+        settings.validate()?;
         Ok(KubeCluster {
             settings,
             conn: Mutex::new(None),
@@ -275,43 +255,110 @@ impl KubeCluster {
                 path: "tokio runtime for the kube cluster source".into(),
                 source,
             })?;
-        let config = runtime.block_on(self.config())?;
         // The client spawns its request buffer onto the runtime it is built in.
-        let client = runtime
-            .block_on(async {
-                kube::client::ClientBuilder::try_from(config).map(|builder| {
-                    // Every answer is bounded in bytes as well as time: a body past the limit fails the read.
-                    builder
-                        .with_layer(&tower::util::MapRequestLayer::new(
-                            |mut request: http::Request<kube::client::Body>| {
-                                request.headers_mut().insert(
-                                    http::header::USER_AGENT,
-                                    http::HeaderValue::from_static(USER_AGENT),
-                                );
-                                request
-                            },
-                        ))
-                        .with_layer(&tower::util::MapResponseLayer::new(
-                            |response: http::Response<_>| {
-                                response.map(|body| {
-                                    http_body_util::Limited::new(body, MAX_RESPONSE_BYTES)
-                                })
-                            },
-                        ))
-                        .build()
-                })
+        let api = runtime.block_on(KubeApi::connect(self.settings.clone()))?;
+        let conn = Arc::new(Connection { runtime, api });
+        *slot = Some(conn.clone());
+        Ok(conn)
+    }
+
+    /// Posts an event on the pod, best effort (one attempt, failures logged).
+    fn event(&self, pod: &PodRef, kind: (&str, &str), message: &str) -> Result<(), ClusterError> {
+        if !self.settings.events {
+            return Ok(());
+        }
+        let conn = self.connection()?;
+        if let Err(err) = conn
+            .runtime
+            .block_on(conn.api.post_event(pod, kind, message))
+        {
+            tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
+        }
+        Ok(())
+    }
+}
+
+impl KubeSettings {
+    fn validate(&self) -> Result<(), ClusterError> {
+        let invalid = |reason: String| ClusterError::Invalid {
+            what: "kube cluster settings".into(),
+            reason,
+        };
+        if self.request_timeout_ms == 0 {
+            return Err(invalid("requestTimeoutMs must be greater than 0".into()));
+        }
+        if self.deadline_ms == 0 {
+            return Err(invalid("deadlineMs must be greater than 0".into()));
+        }
+        if self.initial_backoff_ms > self.max_backoff_ms {
+            return Err(invalid(format!(
+                "initialBackoffMs ({}) is greater than maxBackoffMs ({})",
+                self.initial_backoff_ms, self.max_backoff_ms
+            )));
+        }
+        if self.kubeconfig.is_none() && std::env::var_os(SERVICE_HOST_ENV).is_none() {
+            return Err(invalid(format!(
+                "no kubeconfig given and not running in a cluster ({SERVICE_HOST_ENV} is not set)"
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// The Kubernetes API as Plexus uses it, for async callers: the node daemon uses it directly, [`KubeCluster`]
+/// blocks on it. Requests are bounded in time (per request and per operation, with retries) and in bytes.
+/// Cloning is cheap and shares the connection pool.
+#[derive(Clone)]
+pub struct KubeApi {
+    settings: KubeSettings,
+    client: Client,
+}
+
+impl KubeApi {
+    /// Reads the configuration (kubeconfig or in-cluster) and builds the client; sends nothing yet.
+    pub async fn connect(settings: KubeSettings) -> Result<KubeApi, ClusterError> {
+        settings.validate()?;
+        let config = Self::config(&settings).await?;
+        let client = kube::client::ClientBuilder::try_from(config)
+            .map(|builder| {
+                // Every answer is bounded in bytes as well as time: a body past the limit fails the read.
+                builder
+                    .with_layer(&tower::util::MapRequestLayer::new(
+                        |mut request: http::Request<kube::client::Body>| {
+                            request.headers_mut().insert(
+                                http::header::USER_AGENT,
+                                http::HeaderValue::from_static(USER_AGENT),
+                            );
+                            request
+                        },
+                    ))
+                    .with_layer(&tower::util::MapResponseLayer::new(
+                        |response: http::Response<_>| {
+                            response
+                                .map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
+                        },
+                    ))
+                    .build()
             })
             .map_err(|e| ClusterError::Invalid {
                 what: "kube client configuration".into(),
                 reason: error_chain(&e),
             })?;
-        let conn = Arc::new(Connection { runtime, client });
-        *slot = Some(conn.clone());
-        Ok(conn)
+        Ok(KubeApi { settings, client })
     }
 
-    async fn config(&self) -> Result<Config, ClusterError> {
-        let mut config = match &self.settings.kubeconfig {
+    /// The client, for watches.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    /// The settings the client was built with.
+    pub fn settings(&self) -> &KubeSettings {
+        &self.settings
+    }
+
+    async fn config(settings: &KubeSettings) -> Result<Config, ClusterError> {
+        let mut config = match &settings.kubeconfig {
             Some(path) => {
                 let what = || format!("kubeconfig {}", path.display());
                 let kubeconfig =
@@ -333,7 +380,7 @@ impl KubeCluster {
         };
         // Retries are ours (bounded by the deadline); kube-rs's own policy would multiply them.
         config.default_retry = false;
-        config.connect_timeout = Some(Duration::from_millis(self.settings.request_timeout_ms));
+        config.connect_timeout = Some(Duration::from_millis(settings.request_timeout_ms));
         Ok(config)
     }
 
@@ -418,24 +465,9 @@ impl KubeCluster {
         }
     }
 
-    /// Posts an event on the pod, best effort (one attempt, failures logged).
-    fn event(&self, pod: &PodRef, kind: (&str, &str), message: &str) -> Result<(), ClusterError> {
-        if !self.settings.events {
-            return Ok(());
-        }
-        let conn = self.connection()?;
-        if let Err(err) = conn
-            .runtime
-            .block_on(self.post_event(&conn.client, pod, kind, message))
-        {
-            tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
-        }
-        Ok(())
-    }
-
-    async fn post_event(
+    /// Posts an event on the pod (one attempt).
+    pub async fn post_event(
         &self,
-        client: &Client,
         pod: &PodRef,
         (type_, reason): (&str, &str),
         message: &str,
@@ -468,7 +500,7 @@ impl KubeCluster {
             count: Some(1),
             ..Event::default()
         };
-        let api: Api<Event> = Api::namespaced(client.clone(), &pod.namespace);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
         let op = Op {
             verb: "create",
             resource: "events",
@@ -486,29 +518,10 @@ impl KubeCluster {
             .map(drop)
             .map_err(|f| Self::generic(&op, "event", f))
     }
-}
 
-fn pod_from_kube(namespace: &str, pod: KubePod) -> Pod {
-    let meta = pod.metadata;
-    Pod {
-        namespace: meta.namespace.unwrap_or_else(|| namespace.to_string()),
-        name: meta.name.unwrap_or_default(),
-        uid: meta.uid,
-        labels: meta.labels.unwrap_or_default(),
-        annotations: meta.annotations.unwrap_or_default(),
-    }
-}
-
-/// The merge patch that sets the network-status annotation and touches nothing else.
-fn status_patch(network_status: &str) -> serde_json::Value {
-    let annotations: BTreeMap<&str, &str> = [(NETWORK_STATUS_ANNOTATION, network_status)].into();
-    serde_json::json!({ "metadata": { "annotations": annotations } })
-}
-
-impl Cluster for KubeCluster {
-    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
-        let conn = self.connection()?;
-        let api: Api<KubePod> = Api::namespaced(conn.client.clone(), &pod.namespace);
+    /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
+    pub async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        let api: Api<KubePod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let op = Op {
             verb: "get",
             resource: "pods",
@@ -516,13 +529,16 @@ impl Cluster for KubeCluster {
             namespace: &pod.namespace,
             name: &pod.name,
         };
-        let found = conn
-            .runtime
-            .block_on(self.call(&op, self.deadline(), self.settings.retries, || {
+        let found = self
+            .call(&op, self.deadline(), self.settings.retries, || {
                 api.get(&pod.name)
-            }))
+            })
+            .await
             .map_err(|f| Self::generic(&op, "pod", f))?;
-        let found = pod_from_kube(&pod.namespace, found);
+        let mut found = pod_from_meta(found.metadata);
+        if found.namespace.is_empty() {
+            found.namespace = pod.namespace.clone();
+        }
         if let Some(expected) = &pod.uid {
             let actual = found.uid.clone().unwrap_or_default();
             if *expected != actual {
@@ -536,13 +552,13 @@ impl Cluster for KubeCluster {
         Ok(found)
     }
 
-    fn nad(
+    /// The NetworkAttachmentDefinition `namespace/name`.
+    pub async fn nad(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError> {
-        let conn = self.connection()?;
-        let api: Api<NadObject> = Api::namespaced(conn.client.clone(), namespace);
+        let api: Api<NadObject> = Api::namespaced(self.client.clone(), namespace);
         let op = Op {
             verb: "get",
             resource: NAD_PLURAL,
@@ -550,27 +566,30 @@ impl Cluster for KubeCluster {
             namespace,
             name,
         };
-        let found = conn
-            .runtime
-            .block_on(self.call(&op, self.deadline(), self.settings.retries, || {
+        let found = self
+            .call(&op, self.deadline(), self.settings.retries, || {
                 api.get(name)
-            }))
+            })
+            .await
             .map_err(|f| Self::generic(&op, "NetworkAttachmentDefinition", f))?;
-        let config = found
-            .spec
-            .and_then(|s| s.config)
-            .filter(|c| !c.trim().is_empty());
-        Ok(NetworkAttachmentDefinition {
-            namespace: namespace.into(),
-            name: name.into(),
-            config,
-            annotations: found.metadata.annotations.unwrap_or_default(),
-        })
+        let mut nad = nad_from_kube(found);
+        // Answers normally carry both; the request's own names are the fallback.
+        if nad.namespace.is_empty() {
+            nad.namespace = namespace.into();
+        }
+        if nad.name.is_empty() {
+            nad.name = name.into();
+        }
+        Ok(nad)
     }
 
-    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
-        let conn = self.connection()?;
-        let api: Api<KubePod> = Api::namespaced(conn.client.clone(), &pod.namespace);
+    /// Publishes the network-status annotation value with a merge patch of `pods/status`.
+    pub async fn write_status(
+        &self,
+        pod: &PodRef,
+        network_status: &str,
+    ) -> Result<(), ClusterError> {
+        let api: Api<KubePod> = Api::namespaced(self.client.clone(), &pod.namespace);
         let op = Op {
             verb: "patch",
             resource: "pods/status",
@@ -587,37 +606,96 @@ impl Cluster for KubeCluster {
         let deadline = self.deadline();
         let mut conflicts = 0u32;
         let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
-        conn.runtime.block_on(async {
-            loop {
-                let sent = self
-                    .call(&op, deadline, self.settings.retries, || {
-                        api.patch_status(&pod.name, &params, &patch)
-                    })
-                    .await;
-                match sent {
-                    Ok(_) => return Ok(()),
-                    Err(Failure::Api(status)) if status.code == 404 => {
-                        tracing::warn!(pod = %pod, "pod vanished before its network-status could be written");
-                        return Ok(());
-                    }
-                    Err(Failure::Api(status)) if status.code == 409 => {
-                        conflicts += 1;
-                        if conflicts > self.settings.conflict_retries || Instant::now() + backoff >= deadline {
-                            return Err(ClusterError::Unavailable(format!(
-                                "{}: still conflicting after {conflicts} attempts",
-                                op.describe()
-                            )));
-                        }
-                        tracing::debug!(pod = %pod, conflicts, "status patch conflicted, retrying");
-                        tokio::time::sleep(backoff).await;
-                        backoff = (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
-                    }
-                    Err(failure) => return Err(Self::generic(&op, "pod", failure)),
+        loop {
+            let sent = self
+                .call(&op, deadline, self.settings.retries, || {
+                    api.patch_status(&pod.name, &params, &patch)
+                })
+                .await;
+            match sent {
+                Ok(_) => return Ok(()),
+                Err(Failure::Api(status)) if status.code == 404 => {
+                    tracing::warn!(pod = %pod, "pod vanished before its network-status could be written");
+                    return Ok(());
                 }
+                Err(Failure::Api(status)) if status.code == 409 => {
+                    conflicts += 1;
+                    if conflicts > self.settings.conflict_retries
+                        || Instant::now() + backoff >= deadline
+                    {
+                        return Err(ClusterError::Unavailable(format!(
+                            "{}: still conflicting after {conflicts} attempts",
+                            op.describe()
+                        )));
+                    }
+                    tracing::debug!(pod = %pod, conflicts, "status patch conflicted, retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff =
+                        (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
+                }
+                Err(failure) => return Err(Self::generic(&op, "pod", failure)),
             }
-        })
+        }
+    }
+}
+
+/// kubectl's copy of the whole object as last applied: the largest annotation a pod commonly carries, and not
+/// one planning or a hook has a use for. Dropped from every pod Plexus reads, whether from a GET or a watch.
+const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
+
+/// The pod as planning sees it: identity, labels and annotations from its metadata.
+pub(crate) fn pod_from_meta(meta: ObjectMeta) -> Pod {
+    let mut annotations = meta.annotations.unwrap_or_default();
+    annotations.remove(LAST_APPLIED);
+    Pod {
+        namespace: meta.namespace.unwrap_or_default(),
+        name: meta.name.unwrap_or_default(),
+        uid: meta.uid,
+        labels: meta.labels.unwrap_or_default(),
+        annotations,
+    }
+}
+
+/// The NAD as planning sees it; an empty config is no config (spec 3.4.1).
+pub(crate) fn nad_from_kube(found: NadObject) -> NetworkAttachmentDefinition {
+    let config = found
+        .spec
+        .and_then(|s| s.config)
+        .filter(|c| !c.trim().is_empty());
+    NetworkAttachmentDefinition {
+        namespace: found.metadata.namespace.unwrap_or_default(),
+        name: found.metadata.name.unwrap_or_default(),
+        config,
+        annotations: found.metadata.annotations.unwrap_or_default(),
+    }
+}
+
+/// The merge patch that sets the network-status annotation and touches nothing else.
+fn status_patch(network_status: &str) -> serde_json::Value {
+    let annotations: BTreeMap<&str, &str> = [(NETWORK_STATUS_ANNOTATION, network_status)].into();
+    serde_json::json!({ "metadata": { "annotations": annotations } })
+}
+
+impl Cluster for KubeCluster {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        let conn = self.connection()?;
+        conn.runtime.block_on(conn.api.pod(pod))
     }
 
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        let conn = self.connection()?;
+        conn.runtime.block_on(conn.api.nad(namespace, name))
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        let conn = self.connection()?;
+        conn.runtime
+            .block_on(conn.api.write_status(pod, network_status))
+    }
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
         self.event(pod, ("Normal", EVENT_REASON), message)
     }

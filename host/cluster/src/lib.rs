@@ -5,10 +5,12 @@
 
 mod file;
 mod kube;
+mod watch;
 
-pub use self::kube::{KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
+pub use self::kube::{KubeApi, KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+pub use watch::{run_watches, CacheHealth, Lookup, NodeCache, WatchSettings};
 
 /// What can go wrong talking to a cluster source. Messages name the object involved.
 #[derive(Debug, thiserror::Error)]

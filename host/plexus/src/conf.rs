@@ -24,6 +24,7 @@ struct RawConf {
     cache_dir: Option<PathBuf>,
     run_dir: Option<PathBuf>,
     cluster: Option<Value>,
+    daemon: Option<Value>,
     readiness_indicator_file: Option<PathBuf>,
     readiness_timeout_ms: Option<u64>,
     device_info_dir: Option<PathBuf>,
@@ -60,6 +61,17 @@ pub enum ClusterSource {
     Kube(Value),
 }
 
+/// Where the node daemon listens, and how long an ADD waits for one of its answers before it reads the API itself.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonRef {
+    pub socket: PathBuf,
+    pub timeout: Duration,
+}
+
+/// The default wait for the daemon: long enough for a pod the watch has not delivered yet, short against the
+/// runtime's own timeouts.
+pub const DAEMON_TIMEOUT_MS: u64 = 2000;
+
 /// The validated plexus configuration.
 #[derive(Debug, Clone)]
 pub struct PlexusConf {
@@ -73,6 +85,8 @@ pub struct PlexusConf {
     pub cache_dir: PathBuf,
     pub run_dir: PathBuf,
     pub cluster: ClusterSource,
+    /// The node daemon an ADD asks first (with the kube source); `None` when switched off.
+    pub daemon: Option<DaemonRef>,
     pub readiness_indicator_file: Option<PathBuf>,
     pub readiness_timeout: Duration,
     /// Where CNI device-info files live (Device Information Specification 4.2).
@@ -103,6 +117,39 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
             p.display()
         )))
     }
+}
+
+/// The `daemon` key: `false` switches the daemon off; an object may set `socket` and `timeoutMs`.
+fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, PlexusError> {
+    #[derive(Deserialize)]
+    #[serde(rename_all = "camelCase", deny_unknown_fields)]
+    struct Raw {
+        socket: Option<PathBuf>,
+        timeout_ms: Option<u64>,
+    }
+    let raw = match raw {
+        Some(Value::Bool(false)) => return Ok(None),
+        None | Some(Value::Bool(true)) => Raw {
+            socket: None,
+            timeout_ms: None,
+        },
+        Some(v) => serde_json::from_value(v).map_err(|e| {
+            PlexusError::Config(format!("daemon: {e} (expected false or an object)"))
+        })?,
+    };
+    let timeout_ms = raw.timeout_ms.unwrap_or(DAEMON_TIMEOUT_MS);
+    if !(1..=60_000).contains(&timeout_ms) {
+        return Err(PlexusError::Config(format!(
+            "daemon.timeoutMs must be between 1 and 60000, got {timeout_ms}"
+        )));
+    }
+    Ok(Some(DaemonRef {
+        socket: match raw.socket {
+            Some(p) => absolute("daemon.socket", p)?,
+            None => run_dir.join("daemon.sock"),
+        },
+        timeout: Duration::from_millis(timeout_ms),
+    }))
 }
 
 /// The most bytes of network configuration plexus reads from stdin (a conf with a large prevResult is tens of
@@ -198,6 +245,11 @@ impl PlexusConf {
                 )))
             }
         };
+        let run_dir = absolute(
+            "runDir",
+            raw.run_dir.unwrap_or_else(|| "/run/plexus".into()),
+        )?;
+        let daemon = daemon_ref(raw.daemon, &run_dir)?;
         let ignore_invalid_selections = match raw.invalid_selections.as_deref() {
             None | Some("fail") => false,
             Some("ignore") => true,
@@ -243,11 +295,9 @@ impl PlexusConf {
                 "cacheDir",
                 raw.cache_dir.unwrap_or_else(|| "/var/lib/plexus".into()),
             )?,
-            run_dir: absolute(
-                "runDir",
-                raw.run_dir.unwrap_or_else(|| "/run/plexus".into()),
-            )?,
+            run_dir,
             cluster,
+            daemon,
             readiness_indicator_file: raw
                 .readiness_indicator_file
                 .map(|p| absolute("readinessIndicatorFile", p))

@@ -3,12 +3,14 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::sync::Mutex;
+use std::time::Duration;
 
 use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
 use plexus_core::cni::{CniError, CniVersion};
 use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
+use crate::daemon::client::{DaemonCluster, DaemonConf};
 use crate::error::{bounded, PlexusError};
 use crate::exec::ProcessExec;
 use crate::hooks::{HookRunner, NoHooks};
@@ -69,6 +71,7 @@ fn run_inner(
 
     let file_cluster;
     let kube_cluster;
+    let daemon_cluster;
     let cluster: Option<&dyn Cluster> = match &inv.conf.cluster {
         ClusterSource::None => None,
         ClusterSource::Files { dir } => {
@@ -78,9 +81,22 @@ fn run_inner(
         ClusterSource::Kube(settings) => {
             let settings: KubeSettings = serde_json::from_value(settings.clone())
                 .map_err(|e| PlexusError::Config(format!("cluster (source \"kube\"): {e}")))?;
+            let write_timeout = Duration::from_millis(settings.deadline_ms + 1000);
             // Cheap: the client is only built on the first call that needs the API.
             kube_cluster = KubeCluster::new(settings)?;
-            Some(&kube_cluster)
+            match &inv.conf.daemon {
+                // Only an ADD asks the daemon: teardown never depends on it.
+                Some(d) if command == Command::Add => {
+                    let conf = DaemonConf {
+                        socket: d.socket.clone(),
+                        timeout: d.timeout,
+                        write_timeout,
+                    };
+                    daemon_cluster = DaemonCluster::new(conf, &kube_cluster);
+                    Some(&daemon_cluster as &dyn Cluster)
+                }
+                _ => Some(&kube_cluster as &dyn Cluster),
+            }
         }
     };
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.

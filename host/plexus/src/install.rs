@@ -508,6 +508,17 @@ pub struct ApiServerEnv {
     pub port: Option<String>,
 }
 
+impl ApiServerEnv {
+    /// The address kubelet gives every pod (`KUBERNETES_SERVICE_HOST`, `KUBERNETES_SERVICE_PORT`).
+    pub fn from_process() -> ApiServerEnv {
+        let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
+        ApiServerEnv {
+            host: var("KUBERNETES_SERVICE_HOST"),
+            port: var("KUBERNETES_SERVICE_PORT"),
+        }
+    }
+}
+
 /// One pass of installation: the kubeconfig (when in a cluster) and the conflist, each rewritten only if it
 /// changed. Without a cluster network conf the conflist is removed, so the node reports the network as not
 /// ready instead of failing every pod (spec 6.1). Returns the files it wrote or removed.
@@ -606,15 +617,7 @@ pub fn main(args: &[String]) -> u8 {
             return 2;
         }
     };
-    let env = ApiServerEnv {
-        host: std::env::var("KUBERNETES_SERVICE_HOST")
-            .ok()
-            .filter(|h| !h.is_empty()),
-        port: std::env::var("KUBERNETES_SERVICE_PORT")
-            .ok()
-            .filter(|p| !p.is_empty()),
-    };
-    match run(&opts, &env) {
+    match run(&opts, &ApiServerEnv::from_process()) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("plexus install: {err}");

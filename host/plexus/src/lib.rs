@@ -5,6 +5,7 @@
 
 pub mod cache;
 pub mod conf;
+pub mod daemon;
 pub mod deleted;
 pub mod entry;
 pub mod error;

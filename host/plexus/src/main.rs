@@ -39,6 +39,7 @@ const USAGE: &str = "\
 usage: plexus                  a CNI plugin: run by a container runtime, with CNI_COMMAND set
        plexus install ...      put plexus on a node (plexus install --help)
        plexus hook ...         inspect, compile and run WebAssembly hooks (plexus hook --help)
+       plexus daemon ...       the node's long-running process (plexus daemon --help)
        plexus --version";
 
 #[cfg_attr(test, allow(dead_code))]
@@ -56,6 +57,7 @@ fn real_main() -> u8 {
             }
             "hook" => return plexus::hook_cli::main(&args[2..]),
             "install" => return plexus::install::main(&args[2..]),
+            "daemon" => return plexus::daemon::main(&args[2..]),
             other => {
                 eprintln!("plexus: unknown subcommand {other:?}\n{USAGE}");
                 return 2;

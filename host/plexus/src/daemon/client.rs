@@ -1,0 +1,184 @@
+//! The CNI process's side of the node daemon: a [`Cluster`] that asks the daemon first and the API itself when
+//! the daemon cannot answer in time (thin mode).
+//!
+//! Only an ADD asks the daemon; DEL, CHECK and GC never do, so a daemon can never block a teardown. The first
+//! time the daemon fails to answer (no socket, refused, timed out, unsynced, busy), the rest of the invocation
+//! goes thin at once: a dead or hung daemon costs one bounded wait per ADD, not one per object.
+
+use std::cell::Cell;
+use std::io::Write;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use plexus_cluster::{Cluster, ClusterError};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+
+use super::proto::{read_message, write_message, Answer, Request, MAX_ANSWER_BYTES};
+
+/// Where the daemon listens and how long a read may wait for it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DaemonConf {
+    pub socket: PathBuf,
+    /// For reads and events: connect, send, answer.
+    pub timeout: Duration,
+    /// For the status write, which the daemon answers once the API server has it.
+    pub write_timeout: Duration,
+}
+
+/// Asks the daemon, falls back to `thin`.
+pub struct DaemonCluster<'a> {
+    conf: DaemonConf,
+    thin: &'a dyn Cluster,
+    /// Set once the daemon failed to answer: later calls of this invocation go thin directly.
+    gone: Cell<bool>,
+}
+
+impl<'a> DaemonCluster<'a> {
+    pub fn new(conf: DaemonConf, thin: &'a dyn Cluster) -> Self {
+        DaemonCluster {
+            conf,
+            thin,
+            gone: Cell::new(false),
+        }
+    }
+
+    /// The daemon's answer, or `None` (after which this invocation stops asking).
+    fn ask(&self, request: &Request, timeout: Duration) -> Option<Answer> {
+        if self.gone.get() {
+            return None;
+        }
+        let answer = match ask(&self.conf.socket, request, timeout) {
+            Ok(Answer::Unsynced) => Err("its caches are not synced yet".to_string()),
+            Ok(Answer::Busy) => Err("it is at its concurrency bound".to_string()),
+            Ok(answer) => Ok(answer),
+            Err(e) => Err(e),
+        };
+        match answer {
+            Ok(a) => Some(a),
+            Err(reason) => {
+                self.gone.set(true);
+                tracing::debug!(socket = %self.conf.socket.display(), %reason, "node daemon cannot answer; asking the API directly");
+                None
+            }
+        }
+    }
+}
+
+/// One request and its answer over a fresh connection, all within `timeout`. The socket must belong to root
+/// (or to this process's user): anything else could hand out plans.
+pub fn ask(
+    socket: &std::path::Path,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Answer, String> {
+    let meta = std::fs::metadata(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+    let euid = rustix::process::geteuid().as_raw();
+    if !meta.file_type().is_socket() || (meta.uid() != 0 && meta.uid() != euid) {
+        return Err(format!(
+            "{} is not a socket owned by root",
+            socket.display()
+        ));
+    }
+    let deadline = std::time::Instant::now() + timeout;
+    let left = || {
+        deadline
+            .saturating_duration_since(std::time::Instant::now())
+            .max(Duration::from_millis(1))
+    };
+    let mut stream = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    stream
+        .set_write_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    write_message(&mut stream, request).map_err(|e| format!("send: {e}"))?;
+    let _ = stream.flush();
+    stream
+        .set_read_timeout(Some(left()))
+        .map_err(|e| e.to_string())?;
+    read_message(&stream, MAX_ANSWER_BYTES).map_err(|e| format!("answer: {e}"))
+}
+
+fn unexpected(what: &str, answer: Answer) -> ClusterError {
+    ClusterError::Invalid {
+        what: "node daemon answer".into(),
+        reason: format!("asked for {what}, got {answer:?}"),
+    }
+}
+
+impl Cluster for DaemonCluster<'_> {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        match self.ask(&Request::Pod { pod: pod.clone() }, self.conf.timeout) {
+            Some(Answer::Pod { pod }) => Ok(pod),
+            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(other) => Err(unexpected("a pod", other)),
+            None => self.thin.pod(pod),
+        }
+    }
+
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        let request = Request::Nad {
+            namespace: namespace.into(),
+            name: name.into(),
+        };
+        match self.ask(&request, self.conf.timeout) {
+            Some(Answer::Nad { nad }) => Ok(nad),
+            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(other) => Err(unexpected("a NetworkAttachmentDefinition", other)),
+            None => self.thin.nad(namespace, name),
+        }
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        let request = Request::Status {
+            pod: pod.clone(),
+            network_status: network_status.into(),
+        };
+        match self.ask(&request, self.conf.write_timeout) {
+            Some(Answer::Done) => Ok(()),
+            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(other) => Err(unexpected("a status write", other)),
+            // The merge patch is idempotent: writing it again after a daemon died mid-write is harmless.
+            None => self.thin.write_status(pod, network_status),
+        }
+    }
+
+    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
+        self.event(pod, false, "AddedInterface", message)
+    }
+
+    fn record_warning(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.event(pod, true, reason, message)
+    }
+}
+
+impl DaemonCluster<'_> {
+    fn event(
+        &self,
+        pod: &PodRef,
+        warning: bool,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        let request = Request::Event {
+            pod: pod.clone(),
+            warning,
+            reason: reason.into(),
+            message: message.into(),
+        };
+        match self.ask(&request, self.conf.timeout) {
+            Some(_) => Ok(()),
+            None if warning => self.thin.record_warning(pod, reason, message),
+            None => self.thin.record_attachment(pod, message),
+        }
+    }
+}

@@ -1,0 +1,549 @@
+//! `plexus daemon`: the node's long-running process. It keeps watch caches of the node's pods and the cluster's
+//! NADs and answers the CNI process's reads from them over a unix socket, and it sends the network-status
+//! write and the events with its own warm client, so that an ADD in steady state reads nothing from the API.
+//!
+//! The CNI process keeps everything that touches the pod (lock, cache journal, delegates, rollback, DEL): the
+//! daemon only answers questions, and a daemon that is absent, unsynced, busy or slow means the CNI process
+//! asks the API itself (thin mode). See [`client`].
+
+pub mod client;
+pub mod proto;
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plexus_cluster::{
+    run_watches, ClusterError, KubeApi, KubeSettings, Lookup, NodeCache, WatchSettings,
+};
+use plexus_core::spec::PodRef;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use self::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
+use crate::install::{self, InstallOptions};
+
+/// Where the daemon listens unless told otherwise (the CNI side's default is `<runDir>/daemon.sock`).
+pub const DEFAULT_SOCKET: &str = "/run/plexus/daemon.sock";
+
+const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
+                     [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
+                     [--log-level LEVEL] [--install INSTALL-FLAGS...]
+
+Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
+spec.nodeName) and every NetworkAttachmentDefinition, keeps only what planning reads, and answers the plexus
+CNI process over a root-only unix socket, so that an ADD reads nothing from the API; it also sends the
+network-status write and the events. Without an answer in time the CNI process works without it.
+
+  --node-name NAME          the node whose pods are cached (default: $NODE_NAME)
+  --kubeconfig PATH         API credentials (default: the pod's service account)
+  --socket PATH             where to listen (default /run/plexus/daemon.sock)
+  --max-in-flight N         requests served at once; more wait up to 250 ms, then get 'busy' (default 64)
+  --pod-wait-ms N           how long a pod not yet in the cache waits for its watch event before the daemon
+                            reads it from the API (default 500)
+  --watch-timeout-secs N    how long one watch request stays open before it is renewed (default 290)
+  --log-level LEVEL         error, warn, info, debug (default info)
+  --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
+                            argument after --install is an install flag";
+
+/// The daemon's settings, from its command line.
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    pub node: String,
+    pub socket: PathBuf,
+    pub kube: KubeSettings,
+    pub max_in_flight: usize,
+    pub queue_wait: Duration,
+    pub pod_wait: Duration,
+    pub watch_timeout_secs: u32,
+    pub log_level: String,
+    pub install: Option<InstallOptions>,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        DaemonSettings {
+            node: String::new(),
+            socket: DEFAULT_SOCKET.into(),
+            kube: KubeSettings::default(),
+            max_in_flight: 64,
+            queue_wait: Duration::from_millis(250),
+            pod_wait: Duration::from_millis(500),
+            watch_timeout_secs: 290,
+            log_level: "info".into(),
+            install: None,
+        }
+    }
+}
+
+/// What went wrong starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("help")]
+    Help,
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another plexus daemon holds {0}")]
+    AlreadyRunning(String),
+    #[error("install: {0}")]
+    Install(#[from] install::InstallError),
+}
+
+/// Parses `plexus daemon` arguments (those after `daemon`); `node_env` is `$NODE_NAME`.
+pub fn parse_args(
+    args: &[String],
+    node_env: Option<String>,
+) -> Result<DaemonSettings, DaemonError> {
+    use lexopt::prelude::*;
+    let mut s = DaemonSettings {
+        node: node_env.unwrap_or_default(),
+        ..DaemonSettings::default()
+    };
+    let mut parser = lexopt::Parser::from_args(args.iter().cloned());
+    let usage = |e: lexopt::Error| DaemonError::Usage(e.to_string());
+    let number = |flag: &str, v: std::ffi::OsString| -> Result<u64, DaemonError> {
+        v.to_str()
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| DaemonError::Usage(format!("{flag} needs a positive whole number")))
+    };
+    while let Some(arg) = parser.next().map_err(usage)? {
+        match arg {
+            Long("node-name") => s.node = parser.value().map_err(usage)?.string().map_err(usage)?,
+            Long("kubeconfig") => s.kube.kubeconfig = Some(parser.value().map_err(usage)?.into()),
+            Long("socket") => s.socket = parser.value().map_err(usage)?.into(),
+            Long("max-in-flight") => {
+                s.max_in_flight =
+                    number("--max-in-flight", parser.value().map_err(usage)?)? as usize
+            }
+            Long("pod-wait-ms") => {
+                s.pod_wait =
+                    Duration::from_millis(number("--pod-wait-ms", parser.value().map_err(usage)?)?)
+            }
+            Long("watch-timeout-secs") => {
+                let n = number("--watch-timeout-secs", parser.value().map_err(usage)?)?;
+                s.watch_timeout_secs = u32::try_from(n).unwrap_or(u32::MAX).min(3600);
+            }
+            Long("log-level") => {
+                s.log_level = parser.value().map_err(usage)?.string().map_err(usage)?
+            }
+            Long("install") => {
+                let rest: Vec<String> = parser
+                    .raw_args()
+                    .map_err(usage)?
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                s.install = Some(install::parse_args(&rest)?);
+            }
+            Short('h') | Long("help") => return Err(DaemonError::Help),
+            _ => return Err(usage(arg.unexpected())),
+        }
+    }
+    if s.node.is_empty() {
+        return Err(DaemonError::Usage(
+            "no node name: give --node-name or set NODE_NAME".into(),
+        ));
+    }
+    if !s.socket.is_absolute() {
+        return Err(DaemonError::Usage(
+            "--socket must be an absolute path".into(),
+        ));
+    }
+    Ok(s)
+}
+
+/// `plexus daemon ARGS...`.
+pub fn main(args: &[String]) -> u8 {
+    let settings = match parse_args(args, std::env::var("NODE_NAME").ok()) {
+        Ok(s) => s,
+        Err(DaemonError::Help) => {
+            println!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("plexus daemon: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    init_logging(&settings.log_level);
+    match run(settings) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "daemon stopped");
+            eprintln!("plexus daemon: {e}");
+            1
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::new(format!(
+        "plexus={level},plexus_cluster={level},kube_runtime=warn"
+    ));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| DaemonError::Io { path, source }
+    };
+    if let Some(opts) = settings.install.clone() {
+        let env = install::ApiServerEnv::from_process();
+        // A first install that fails stops the daemon (the pod restarts and says why); the watch loop itself
+        // only logs.
+        std::thread::Builder::new()
+            .name("install".into())
+            .spawn(move || {
+                if let Err(e) = install::run(&opts, &env) {
+                    eprintln!("plexus daemon: install: {e}");
+                    std::process::exit(1);
+                }
+            })
+            .map_err(io(Path::new("install thread")))?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io(Path::new("tokio runtime")))?;
+    runtime.block_on(serve(settings))
+}
+
+struct Shared {
+    node: String,
+    cache: Arc<NodeCache>,
+    api: KubeApi,
+    permits: tokio::sync::Semaphore,
+    max_in_flight: usize,
+    queue_wait: Duration,
+    pod_wait: Duration,
+    shed: AtomicU64,
+    api_reads: AtomicU64,
+    status_writes: AtomicU64,
+    events_in_flight: Arc<AtomicUsize>,
+}
+
+/// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
+const MAX_EVENTS_IN_FLIGHT: usize = 256;
+
+async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
+    let io = |path: &Path| {
+        let path = path.display().to_string();
+        move |source| DaemonError::Io { path, source }
+    };
+    let dir = settings
+        .socket
+        .parent()
+        .ok_or_else(|| DaemonError::Usage("--socket has no parent directory".into()))?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    // One daemon per socket: the lock is held for the process's life and released by the kernel at exit.
+    let lock_path = settings.socket.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io(&lock_path))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            return Err(DaemonError::AlreadyRunning(lock_path.display().to_string()))
+        }
+        Err(e) => return Err(io(&lock_path)(e.into())),
+    }
+    // A socket left by a daemon that died: nobody listens on it any more (we hold the lock).
+    match std::fs::remove_file(&settings.socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&settings.socket)(e)),
+    }
+    let api = KubeApi::connect(settings.kube.clone()).await?;
+    let cache = NodeCache::new();
+    let watches = tokio::spawn(run_watches(
+        api.client().clone(),
+        cache.clone(),
+        WatchSettings {
+            node: settings.node.clone(),
+            timeout_secs: settings.watch_timeout_secs,
+        },
+    ));
+    let listener = {
+        // Root only: created under a umask that leaves no permission to group or others.
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+        let bound = UnixListener::bind(&settings.socket);
+        rustix::process::umask(old);
+        bound.map_err(io(&settings.socket))?
+    };
+    tracing::info!(socket = %settings.socket.display(), node = %settings.node, "serving");
+    let shared = Arc::new(Shared {
+        node: settings.node.clone(),
+        cache,
+        api,
+        permits: tokio::sync::Semaphore::new(settings.max_in_flight),
+        max_in_flight: settings.max_in_flight,
+        queue_wait: settings.queue_wait,
+        pod_wait: settings.pod_wait,
+        shed: AtomicU64::new(0),
+        api_reads: AtomicU64::new(0),
+        status_writes: AtomicU64::new(0),
+        events_in_flight: Arc::new(AtomicUsize::new(0)),
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io(Path::new("SIGTERM handler")))?;
+    let our_uid = rustix::process::geteuid().as_raw();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, shared, our_uid).await {
+                            tracing::debug!(error = %e, "connection ended early");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!("stopping");
+    watches.abort();
+    let _ = std::fs::remove_file(&settings.socket);
+    drop(lock);
+    Ok(())
+}
+
+/// How long a client may take to send its request, and the daemon to send its answer.
+const IO_TIMEOUT: Duration = Duration::from_secs(5);
+
+async fn connection(
+    mut stream: UnixStream,
+    shared: Arc<Shared>,
+    our_uid: u32,
+) -> std::io::Result<()> {
+    let peer = stream.peer_cred()?.uid();
+    if peer != 0 && peer != our_uid {
+        tracing::warn!(
+            uid = peer,
+            "refused a connection from an unprivileged process"
+        );
+        return Ok(());
+    }
+    let request = match tokio::time::timeout(IO_TIMEOUT, read_request(&mut stream)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => {
+            tracing::warn!(error = %e, "bad request");
+            return Ok(());
+        }
+        Err(_) => return Ok(()),
+    };
+    let answer = match request {
+        // Health never waits for a permit: it is how an operator sees a daemon under load.
+        Request::Health => health(&shared),
+        request => match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
+            Ok(Ok(_permit)) => answer(&shared, request).await,
+            _ => {
+                shared.shed.fetch_add(1, Ordering::Relaxed);
+                Answer::Busy
+            }
+        },
+    };
+    let mut bytes = serde_json::to_vec(&answer).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    tokio::time::timeout(IO_TIMEOUT, stream.write_all(&bytes))
+        .await
+        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+}
+
+async fn read_request(stream: &mut UnixStream) -> Result<Request, proto::ReadError> {
+    let mut line = Vec::new();
+    let mut reader = tokio::io::BufReader::new(stream.take(MAX_REQUEST_BYTES as u64 + 1));
+    reader.read_until(b'\n', &mut line).await?;
+    if line.last() != Some(&b'\n') {
+        return Err(if line.len() > MAX_REQUEST_BYTES {
+            proto::ReadError::TooLong(MAX_REQUEST_BYTES)
+        } else {
+            proto::ReadError::Truncated
+        });
+    }
+    Ok(serde_json::from_slice(&line)?)
+}
+
+fn health(shared: &Shared) -> Answer {
+    let mut h = DaemonHealth::new(&shared.node, shared.cache.health());
+    h.in_flight = shared.max_in_flight - shared.permits.available_permits();
+    h.shed = shared.shed.load(Ordering::Relaxed);
+    h.api_reads = shared.api_reads.load(Ordering::Relaxed);
+    h.status_writes = shared.status_writes.load(Ordering::Relaxed);
+    Answer::Health(h)
+}
+
+fn failed(e: &ClusterError) -> Answer {
+    Answer::Failed {
+        error: WireError::from(e),
+    }
+}
+
+async fn answer(shared: &Shared, request: Request) -> Answer {
+    match request {
+        Request::Health => health(shared),
+        Request::Pod { pod } => match pod_of(shared, &pod).await {
+            Some(Ok(p)) => Answer::Pod { pod: p },
+            Some(Err(e)) => failed(&e),
+            None => Answer::Unsynced,
+        },
+        Request::Nad { namespace, name } => match shared.cache.nad(&namespace, &name) {
+            Lookup::Found(nad) => Answer::Nad { nad },
+            Lookup::Unsynced => Answer::Unsynced,
+            // Perhaps created a moment ago: the API has the last word.
+            Lookup::Missing => {
+                shared.api_reads.fetch_add(1, Ordering::Relaxed);
+                match shared.api.nad(&namespace, &name).await {
+                    Ok(nad) => Answer::Nad { nad },
+                    Err(e) => failed(&e),
+                }
+            }
+        },
+        Request::Status {
+            pod,
+            network_status,
+        } => {
+            shared.status_writes.fetch_add(1, Ordering::Relaxed);
+            match shared.api.write_status(&pod, &network_status).await {
+                Ok(()) => Answer::Done,
+                Err(e) => failed(&e),
+            }
+        }
+        Request::Event {
+            pod,
+            warning,
+            reason,
+            message,
+        } => {
+            if shared.api.settings().events
+                && shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT
+            {
+                let api_event = post_event(shared, pod, warning, reason, message);
+                tokio::spawn(api_event);
+            } else if shared.api.settings().events {
+                shared.events_in_flight.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(pod = %pod, "too many events in flight; dropped one");
+            }
+            Answer::Done
+        }
+    }
+}
+
+fn post_event(
+    shared: &Shared,
+    pod: PodRef,
+    warning: bool,
+    reason: String,
+    message: String,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // The task outlives the request; it takes its own handles.
+    let api = shared.api.clone();
+    let in_flight = shared.events_in_flight.clone();
+    async move {
+        let kind = if warning { "Warning" } else { "Normal" };
+        if let Err(e) = api.post_event(&pod, (kind, &reason), &message).await {
+            tracing::warn!(pod = %pod, error = %e, "could not post the {reason} event");
+        }
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The pod from the cache, waiting up to `pod_wait` for a pod the watch has not delivered yet (or delivered
+/// with another UID: a pod recreated under the same name), then from the API. `None`: the cache is unsynced.
+async fn pod_of(
+    shared: &Shared,
+    pod: &PodRef,
+) -> Option<Result<plexus_core::spec::Pod, ClusterError>> {
+    let mut changes = shared.cache.subscribe();
+    let deadline = tokio::time::Instant::now() + shared.pod_wait;
+    loop {
+        match shared.cache.pod(&pod.namespace, &pod.name) {
+            Lookup::Unsynced => return None,
+            Lookup::Found(p) if pod.uid.is_none() || p.uid == pod.uid => return Some(Ok(p)),
+            _ => {}
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => break,
+        }
+    }
+    tracing::debug!(pod = %pod, "pod not in the cache in time; reading it from the API");
+    shared.api_reads.fetch_add(1, Ordering::Relaxed);
+    Some(shared.api.pod(pod).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_flags_and_install_passthrough() {
+        let s = parse_args(
+            &args(&[
+                "--socket",
+                "/run/x.sock",
+                "--pod-wait-ms=20",
+                "--install",
+                "--watch",
+                "--bin-dir",
+                "/b",
+            ]),
+            Some("node1".into()),
+        )
+        .unwrap();
+        assert_eq!(s.node, "node1");
+        assert_eq!(s.socket, PathBuf::from("/run/x.sock"));
+        assert_eq!(s.pod_wait, Duration::from_millis(20));
+        let install = s.install.unwrap();
+        assert!(install.watch);
+        assert_eq!(install.bin_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use() {
+        let err = parse_args(&args(&[]), None).unwrap_err().to_string();
+        assert!(err.contains("NODE_NAME"), "{err}");
+        let err = parse_args(&args(&["--socket", "rel.sock"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("absolute"), "{err}");
+        let err = parse_args(&args(&["--max-in-flight", "0"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("positive"), "{err}");
+        assert!(matches!(
+            parse_args(&args(&["--help"]), None),
+            Err(DaemonError::Help)
+        ));
+    }
+}

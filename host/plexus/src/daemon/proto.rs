@@ -1,0 +1,301 @@
+//! The node daemon's wire protocol: one JSON request and one JSON answer per connection, each a single line.
+//!
+//! An answer is either authoritative (the object, or an error the thin path would also have met) or says that
+//! the daemon cannot serve now (`unsynced`, `busy`); the CNI process then plans without it.
+
+use std::io::{BufRead, Write};
+
+use plexus_cluster::{CacheHealth, ClusterError};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use serde::{Deserialize, Serialize};
+
+/// The largest request the daemon reads (a status write carries the network-status list).
+pub const MAX_REQUEST_BYTES: usize = 1 << 20;
+/// The largest answer the CNI process reads (a pod or a NAD; the API responses they come from share the bound).
+pub const MAX_ANSWER_BYTES: usize = plexus_cluster::MAX_RESPONSE_BYTES;
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "camelCase")]
+pub enum Request {
+    Pod {
+        pod: PodRef,
+    },
+    Nad {
+        namespace: String,
+        name: String,
+    },
+    /// Write the network-status annotation value; answered once written (or failed for good).
+    Status {
+        pod: PodRef,
+        network_status: String,
+    },
+    /// Post an event on the pod; answered at once, posted best effort.
+    Event {
+        pod: PodRef,
+        warning: bool,
+        reason: String,
+        message: String,
+    },
+    Health,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "answer", rename_all = "camelCase")]
+pub enum Answer {
+    Pod {
+        pod: Pod,
+    },
+    Nad {
+        nad: NetworkAttachmentDefinition,
+    },
+    Done,
+    Health(DaemonHealth),
+    /// The request failed the way it would have without the daemon.
+    Failed {
+        error: WireError,
+    },
+    /// The caches have not completed their first list.
+    Unsynced,
+    /// The daemon is at its concurrency bound.
+    Busy,
+}
+
+/// What `plexus daemon` reports about itself.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DaemonHealth {
+    pub node: String,
+    pub pods_synced: bool,
+    pub nads_synced: bool,
+    pub pods: usize,
+    pub nads: usize,
+    pub pod_lists: u64,
+    pub nad_lists: u64,
+    pub watch_errors: u64,
+    /// Requests being served now.
+    pub in_flight: usize,
+    /// Requests answered `busy` since start.
+    pub shed: u64,
+    /// Reads the daemon made from the API because its cache could not answer (pods not yet seen, NADs missing).
+    pub api_reads: u64,
+    pub status_writes: u64,
+}
+
+impl DaemonHealth {
+    pub fn new(node: &str, cache: CacheHealth) -> DaemonHealth {
+        DaemonHealth {
+            node: node.into(),
+            pods_synced: cache.pods_synced,
+            nads_synced: cache.nads_synced,
+            pods: cache.pods,
+            nads: cache.nads,
+            pod_lists: cache.pod_lists,
+            nad_lists: cache.nad_lists,
+            watch_errors: cache.watch_errors,
+            in_flight: 0,
+            shed: 0,
+            api_reads: 0,
+            status_writes: 0,
+        }
+    }
+
+    pub fn synced(&self) -> bool {
+        self.pods_synced && self.nads_synced
+    }
+}
+
+/// A [`ClusterError`] on the wire.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
+pub enum WireError {
+    NotFound {
+        object: String,
+        namespace: String,
+        name: String,
+    },
+    UidMismatch {
+        pod: String,
+        expected: String,
+        actual: String,
+    },
+    Forbidden {
+        message: String,
+    },
+    Unavailable {
+        message: String,
+    },
+    Invalid {
+        what: String,
+        reason: String,
+    },
+}
+
+impl From<&ClusterError> for WireError {
+    fn from(e: &ClusterError) -> Self {
+        match e {
+            ClusterError::NotFound {
+                kind,
+                namespace,
+                name,
+            } => WireError::NotFound {
+                object: kind.to_string(),
+                namespace: namespace.clone(),
+                name: name.clone(),
+            },
+            ClusterError::UidMismatch {
+                pod,
+                expected,
+                actual,
+            } => WireError::UidMismatch {
+                pod: pod.clone(),
+                expected: expected.clone(),
+                actual: actual.clone(),
+            },
+            ClusterError::Forbidden(message) => WireError::Forbidden {
+                message: message.clone(),
+            },
+            ClusterError::Unavailable(message) => WireError::Unavailable {
+                message: message.clone(),
+            },
+            ClusterError::Invalid { what, reason } => WireError::Invalid {
+                what: what.clone(),
+                reason: reason.clone(),
+            },
+            ClusterError::Io { path, source } => WireError::Invalid {
+                what: path.clone(),
+                reason: source.to_string(),
+            },
+        }
+    }
+}
+
+impl From<WireError> for ClusterError {
+    fn from(e: WireError) -> Self {
+        match e {
+            WireError::NotFound {
+                object,
+                namespace,
+                name,
+            } => ClusterError::NotFound {
+                // The kinds the daemon answers about; anything else is named generically.
+                kind: match object.as_str() {
+                    "pod" => "pod",
+                    "NetworkAttachmentDefinition" => "NetworkAttachmentDefinition",
+                    _ => "object",
+                },
+                namespace,
+                name,
+            },
+            WireError::UidMismatch {
+                pod,
+                expected,
+                actual,
+            } => ClusterError::UidMismatch {
+                pod,
+                expected,
+                actual,
+            },
+            WireError::Forbidden { message } => ClusterError::Forbidden(message),
+            WireError::Unavailable { message } => ClusterError::Unavailable(message),
+            WireError::Invalid { what, reason } => ClusterError::Invalid { what, reason },
+        }
+    }
+}
+
+/// Why a message could not be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ReadError {
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+    #[error("message longer than {0} bytes")]
+    TooLong(usize),
+    #[error("connection closed before a complete message")]
+    Truncated,
+    #[error("malformed message: {0}")]
+    Malformed(#[from] serde_json::Error),
+}
+
+/// Reads one line-terminated JSON message of at most `cap` bytes.
+pub fn read_message<T: serde::de::DeserializeOwned>(
+    reader: impl std::io::Read,
+    cap: usize,
+) -> Result<T, ReadError> {
+    let mut line = Vec::new();
+    let mut limited = std::io::BufReader::new(reader.take(cap as u64 + 1));
+    limited.read_until(b'\n', &mut line)?;
+    if line.last() != Some(&b'\n') {
+        return Err(if line.len() > cap {
+            ReadError::TooLong(cap)
+        } else {
+            ReadError::Truncated
+        });
+    }
+    Ok(serde_json::from_slice(&line)?)
+}
+
+/// Writes one message as a single line (serde_json never puts a raw newline inside a document).
+pub fn write_message<T: Serialize>(mut writer: impl Write, message: &T) -> std::io::Result<()> {
+    let mut bytes = serde_json::to_vec(message).map_err(std::io::Error::other)?;
+    bytes.push(b'\n');
+    writer.write_all(&bytes)?;
+    writer.flush()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_round_trip_as_one_line() {
+        let req = Request::Status {
+            pod: PodRef {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: Some("u".into()),
+            },
+            network_status: "[\n{\"name\":\"x\"}]".into(),
+        };
+        let mut buf = Vec::new();
+        write_message(&mut buf, &req).unwrap();
+        assert_eq!(buf.iter().filter(|b| **b == b'\n').count(), 1);
+        let back: Request = read_message(&buf[..], MAX_REQUEST_BYTES).unwrap();
+        assert_eq!(back, req);
+    }
+
+    #[test]
+    fn reads_are_bounded_and_complete() {
+        let long = format!("{{\"op\":\"health\",\"pad\":\"{}\"}}\n", "x".repeat(100));
+        let err = read_message::<Request>(long.as_bytes(), 50).unwrap_err();
+        assert!(matches!(err, ReadError::TooLong(50)), "{err}");
+        let err = read_message::<Request>(&b"{\"op\":\"health\"}"[..], 50).unwrap_err();
+        assert!(matches!(err, ReadError::Truncated), "{err}");
+        let err = read_message::<Request>(&b"{\"op\":\"drop\"}\n"[..], 50).unwrap_err();
+        assert!(matches!(err, ReadError::Malformed(_)), "{err}");
+    }
+
+    #[test]
+    fn errors_keep_their_meaning_across_the_wire() {
+        for e in [
+            ClusterError::NotFound {
+                kind: "NetworkAttachmentDefinition",
+                namespace: "a".into(),
+                name: "b".into(),
+            },
+            ClusterError::UidMismatch {
+                pod: "a/b".into(),
+                expected: "1".into(),
+                actual: "2".into(),
+            },
+            ClusterError::Forbidden("no".into()),
+            ClusterError::Unavailable("down".into()),
+            ClusterError::Invalid {
+                what: "w".into(),
+                reason: "r".into(),
+            },
+        ] {
+            let back = ClusterError::from(WireError::from(&e));
+            assert_eq!(back.to_string(), e.to_string());
+            assert_eq!(back.is_transient(), e.is_transient());
+        }
+    }
+}

@@ -1,0 +1,534 @@
+//! `plexus daemon` against a real kube-apiserver (1.20.2, built from Debian's sources) and etcd: its watch
+//! caches (pods by field selector, NADs), 410 Gone and relist, the socket it serves, and the CNI binary asking it
+//! first and working without it (thin mode). The project's CRDs and RBAC are applied as written; an audit log
+//! tells which identity sent which request.
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use plexus::daemon::client::ask;
+use plexus::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
+use plexus_tests::plexus::{plexus_bin, Sandbox};
+use serde_json::{json, Value};
+
+/// The CNI binary's own identity in these tests, bound to the same ClusterRole, so the audit log tells its
+/// requests from the daemon's.
+const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+const NODE: &str = "node1";
+
+fn deploy(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/deploy")
+        .join(name)
+}
+
+struct Cluster {
+    api: KubeApiServer,
+    sb: Sandbox,
+}
+
+/// A real API server with the project's CRDs and RBAC, a second service account for the CNI binary bound to
+/// the same role, namespace `team-a`, and a sandbox with fake delegates.
+fn cluster(extra_args: &[&str]) -> Cluster {
+    let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], extra_args);
+    api.apply_file(&deploy("crds.yaml"));
+    api.apply_file(&deploy("rbac.yaml"));
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "plexus-cni"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
+        "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
+    }));
+    api.namespace("team-a");
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["secondary-plugin"]);
+    api.write_kubeconfig(&sb.path("cni.kubeconfig"), "cni-token");
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    Cluster { api, sb }
+}
+
+fn nad_config(name: &str, marker: &str) -> Value {
+    json!({"cniVersion": "1.0.0", "name": name, "type": "secondary-plugin", "marker": marker})
+}
+
+impl Cluster {
+    fn conf(&self, daemon: Value) -> Value {
+        self.sb.conf(json!({
+            "cluster": {
+                "source": "kube", "kubeconfig": self.sb.path("cni.kubeconfig"),
+                "requestTimeoutMs": 2000, "deadlineMs": 5000, "retries": 2,
+                "initialBackoffMs": 20, "maxBackoffMs": 100
+            },
+            "daemon": daemon,
+        }))
+    }
+
+    fn socket(&self) -> PathBuf {
+        self.sb.path("run/daemon.sock")
+    }
+
+    fn daemon(&self, extra: &[&str]) -> Daemon {
+        self.daemon_with(&self.sb.path("daemon.kubeconfig"), extra)
+    }
+
+    fn daemon_with(&self, kubeconfig: &Path, extra: &[&str]) -> Daemon {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        std::fs::create_dir_all(self.sb.path("run")).unwrap();
+        let n = STARTED.fetch_add(1, Ordering::Relaxed);
+        let log = self.sb.path(&format!("daemon-{n}.log"));
+        let child = Command::new(plexus_bin())
+            .args([
+                "daemon",
+                "--node-name",
+                NODE,
+                "--log-level",
+                "debug",
+                "--kubeconfig",
+            ])
+            .arg(kubeconfig)
+            .arg("--socket")
+            .arg(self.socket())
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon {
+            child,
+            socket: self.socket(),
+            log,
+        }
+    }
+
+    /// ADD for a pod of `team-a`, with its real UID.
+    fn add(&self, id: &str, pod: &str, uid: &str, conf: &Value) -> plexus_tests::plexus::Run {
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+        );
+        self.sb.run("ADD", id, &args, conf)
+    }
+
+    fn requests_of(&self, user: &str) -> Vec<(String, String)> {
+        self.api
+            .audit()
+            .into_iter()
+            .filter(|(u, _, _)| u == user)
+            .map(|(_, verb, uri)| (verb, uri))
+            .collect()
+    }
+}
+
+struct Daemon {
+    child: Child,
+    socket: PathBuf,
+    log: PathBuf,
+}
+
+impl Daemon {
+    fn health(&self) -> Option<DaemonHealth> {
+        match ask(&self.socket, &Request::Health, Duration::from_secs(2)) {
+            Ok(Answer::Health(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Waits (at most 30 s) until `ok` holds for the daemon's health.
+    #[track_caller]
+    fn wait(&self, what: &str, ok: impl Fn(&DaemonHealth) -> bool) -> DaemonHealth {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Some(h) = self.health() {
+                if ok(&h) {
+                    return h;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "daemon: {what} not reached within 30 s; health {:?}; log:\n{}",
+                self.health(),
+                std::fs::read_to_string(&self.log).unwrap_or_default()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn status_of(api: &KubeApiServer, pod: &str) -> Vec<(String, String)> {
+    let p = api.must(
+        "GET",
+        &format!("/api/v1/namespaces/team-a/pods/{pod}"),
+        None,
+    );
+    let text = p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+        .as_str()
+        .unwrap_or("[]");
+    let v: Value = serde_json::from_str(text).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            (
+                e["name"].as_str().unwrap().to_string(),
+                e["interface"].as_str().unwrap_or_default().to_string(),
+            )
+        })
+        .collect()
+}
+
+fn marker_of_last_secondary_call(sb: &Sandbox) -> String {
+    sb.calls()
+        .iter()
+        .rev()
+        .find(|c| c.plugin == "secondary-plugin" && c.command == "ADD")
+        .map(|c| c.stdin["marker"].as_str().unwrap_or_default().to_string())
+        .unwrap_or_default()
+}
+
+#[test]
+fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
+    let c = cluster(&[]);
+    let d = c.daemon(&[]);
+    d.wait("synced", DaemonHealth::synced);
+    // A second daemon on the same socket refuses to start.
+    let second = Command::new(plexus_bin())
+        .args(["daemon", "--node-name", NODE, "--kubeconfig"])
+        .arg(c.sb.path("daemon.kubeconfig"))
+        .arg("--socket")
+        .arg(c.socket())
+        .output()
+        .unwrap();
+    assert_eq!(second.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("another plexus daemon holds"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+
+    // Created after the daemon synced: they reach it through its watches, not its first list.
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let pod = c.api.pod(
+        "team-a",
+        "web",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
+    );
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    // A pod of another node is not cached.
+    c.api.pod("team-a", "elsewhere", "node2", json!({}));
+    d.wait("pod and NAD cached", |h| h.pods == 1 && h.nads == 1);
+
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    let before = c.requests_of(PLEXUS_USER).len();
+    c.add("c1", "web", &uid, &conf).ok();
+    assert_eq!(
+        c.requests_of(CNI_USER),
+        vec![],
+        "the CNI process sent no request"
+    );
+    assert_eq!(
+        status_of(&c.api, "web"),
+        vec![
+            ("cluster-net".to_string(), "eth0".to_string()),
+            ("team-a/net-a".to_string(), "net1".to_string())
+        ]
+    );
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "v1");
+    let h = d.health().unwrap();
+    assert_eq!((h.api_reads, h.status_writes), (0, 1), "{h:?}");
+    // The daemon's own requests for this ADD: the status patch and the event, nothing read.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let daemon_requests = loop {
+        let r: Vec<_> = c.requests_of(PLEXUS_USER)[before..]
+            .iter()
+            .filter(|(verb, _)| verb != "watch" && verb != "list")
+            .cloned()
+            .collect();
+        if r.len() >= 2 || Instant::now() > deadline {
+            break r;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let mut verbs: Vec<_> = daemon_requests
+        .iter()
+        .map(|(verb, uri)| format!("{verb} {}", uri.split('?').next().unwrap()))
+        .collect();
+    verbs.sort();
+    assert_eq!(
+        verbs,
+        vec![
+            "create /api/v1/namespaces/team-a/events",
+            "patch /api/v1/namespaces/team-a/pods/web/status"
+        ]
+    );
+
+    // A NAD changed after the daemon cached it: the next ADD plans with the new config.
+    c.api.must(
+        "PATCH",
+        "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/net-a",
+        Some(&json!({"spec": {"config": nad_config("net-a", "v2").to_string()}})),
+    );
+    let pod2 = c.api.pod(
+        "team-a",
+        "web2",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
+    );
+    let uid2 = pod2["metadata"]["uid"].as_str().unwrap().to_string();
+    d.wait("second pod cached", |h| h.pods == 2);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let answer = ask(
+            &d.socket,
+            &Request::Nad {
+                namespace: "team-a".into(),
+                name: "net-a".into(),
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap();
+        match answer {
+            Answer::Nad { nad } if nad.config.as_deref().unwrap_or_default().contains("v2") => {
+                break
+            }
+            _ => assert!(
+                Instant::now() < deadline,
+                "the NAD's change did not reach the daemon"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    c.add("c2", "web2", &uid2, &conf).ok();
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "v2");
+
+    // A deleted NAD: the daemon's answer is the API's own (not found), and the ADD names it.
+    c.api.must(
+        "DELETE",
+        "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/net-a",
+        None,
+    );
+    d.wait("NAD gone", |h| h.nads == 0);
+    let pod3 = c.api.pod(
+        "team-a",
+        "web3",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
+    );
+    let uid3 = pod3["metadata"]["uid"].as_str().unwrap().to_string();
+    let run = c.add("c3", "web3", &uid3, &conf);
+    assert!(
+        run.msg().contains("team-a/net-a"),
+        "{} {}",
+        run.stdout,
+        run.stderr
+    );
+    assert_eq!(
+        c.requests_of(CNI_USER),
+        vec![],
+        "still nothing from the CNI process"
+    );
+
+    // DEL never asks the daemon (nor the API: it runs from the attachment cache).
+    drop(d);
+    for (id, pod, uid) in [("c1", "web", &uid), ("c2", "web2", &uid2)] {
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+        );
+        c.sb.run("DEL", id, &args, &conf).ok();
+    }
+    assert_eq!(c.requests_of(CNI_USER), vec![]);
+}
+
+#[test]
+fn a_pod_the_cache_cannot_answer_is_read_by_the_daemon_not_the_cni_process() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let pod = c.api.pod(
+        "team-a",
+        "web",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
+    );
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    // Listed at start-up, this pod is served from the cache.
+    let d = c.daemon(&["--pod-wait-ms", "50"]);
+    d.wait("synced", |h| h.synced() && h.pods == 1);
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    c.add("c1", "web", &uid, &conf).ok();
+    assert_eq!(d.health().unwrap().api_reads, 0);
+    // A UID the cache does not have (the pod recreated under the same name, and the watch not there yet): the
+    // daemon waits for the event, then reads the API once and answers its verdict, which the ADD reports.
+    let run = c.add("c2", "web", "not-the-uid", &conf);
+    assert!(
+        run.msg().contains("has uid") && run.msg().contains("not-the-uid"),
+        "{}",
+        run.stdout
+    );
+    assert_eq!(d.health().unwrap().api_reads, 1);
+    let daemon_gets: Vec<_> = c
+        .requests_of(PLEXUS_USER)
+        .into_iter()
+        .filter(|(verb, _)| verb == "get")
+        .collect();
+    assert_eq!(daemon_gets.len(), 1, "{daemon_gets:?}");
+    assert!(daemon_gets[0]
+        .1
+        .starts_with("/api/v1/namespaces/team-a/pods/web"));
+    assert_eq!(c.requests_of(CNI_USER), vec![]);
+}
+
+#[test]
+fn the_daemon_relists_after_410_gone() {
+    // Without the API server's watch cache, a watch resumed from a compacted resourceVersion gets etcd's
+    // verdict, 410 Gone, as a busy cluster gives it.
+    let c = cluster(&["--watch-cache=false"]);
+    c.api.nad("team-a", "old", &nad_config("old", "v1"));
+    let d = c.daemon(&["--watch-timeout-secs", "1"]);
+    let first = d.wait("synced", |h| h.synced() && h.nads == 1);
+    assert_eq!((first.pod_lists, first.nad_lists), (1, 1));
+
+    // Freeze the daemon past its watches' timeout, change things, compact etcd's history, thaw it: its
+    // watches resume from a resourceVersion that no longer exists.
+    let pid = d.child.id().to_string();
+    Command::new("kill").args(["-STOP", &pid]).status().unwrap();
+    std::thread::sleep(Duration::from_millis(2500));
+    c.api.must(
+        "DELETE",
+        "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/old",
+        None,
+    );
+    c.api.nad("team-a", "new", &nad_config("new", "v1"));
+    c.api.pod("team-a", "p", NODE, json!({}));
+    c.api.compact();
+    Command::new("kill").args(["-CONT", &pid]).status().unwrap();
+
+    let h = d.wait("relisted", |h| {
+        h.nad_lists >= 2 && h.pod_lists >= 2 && h.nads == 1 && h.pods == 1
+    });
+    assert!(h.synced());
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    // The API server's 410 Gone (reason Expired), then a fresh list.
+    assert!(
+        log.contains("watch failed") && log.contains("too old"),
+        "{log}"
+    );
+    // The cache answers as the API does now: `old` is gone, `new` is there.
+    let nad = |name: &str| {
+        ask(
+            &d.socket,
+            &Request::Nad {
+                namespace: "team-a".into(),
+                name: name.into(),
+            },
+            Duration::from_secs(5),
+        )
+        .unwrap()
+    };
+    assert!(matches!(nad("new"), Answer::Nad { .. }));
+    assert!(matches!(nad("old"), Answer::Failed { .. }));
+}
+
+#[test]
+fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let pod = c.api.pod(
+        "team-a",
+        "web",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
+    );
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let conf = c.conf(json!({"timeoutMs": 300}));
+
+    // No daemon at all.
+    c.add("c1", "web", &uid, &conf).ok();
+    let reads = |c: &Cluster| {
+        c.requests_of(CNI_USER)
+            .into_iter()
+            .filter(|(verb, _)| verb == "get")
+            .count()
+    };
+    assert_eq!(reads(&c), 2, "pod and NAD, read by the CNI process");
+
+    // A daemon that accepts and never answers (hung): the ADD waits 300 ms once, then goes thin.
+    std::fs::create_dir_all(c.sb.path("run")).unwrap();
+    let listener = std::os::unix::net::UnixListener::bind(c.socket()).unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let started = Instant::now();
+    c.add("c2", "web", &uid, &conf).ok();
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    assert_eq!(reads(&c), 4);
+    let mut accepted = 0;
+    while listener.accept().is_ok() {
+        accepted += 1;
+    }
+    assert_eq!(accepted, 1, "one wait per ADD, not one per object");
+
+    // DEL does not even connect.
+    let args =
+        format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web;K8S_POD_UID={uid}");
+    c.sb.run("DEL", "c2", &args, &conf).ok();
+    assert!(listener.accept().is_err(), "DEL connected to the daemon");
+    drop(listener);
+    std::fs::remove_file(c.socket()).unwrap();
+
+    // A daemon whose API server is unreachable never syncs: it answers `unsynced`, the ADD goes thin.
+    let dead = c.sb.path("dead.kubeconfig");
+    let text = std::fs::read_to_string(c.sb.path("daemon.kubeconfig"))
+        .unwrap()
+        .replace(&format!("127.0.0.1:{}", c.api.port), "127.0.0.1:9");
+    std::fs::write(&dead, text).unwrap();
+    let d = c.daemon_with(&dead, &[]);
+    let h = d.wait("serving, with failed watches", |h| h.watch_errors > 0);
+    assert!(!h.synced());
+    c.add("c3", "web", &uid, &conf).ok();
+    assert_eq!(reads(&c), 6);
+}
+
+#[test]
+fn the_socket_is_root_only() {
+    let c = cluster(&[]);
+    // Open the way to the socket, so that only the socket's own mode stands in the way.
+    for dir in [c.sb.root.path().to_path_buf(), c.sb.path("run")] {
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let d = c.daemon(&[]);
+    d.wait("serving", |_| true);
+    let meta = std::fs::metadata(&d.socket).unwrap();
+    assert_eq!(meta.uid(), 0);
+    assert_eq!(meta.permissions().mode() & 0o777, 0o600);
+    // An unprivileged process cannot connect.
+    let script = format!(
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    print('connected')\nexcept PermissionError:\n    print('refused')\n",
+        d.socket.display().to_string()
+    );
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "/usr/bin/python3",
+            "-c",
+            &script,
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "refused",
+        "{out:?}"
+    );
+}

@@ -1,0 +1,391 @@
+//! A real Kubernetes API server for the tests: kube-apiserver 1.20.2 (built from Debian's sources by
+//! `tests/kube-apiserver.sh`, once per machine) over Debian's etcd, both on loopback, both stopped and their
+//! data removed when the value is dropped.
+//!
+//! Static tokens stand in for credentials: `admin` (system:masters) sets up, and each other token is a service
+//! account whose permissions come from the RBAC the test applies, so the project's manifests are exercised as
+//! written. An audit log records every request with its user, so tests count who read what.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+/// The service account the project's RBAC binds (examples/deploy/rbac.yaml).
+pub const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
+
+pub struct KubeApiServer {
+    dir: tempfile::TempDir,
+    etcd: Child,
+    apiserver: Child,
+    pub port: u16,
+    etcd_port: u16,
+}
+
+/// The kube-apiserver binary: `$PLEXUS_KUBE_APISERVER`, else the build script's cache.
+pub fn apiserver_bin() -> PathBuf {
+    if let Some(p) = std::env::var_os("PLEXUS_KUBE_APISERVER") {
+        return p.into();
+    }
+    let cache = std::env::var_os("PLEXUS_KUBE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| "/var/cache/plexus-tests".into());
+    let bin = cache.join("kube-apiserver-1.20.2/kube-apiserver");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `bash tests/kube-apiserver.sh` (tests/run.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn run(cmd: &mut Command) {
+    let out = cmd.output().expect("spawn");
+    assert!(
+        out.status.success(),
+        "{cmd:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+impl KubeApiServer {
+    /// Starts etcd and the API server; `users` are extra service accounts `(token, namespace/name)`, `extra`
+    /// more kube-apiserver flags.
+    pub fn start(users: &[(&str, &str)], extra: &[&str]) -> KubeApiServer {
+        let dir = tempfile::Builder::new()
+            .prefix("plexus-kubeapi-")
+            .tempdir()
+            .unwrap();
+        let d = dir.path();
+        let (etcd_port, peer_port, port) = (free_port(), free_port(), free_port());
+        let etcd_log = std::fs::File::create(d.join("etcd.log")).unwrap();
+        let etcd = Command::new("etcd")
+            .args([
+                "--data-dir",
+                &d.join("etcd").display().to_string(),
+                "--listen-client-urls",
+                &format!("http://127.0.0.1:{etcd_port}"),
+                "--advertise-client-urls",
+                &format!("http://127.0.0.1:{etcd_port}"),
+                "--listen-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-advertise-peer-urls",
+                &format!("http://127.0.0.1:{peer_port}"),
+                "--initial-cluster",
+                &format!("default=http://127.0.0.1:{peer_port}"),
+            ])
+            .stdout(Stdio::null())
+            .stderr(etcd_log)
+            .spawn()
+            .expect("etcd (Debian's etcd-server) must be installed: tests/setup.sh");
+
+        run(Command::new("openssl").args([
+            "genrsa",
+            "-out",
+            &d.join("sa.key").display().to_string(),
+            "2048",
+        ]));
+        run(Command::new("openssl").args([
+            "rsa",
+            "-in",
+            &d.join("sa.key").display().to_string(),
+            "-pubout",
+            "-out",
+            &d.join("sa.pub").display().to_string(),
+        ]));
+        let mut tokens = String::from("admin-token,admin,admin-uid,\"system:masters\"\n");
+        let mut all_users = vec![("plexus-token", "kube-system/plexus")];
+        all_users.extend_from_slice(users);
+        for (token, account) in all_users {
+            let (ns, name) = account.split_once('/').unwrap();
+            tokens.push_str(&format!(
+                "{token},system:serviceaccount:{ns}:{name},uid-{name},\"system:serviceaccounts,system:serviceaccounts:{ns},system:authenticated\"\n"
+            ));
+        }
+        std::fs::write(d.join("tokens.csv"), tokens).unwrap();
+        std::fs::write(
+            d.join("audit.yaml"),
+            "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
+        )
+        .unwrap();
+        let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
+        let apiserver = Command::new(apiserver_bin())
+            .args([
+                &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+                "--bind-address=127.0.0.1",
+                &format!("--secure-port={port}"),
+                &format!("--cert-dir={}", d.join("certs").display()),
+                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
+                "--authorization-mode=Node,RBAC",
+                &format!("--service-account-key-file={}", d.join("sa.pub").display()),
+                &format!(
+                    "--service-account-signing-key-file={}",
+                    d.join("sa.key").display()
+                ),
+                "--service-account-issuer=https://kubernetes.default.svc",
+                "--service-cluster-ip-range=10.96.0.0/16",
+                &format!("--audit-policy-file={}", d.join("audit.yaml").display()),
+                &format!("--audit-log-path={}", d.join("audit.log").display()),
+                "--audit-log-mode=blocking",
+            ])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawn kube-apiserver");
+        let server = KubeApiServer {
+            dir,
+            etcd,
+            apiserver,
+            port,
+            etcd_port,
+        };
+        server.wait_ready();
+        server
+    }
+
+    fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Ok((200, body)) = self.request("GET", "/readyz", None) {
+                if body.trim() == "ok" {
+                    break;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready within 60 s; its log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+        // The system namespaces are created by the server itself shortly after it is ready.
+        self.wait_for("/api/v1/namespaces/kube-system");
+    }
+
+    /// The last lines of the API server's log, for failure messages.
+    pub fn log_tail(&self) -> String {
+        let text =
+            std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(30)..].join("\n")
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://127.0.0.1:{}", self.port)
+    }
+
+    /// A kubeconfig for a token user, trusting the server's self-signed certificate.
+    pub fn write_kubeconfig(&self, path: &Path, token: &str) {
+        let ca = self.dir.path().join("certs/apiserver.crt");
+        let text = format!(
+            "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
+            self.url(),
+            ca.display()
+        );
+        std::fs::write(path, text).unwrap();
+    }
+
+    /// One request as admin (curl, bounded); the status code and the body.
+    pub fn request(
+        &self,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, String), String> {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-sk", "--max-time", "10", "-X", method])
+            .args(["-H", "Authorization: Bearer admin-token"])
+            .args(["-o", "-", "-w", "\n%{http_code}"]);
+        if let Some(b) = body {
+            let content_type = if method == "PATCH" {
+                "application/merge-patch+json"
+            } else {
+                "application/json"
+            };
+            cmd.args(["-H", &format!("Content-Type: {content_type}")])
+                .args(["--data-binary", &b.to_string()]);
+        }
+        cmd.arg(format!("{}{path}", self.url()));
+        let out = cmd.output().map_err(|e| e.to_string())?;
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (body, code) = text.rsplit_once('\n').ok_or("no status")?;
+        let code = code
+            .trim()
+            .parse::<u16>()
+            .map_err(|e| format!("{e}: {text}"))?;
+        Ok((code, body.to_string()))
+    }
+
+    /// `request`, asserting a 2xx answer; the body as JSON.
+    #[track_caller]
+    pub fn must(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
+        let (code, text) = self.request(method, path, body).unwrap();
+        assert!((200..300).contains(&code), "{method} {path}: {code} {text}");
+        serde_json::from_str(&text).unwrap_or(Value::Null)
+    }
+
+    /// Waits (at most 30 s) until GET `path` answers 200.
+    pub fn wait_for(&self, path: &str) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while !matches!(self.request("GET", path, None), Ok((200, _))) {
+            assert!(
+                Instant::now() < deadline,
+                "GET {path} did not answer 200 within 30 s"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// Creates an object as admin, from its `apiVersion`, `kind` and namespace.
+    pub fn create(&self, obj: &Value) -> Value {
+        self.must("POST", &collection_path(obj), Some(obj))
+    }
+
+    /// Creates every document of a manifest file (YAML, several documents), and waits for CRDs to serve.
+    pub fn apply_file(&self, path: &Path) {
+        let text = std::fs::read_to_string(path).unwrap();
+        let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+        for doc in docs.into_iter().filter(|d| !d.is_null()) {
+            self.create(&doc);
+            if doc["kind"] == "CustomResourceDefinition" {
+                let group = doc["spec"]["group"].as_str().unwrap();
+                let plural = doc["spec"]["names"]["plural"].as_str().unwrap();
+                for v in doc["spec"]["versions"].as_array().unwrap() {
+                    let version = v["name"].as_str().unwrap();
+                    self.wait_for(&format!("/apis/{group}/{version}/{plural}"));
+                }
+            }
+        }
+    }
+
+    /// A namespace with its `default` service account (there is no controller-manager to create it).
+    pub fn namespace(&self, name: &str) {
+        self.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}));
+        self.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": "default", "namespace": name}}));
+    }
+
+    /// A pod bound to `node` (no scheduler here), with `annotations`.
+    pub fn pod(&self, namespace: &str, name: &str, node: &str, annotations: Value) -> Value {
+        self.create(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": namespace, "annotations": annotations},
+            "spec": {
+                "nodeName": node,
+                "automountServiceAccountToken": false,
+                "containers": [{"name": "c", "image": "pause"}]
+            }
+        }))
+    }
+
+    pub fn nad(&self, namespace: &str, name: &str, config: &Value) -> Value {
+        self.create(&json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"config": config.to_string()}
+        }))
+    }
+
+    /// Every audited request that completed: `(user, verb, requestURI)`.
+    pub fn audit(&self) -> Vec<(String, String, String)> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "ResponseStarted")
+            .map(|e| {
+                (
+                    e["user"]["username"]
+                        .as_str()
+                        .unwrap_or_default()
+                        .to_string(),
+                    e["verb"].as_str().unwrap_or_default().to_string(),
+                    e["requestURI"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Compacts etcd's history up to its current revision: a watch resumed from an older resourceVersion then
+    /// gets 410 Gone. Uses etcd's JSON gateway.
+    pub fn compact(&self) {
+        let url = format!("http://127.0.0.1:{}/v3/kv/range", self.etcd_port);
+        let out = Command::new("curl")
+            .args([
+                "-s",
+                "--max-time",
+                "10",
+                "-X",
+                "POST",
+                &url,
+                "-d",
+                r#"{"key":"AA=="}"#,
+            ])
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        let rev = v["header"]["revision"].as_str().unwrap().to_string();
+        let url = format!("http://127.0.0.1:{}/v3/kv/compaction", self.etcd_port);
+        let out = Command::new("curl")
+            .args(["-s", "--max-time", "10", "-X", "POST", &url, "-d"])
+            .arg(json!({"revision": rev, "physical": true}).to_string())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+    }
+}
+
+/// The collection URL an object is created at.
+fn collection_path(obj: &Value) -> String {
+    let api_version = obj["apiVersion"].as_str().unwrap();
+    let kind = obj["kind"].as_str().unwrap();
+    let prefix = if api_version.contains('/') {
+        format!("/apis/{api_version}")
+    } else {
+        format!("/api/{api_version}")
+    };
+    let plural = match kind {
+        "NetworkAttachmentDefinition" => "network-attachment-definitions".to_string(),
+        "CustomResourceDefinition" => "customresourcedefinitions".to_string(),
+        k => {
+            let lower = k.to_lowercase();
+            if lower.ends_with('s') {
+                format!("{lower}es")
+            } else {
+                format!("{lower}s")
+            }
+        }
+    };
+    match obj["metadata"]["namespace"].as_str() {
+        Some(ns) => format!("{prefix}/namespaces/{ns}/{plural}"),
+        None => format!("{prefix}/{plural}"),
+    }
+}
+
+impl Drop for KubeApiServer {
+    fn drop(&mut self) {
+        for child in [&mut self.apiserver, &mut self.etcd] {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+/// Reads a child's stderr to the end in the background (bounded by what it writes), for failure messages.
+pub fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<String> {
+    std::thread::spawn(move || {
+        let mut s = String::new();
+        let _ = r.read_to_string(&mut s);
+        s
+    })
+}
