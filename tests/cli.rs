@@ -26,6 +26,7 @@ fn every_command_has_help_on_stdout_with_exit_0() {
         (&["hook", "run", "--help"], "--kind policy|resolver|status"),
         (&["hook", "inspect", "-h"], "plexus hook inspect FILE"),
         (&["install", "--help"], "--poll-interval"),
+        (&["daemon", "--help"], "--pod-wait-ms"),
     ] {
         let out = plexus(args);
         assert_eq!(
@@ -63,6 +64,15 @@ fn usage_mistakes_are_named_with_exit_2() {
         (&["hook", "nope"], "unknown hook command \"nope\""),
         (&["install", "--bin"], "unknown argument \"--bin\""),
         (&["install", "--watch=yes"], "--watch"),
+        (
+            &["daemon", "--node-name", "n", "--max-in-flight", "x"],
+            "--max-in-flight needs a positive",
+        ),
+        (&["daemon", "--node-name", "n", "--bogus"], "--bogus"),
+        (
+            &["daemon", "--node-name", "n", "--install", "--bin"],
+            "\"--bin\"",
+        ),
     ] {
         let out = plexus(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

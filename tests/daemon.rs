@@ -201,6 +201,7 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     let c = cluster(&[]);
     let d = c.daemon(&[]);
     d.wait("synced", DaemonHealth::synced);
+    assert_eq!(health_exit(&d.socket), 0);
     // A second daemon on the same socket refuses to start.
     let second = Command::new(plexus_bin())
         .args(["daemon", "--node-name", NODE, "--kubeconfig"])
@@ -490,11 +491,36 @@ fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
         .unwrap()
         .replace(&format!("127.0.0.1:{}", c.api.port), "127.0.0.1:9");
     std::fs::write(&dead, text).unwrap();
+    assert_eq!(health_exit(&c.socket()), 2, "no daemon answers");
     let d = c.daemon_with(&dead, &[]);
     let h = d.wait("serving, with failed watches", |h| h.watch_errors > 0);
     assert!(!h.synced());
     c.add("c3", "web", &uid, &conf).ok();
     assert_eq!(reads(&c), 6);
+    // The node says so: CNI STATUS is "not available" (50) and the daemon's health check fails, so the runtime
+    // holds new sandboxes back instead of sending them all to the API in thin mode.
+    assert_eq!(health_exit(&c.socket()), 1);
+    let mut status_conf = conf.clone();
+    status_conf["cniVersion"] = json!("1.1.0");
+    let run = c.sb.run("STATUS", "", "", &status_conf);
+    assert_eq!(run.code(), 50, "{}", run.stdout);
+    assert!(
+        run.msg().contains("has not synced its caches"),
+        "{}",
+        run.msg()
+    );
+}
+
+/// `plexus daemon --health`'s exit code.
+fn health_exit(socket: &Path) -> i32 {
+    Command::new(plexus_bin())
+        .args(["daemon", "--health", "--socket"])
+        .arg(socket)
+        .output()
+        .unwrap()
+        .status
+        .code()
+        .unwrap()
 }
 
 #[test]

@@ -223,32 +223,42 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
         .collect();
     let init = pod.init_containers.as_deref().unwrap_or_default();
     assert_eq!(init.len(), 1);
+    assert_eq!(pod.containers.len(), 1, "one long-running process per node");
+    let daemon = &pod.containers[0];
     let mut commands = vec![(init[0].clone(), false)];
     commands.extend(pod.containers.iter().map(|c| (c.clone(), true)));
-    for (container, watches) in commands {
+    for (container, long_running) in commands {
         let command = container.command.clone().unwrap_or_default();
-        assert_eq!(
-            command.get(1).map(String::as_str),
-            Some("install"),
-            "{}",
-            container.name
-        );
-        let opts = install::parse_args(&command[1..])
-            .unwrap_or_else(|e| panic!("{}: {e}", container.name));
-        assert_eq!(opts.watch, watches, "{}", container.name);
+        let opts = if long_running {
+            assert_eq!(command.get(1).map(String::as_str), Some("daemon"));
+            let settings = plexus::daemon::parse_args(&command[2..], Some("node".into()))
+                .unwrap_or_else(|e| panic!("{}: {e}", container.name));
+            // The CNI binary's default (runDir /run/plexus) finds this socket.
+            assert_eq!(settings.socket, Path::new("/run/plexus/daemon.sock"));
+            settings
+                .install
+                .expect("the daemon also keeps the install current")
+        } else {
+            assert_eq!(command.get(1).map(String::as_str), Some("install"));
+            install::parse_args(&command[2..]).unwrap_or_else(|e| panic!("{}: {e}", container.name))
+        };
+        assert_eq!(opts.watch, long_running, "{}", container.name);
         assert!(!opts.uninstall);
         // Host directories are mounted at their host paths, so the paths written into the conflist hold.
-        for dir in [
-            &opts.bin_dir,
-            &opts.conf_dir,
-            &opts
-                .kubeconfig_out
+        let mut dirs = vec![
+            opts.bin_dir.clone(),
+            opts.conf_dir.clone(),
+            opts.kubeconfig_out
                 .parent()
                 .unwrap()
                 .parent()
                 .unwrap()
                 .to_path_buf(),
-        ] {
+        ];
+        if long_running {
+            dirs.push("/run/plexus".into());
+        }
+        for dir in &dirs {
             let mount = container
                 .volume_mounts
                 .as_deref()
@@ -266,6 +276,19 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             );
         }
     }
+    // The daemon learns its node from the downward API.
+    let env = daemon.env.as_deref().unwrap_or_default();
+    let node = env
+        .iter()
+        .find(|e| e.name == "NODE_NAME")
+        .expect("NODE_NAME");
+    assert_eq!(
+        node.value_from
+            .as_ref()
+            .and_then(|v| v.field_ref.as_ref())
+            .map(|f| f.field_path.as_str()),
+        Some("spec.nodeName")
+    );
 }
 
 #[test]

@@ -111,6 +111,12 @@ fn run_inner(
         podnet: &IpRoute,
         hooks: hooks.as_ref(),
     };
+    if command == Command::Status {
+        if let (ClusterSource::Kube(_), Some(d)) = (&inv.conf.cluster, &inv.conf.daemon) {
+            crate::daemon::client::readiness(&d.socket, d.timeout)
+                .map_err(PlexusError::NotAvailable)?;
+        }
+    }
     let out = match command {
         Command::Add => orchestrate::add(&inv, &fx).map(|r| Some(r.to_string())),
         Command::Del => orchestrate::del(&inv, &fx).map(|()| None),

@@ -99,6 +99,17 @@ pub fn ask(
     read_message(&stream, MAX_ANSWER_BYTES).map_err(|e| format!("answer: {e}"))
 }
 
+/// CNI STATUS with a daemon configured: not available while a daemon that answers says it should not be sent
+/// new ADDs (caches unsynced, every slot taken), so the runtime holds new sandboxes back instead of sending them
+/// all to the API server in thin mode. A daemon that does not answer does not make the node unready: thin mode
+/// works without it.
+pub fn readiness(socket: &std::path::Path, timeout: Duration) -> Result<(), String> {
+    match ask(socket, &Request::Health, timeout) {
+        Ok(Answer::Health(h)) => h.unready().map_or(Ok(()), Err),
+        _ => Ok(()),
+    }
+}
+
 fn unexpected(what: &str, answer: Answer) -> ClusterError {
     ClusterError::Invalid {
         what: "node daemon answer".into(),

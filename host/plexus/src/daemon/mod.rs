@@ -30,6 +30,7 @@ pub const DEFAULT_SOCKET: &str = "/run/plexus/daemon.sock";
 const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
                      [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
                      [--log-level LEVEL] [--install INSTALL-FLAGS...]
+       plexus daemon --health [--socket PATH]
 
 Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
 spec.nodeName) and every NetworkAttachmentDefinition, keeps only what planning reads, and answers the plexus
@@ -44,6 +45,8 @@ network-status write and the events. Without an answer in time the CNI process w
                             reads it from the API (default 500)
   --watch-timeout-secs N    how long one watch request stays open before it is renewed (default 290)
   --log-level LEVEL         error, warn, info, debug (default info)
+  --health                  ask the running daemon for its health, print it as JSON and exit: 0 when it is
+                            synced and below its concurrency bound, 1 when not, 2 when it does not answer
   --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
                             argument after --install is an install flag";
 
@@ -59,6 +62,8 @@ pub struct DaemonSettings {
     pub watch_timeout_secs: u32,
     pub log_level: String,
     pub install: Option<InstallOptions>,
+    /// Only ask a running daemon for its health, print it, and exit (0 when ready).
+    pub health: bool,
 }
 
 impl Default for DaemonSettings {
@@ -73,6 +78,7 @@ impl Default for DaemonSettings {
             watch_timeout_secs: 290,
             log_level: "info".into(),
             install: None,
+            health: false,
         }
     }
 }
@@ -144,11 +150,12 @@ pub fn parse_args(
                     .collect();
                 s.install = Some(install::parse_args(&rest)?);
             }
+            Long("health") => s.health = true,
             Short('h') | Long("help") => return Err(DaemonError::Help),
             _ => return Err(usage(arg.unexpected())),
         }
     }
-    if s.node.is_empty() {
+    if s.node.is_empty() && !s.health {
         return Err(DaemonError::Usage(
             "no node name: give --node-name or set NODE_NAME".into(),
         ));
@@ -174,6 +181,9 @@ pub fn main(args: &[String]) -> u8 {
             return 2;
         }
     };
+    if settings.health {
+        return print_health(&settings.socket);
+    }
     init_logging(&settings.log_level);
     match run(settings) {
         Ok(()) => 0,
@@ -181,6 +191,29 @@ pub fn main(args: &[String]) -> u8 {
             tracing::error!(error = %e, "daemon stopped");
             eprintln!("plexus daemon: {e}");
             1
+        }
+    }
+}
+
+fn print_health(socket: &Path) -> u8 {
+    match client::ask(socket, &Request::Health, Duration::from_secs(2)) {
+        Ok(Answer::Health(h)) => {
+            println!("{}", serde_json::to_string_pretty(&h).unwrap_or_default());
+            match h.unready() {
+                None => 0,
+                Some(why) => {
+                    eprintln!("plexus daemon: not ready: {why}");
+                    1
+                }
+            }
+        }
+        Ok(other) => {
+            eprintln!("plexus daemon: unexpected answer {other:?}");
+            2
+        }
+        Err(e) => {
+            eprintln!("plexus daemon: no answer from {}: {e}", socket.display());
+            2
         }
     }
 }
@@ -393,6 +426,7 @@ async fn read_request(stream: &mut UnixStream) -> Result<Request, proto::ReadErr
 fn health(shared: &Shared) -> Answer {
     let mut h = DaemonHealth::new(&shared.node, shared.cache.health());
     h.in_flight = shared.max_in_flight - shared.permits.available_permits();
+    h.max_in_flight = shared.max_in_flight;
     h.shed = shared.shed.load(Ordering::Relaxed);
     h.api_reads = shared.api_reads.load(Ordering::Relaxed);
     h.status_writes = shared.status_writes.load(Ordering::Relaxed);

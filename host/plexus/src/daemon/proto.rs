@@ -72,8 +72,9 @@ pub struct DaemonHealth {
     pub pod_lists: u64,
     pub nad_lists: u64,
     pub watch_errors: u64,
-    /// Requests being served now.
+    /// Requests being served now, and the bound.
     pub in_flight: usize,
+    pub max_in_flight: usize,
     /// Requests answered `busy` since start.
     pub shed: u64,
     /// Reads the daemon made from the API because its cache could not answer (pods not yet seen, NADs missing).
@@ -93,6 +94,7 @@ impl DaemonHealth {
             nad_lists: cache.nad_lists,
             watch_errors: cache.watch_errors,
             in_flight: 0,
+            max_in_flight: 0,
             shed: 0,
             api_reads: 0,
             status_writes: 0,
@@ -101,6 +103,25 @@ impl DaemonHealth {
 
     pub fn synced(&self) -> bool {
         self.pods_synced && self.nads_synced
+    }
+
+    /// Why the daemon should not be sent new ADDs now, if it should not: caches not synced, or every slot taken.
+    pub fn unready(&self) -> Option<String> {
+        if !self.synced() {
+            return Some(format!(
+                "the node daemon has not synced its caches yet (pods: {}, NADs: {}; watch errors: {})",
+                if self.pods_synced { "listed" } else { "not listed" },
+                if self.nads_synced { "listed" } else { "not listed" },
+                self.watch_errors
+            ));
+        }
+        if self.max_in_flight > 0 && self.in_flight >= self.max_in_flight {
+            return Some(format!(
+                "the node daemon is at its concurrency bound ({} requests in flight)",
+                self.in_flight
+            ));
+        }
+        None
     }
 }
 
