@@ -238,6 +238,11 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         vec![],
         "the CNI process sent no request"
     );
+    // The daemon accepted the status write and sends it on its own.
+    let h = d.wait("status written", |h| {
+        h.status_writes == 1 && h.pending_writes == 0
+    });
+    assert_eq!(h.api_reads, 0, "{h:?}");
     assert_eq!(
         status_of(&c.api, "web"),
         vec![
@@ -246,8 +251,6 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         ]
     );
     assert_eq!(marker_of_last_secondary_call(&c.sb), "v1");
-    let h = d.health().unwrap();
-    assert_eq!((h.api_reads, h.status_writes), (0, 1), "{h:?}");
     // The daemon's own requests for this ADD: the status patch and the event, nothing read.
     let deadline = Instant::now() + Duration::from_secs(10);
     let daemon_requests = loop {
@@ -339,6 +342,37 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         vec![],
         "still nothing from the CNI process"
     );
+
+    // SIGTERM right after an ADD: the daemon sends the status it accepted before it goes, and removes its socket.
+    c.api.nad("team-a", "net-b", &nad_config("net-b", "v1"));
+    let pod4 = c.api.pod(
+        "team-a",
+        "web4",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net-b"}),
+    );
+    let uid4 = pod4["metadata"]["uid"].as_str().unwrap().to_string();
+    d.wait("web4 cached", |h| h.pods == 4 && h.nads == 1);
+    c.add("c4", "web4", &uid4, &conf).ok();
+    let mut d = d;
+    Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let exit = loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not stop on SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert!(!d.socket.exists(), "socket left behind");
+    assert_eq!(status_of(&c.api, "web4").len(), 2);
 
     // DEL never asks the daemon (nor the API: it runs from the attachment cache).
     drop(d);

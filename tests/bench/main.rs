@@ -7,6 +7,7 @@
 //! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...` (defaults: 50 runs,
 //! the plexus beside this binary, the target dir above it).
 
+mod daemon;
 mod floor;
 mod noop;
 mod proc;
@@ -48,7 +49,8 @@ struct Opts {
     plexus: PathBuf,
     work: PathBuf,
     quick: bool,
-    /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, profile;
+    /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, daemon,
+    /// profile;
     /// `perf-loop-nohooks` / `perf-loop-hooks` (internal: the profile section runs it under `perf record`).
     only: Vec<String>,
 }
@@ -793,6 +795,11 @@ fn run() -> Result<(), String> {
     } else {
         Value::Null
     };
+    let daemon = if on("daemon") {
+        daemon::daemon(&o)?
+    } else {
+        Value::Null
+    };
     let profile = if on("profile") {
         profile(&o)
     } else {
@@ -809,6 +816,7 @@ fn run() -> Result<(), String> {
         "scaling": scaling,
         "concurrency": concurrency,
         "hammer": hammer,
+        "daemon": daemon,
         "profile": profile,
         "benchSeconds": started.elapsed().as_secs_f64(),
         "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),

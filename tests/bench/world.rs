@@ -211,6 +211,16 @@ impl World {
         netns: &str,
         pod: usize,
     ) -> Vec<(String, String)> {
+        self.cni_env_args(command, container, netns, &pod_args(pod))
+    }
+
+    fn cni_env_args(
+        &self,
+        command: &str,
+        container: &str,
+        netns: &str,
+        cni_args: &str,
+    ) -> Vec<(String, String)> {
         vec![
             ("PATH".into(), std::env::var("PATH").unwrap_or_default()),
             ("CNI_COMMAND".into(), command.into()),
@@ -218,8 +228,33 @@ impl World {
             ("CNI_NETNS".into(), netns.into()),
             ("CNI_IFNAME".into(), "eth0".into()),
             ("CNI_PATH".into(), self.cni_path.clone()),
-            ("CNI_ARGS".into(), pod_args(pod)),
+            ("CNI_ARGS".into(), cni_args.into()),
         ]
+    }
+
+    /// One plexus invocation with these `CNI_ARGS` (a pod of a real API server, with its own UID); a failure is
+    /// returned as a run, not an error.
+    pub fn plexus_args(
+        &self,
+        plexus: &Path,
+        conf: &Value,
+        command: &str,
+        container: &str,
+        cni_args: &str,
+    ) -> std::io::Result<ChildRun> {
+        let mut cmd = Command::new(plexus);
+        cmd.env_clear()
+            .envs(self.cni_env_args(command, container, "/var/run/netns/bench-noop", cni_args))
+            .stderr(self.stderr());
+        proc::run(&mut cmd, conf.to_string().as_bytes())
+    }
+
+    /// The plexus conf of [`World::conf`] with the Kubernetes API as its cluster source.
+    pub fn kube_conf(&self, kubeconfig: &Path, daemon: Value) -> Value {
+        let mut c = self.conf(Path::new("/"), false);
+        c["cluster"] = json!({"source": "kube", "kubeconfig": kubeconfig});
+        c["daemon"] = daemon;
+        c
     }
 
     /// One plexus invocation, as the runtime makes it.

@@ -3,7 +3,6 @@
 use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::sync::Mutex;
-use std::time::Duration;
 
 use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
 use plexus_core::cni::{CniError, CniVersion};
@@ -81,7 +80,6 @@ fn run_inner(
         ClusterSource::Kube(settings) => {
             let settings: KubeSettings = serde_json::from_value(settings.clone())
                 .map_err(|e| PlexusError::Config(format!("cluster (source \"kube\"): {e}")))?;
-            let write_timeout = Duration::from_millis(settings.deadline_ms + 1000);
             // Cheap: the client is only built on the first call that needs the API.
             kube_cluster = KubeCluster::new(settings)?;
             match &inv.conf.daemon {
@@ -90,7 +88,6 @@ fn run_inner(
                     let conf = DaemonConf {
                         socket: d.socket.clone(),
                         timeout: d.timeout,
-                        write_timeout,
                     };
                     daemon_cluster = DaemonCluster::new(conf, &kube_cluster);
                     Some(&daemon_cluster as &dyn Cluster)

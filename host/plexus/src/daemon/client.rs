@@ -17,14 +17,11 @@ use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::proto::{read_message, write_message, Answer, Request, MAX_ANSWER_BYTES};
 
-/// Where the daemon listens and how long a read may wait for it.
+/// Where the daemon listens and how long one request may take (connect, send, answer).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DaemonConf {
     pub socket: PathBuf,
-    /// For reads and events: connect, send, answer.
     pub timeout: Duration,
-    /// For the status write, which the daemon answers once the API server has it.
-    pub write_timeout: Duration,
 }
 
 /// Asks the daemon, falls back to `thin`.
@@ -149,11 +146,12 @@ impl Cluster for DaemonCluster<'_> {
             pod: pod.clone(),
             network_status: network_status.into(),
         };
-        match self.ask(&request, self.conf.write_timeout) {
+        match self.ask(&request, self.conf.timeout) {
+            // Accepted: the daemon sends it, with retries.
             Some(Answer::Done) => Ok(()),
             Some(Answer::Failed { error }) => Err(error.into()),
             Some(other) => Err(unexpected("a status write", other)),
-            // The merge patch is idempotent: writing it again after a daemon died mid-write is harmless.
+            // The merge patch is idempotent: writing it again after a daemon died holding it is harmless.
             None => self.thin.write_status(pod, network_status),
         }
     }

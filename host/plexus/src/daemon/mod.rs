@@ -258,8 +258,22 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
     runtime.block_on(serve(settings))
 }
 
+/// Status writes waiting or being sent, one slot per pod: a newer write for a pod replaces one not yet sent, and
+/// one pod's writes go out one at a time, so the last ADD's status is the one that stays (as in thin mode).
+#[derive(Default)]
+struct StatusQueue {
+    /// The write each pod is waiting for, keyed by namespace/name.
+    pending: std::collections::HashMap<(String, String), (PodRef, String)>,
+    /// Pods whose writer task is running.
+    busy: std::collections::HashSet<(String, String)>,
+}
+
+/// Pods with a status write waiting at most; past it, the CNI process writes the status itself.
+const MAX_PENDING_WRITES: usize = 4096;
+
 struct Shared {
     node: String,
+    writes: std::sync::Mutex<StatusQueue>,
     cache: Arc<NodeCache>,
     api: KubeApi,
     permits: tokio::sync::Semaphore,
@@ -326,6 +340,7 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     tracing::info!(socket = %settings.socket.display(), node = %settings.node, "serving");
     let shared = Arc::new(Shared {
         node: settings.node.clone(),
+        writes: std::sync::Mutex::default(),
         cache,
         api,
         permits: tokio::sync::Semaphore::new(settings.max_in_flight),
@@ -362,6 +377,17 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     }
     tracing::info!("stopping");
     watches.abort();
+    // Writes already accepted are sent before the process goes (bounded: a dead API server does not hold it).
+    let flush_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while shared.pending_writes() > 0 && tokio::time::Instant::now() < flush_deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if shared.pending_writes() > 0 {
+        tracing::warn!(
+            left = shared.pending_writes(),
+            "stopped with status writes unsent"
+        );
+    }
     let _ = std::fs::remove_file(&settings.socket);
     drop(lock);
     Ok(())
@@ -430,6 +456,7 @@ fn health(shared: &Shared) -> Answer {
     h.shed = shared.shed.load(Ordering::Relaxed);
     h.api_reads = shared.api_reads.load(Ordering::Relaxed);
     h.status_writes = shared.status_writes.load(Ordering::Relaxed);
+    h.pending_writes = shared.pending_writes();
     Answer::Health(h)
 }
 
@@ -439,7 +466,8 @@ fn failed(e: &ClusterError) -> Answer {
     }
 }
 
-async fn answer(shared: &Shared, request: Request) -> Answer {
+async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
+    let shared = shared_arc.as_ref();
     match request {
         Request::Health => health(shared),
         Request::Pod { pod } => match pod_of(shared, &pod).await {
@@ -463,10 +491,10 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
             pod,
             network_status,
         } => {
-            shared.status_writes.fetch_add(1, Ordering::Relaxed);
-            match shared.api.write_status(&pod, &network_status).await {
-                Ok(()) => Answer::Done,
-                Err(e) => failed(&e),
+            if enqueue_status(shared_arc, pod, network_status) {
+                Answer::Done
+            } else {
+                Answer::Busy
             }
         }
         Request::Event {
@@ -487,6 +515,60 @@ async fn answer(shared: &Shared, request: Request) -> Answer {
             Answer::Done
         }
     }
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, StatusQueue> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pending_writes(&self) -> usize {
+        let q = self.queue();
+        q.pending.len() + q.busy.len()
+    }
+}
+
+/// Accepts a status write: the answer goes back at once and the write is sent (with the kube source's retries)
+/// by a task of its own. The annotation is informative (spec 5) and a failed write never failed an ADD, so the
+/// ADD need not wait for the API server's commit. `false` when too many pods are waiting (the CNI process then
+/// writes it itself).
+fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
+    let key = (pod.namespace.clone(), pod.name.clone());
+    let start_writer = {
+        let mut q = shared.queue();
+        if q.pending.len() >= MAX_PENDING_WRITES && !q.pending.contains_key(&key) {
+            return false;
+        }
+        q.pending.insert(key.clone(), (pod, value));
+        q.busy.insert(key.clone())
+    };
+    if start_writer {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = {
+                    let mut q = shared.queue();
+                    match q.pending.remove(&key) {
+                        Some(w) => w,
+                        None => {
+                            q.busy.remove(&key);
+                            return;
+                        }
+                    }
+                };
+                let (pod, value) = next;
+                match shared.api.write_status(&pod, &value).await {
+                    Ok(()) => {
+                        shared.status_writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::error!(pod = %pod, error = %e, "cannot publish network-status")
+                    }
+                }
+            }
+        });
+    }
+    true
 }
 
 fn post_event(

@@ -24,7 +24,7 @@ pub enum Request {
         namespace: String,
         name: String,
     },
-    /// Write the network-status annotation value; answered once written (or failed for good).
+    /// Write the network-status annotation value; answered once accepted, sent by the daemon with retries.
     Status {
         pod: PodRef,
         network_status: String,
@@ -79,7 +79,9 @@ pub struct DaemonHealth {
     pub shed: u64,
     /// Reads the daemon made from the API because its cache could not answer (pods not yet seen, NADs missing).
     pub api_reads: u64,
+    /// Network-status writes sent, and those accepted and not yet sent.
     pub status_writes: u64,
+    pub pending_writes: usize,
 }
 
 impl DaemonHealth {
@@ -98,6 +100,7 @@ impl DaemonHealth {
             shed: 0,
             api_reads: 0,
             status_writes: 0,
+            pending_writes: 0,
         }
     }
 

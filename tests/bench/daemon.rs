@@ -1,0 +1,451 @@
+//! The node daemon against a real kube-apiserver (with etcd, on loopback): per-cycle cost of thin mode and
+//! daemon mode against the exec floor, API requests per ADD by identity (from the server's audit log), the
+//! daemon's memory with 500 pods on its node and 10,000 NADs in the cluster, a burst of 200 simultaneous ADDs,
+//! and the daemon killed during a burst.
+
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+use plexus::daemon::client::ask;
+use plexus::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
+use serde_json::{json, Value};
+
+use crate::world::{Delegates, World, POD_NS};
+use crate::{log, ms, stats, Opts};
+
+const NODE: &str = "bench-node";
+const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+const PODS: usize = 500;
+const NADS: usize = 10_000;
+const BURST: usize = 200;
+
+struct Daemon {
+    child: Child,
+    socket: std::path::PathBuf,
+}
+
+impl Daemon {
+    fn start(
+        plexus: &Path,
+        kubeconfig: &Path,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Daemon, String> {
+        let child = Command::new(plexus)
+            .args(["daemon", "--node-name", NODE, "--kubeconfig"])
+            .arg(kubeconfig)
+            .arg("--socket")
+            .arg(socket)
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::File::create(log)
+                    .map(Stdio::from)
+                    .unwrap_or(Stdio::null()),
+            )
+            .spawn()
+            .map_err(|e| format!("spawn plexus daemon: {e}"))?;
+        Ok(Daemon {
+            child,
+            socket: socket.into(),
+        })
+    }
+
+    fn health(&self) -> Option<DaemonHealth> {
+        match ask(&self.socket, &Request::Health, Duration::from_secs(2)) {
+            Ok(Answer::Health(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    fn wait(
+        &self,
+        what: &str,
+        limit: Duration,
+        ok: impl Fn(&DaemonHealth) -> bool,
+    ) -> Result<(), String> {
+        let deadline = Instant::now() + limit;
+        loop {
+            if self.health().as_ref().is_some_and(&ok) {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(format!(
+                    "daemon: {what} not reached; health {:?}",
+                    self.health()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Resident and peak resident memory, KiB, from /proc.
+    fn memory_kib(&self) -> (u64, u64) {
+        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
+            .unwrap_or_default();
+        let field = |name: &str| {
+            text.lines()
+                .find(|l| l.starts_with(name))
+                .and_then(|l| l.split_whitespace().nth(1))
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        };
+        (field("VmRSS:"), field("VmHWM:"))
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn args(pod: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME={pod};K8S_POD_UID={uid}")
+}
+
+/// Requests per identity, skipping the daemon's list and watch: `(reads, writes)`.
+fn counts(api: &KubeApiServer, user: &str) -> (usize, usize) {
+    let mut reads = 0;
+    let mut writes = 0;
+    for (u, verb, _) in api.audit() {
+        if u != user {
+            continue;
+        }
+        match verb.as_str() {
+            "get" => reads += 1,
+            "patch" | "create" | "update" => writes += 1,
+            _ => {}
+        }
+    }
+    (reads, writes)
+}
+
+pub fn daemon(o: &Opts) -> Result<Value, String> {
+    let t0 = Instant::now();
+    let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
+    let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], &[]);
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
+    api.apply_file(&deploy.join("crds.yaml"));
+    api.apply_file(&deploy.join("rbac.yaml"));
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "plexus-cni"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
+        "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
+    }));
+    api.namespace(POD_NS);
+    let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
+    for (i, net) in w.nets.iter().enumerate().skip(1) {
+        api.nad(POD_NS, &format!("net{i}"), &net.list);
+    }
+    let pods: Vec<Value> = (0..PODS)
+        .map(|p| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("pod-{p}"), "namespace": POD_NS,
+                    "annotations": {"k8s.v1.cni.cncf.io/networks": selection.join(",")}},
+                "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                    "containers": [{"name": "c", "image": "pause"}]}})
+        })
+        .collect();
+    let failed = api.create_many(&pods);
+    if failed > 0 {
+        return Err(format!("{failed} of {PODS} pods could not be created"));
+    }
+    let list = api.must("GET", &format!("/api/v1/namespaces/{POD_NS}/pods"), None);
+    let mut uids = vec![String::new(); PODS];
+    for item in list["items"].as_array().into_iter().flatten() {
+        let name = item["metadata"]["name"].as_str().unwrap_or_default();
+        if let Some(p) = name
+            .strip_prefix("pod-")
+            .and_then(|n| n.parse::<usize>().ok())
+        {
+            uids[p] = item["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+        }
+    }
+    log(&format!(
+        "daemon: API server with {PODS} pods in {:.1}s",
+        t0.elapsed().as_secs_f64()
+    ));
+
+    let cni_kubeconfig = w.root.join("cni.kubeconfig");
+    let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
+    api.write_kubeconfig(&cni_kubeconfig, "cni-token");
+    api.write_kubeconfig(&daemon_kubeconfig, "plexus-token");
+    let socket = w.root.join("run/daemon.sock");
+    let thin = w.kube_conf(&cni_kubeconfig, json!(false));
+    let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+
+    // 1. Per-cycle cost, interleaved run by run.
+    let d = Daemon::start(
+        &o.plexus,
+        &daemon_kubeconfig,
+        &socket,
+        &w.root.join("daemon-1.log"),
+    )?;
+    d.wait("synced", Duration::from_secs(60), |h| {
+        h.synced() && h.pods == PODS
+    })?;
+    let runs = if o.quick { 5 } else { o.runs.min(40) };
+    let (mut floor, mut thin_cycle, mut daemon_cycle) = (Vec::new(), Vec::new(), Vec::new());
+    let cycle = |conf: &Value, id: &str, pod: usize| -> Result<f64, String> {
+        let a = args(&format!("pod-{pod}"), &uids[pod]);
+        let add = w
+            .plexus_args(&o.plexus, conf, "ADD", id, &a)
+            .map_err(|e| e.to_string())?;
+        if !add.success {
+            return Err(format!(
+                "ADD {id}: {}",
+                String::from_utf8_lossy(&add.stdout)
+            ));
+        }
+        let del = w
+            .plexus_args(&o.plexus, conf, "DEL", id, &a)
+            .map_err(|e| e.to_string())?;
+        if !del.success {
+            return Err(format!(
+                "DEL {id}: {}",
+                String::from_utf8_lossy(&del.stdout)
+            ));
+        }
+        Ok(ms(add.elapsed + del.elapsed))
+    };
+    cycle(&thin, "warm-thin", 0)?;
+    cycle(&served, "warm-daemon", 0)?;
+    for i in 0..runs {
+        let (t, results) = w.floor_add(&format!("floor-{i}"), "/var/run/netns/bench-noop", 0)?;
+        let del = w.floor_del(
+            &format!("floor-{i}"),
+            "/var/run/netns/bench-noop",
+            0,
+            &results,
+        )?;
+        floor.push(ms(t + del));
+        thin_cycle.push(cycle(&thin, &format!("thin-{i}"), 1 + i % 10)?);
+        daemon_cycle.push(cycle(&served, &format!("daemon-{i}"), 1 + i % 10)?);
+    }
+    // Requests per ADD, by identity, over 10 ADDs in each mode.
+    let per_add = |conf: &Value, tag: &str| -> Result<Value, String> {
+        let before = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
+        for i in 0..10 {
+            cycle(conf, &format!("count-{tag}-{i}"), 20 + i)?;
+        }
+        // Events are posted by the daemon after it answered: let them land in the audit log.
+        std::thread::sleep(Duration::from_millis(500));
+        let after = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
+        let per = |a: usize, b: usize| (b - a) as f64 / 10.0;
+        Ok(json!({
+            "cni": {"reads": per(before.0 .0, after.0 .0), "writes": per(before.0 .1, after.0 .1)},
+            "daemon": {"reads": per(before.1 .0, after.1 .0), "writes": per(before.1 .1, after.1 .1)},
+        }))
+    };
+    let requests = json!({"thin": per_add(&thin, "thin")?, "daemon": per_add(&served, "daemon")?});
+    let floor_median = stats::median(&sorted(&floor));
+    let cycles = json!({
+        "runs": runs,
+        "floor": stats::summary(&floor),
+        "thin": stats::summary(&thin_cycle),
+        "daemon": stats::summary(&daemon_cycle),
+        "thinOverFloor": stats::median(&sorted(&thin_cycle)) / floor_median,
+        "daemonOverFloor": stats::median(&sorted(&daemon_cycle)) / floor_median,
+        "requestsPerAdd": requests,
+    });
+    log(&format!(
+        "daemon: cycles done ({:.0}s)",
+        t0.elapsed().as_secs_f64()
+    ));
+    drop(d);
+
+    // 2. Memory with 500 pods on the node and 10,000 NADs in the cluster.
+    let nads: Vec<Value> = (0..NADS)
+        .map(|i| {
+            let ns = format!("tenant-{}", i % 20);
+            json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": format!("nad-{i}"), "namespace": ns},
+                "spec": {"config": json!({"cniVersion": "1.0.0", "name": format!("nad-{i}"), "type": "macvlan",
+                    "master": "eth0", "mode": "bridge",
+                    "ipam": {"type": "host-local", "subnet": format!("10.{}.{}.0/24", 100 + i / 256 % 100, i % 256)}}).to_string()}})
+        })
+        .collect();
+    for t in 0..20 {
+        api.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("tenant-{t}")}}));
+    }
+    let failed = api.create_many(&nads);
+    if failed > 0 {
+        return Err(format!("{failed} of {NADS} NADs could not be created"));
+    }
+    log(&format!(
+        "daemon: {NADS} NADs created ({:.0}s)",
+        t0.elapsed().as_secs_f64()
+    ));
+    let d = Daemon::start(
+        &o.plexus,
+        &daemon_kubeconfig,
+        &socket,
+        &w.root.join("daemon-2.log"),
+    )?;
+    let started = Instant::now();
+    d.wait("synced with everything", Duration::from_secs(120), |h| {
+        h.synced() && h.pods == PODS && h.nads == NADS + 3
+    })?;
+    let sync_seconds = started.elapsed().as_secs_f64();
+    std::thread::sleep(Duration::from_secs(2));
+    let (rss, hwm) = d.memory_kib();
+    let memory = json!({"pods": PODS, "nads": NADS + 3, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
+    log(&format!(
+        "daemon: {rss} KiB resident with {PODS} pods and {NADS} NADs"
+    ));
+
+    // 3. A burst of 200 simultaneous ADDs, then their DELs.
+    let burst = |tag: &str,
+                 first: usize,
+                 kill: Option<&Daemon>|
+     -> Vec<(std::io::Result<crate::proc::ChildRun>, String)> {
+        let barrier = Barrier::new(BURST + 1);
+        let results = Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for p in first..first + BURST {
+                let (barrier, results, served, w, uids) = (&barrier, &results, &served, &w, &uids);
+                s.spawn(move || {
+                    barrier.wait();
+                    let id = format!("{tag}-{p}");
+                    let r = w.plexus_args(
+                        &o.plexus,
+                        served,
+                        "ADD",
+                        &id,
+                        &args(&format!("pod-{p}"), &uids[p]),
+                    );
+                    results
+                        .lock()
+                        .unwrap_or_else(|e| e.into_inner())
+                        .push((r, id));
+                });
+            }
+            barrier.wait();
+            if let Some(d) = kill {
+                std::thread::sleep(Duration::from_millis(100));
+                let _ = Command::new("kill")
+                    .args(["-KILL", &d.child.id().to_string()])
+                    .status();
+            }
+        });
+        results.into_inner().unwrap_or_else(|e| e.into_inner())
+    };
+    let del_all = |ids: &[(String, usize)]| -> usize {
+        let failures = Mutex::new(0usize);
+        std::thread::scope(|s| {
+            for chunk in ids.chunks(ids.len().div_ceil(16).max(1)) {
+                let failures = &failures;
+                let (served, w, uids) = (&served, &w, &uids);
+                s.spawn(move || {
+                    for (id, p) in chunk {
+                        let ok = w
+                            .plexus_args(
+                                &o.plexus,
+                                served,
+                                "DEL",
+                                id,
+                                &args(&format!("pod-{p}"), &uids[*p]),
+                            )
+                            .is_ok_and(|r| r.success);
+                        if !ok {
+                            *failures.lock().unwrap_or_else(|e| e.into_inner()) += 1;
+                        }
+                    }
+                });
+            }
+        });
+        failures.into_inner().unwrap_or_else(|e| e.into_inner())
+    };
+    let shed_before = d.health().map(|h| h.shed).unwrap_or(0);
+    let results = burst("burst", 0, None);
+    let (_, hwm_burst) = d.memory_kib();
+    let mut lat = Vec::new();
+    let mut failures = Vec::new();
+    let mut ids = Vec::new();
+    for (r, id) in &results {
+        let p: usize = id
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        ids.push((id.clone(), p));
+        match r {
+            Ok(run) if run.success => lat.push(ms(run.elapsed)),
+            Ok(run) => failures.push(String::from_utf8_lossy(&run.stdout).into_owned()),
+            Err(e) => failures.push(e.to_string()),
+        }
+    }
+    let h = d.health();
+    let del_failures = del_all(&ids);
+    let burst_json = json!({
+        "adds": BURST,
+        "add": stats::summary(&lat),
+        "failures": failures,
+        "delFailures": del_failures,
+        "shed": h.as_ref().map(|h| h.shed - shed_before),
+        "apiReadsByDaemon": h.as_ref().map(|h| h.api_reads),
+        "daemonPeakKiB": hwm_burst,
+        "cacheLeftAfterDel": w.cached(),
+    });
+    log(&format!(
+        "daemon: burst of {BURST}: {} failures, daemon peak {hwm_burst} KiB",
+        failures.len()
+    ));
+
+    // 4. The daemon killed 100 ms into a burst: every ADD completes or fails with a CNI error, every DEL
+    // succeeds, nothing is left in the attachment cache.
+    let results = burst("killed", BURST, Some(&d));
+    let (mut ok, mut clean, mut unclean) = (0, 0, Vec::new());
+    let mut ids = Vec::new();
+    for (r, id) in &results {
+        let p: usize = id
+            .rsplit('-')
+            .next()
+            .and_then(|n| n.parse().ok())
+            .unwrap_or(0);
+        ids.push((id.clone(), p));
+        match r {
+            Ok(run) if run.success => ok += 1,
+            Ok(run)
+                if serde_json::from_slice::<Value>(&run.stdout)
+                    .is_ok_and(|v| v["code"].is_u64()) =>
+            {
+                clean += 1
+            }
+            Ok(run) => unclean.push(String::from_utf8_lossy(&run.stdout).into_owned()),
+            Err(e) => unclean.push(e.to_string()),
+        }
+    }
+    let del_failures = del_all(&ids);
+    let killed = json!({
+        "adds": BURST,
+        "succeeded": ok,
+        "failedCleanly": clean,
+        "failedUncleanly": unclean,
+        "delFailures": del_failures,
+        "cacheLeftAfterDel": w.cached(),
+    });
+    log(&format!("daemon: killed mid-burst: {ok} ADDs ok, {clean} failed cleanly, {} otherwise; {del_failures} DEL failures", unclean.len()));
+    drop(d);
+    Ok(json!({
+        "cycles": cycles,
+        "memory": memory,
+        "burst": burst_json,
+        "killedDuringBurst": killed,
+        "seconds": t0.elapsed().as_secs_f64(),
+    }))
+}
+
+fn sorted(v: &[f64]) -> Vec<f64> {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    s
+}
