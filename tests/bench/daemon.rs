@@ -107,21 +107,21 @@ fn args(pod: &str, uid: &str) -> String {
     format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME={pod};K8S_POD_UID={uid}")
 }
 
-/// Requests per identity, skipping the daemon's list and watch: `(reads, writes)`.
-fn counts(api: &KubeApiServer, user: &str) -> (usize, usize) {
-    let mut reads = 0;
-    let mut writes = 0;
-    for (u, verb, _) in api.audit() {
+/// Requests of one identity, without the daemon's list and watch: `[reads, status writes, events]`.
+fn counts(api: &KubeApiServer, user: &str) -> [usize; 3] {
+    let mut n = [0; 3];
+    for (u, verb, uri) in api.audit() {
         if u != user {
             continue;
         }
         match verb.as_str() {
-            "get" => reads += 1,
-            "patch" | "create" | "update" => writes += 1,
+            "get" => n[0] += 1,
+            "patch" if uri.contains("/status") => n[1] += 1,
+            "create" if uri.contains("/events") => n[2] += 1,
             _ => {}
         }
     }
-    (reads, writes)
+    n
 }
 
 pub fn daemon(o: &Opts) -> Result<Value, String> {
@@ -239,11 +239,11 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         // Events are posted by the daemon after it answered: let them land in the audit log.
         std::thread::sleep(Duration::from_millis(500));
         let after = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
-        let per = |a: usize, b: usize| (b - a) as f64 / 10.0;
-        Ok(json!({
-            "cni": {"reads": per(before.0 .0, after.0 .0), "writes": per(before.0 .1, after.0 .1)},
-            "daemon": {"reads": per(before.1 .0, after.1 .0), "writes": per(before.1 .1, after.1 .1)},
-        }))
+        let per = |a: [usize; 3], b: [usize; 3]| {
+            let d = |i: usize| (b[i] - a[i]) as f64 / 10.0;
+            json!({"reads": d(0), "statusWrites": d(1), "events": d(2)})
+        };
+        Ok(json!({"cni": per(before.0, after.0), "daemon": per(before.1, after.1)}))
     };
     let requests = json!({"thin": per_add(&thin, "thin")?, "daemon": per_add(&served, "daemon")?});
     let floor_median = stats::median(&sorted(&floor));
@@ -402,7 +402,9 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
 
     // 4. The daemon killed 100 ms into a burst: every ADD completes or fails with a CNI error, every DEL
     // succeeds, nothing is left in the attachment cache.
+    let cni_before = counts(&api, CNI_USER);
     let results = burst("killed", BURST, Some(&d));
+    let cni_after = counts(&api, CNI_USER);
     let (mut ok, mut clean, mut unclean) = (0, 0, Vec::new());
     let mut ids = Vec::new();
     for (r, id) in &results {
@@ -430,6 +432,9 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "succeeded": ok,
         "failedCleanly": clean,
         "failedUncleanly": unclean,
+        // What the CNI processes that went thin after the kill read and wrote themselves.
+        "thinReads": cni_after[0] - cni_before[0],
+        "thinStatusWrites": cni_after[1] - cni_before[1],
         "delFailures": del_failures,
         "cacheLeftAfterDel": w.cached(),
     });

@@ -176,6 +176,34 @@ def main():
         add = med(rw) - med(rpx)
         rows.append(("Three warm hooks' added cost on one ADD (real plugins)", "≤ 5 ms", f"{f(add)} ms", add <= 5))
 
+    dm = r.get("daemon")
+    if dm:
+        cy = dm["cycles"]
+        rows.append(("Node daemon: ADD+DEL cycle / floor, kube source (real kube-apiserver), no-op delegates, 4 attachments",
+                     "≤ 1.3", f"{f(cy['daemonOverFloor'])} ({f(cy['daemon']['median'])} / {f(cy['floor']['median'])} ms; "
+                     f"thin mode {f(cy['thinOverFloor'])})", cy["daemonOverFloor"] <= 1.3))
+        rq = cy["requestsPerAdd"]["daemon"]
+        reads = rq["cni"]["reads"] + rq["daemon"]["reads"]
+        writes = rq["cni"]["statusWrites"] + rq["daemon"]["statusWrites"]
+        events = rq["cni"]["events"] + rq["daemon"]["events"]
+        rows.append(("Node daemon: API requests per ADD (CNI process + daemon)", "0 reads, 1 write",
+                     f"{f(reads, 1)} reads, {f(writes, 1)} status write (+ {f(events, 1)} AddedInterface events, one per "
+                     "secondary network)", reads == 0 and writes <= 1))
+        mem = dm["memory"]
+        rows.append((f"Node daemon resident memory with {mem['pods']} pods on the node and {mem['nads']} NADs in the cluster",
+                     "≤ 64 MiB", f"{f(mem['rssKiB'] / 1024, 1)} MiB (peak {f(mem['peakKiB'] / 1024, 1)} MiB)",
+                     mem["peakKiB"] <= 64 * 1024))
+        bu = dm["burst"]
+        rows.append((f"Burst of {bu['adds']} simultaneous ADDs through the daemon: failures", "none",
+                     f"{len(bu['failures'])} (p99 {f(bu['add']['p99'], 0)} ms)", not bu["failures"] and bu["delFailures"] == 0))
+        rows.append(("… the daemon's peak resident memory during the burst", "≤ 128 MiB",
+                     f"{f(bu['daemonPeakKiB'] / 1024, 1)} MiB", bu["daemonPeakKiB"] <= 128 * 1024))
+        kd = dm["killedDuringBurst"]
+        rows.append((f"Daemon killed during a burst of {kd['adds']} ADDs: each completes or fails cleanly, every DEL succeeds",
+                     "all", f"{kd['succeeded']} completed, {kd['failedCleanly']} failed cleanly, {len(kd['failedUncleanly'])} "
+                     f"otherwise; {kd['delFailures']} DEL failures", not kd["failedUncleanly"] and kd["delFailures"] == 0
+                     and not kd["cacheLeftAfterDel"]))
+
     w("## Targets")
     w("")
     w("| target | goal | measured | |")
@@ -302,6 +330,50 @@ def main():
         if hm["errors"]:
             w("Errors: " + "; ".join(f"`{e}`" for e in hm["errors"][:3]))
             w("")
+
+    if dm:
+        w("## Node daemon: the kube source with and without `plexus daemon`")
+        w("")
+        w("A real kube-apiserver 1.20.2 with etcd on loopback (TLS, token authentication, RBAC from "
+          "`examples/deploy/rbac.yaml`, an audit log). The pod selects 3 NADs (4 attachments with the cluster network), "
+          "no-op delegates. *Thin*: the CNI process reads the pod and the NADs and writes the status and events itself "
+          "(`\"daemon\": false`). *Daemon*: `plexus daemon` runs on the node and the CNI process asks it over its socket. "
+          f"Each cycle is one ADD and one DEL, the three variants interleaved run by run ({cy['runs']} runs). Requests "
+          "are counted per identity from the API server's audit log (the CNI process and the daemon have different "
+          "service accounts), over 10 ADDs of each variant.")
+        w("")
+        w("| per ADD+DEL cycle | median ms | p95 ms | / floor |")
+        w("| --- | --- | --- | --- |")
+        fm = cy["floor"]["median"]
+        for key, label in (("floor", "floor (the delegates exec'd directly)"), ("thin", "plexus, thin mode"),
+                           ("daemon", "plexus, daemon mode")):
+            w(f"| {label} | {f(cy[key]['median'])} | {f(cy[key]['p95'])} | {f(cy[key]['median'] / fm)} |")
+        if npx and nf:
+            files_cycle = med(npx) + med(npx, "del")
+            floor_cycle = med(nf) + med(nf, "del")
+            w(f"| for comparison: plexus with `FileCluster` (no API at all), from the no-op matrix above | "
+              f"{f(files_cycle)} | | {f(files_cycle / floor_cycle)} (against that matrix's floor) |")
+        w("")
+        w("| requests per ADD | reads | status writes | events |")
+        w("| --- | --- | --- | --- |")
+        for mode in ("thin", "daemon"):
+            for who in ("cni", "daemon"):
+                x = cy["requestsPerAdd"][mode][who]
+                w(f"| {mode} mode, sent by the {'CNI process' if who == 'cni' else 'daemon'} | {f(x['reads'], 1)} | "
+                  f"{f(x['statusWrites'], 1)} | {f(x['events'], 1)} |")
+        w("")
+        w(f"Memory: with {mem['pods']} pods on the node and {mem['nads']} NADs in 20 namespaces, the daemon synced in "
+          f"{f(mem['syncSeconds'], 1)} s and holds {f(mem['rssKiB'] / 1024, 1)} MiB resident (peak "
+          f"{f(mem['peakKiB'] / 1024, 1)} MiB). Burst: {bu['adds']} ADDs started at once (no-op delegates, the daemon "
+          f"above): {len(bu['failures'])} failures, median {f(bu['add']['median'], 0)} ms, p99 {f(bu['add']['p99'], 0)} ms, "
+          f"{bu['shed']} requests shed, {bu['apiReadsByDaemon']} API reads by the daemon, daemon peak "
+          f"{f(bu['daemonPeakKiB'] / 1024, 1)} MiB; their DELs: {bu['delFailures']} failures. Killed: the daemon got SIGKILL "
+          f"100 ms into a second burst of {kd['adds']}: {kd['succeeded']} ADDs completed ({kd.get('thinStatusWrites', 0)} of them "
+          f"wrote their status themselves after the kill, with {kd.get('thinReads', 0)} API reads between them: thin mode), "
+          f"{kd['failedCleanly']} failed with a CNI error, {len(kd['failedUncleanly'])} otherwise; every DEL "
+          f"{'succeeded' if kd['delFailures'] == 0 else 'did not succeed'}, and the attachment cache was "
+          f"{'empty' if not kd['cacheLeftAfterDel'] else 'not empty'} afterwards.")
+        w("")
 
     # ---------------------------------------------------------------- hooks
     w("## Hook runtime (`cargo run --release -p plexus-hooks --example hook_bench`)")
