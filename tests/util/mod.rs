@@ -7,3 +7,4 @@ pub mod kubeapi;
 pub mod libcni;
 pub mod netns;
 pub mod plexus;
+pub mod podresources;

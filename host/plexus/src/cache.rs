@@ -85,9 +85,22 @@ pub struct Attachment {
     /// The selection element this attachment came from (cached in the spec's JSON form), if any.
     #[serde(default, skip_serializing_if = "Option::is_none", with = "selection")]
     pub selection: Option<Selection>,
+    /// The device-plugin device this attachment uses, if its NAD names a resource.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device: Option<Device>,
     /// The list's ADD result, once it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+}
+
+/// A device a device plugin allocated to the pod, as one attachment uses it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Device {
+    /// The resource (`k8s.v1.cni.cncf.io/resourceName` of the NAD), e.g. `intel.com/sriov_netdevice`.
+    pub resource: String,
+    /// The device ID kubelet reported (a PCI address for SR-IOV).
+    pub id: String,
 }
 
 /// A configuration list in the cache: its `.conflist` object, parsed back by the CNI rules.
@@ -440,6 +453,7 @@ mod tests {
             .unwrap(),
             capability_args: Map::new(),
             selection: None,
+            device: None,
             result: None,
         });
         p

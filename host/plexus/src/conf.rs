@@ -28,6 +28,8 @@ struct RawConf {
     readiness_indicator_file: Option<PathBuf>,
     readiness_timeout_ms: Option<u64>,
     device_info_dir: Option<PathBuf>,
+    device_plugin_info_dir: Option<PathBuf>,
+    pod_resources_socket: Option<PathBuf>,
     delegate_timeout_ms: Option<u64>,
     invalid_selections: Option<String>,
     #[serde(default)]
@@ -91,6 +93,10 @@ pub struct PlexusConf {
     pub readiness_timeout: Duration,
     /// Where CNI device-info files live (Device Information Specification 4.2).
     pub device_info_dir: PathBuf,
+    /// Where device plugins write theirs (Device Information Specification 4.1).
+    pub device_plugin_info_dir: PathBuf,
+    /// The kubelet PodResources API, asked for the devices of NADs with a resourceName.
+    pub pod_resources_socket: PathBuf,
     pub delegate_timeout: Duration,
     pub ignore_invalid_selections: bool,
     pub hooks: Vec<Value>,
@@ -307,6 +313,16 @@ impl PlexusConf {
                 "deviceInfoDir",
                 raw.device_info_dir
                     .unwrap_or_else(|| "/var/run/k8s.cni.cncf.io/devinfo/cni".into()),
+            )?,
+            device_plugin_info_dir: absolute(
+                "devicePluginInfoDir",
+                raw.device_plugin_info_dir
+                    .unwrap_or_else(|| crate::podresources::DEVICE_PLUGIN_INFO_DIR.into()),
+            )?,
+            pod_resources_socket: absolute(
+                "podResourcesSocket",
+                raw.pod_resources_socket
+                    .unwrap_or_else(|| crate::podresources::DEFAULT_SOCKET.into()),
             )?,
             delegate_timeout: Duration::from_millis(delegate_timeout_ms),
             ignore_invalid_selections,

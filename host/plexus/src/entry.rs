@@ -16,6 +16,7 @@ use crate::hooks::{HookRunner, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
 use crate::orchestrate::{self, Effects};
 use crate::podnet::IpRoute;
+use crate::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 
 /// What the process prints on stdout and how it exits.
 #[derive(Debug)]
@@ -102,11 +103,16 @@ fn run_inner(
     } else {
         Box::new(NoHooks)
     };
+    let devices = KubeletPodResources {
+        socket: inv.conf.pod_resources_socket.clone(),
+        timeout: POD_RESOURCES_TIMEOUT,
+    };
     let fx = Effects {
         exec: &ProcessExec,
         cluster,
         podnet: &IpRoute,
         hooks: hooks.as_ref(),
+        devices: &devices,
     };
     if command == Command::Status {
         if let (ClusterSource::Kube(_), Some(d)) = (&inv.conf.cluster, &inv.conf.daemon) {

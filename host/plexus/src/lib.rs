@@ -18,6 +18,7 @@ pub mod lock;
 pub mod orchestrate;
 pub mod plan;
 pub mod podnet;
+pub mod podresources;
 pub mod runner;
 pub mod teardown;
 

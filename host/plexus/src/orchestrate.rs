@@ -12,6 +12,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 use plexus_cluster::Cluster;
+
+use crate::podresources::{device_plugin_info_file, DeviceSource};
 use plexus_core::cni::{CniResult, ErrorCode, NetworkConfigList};
 use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
 use plexus_core::spec::Pod;
@@ -36,6 +38,8 @@ pub struct Effects<'a> {
     pub cluster: Option<&'a dyn Cluster>,
     pub podnet: &'a dyn PodNetwork,
     pub hooks: &'a dyn HookRunner,
+    /// The devices kubelet allocated to the pod, for NADs that name a device-plugin resource.
+    pub devices: &'a dyn DeviceSource,
 }
 
 /// ADD: returns the cluster network's result in the requested cniVersion.
@@ -303,6 +307,7 @@ fn attach_all(
     for i in 0..plan.attachments.len() {
         let att = &plan.attachments[i];
         let label = attachment_label(inv, att);
+        offer_device_plugin_info(inv, att);
         let rt = RuntimeParams::of(inv, &att.ifname);
         let result = delegator
             .add(&att.config, &rt, &att.capability_args)
@@ -406,7 +411,7 @@ fn publish_status(
         .map(|a| {
             let mut st = network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
             if st.device_info.is_none() {
-                st.device_info = read_device_info(a);
+                st.device_info = read_device_info(inv, a);
             }
             if let Some(gws) = default_route_of(a) {
                 st.default_route = status_default_route(Some(&gws), a.result.as_ref());
@@ -522,14 +527,49 @@ fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
 /// The most bytes of a device-info file plexus reads (the spec's objects are a few hundred bytes).
 const DEVICE_INFO_CAP: usize = 64 << 10;
 
-/// What a plugin wrote into the attachment's device-info file (spec 5.3.8), if anything valid.
-fn read_device_info(att: &Attachment) -> Option<Value> {
-    let text = read_capped(Path::new(att.device_info_file()?), DEVICE_INFO_CAP).ok()?;
-    let info: Value = serde_json::from_slice(&text).ok()?;
-    info.get("type")
-        .and_then(Value::as_str)
-        .is_some()
-        .then_some(info)
+/// The device plugin's device-info file of the attachment's device, if it has one.
+fn device_plugin_file(inv: &Invocation, att: &Attachment) -> Option<std::path::PathBuf> {
+    let d = att.device.as_ref()?;
+    Some(device_plugin_info_file(
+        &inv.conf.device_plugin_info_dir,
+        &d.resource,
+        &d.id,
+    ))
+}
+
+/// Device Information Specification 4.2.1: a plugin offered a device-info file, whose device came from a
+/// device plugin, finds the device plugin's information in it (it may add to it or replace it).
+fn offer_device_plugin_info(inv: &Invocation, att: &Attachment) {
+    let (Some(cni_file), Some(dp_file)) = (att.device_info_file(), device_plugin_file(inv, att))
+    else {
+        return;
+    };
+    let Ok(text) = read_capped(&dp_file, DEVICE_INFO_CAP) else {
+        return;
+    };
+    let cni_file = Path::new(cni_file);
+    if let Some(dir) = cni_file.parent() {
+        let _ = std::fs::create_dir_all(dir);
+    }
+    if let Err(e) = std::fs::write(cni_file, text) {
+        tracing::warn!(file = %cni_file.display(), "cannot offer the device plugin's device-info: {e}");
+    }
+}
+
+/// The attachment's device information (spec 5.3.8): what the plugin wrote into its device-info file, else
+/// what the device plugin wrote for its device; only a valid object.
+fn read_device_info(inv: &Invocation, att: &Attachment) -> Option<Value> {
+    let parse = |path: &Path| {
+        let text = read_capped(path, DEVICE_INFO_CAP).ok()?;
+        let info: Value = serde_json::from_slice(&text).ok()?;
+        info.get("type")
+            .and_then(Value::as_str)
+            .is_some()
+            .then_some(info)
+    };
+    att.device_info_file()
+        .and_then(|f| parse(Path::new(f)))
+        .or_else(|| parse(&device_plugin_file(inv, att)?))
 }
 
 /// `pod ns/name`, or `container <id>` without a pod: how errors name what they happened to.

@@ -8,6 +8,10 @@ use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
 use plexus_cluster::{Cluster, ClusterError};
+
+use crate::podresources::FixedDevices;
+
+static NO_DEVICES: FixedDevices = FixedDevices(std::collections::BTreeMap::new());
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef, Selection};
 use plexus_hooks::PolicyOutcome;
 use serde_json::{json, Value};
@@ -283,6 +287,7 @@ fn effects<'a>(exec: &'a FakeExec, cluster: &'a FakeCluster) -> Effects<'a> {
         cluster: Some(cluster),
         podnet: &NoPodNetwork,
         hooks: &NoHooks,
+        devices: &NO_DEVICES,
     }
 }
 

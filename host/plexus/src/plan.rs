@@ -13,7 +13,11 @@ use plexus_core::spec::selection::{parse_selection_annotation, InvalidSelectionP
 use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDefinition, Pod};
 use serde_json::{json, Map, Value};
 
-use crate::cache::{Attachment, AttachmentPlan, DEVICE_INFO_CAPABILITY};
+use crate::cache::{Attachment, AttachmentPlan, Device, DEVICE_INFO_CAPABILITY};
+use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
+
+/// The key a device's ID is passed under (plugin conf and runtimeConfig).
+const DEVICE_ID: &str = "deviceID";
 use crate::conf::{read_capped, STDIN_CAP};
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
@@ -60,6 +64,8 @@ pub(crate) struct Planner<'a> {
     inv: &'a Invocation,
     fx: &'a Effects<'a>,
     on_disk: std::cell::OnceCell<Vec<OnDiskConf>>,
+    /// The pod's devices, asked for once, when the first network needs one.
+    devices: std::cell::RefCell<Option<DeviceAllocator>>,
 }
 
 impl<'a> Planner<'a> {
@@ -68,7 +74,23 @@ impl<'a> Planner<'a> {
             inv,
             fx,
             on_disk: std::cell::OnceCell::new(),
+            devices: std::cell::RefCell::new(None),
         }
+    }
+
+    /// The next of the pod's devices of `resource` (Device Information Specification 4.1).
+    fn device(&self, resource: &str) -> Result<String, PlexusError> {
+        let mut slot = self.devices.borrow_mut();
+        if slot.is_none() {
+            let pod = self.inv.pod.as_ref().ok_or_else(|| {
+                PlexusError::Config(format!("resource {resource}: no pod to ask devices for"))
+            })?;
+            *slot = Some(DeviceAllocator::new(self.fx.devices.allocated(pod)?));
+        }
+        let alloc = slot.as_mut().expect("filled above");
+        alloc
+            .take(resource)
+            .map_err(|why| PlexusError::Config(format!("{}: {why}", pod_label(self.inv))))
     }
 
     /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
@@ -193,6 +215,7 @@ impl<'a> Planner<'a> {
                 // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
                 capability_args: inv.conf.runtime_config.clone(),
                 selection: None,
+                device: None,
                 result: None,
             });
         }
@@ -218,6 +241,7 @@ impl<'a> Planner<'a> {
                 config: list,
                 capability_args: Map::new(),
                 selection: None,
+                device: None,
                 result: None,
             });
         }
@@ -232,24 +256,40 @@ impl<'a> Planner<'a> {
                 .cluster()
                 .and_then(|c| c.nad(&sel.namespace, &sel.name).map_err(|e| ctx(e.into())))
                 .and_then(|nad| {
-                    self.resolve_nad_config(&nad, Some(&sel), Some(pod))
-                        .map_err(ctx)
+                    let list = self
+                        .resolve_nad_config(&nad, Some(&sel), Some(pod))
+                        .map_err(ctx)?;
+                    Ok((list, nad.annotations.get(RESOURCE_NAME_ANNOTATION).cloned()))
                 })
-                .and_then(|list| {
+                .and_then(|(list, resource)| {
                     check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
                         .map_err(PlexusError::from)?;
-                    Ok(list)
+                    Ok((list, resource))
                 });
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
                 .next(sel.interface.as_deref())
                 .map_err(|e| ctx(e.into()));
-            let Some(mut list) = unplannable.handle(resolved)? else {
+            let Some((mut list, resource)) = unplannable.handle(resolved)? else {
                 continue;
             };
             let Some(ifname) = unplannable.handle(ifname)? else {
                 continue;
+            };
+            let device = match resource.filter(|r| !r.trim().is_empty()) {
+                None => None,
+                Some(resource) => match self.device(&resource) {
+                    Ok(id) => Some(Device { resource, id }),
+                    Err(e) => match &unplannable {
+                        Unplannable::Fail => return Err(ctx(e)),
+                        // A DEL without a cache tears down without the device rather than not at all.
+                        Unplannable::Skip(_) => {
+                            tracing::warn!(network = %network, "planning the DEL without its device: {e}");
+                            None
+                        }
+                    },
+                },
             };
             if let Some(args) = sel.delegate_cni_args() {
                 for plugin in &mut list.plugins {
@@ -257,6 +297,14 @@ impl<'a> Planner<'a> {
                 }
             }
             let mut capability_args = sel.runtime_config();
+            if let Some(d) = &device {
+                // As SR-IOV's plugin and Multus expect it: `deviceID` in every plugin of the list, and in
+                // runtimeConfig for plugins that declare the `deviceID` capability (host-device).
+                for plugin in &mut list.plugins {
+                    plugin.insert(DEVICE_ID.into(), json!(d.id));
+                }
+                capability_args.insert(DEVICE_ID.into(), json!(d.id));
+            }
             if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
                 // Device Information Specification 4.2 / 5.1: a file unique per attachment.
                 let file = inv.conf.device_info_dir.join(format!(
@@ -272,6 +320,7 @@ impl<'a> Planner<'a> {
                 config: list,
                 capability_args,
                 selection: Some(sel),
+                device,
                 result: None,
             });
         }
