@@ -592,3 +592,61 @@ fn the_socket_is_root_only() {
         "{out:?}"
     );
 }
+
+/// The `key=value` pairs of a request URI's query.
+fn query(uri: &str) -> Vec<(String, String)> {
+    uri.split_once('?')
+        .map(|(_, q)| q)
+        .unwrap_or_default()
+        .split('&')
+        .filter_map(|kv| kv.split_once('='))
+        .map(|(k, v)| (k.to_string(), v.replace("%3D", "=")))
+        .collect()
+}
+
+#[test]
+fn the_daemons_watches_are_node_scoped_and_resume_from_bookmarks() {
+    let c = cluster(&[]);
+    let d = c.daemon(&["--watch-timeout-secs", "3"]);
+    d.wait("synced", DaemonHealth::synced);
+    // Pods of another node change while the daemon's pod watch is open: it sees none of them (field selector),
+    // but the API server's bookmarks carry the newer resourceVersion, from which the renewed watch resumes.
+    for i in 0..3 {
+        c.api
+            .pod("team-a", &format!("other-{i}"), "node2", json!({}));
+    }
+    let pod_watches = |c: &Cluster| -> Vec<Vec<(String, String)>> {
+        c.requests_of(PLEXUS_USER)
+            .into_iter()
+            .filter(|(verb, uri)| verb == "watch" && uri.starts_with("/api/v1/pods"))
+            .map(|(_, uri)| query(&uri))
+            .collect()
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while pod_watches(&c).len() < 2 {
+        assert!(Instant::now() < deadline, "the pod watch was not renewed");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let watches = pod_watches(&c);
+    let get = |q: &[(String, String)], k: &str| {
+        q.iter()
+            .find(|(key, _)| key == k)
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default()
+    };
+    for q in &watches {
+        assert_eq!(get(q, "fieldSelector"), format!("spec.nodeName={NODE}"));
+        assert_eq!(get(q, "allowWatchBookmarks"), "true");
+    }
+    let rv = |q: &[(String, String)]| get(q, "resourceVersion").parse::<u64>().unwrap();
+    assert!(
+        rv(&watches[1]) > rv(&watches[0]),
+        "the renewed watch resumes from a bookmark's resourceVersion: {watches:?}"
+    );
+    let h = d.health().unwrap();
+    assert_eq!(
+        (h.pods, h.pod_lists),
+        (0, 1),
+        "no other node's pod, no relist: {h:?}"
+    );
+}

@@ -332,12 +332,12 @@ impl KubeApiServer {
         }))
     }
 
-    /// Every audited request that completed: `(user, verb, requestURI)`.
+    /// Every audited request that completed (a watch once it ended): `(user, verb, requestURI)`.
     pub fn audit(&self) -> Vec<(String, String, String)> {
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
         text.lines()
             .filter_map(|l| serde_json::from_str::<Value>(l).ok())
-            .filter(|e| e["stage"] == "ResponseComplete" || e["stage"] == "ResponseStarted")
+            .filter(|e| e["stage"] == "ResponseComplete")
             .map(|e| {
                 (
                     e["user"]["username"]
