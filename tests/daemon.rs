@@ -105,12 +105,20 @@ impl Cluster {
         }
     }
 
+    /// A pod of `team-a` on this node selecting `networks`; its UID.
+    fn selecting_pod(&self, name: &str, networks: &str) -> String {
+        let pod = self.api.pod(
+            "team-a",
+            name,
+            NODE,
+            json!({"k8s.v1.cni.cncf.io/networks": networks}),
+        );
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
     /// ADD for a pod of `team-a`, with its real UID.
     fn add(&self, id: &str, pod: &str, uid: &str, conf: &Value) -> plexus_tests::plexus::Run {
-        let args = format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
-        );
-        self.sb.run("ADD", id, &args, conf)
+        self.sb.run("ADD", id, &pod_args(pod, uid), conf)
     }
 
     fn requests_of(&self, user: &str) -> Vec<(String, String)> {
@@ -130,6 +138,15 @@ struct Daemon {
 }
 
 impl Daemon {
+    /// The daemon's answer for NAD `team-a/name`.
+    fn nad(&self, name: &str) -> Answer {
+        let request = Request::Nad {
+            namespace: "team-a".into(),
+            name: name.into(),
+        };
+        ask(&self.socket, &request, Duration::from_secs(5)).unwrap()
+    }
+
     fn health(&self) -> Option<DaemonHealth> {
         match ask(&self.socket, &Request::Health, Duration::from_secs(2)) {
             Ok(Answer::Health(h)) => Some(h),
@@ -163,6 +180,11 @@ impl Drop for Daemon {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// CNI_ARGS for a pod of `team-a` with its real UID.
+fn pod_args(pod: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}")
 }
 
 fn status_of(api: &KubeApiServer, pod: &str) -> Vec<(String, String)> {
@@ -219,16 +241,12 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
 
     // Created after the daemon synced: they reach it through its watches, not its first list.
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
-    let pod = c.api.pod(
-        "team-a",
-        "web",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
-    );
-    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = c.selecting_pod("web", "net-a");
     // A pod of another node is not cached.
     c.api.pod("team-a", "elsewhere", "node2", json!({}));
-    d.wait("pod and NAD cached", |h| h.pods == 1 && h.nads == 1);
+    d.wait("pod and NAD cached", |h| {
+        h.cache.pods == 1 && h.cache.nads == 1
+    });
 
     let conf = c.conf(json!({"timeoutMs": 5000}));
     let before = c.requests_of(PLEXUS_USER).len();
@@ -283,26 +301,11 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/net-a",
         Some(&json!({"spec": {"config": nad_config("net-a", "v2").to_string()}})),
     );
-    let pod2 = c.api.pod(
-        "team-a",
-        "web2",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
-    );
-    let uid2 = pod2["metadata"]["uid"].as_str().unwrap().to_string();
-    d.wait("second pod cached", |h| h.pods == 2);
+    let uid2 = c.selecting_pod("web2", "net-a");
+    d.wait("second pod cached", |h| h.cache.pods == 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        let answer = ask(
-            &d.socket,
-            &Request::Nad {
-                namespace: "team-a".into(),
-                name: "net-a".into(),
-            },
-            Duration::from_secs(5),
-        )
-        .unwrap();
-        match answer {
+        match d.nad("net-a") {
             Answer::Nad { nad } if nad.config.as_deref().unwrap_or_default().contains("v2") => {
                 break
             }
@@ -322,14 +325,8 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/net-a",
         None,
     );
-    d.wait("NAD gone", |h| h.nads == 0);
-    let pod3 = c.api.pod(
-        "team-a",
-        "web3",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
-    );
-    let uid3 = pod3["metadata"]["uid"].as_str().unwrap().to_string();
+    d.wait("NAD gone", |h| h.cache.nads == 0);
+    let uid3 = c.selecting_pod("web3", "net-a");
     let run = c.add("c3", "web3", &uid3, &conf);
     assert!(
         run.msg().contains("team-a/net-a"),
@@ -345,14 +342,8 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
 
     // SIGTERM right after an ADD: the daemon sends the status it accepted before it goes, and removes its socket.
     c.api.nad("team-a", "net-b", &nad_config("net-b", "v1"));
-    let pod4 = c.api.pod(
-        "team-a",
-        "web4",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-b"}),
-    );
-    let uid4 = pod4["metadata"]["uid"].as_str().unwrap().to_string();
-    d.wait("web4 cached", |h| h.pods == 4 && h.nads == 1);
+    let uid4 = c.selecting_pod("web4", "net-b");
+    d.wait("web4 cached", |h| h.cache.pods == 4 && h.cache.nads == 1);
     c.add("c4", "web4", &uid4, &conf).ok();
     let mut d = d;
     Command::new("kill")
@@ -377,10 +368,7 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     // DEL never asks the daemon (nor the API: it runs from the attachment cache).
     drop(d);
     for (id, pod, uid) in [("c1", "web", &uid), ("c2", "web2", &uid2)] {
-        let args = format!(
-            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
-        );
-        c.sb.run("DEL", id, &args, &conf).ok();
+        c.sb.run("DEL", id, &pod_args(pod, uid), &conf).ok();
     }
     assert_eq!(c.requests_of(CNI_USER), vec![]);
 }
@@ -389,16 +377,10 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
 fn a_pod_the_cache_cannot_answer_is_read_by_the_daemon_not_the_cni_process() {
     let c = cluster(&[]);
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
-    let pod = c.api.pod(
-        "team-a",
-        "web",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
-    );
-    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = c.selecting_pod("web", "net-a");
     // Listed at start-up, this pod is served from the cache.
     let d = c.daemon(&["--pod-wait-ms", "50"]);
-    d.wait("synced", |h| h.synced() && h.pods == 1);
+    d.wait("synced", |h| h.synced() && h.cache.pods == 1);
     let conf = c.conf(json!({"timeoutMs": 5000}));
     c.add("c1", "web", &uid, &conf).ok();
     assert_eq!(d.health().unwrap().api_reads, 0);
@@ -430,8 +412,8 @@ fn the_daemon_relists_after_410_gone() {
     let c = cluster(&["--watch-cache=false"]);
     c.api.nad("team-a", "old", &nad_config("old", "v1"));
     let d = c.daemon(&["--watch-timeout-secs", "1"]);
-    let first = d.wait("synced", |h| h.synced() && h.nads == 1);
-    assert_eq!((first.pod_lists, first.nad_lists), (1, 1));
+    let first = d.wait("synced", |h| h.synced() && h.cache.nads == 1);
+    assert_eq!((first.cache.pod_lists, first.cache.nad_lists), (1, 1));
 
     // Freeze the daemon past its watches' timeout, change things, compact etcd's history, thaw it: its
     // watches resume from a resourceVersion that no longer exists.
@@ -449,7 +431,7 @@ fn the_daemon_relists_after_410_gone() {
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
 
     let h = d.wait("relisted", |h| {
-        h.nad_lists >= 2 && h.pod_lists >= 2 && h.nads == 1 && h.pods == 1
+        h.cache.nad_lists >= 2 && h.cache.pod_lists >= 2 && h.cache.nads == 1 && h.cache.pods == 1
     });
     assert!(h.synced());
     let log = std::fs::read_to_string(&d.log).unwrap();
@@ -459,32 +441,15 @@ fn the_daemon_relists_after_410_gone() {
         "{log}"
     );
     // The cache answers as the API does now: `old` is gone, `new` is there.
-    let nad = |name: &str| {
-        ask(
-            &d.socket,
-            &Request::Nad {
-                namespace: "team-a".into(),
-                name: name.into(),
-            },
-            Duration::from_secs(5),
-        )
-        .unwrap()
-    };
-    assert!(matches!(nad("new"), Answer::Nad { .. }));
-    assert!(matches!(nad("old"), Answer::Failed { .. }));
+    assert!(matches!(d.nad("new"), Answer::Nad { .. }));
+    assert!(matches!(d.nad("old"), Answer::Failed { .. }));
 }
 
 #[test]
 fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
     let c = cluster(&[]);
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
-    let pod = c.api.pod(
-        "team-a",
-        "web",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net-a"}),
-    );
-    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let uid = c.selecting_pod("web", "net-a");
     let conf = c.conf(json!({"timeoutMs": 300}));
 
     // No daemon at all.
@@ -527,7 +492,7 @@ fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
     std::fs::write(&dead, text).unwrap();
     assert_eq!(health_exit(&c.socket()), 2, "no daemon answers");
     let d = c.daemon_with(&dead, &[]);
-    let h = d.wait("serving, with failed watches", |h| h.watch_errors > 0);
+    let h = d.wait("serving, with failed watches", |h| h.cache.watch_errors > 0);
     assert!(!h.synced());
     c.add("c3", "web", &uid, &conf).ok();
     assert_eq!(reads(&c), 6);
@@ -645,7 +610,7 @@ fn the_daemons_watches_are_node_scoped_and_resume_from_bookmarks() {
     );
     let h = d.health().unwrap();
     assert_eq!(
-        (h.pods, h.pod_lists),
+        (h.cache.pods, h.cache.pod_lists),
         (0, 1),
         "no other node's pod, no relist: {h:?}"
     );

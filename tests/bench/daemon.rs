@@ -190,7 +190,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         &w.root.join("daemon-1.log"),
     )?;
     d.wait("synced", Duration::from_secs(60), |h| {
-        h.synced() && h.pods == PODS
+        h.synced() && h.cache.pods == PODS
     })?;
     let runs = if o.quick { 5 } else { o.runs.min(40) };
     let (mut floor, mut thin_cycle, mut daemon_cycle) = (Vec::new(), Vec::new(), Vec::new());
@@ -292,7 +292,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let started = Instant::now();
     d.wait("synced with everything", Duration::from_secs(120), |h| {
-        h.synced() && h.pods == PODS && h.nads == NADS + 3
+        h.synced() && h.cache.pods == PODS && h.cache.nads == NADS + 3
     })?;
     let sync_seconds = started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));

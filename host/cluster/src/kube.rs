@@ -205,7 +205,7 @@ fn classify(err: kube::Error) -> Attempt {
 }
 
 /// An error and its sources in one line: connection errors hide the useful part (refused, reset) deep down.
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
+pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
     let mut out = err.to_string();
     let mut source = err.source();
     while let Some(s) = source {

@@ -7,7 +7,7 @@ mod file;
 mod kube;
 mod watch;
 
-pub use self::kube::{KubeApi, KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
+pub use self::kube::{error_chain, KubeApi, KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 pub use watch::{run_watches, CacheHealth, Lookup, NodeCache, WatchSettings};

@@ -15,7 +15,7 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::kube::{nad_from_kube, pod_from_meta, NadObject};
 
@@ -30,7 +30,7 @@ pub enum Lookup<T> {
 }
 
 /// A cache's state, for health reports and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct CacheHealth {
     pub pods_synced: bool,

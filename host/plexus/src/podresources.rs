@@ -13,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use hyper_util::rt::TokioIo;
+use plexus_cluster::error_chain;
 use plexus_core::spec::PodRef;
 use tonic::codec::ProstCodec;
 use tonic::transport::{Endpoint, Uri};
@@ -190,20 +191,6 @@ async fn query(
         .into_iter()
         .filter(|p| p.name == pod.name && p.namespace == pod.namespace)
         .collect())
-}
-
-fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = err.to_string();
-    let mut source = err.source();
-    while let Some(s) = source {
-        let text = s.to_string();
-        if !out.contains(&text) {
-            out.push_str(": ");
-            out.push_str(&text);
-        }
-        source = s.source();
-    }
-    out
 }
 
 fn allocated_of<'a>(pods: impl Iterator<Item = &'a v1::PodResources>) -> Allocated {

@@ -65,13 +65,8 @@ pub enum Answer {
 #[serde(rename_all = "camelCase")]
 pub struct DaemonHealth {
     pub node: String,
-    pub pods_synced: bool,
-    pub nads_synced: bool,
-    pub pods: usize,
-    pub nads: usize,
-    pub pod_lists: u64,
-    pub nad_lists: u64,
-    pub watch_errors: u64,
+    #[serde(flatten)]
+    pub cache: CacheHealth,
     /// Requests being served now, and the bound.
     pub in_flight: usize,
     pub max_in_flight: usize,
@@ -88,13 +83,7 @@ impl DaemonHealth {
     pub fn new(node: &str, cache: CacheHealth) -> DaemonHealth {
         DaemonHealth {
             node: node.into(),
-            pods_synced: cache.pods_synced,
-            nads_synced: cache.nads_synced,
-            pods: cache.pods,
-            nads: cache.nads,
-            pod_lists: cache.pod_lists,
-            nad_lists: cache.nad_lists,
-            watch_errors: cache.watch_errors,
+            cache,
             in_flight: 0,
             max_in_flight: 0,
             shed: 0,
@@ -105,7 +94,7 @@ impl DaemonHealth {
     }
 
     pub fn synced(&self) -> bool {
-        self.pods_synced && self.nads_synced
+        self.cache.pods_synced && self.cache.nads_synced
     }
 
     /// Why the daemon should not be sent new ADDs now, if it should not: caches not synced, or every slot taken.
@@ -113,9 +102,9 @@ impl DaemonHealth {
         if !self.synced() {
             return Some(format!(
                 "the node daemon has not synced its caches yet (pods: {}, NADs: {}; watch errors: {})",
-                if self.pods_synced { "listed" } else { "not listed" },
-                if self.nads_synced { "listed" } else { "not listed" },
-                self.watch_errors
+                if self.cache.pods_synced { "listed" } else { "not listed" },
+                if self.cache.nads_synced { "listed" } else { "not listed" },
+                self.cache.watch_errors
             ));
         }
         if self.max_in_flight > 0 && self.in_flight >= self.max_in_flight {
