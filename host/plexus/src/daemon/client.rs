@@ -1,12 +1,13 @@
 //! The CNI process's side of the node daemon: a [`Cluster`] that asks the daemon first and the API itself when
 //! the daemon cannot answer in time (thin mode).
 //!
-//! Only an ADD asks the daemon; DEL, CHECK and GC never do, so a daemon can never block a teardown. The first
-//! time the daemon fails to answer (no socket, refused, timed out, unsynced, busy), the rest of the invocation
-//! goes thin at once: a dead or hung daemon costs one bounded wait per ADD, not one per object.
+//! Only an ADD asks the daemon; DEL, CHECK and GC never do, so a daemon can never block a teardown. An
+//! invocation keeps one connection for all its questions. The first time the daemon fails to answer (no
+//! socket, refused, timed out, unsynced, busy), the rest of the invocation goes thin at once: a dead or hung
+//! daemon costs one bounded wait per ADD, not one per object.
 
-use std::cell::Cell;
-use std::io::Write;
+use std::cell::{Cell, RefCell};
+use std::io::{BufReader, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
@@ -30,6 +31,8 @@ pub struct DaemonCluster<'a> {
     thin: &'a dyn Cluster,
     /// Set once the daemon failed to answer: later calls of this invocation go thin directly.
     gone: Cell<bool>,
+    /// The connection this invocation's questions share.
+    conn: RefCell<Option<BufReader<UnixStream>>>,
 }
 
 impl<'a> DaemonCluster<'a> {
@@ -38,6 +41,31 @@ impl<'a> DaemonCluster<'a> {
             conf,
             thin,
             gone: Cell::new(false),
+            conn: RefCell::new(None),
+        }
+    }
+
+    /// One question on the shared connection; a connection that served earlier questions and fails now (the
+    /// daemon closed it while the delegates ran, or restarted) is replaced once.
+    fn exchange(&self, request: &Request, timeout: Duration) -> Result<Answer, String> {
+        let mut slot = self.conn.borrow_mut();
+        let reused = slot.is_some();
+        if slot.is_none() {
+            *slot = Some(BufReader::new(connect(&self.conf.socket)?));
+        }
+        let conn = slot.as_mut().expect("filled above");
+        match exchange(conn, request, timeout) {
+            Ok(a) => Ok(a),
+            Err(e) => {
+                *slot = None;
+                if !reused {
+                    return Err(e);
+                }
+                let mut fresh = BufReader::new(connect(&self.conf.socket)?);
+                let answer = exchange(&mut fresh, request, timeout)?;
+                *slot = Some(fresh);
+                Ok(answer)
+            }
         }
     }
 
@@ -46,7 +74,7 @@ impl<'a> DaemonCluster<'a> {
         if self.gone.get() {
             return None;
         }
-        let answer = match ask(&self.conf.socket, request, timeout) {
+        let answer = match self.exchange(request, timeout) {
             Ok(Answer::Unsynced) => Err("its caches are not synced yet".to_string()),
             Ok(Answer::Busy) => Err("it is at its concurrency bound".to_string()),
             Ok(answer) => Ok(answer),
@@ -63,13 +91,18 @@ impl<'a> DaemonCluster<'a> {
     }
 }
 
-/// One request and its answer over a fresh connection, all within `timeout`. The socket must belong to root
-/// (or to this process's user): anything else could hand out plans.
+/// One request and its answer over a fresh connection, all within `timeout`.
 pub fn ask(
     socket: &std::path::Path,
     request: &Request,
     timeout: Duration,
 ) -> Result<Answer, String> {
+    exchange(&mut BufReader::new(connect(socket)?), request, timeout)
+}
+
+/// A connection to the daemon. The socket must belong to root (or to this process's user): anything else could
+/// hand out plans.
+fn connect(socket: &std::path::Path) -> Result<UnixStream, String> {
     let meta = std::fs::metadata(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
     let euid = rustix::process::geteuid().as_raw();
     if !meta.file_type().is_socket() || (meta.uid() != 0 && meta.uid() != euid) {
@@ -78,22 +111,31 @@ pub fn ask(
             socket.display()
         ));
     }
+    UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))
+}
+
+/// Sends `request` and reads its answer, all within `timeout`.
+fn exchange(
+    conn: &mut BufReader<UnixStream>,
+    request: &Request,
+    timeout: Duration,
+) -> Result<Answer, String> {
     let deadline = std::time::Instant::now() + timeout;
     let left = || {
         deadline
             .saturating_duration_since(std::time::Instant::now())
             .max(Duration::from_millis(1))
     };
-    let mut stream = UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))?;
+    let stream = conn.get_mut();
     stream
         .set_write_timeout(Some(left()))
         .map_err(|e| e.to_string())?;
-    write_message(&mut stream, request).map_err(|e| format!("send: {e}"))?;
+    write_message(&mut *stream, request).map_err(|e| format!("send: {e}"))?;
     let _ = stream.flush();
     stream
         .set_read_timeout(Some(left()))
         .map_err(|e| e.to_string())?;
-    read_message(&stream, MAX_ANSWER_BYTES).map_err(|e| format!("answer: {e}"))
+    read_message(conn, MAX_ANSWER_BYTES).map_err(|e| format!("answer: {e}"))
 }
 
 /// CNI STATUS with a daemon configured: not available while a daemon that answers says it should not be sent

@@ -393,14 +393,13 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     Ok(())
 }
 
-/// How long a client may take to send its request, and the daemon to send its answer.
-const IO_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long the daemon waits for a client's next request (a CNI process keeps its connection for the whole
+/// ADD, delegates included; one that waits longer reconnects), and for an answer to be taken.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-async fn connection(
-    mut stream: UnixStream,
-    shared: Arc<Shared>,
-    our_uid: u32,
-) -> std::io::Result<()> {
+/// Serves one client: requests one after another on the same connection, each answered in turn.
+async fn connection(stream: UnixStream, shared: Arc<Shared>, our_uid: u32) -> std::io::Result<()> {
     let peer = stream.peer_cred()?.uid();
     if peer != 0 && peer != our_uid {
         tracing::warn!(
@@ -409,36 +408,49 @@ async fn connection(
         );
         return Ok(());
     }
-    let request = match tokio::time::timeout(IO_TIMEOUT, read_request(&mut stream)).await {
-        Ok(Ok(r)) => r,
-        Ok(Err(e)) => {
-            tracing::warn!(error = %e, "bad request");
-            return Ok(());
-        }
-        Err(_) => return Ok(()),
-    };
-    let answer = match request {
-        // Health never waits for a permit: it is how an operator sees a daemon under load.
-        Request::Health => health(&shared),
-        request => match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
-            Ok(Ok(_permit)) => answer(&shared, request).await,
-            _ => {
-                shared.shed.fetch_add(1, Ordering::Relaxed);
-                Answer::Busy
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = tokio::io::BufReader::new(read_half);
+    loop {
+        let request = match tokio::time::timeout(IDLE_TIMEOUT, read_request(&mut reader)).await {
+            Ok(Ok(Some(r))) => r,
+            // The client is done (or idle too long).
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "bad request");
+                return Ok(());
             }
-        },
-    };
-    let mut bytes = serde_json::to_vec(&answer).map_err(std::io::Error::other)?;
-    bytes.push(b'\n');
-    tokio::time::timeout(IO_TIMEOUT, stream.write_all(&bytes))
-        .await
-        .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))?
+        };
+        let answer = match request {
+            // Health never waits for a permit: it is how an operator sees a daemon under load.
+            Request::Health => health(&shared),
+            request => {
+                match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
+                    Ok(Ok(_permit)) => answer(&shared, request).await,
+                    _ => {
+                        shared.shed.fetch_add(1, Ordering::Relaxed);
+                        Answer::Busy
+                    }
+                }
+            }
+        };
+        let mut bytes = serde_json::to_vec(&answer).map_err(std::io::Error::other)?;
+        bytes.push(b'\n');
+        tokio::time::timeout(WRITE_TIMEOUT, write_half.write_all(&bytes))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    }
 }
 
-async fn read_request(stream: &mut UnixStream) -> Result<Request, proto::ReadError> {
+/// The next request, or `None` when the client closed the connection between requests.
+async fn read_request(
+    reader: &mut tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> Result<Option<Request>, proto::ReadError> {
     let mut line = Vec::new();
-    let mut reader = tokio::io::BufReader::new(stream.take(MAX_REQUEST_BYTES as u64 + 1));
-    reader.read_until(b'\n', &mut line).await?;
+    let mut limited = (&mut *reader).take(MAX_REQUEST_BYTES as u64 + 1);
+    limited.read_until(b'\n', &mut line).await?;
+    if line.is_empty() {
+        return Ok(None);
+    }
     if line.last() != Some(&b'\n') {
         return Err(if line.len() > MAX_REQUEST_BYTES {
             proto::ReadError::TooLong(MAX_REQUEST_BYTES)
@@ -446,7 +458,7 @@ async fn read_request(stream: &mut UnixStream) -> Result<Request, proto::ReadErr
             proto::ReadError::Truncated
         });
     }
-    Ok(serde_json::from_slice(&line)?)
+    Ok(Some(serde_json::from_slice(&line)?))
 }
 
 fn health(shared: &Shared) -> Answer {

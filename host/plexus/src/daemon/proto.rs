@@ -3,7 +3,7 @@
 //! An answer is either authoritative (the object, or an error the thin path would also have met) or says that
 //! the daemon cannot serve now (`unsynced`, `busy`); the CNI process then plans without it.
 
-use std::io::{BufRead, Write};
+use std::io::{BufRead, Read, Write};
 
 use plexus_cluster::{CacheHealth, ClusterError};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
@@ -228,14 +228,14 @@ pub enum ReadError {
     Malformed(#[from] serde_json::Error),
 }
 
-/// Reads one line-terminated JSON message of at most `cap` bytes.
+/// Reads one line-terminated JSON message of at most `cap` bytes (from a buffered reader, so that a connection
+/// can carry several).
 pub fn read_message<T: serde::de::DeserializeOwned>(
-    reader: impl std::io::Read,
+    reader: &mut impl BufRead,
     cap: usize,
 ) -> Result<T, ReadError> {
     let mut line = Vec::new();
-    let mut limited = std::io::BufReader::new(reader.take(cap as u64 + 1));
-    limited.read_until(b'\n', &mut line)?;
+    reader.take(cap as u64 + 1).read_until(b'\n', &mut line)?;
     if line.last() != Some(&b'\n') {
         return Err(if line.len() > cap {
             ReadError::TooLong(cap)
@@ -271,18 +271,39 @@ mod tests {
         let mut buf = Vec::new();
         write_message(&mut buf, &req).unwrap();
         assert_eq!(buf.iter().filter(|b| **b == b'\n').count(), 1);
-        let back: Request = read_message(&buf[..], MAX_REQUEST_BYTES).unwrap();
+        let back: Request = read_message(&mut &buf[..], MAX_REQUEST_BYTES).unwrap();
         assert_eq!(back, req);
+    }
+
+    #[test]
+    fn one_connection_carries_messages_one_after_another() {
+        let mut buf = Vec::new();
+        write_message(&mut buf, &Request::Health).unwrap();
+        let nad = Request::Nad {
+            namespace: "ns".into(),
+            name: "n".into(),
+        };
+        write_message(&mut buf, &nad).unwrap();
+        let mut reader = std::io::BufReader::new(&buf[..]);
+        assert_eq!(
+            read_message::<Request>(&mut reader, 100).unwrap(),
+            Request::Health
+        );
+        assert_eq!(read_message::<Request>(&mut reader, 100).unwrap(), nad);
+        assert!(matches!(
+            read_message::<Request>(&mut reader, 100),
+            Err(ReadError::Truncated)
+        ));
     }
 
     #[test]
     fn reads_are_bounded_and_complete() {
         let long = format!("{{\"op\":\"health\",\"pad\":\"{}\"}}\n", "x".repeat(100));
-        let err = read_message::<Request>(long.as_bytes(), 50).unwrap_err();
+        let err = read_message::<Request>(&mut long.as_bytes(), 50).unwrap_err();
         assert!(matches!(err, ReadError::TooLong(50)), "{err}");
-        let err = read_message::<Request>(&b"{\"op\":\"health\"}"[..], 50).unwrap_err();
+        let err = read_message::<Request>(&mut &b"{\"op\":\"health\"}"[..], 50).unwrap_err();
         assert!(matches!(err, ReadError::Truncated), "{err}");
-        let err = read_message::<Request>(&b"{\"op\":\"drop\"}\n"[..], 50).unwrap_err();
+        let err = read_message::<Request>(&mut &b"{\"op\":\"drop\"}\n"[..], 50).unwrap_err();
         assert!(matches!(err, ReadError::Malformed(_)), "{err}");
     }
 
