@@ -384,6 +384,29 @@ fn a_pod_the_cache_cannot_answer_is_read_by_the_daemon_not_the_cni_process() {
     let conf = c.conf(json!({"timeoutMs": 5000}));
     c.add("c1", "web", &uid, &conf).ok();
     assert_eq!(d.health().unwrap().api_reads, 0);
+    // The kube source's `"events": false` holds in daemon mode too: the daemon posts none.
+    let events = |c: &Cluster| {
+        c.requests_of(PLEXUS_USER)
+            .into_iter()
+            .filter(|(verb, uri)| verb == "create" && uri.contains("/events"))
+            .count()
+    };
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while events(&c) < 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the daemon posted no event for c1"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let mut quiet = conf.clone();
+    quiet["cluster"]["events"] = json!(false);
+    c.add("c3", "web", &uid, &quiet).ok();
+    d.wait("c3's status written", |h| {
+        h.status_writes == 2 && h.pending_writes == 0
+    });
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(events(&c), 1, "an event was posted with events off");
     // A UID the cache does not have (the pod recreated under the same name, and the watch not there yet): the
     // daemon waits for the event, then reads the API once and answers its verdict, which the ADD reports.
     let run = c.add("c2", "web", "not-the-uid", &conf);

@@ -81,6 +81,7 @@ fn run_inner(
         ClusterSource::Kube(settings) => {
             let settings: KubeSettings = serde_json::from_value(settings.clone())
                 .map_err(|e| PlexusError::Config(format!("cluster (source \"kube\"): {e}")))?;
+            let events = settings.events;
             // Cheap: the client is only built on the first call that needs the API.
             kube_cluster = KubeCluster::new(settings)?;
             match &inv.conf.daemon {
@@ -89,6 +90,7 @@ fn run_inner(
                     let conf = DaemonConf {
                         socket: d.socket.clone(),
                         timeout: d.timeout,
+                        events,
                     };
                     daemon_cluster = DaemonCluster::new(conf, &kube_cluster);
                     Some(&daemon_cluster as &dyn Cluster)

@@ -23,6 +23,8 @@ use super::proto::{read_message, write_message, Answer, Request, MAX_ANSWER_BYTE
 pub struct DaemonConf {
     pub socket: PathBuf,
     pub timeout: Duration,
+    /// The kube source's `events` setting: without it, no event is sent, by the daemon or otherwise.
+    pub events: bool,
 }
 
 /// Asks the daemon, falls back to `thin`.
@@ -220,6 +222,9 @@ impl DaemonCluster<'_> {
         reason: &str,
         message: &str,
     ) -> Result<(), ClusterError> {
+        if !self.conf.events {
+            return Ok(());
+        }
         let request = Request::Event {
             pod: pod.clone(),
             warning,
