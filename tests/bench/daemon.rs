@@ -306,7 +306,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let burst = |tag: &str,
                  first: usize,
                  kill: Option<&Daemon>|
-     -> Vec<(std::io::Result<crate::proc::ChildRun>, String)> {
+     -> Vec<(std::io::Result<crate::proc::ChildRun>, String, usize)> {
         let barrier = Barrier::new(BURST + 1);
         let results = Mutex::new(Vec::new());
         std::thread::scope(|s| {
@@ -325,7 +325,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
                     results
                         .lock()
                         .unwrap_or_else(|e| e.into_inner())
-                        .push((r, id));
+                        .push((r, id, p));
                 });
             }
             barrier.wait();
@@ -369,14 +369,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let (_, hwm_burst) = d.memory_kib();
     let mut lat = Vec::new();
     let mut failures = Vec::new();
-    let mut ids = Vec::new();
-    for (r, id) in &results {
-        let p: usize = id
-            .rsplit('-')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        ids.push((id.clone(), p));
+    for (r, _, _) in &results {
         match r {
             Ok(run) if run.success => lat.push(ms(run.elapsed)),
             Ok(run) => failures.push(String::from_utf8_lossy(&run.stdout).into_owned()),
@@ -384,7 +377,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         }
     }
     let h = d.health();
-    let del_failures = del_all(&ids);
+    let del_failures = del_all(&ids_of(&results));
     let burst_json = json!({
         "adds": BURST,
         "add": stats::summary(&lat),
@@ -406,14 +399,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let results = burst("killed", BURST, Some(&d));
     let cni_after = counts(&api, CNI_USER);
     let (mut ok, mut clean, mut unclean) = (0, 0, Vec::new());
-    let mut ids = Vec::new();
-    for (r, id) in &results {
-        let p: usize = id
-            .rsplit('-')
-            .next()
-            .and_then(|n| n.parse().ok())
-            .unwrap_or(0);
-        ids.push((id.clone(), p));
+    for (r, _, _) in &results {
         match r {
             Ok(run) if run.success => ok += 1,
             Ok(run)
@@ -426,7 +412,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
             Err(e) => unclean.push(e.to_string()),
         }
     }
-    let del_failures = del_all(&ids);
+    let del_failures = del_all(&ids_of(&results));
     let killed = json!({
         "adds": BURST,
         "succeeded": ok,
@@ -447,6 +433,11 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "killedDuringBurst": killed,
         "seconds": t0.elapsed().as_secs_f64(),
     }))
+}
+
+/// The container IDs of a burst's ADDs with their pods, for their DELs.
+fn ids_of<R>(results: &[(R, String, usize)]) -> Vec<(String, usize)> {
+    results.iter().map(|(_, id, p)| (id.clone(), *p)).collect()
 }
 
 fn sorted(v: &[f64]) -> Vec<f64> {

@@ -213,20 +213,20 @@ pub async fn run_watches(client: Client, cache: Arc<NodeCache>, settings: WatchS
         .timeout(settings.timeout_secs)
         .any_semantic();
     let nads = watcher::watcher(Api::<NadObject>::all(client), nad_config).default_backoff();
-    let pod_cache = cache.clone();
     tokio::join!(
-        drive("pods", pods, &cache, move |ev| pod_cache
+        drive("pods", pods, &cache, |c, ev| c
             .apply_pod(map_event(ev, |m| pod_from_meta(m.metadata)))),
-        drive("network-attachment-definitions", nads, &cache, |ev| cache
+        drive("network-attachment-definitions", nads, &cache, |c, ev| c
             .apply_nad(map_event(ev, nad_from_kube))),
     );
 }
 
+/// Feeds one watch stream into `cache` through `apply`, counting and logging its errors.
 async fn drive<K, S>(
     what: &'static str,
     stream: S,
     cache: &NodeCache,
-    mut apply: impl FnMut(Event<K>),
+    apply: impl Fn(&NodeCache, Event<K>),
 ) where
     S: Stream<Item = Result<Event<K>, watcher::Error>>,
 {
@@ -237,7 +237,7 @@ async fn drive<K, S>(
                 if matches!(event, Event::InitDone) {
                     tracing::info!(watch = what, "list complete");
                 }
-                apply(event);
+                apply(cache, event);
             }
             Err(err) => {
                 cache.watch_error();

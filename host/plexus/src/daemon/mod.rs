@@ -230,12 +230,14 @@ fn init_logging(level: &str) {
         .try_init();
 }
 
+/// Maps an I/O error on `path` (a file, or what was being set up) to the daemon's error.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let path = path.display().to_string();
+    move |source| DaemonError::Io { path, source }
+}
+
 /// Runs until SIGTERM or SIGINT.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| DaemonError::Io { path, source }
-    };
     if let Some(opts) = settings.install.clone() {
         let env = install::ApiServerEnv::from_process();
         // A first install that fails stops the daemon (the pod restarts and says why); the watch loop itself
@@ -290,10 +292,6 @@ struct Shared {
 const MAX_EVENTS_IN_FLIGHT: usize = 256;
 
 async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
-    let io = |path: &Path| {
-        let path = path.display().to_string();
-        move |source| DaemonError::Io { path, source }
-    };
     let dir = settings
         .socket
         .parent()
@@ -433,8 +431,7 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>, our_uid: u32) -> st
                 }
             }
         };
-        let mut bytes = serde_json::to_vec(&answer).map_err(std::io::Error::other)?;
-        bytes.push(b'\n');
+        let bytes = proto::encode(&answer)?;
         tokio::time::timeout(WRITE_TIMEOUT, write_half.write_all(&bytes))
             .await
             .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
@@ -448,17 +445,7 @@ async fn read_request(
     let mut line = Vec::new();
     let mut limited = (&mut *reader).take(MAX_REQUEST_BYTES as u64 + 1);
     limited.read_until(b'\n', &mut line).await?;
-    if line.is_empty() {
-        return Ok(None);
-    }
-    if line.last() != Some(&b'\n') {
-        return Err(if line.len() > MAX_REQUEST_BYTES {
-            proto::ReadError::TooLong(MAX_REQUEST_BYTES)
-        } else {
-            proto::ReadError::Truncated
-        });
-    }
-    Ok(Some(serde_json::from_slice(&line)?))
+    proto::decode_line(&line, MAX_REQUEST_BYTES)
 }
 
 fn health(shared: &Shared) -> Answer {
@@ -515,12 +502,12 @@ async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
             reason,
             message,
         } => {
-            if shared.api.settings().events
-                && shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT
-            {
-                let api_event = post_event(shared, pod, warning, reason, message);
-                tokio::spawn(api_event);
-            } else if shared.api.settings().events {
+            if !shared.api.settings().events {
+                return Answer::Done;
+            }
+            if shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT {
+                tokio::spawn(post_event(shared, pod, warning, reason, message));
+            } else {
                 shared.events_in_flight.fetch_sub(1, Ordering::Relaxed);
                 tracing::warn!(pod = %pod, "too many events in flight; dropped one");
             }

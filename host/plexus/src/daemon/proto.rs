@@ -1,4 +1,5 @@
-//! The node daemon's wire protocol: one JSON request and one JSON answer per connection, each a single line.
+//! The node daemon's wire protocol: JSON requests, each answered in turn on the same connection, every message
+//! a single line.
 //!
 //! An answer is either authoritative (the object, or an error the thin path would also have met) or says that
 //! the daemon cannot serve now (`unsynced`, `busy`); the CNI process then plans without it.
@@ -236,6 +237,18 @@ pub fn read_message<T: serde::de::DeserializeOwned>(
 ) -> Result<T, ReadError> {
     let mut line = Vec::new();
     reader.take(cap as u64 + 1).read_until(b'\n', &mut line)?;
+    decode_line(&line, cap)?.ok_or(ReadError::Truncated)
+}
+
+/// The message in `line`, as read up to a newline with at most `cap + 1` bytes: `None` for an empty read (the
+/// peer closed the connection between messages).
+pub fn decode_line<T: serde::de::DeserializeOwned>(
+    line: &[u8],
+    cap: usize,
+) -> Result<Option<T>, ReadError> {
+    if line.is_empty() {
+        return Ok(None);
+    }
     if line.last() != Some(&b'\n') {
         return Err(if line.len() > cap {
             ReadError::TooLong(cap)
@@ -243,14 +256,19 @@ pub fn read_message<T: serde::de::DeserializeOwned>(
             ReadError::Truncated
         });
     }
-    Ok(serde_json::from_slice(&line)?)
+    Ok(Some(serde_json::from_slice(line)?))
 }
 
-/// Writes one message as a single line (serde_json never puts a raw newline inside a document).
-pub fn write_message<T: Serialize>(mut writer: impl Write, message: &T) -> std::io::Result<()> {
+/// One message as a single line (serde_json never puts a raw newline inside a document).
+pub fn encode<T: Serialize>(message: &T) -> std::io::Result<Vec<u8>> {
     let mut bytes = serde_json::to_vec(message).map_err(std::io::Error::other)?;
     bytes.push(b'\n');
-    writer.write_all(&bytes)?;
+    Ok(bytes)
+}
+
+/// Writes one message as a single line.
+pub fn write_message<T: Serialize>(mut writer: impl Write, message: &T) -> std::io::Result<()> {
+    writer.write_all(&encode(message)?)?;
     writer.flush()
 }
 
