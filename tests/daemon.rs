@@ -93,6 +93,8 @@ impl Cluster {
             .arg(kubeconfig)
             .arg("--socket")
             .arg(self.socket())
+            .arg("--cache-dir")
+            .arg(self.sb.path("cache"))
             .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())

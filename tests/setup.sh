@@ -18,6 +18,8 @@ PKGS=(
   # the node daemon's tests: etcd under a real kube-apiserver (tests/kube-apiserver.sh builds that), TLS keys,
   # HTTP to both
   etcd-server openssl curl
+  # hook distribution: the CNCF distribution registry (docker-registry) as the OCI registry, on loopback
+  docker-registry
   # benchmarks: plots and profiles
   python3-matplotlib valgrind
   jq

@@ -8,3 +8,4 @@ pub mod libcni;
 pub mod netns;
 pub mod plexus;
 pub mod podresources;
+pub mod registry;

@@ -1,5 +1,5 @@
 //! A status hook: adds `"io.plexus.pod-labels": {label: value}` to every network-status entry, for
-//! the pod labels named in `labels` that the pod has.
+//! the pod labels named in `labels` that the pod has (merged into the map an earlier hook left there).
 
 use plexus_sdk::{Error, Pod, Status, StatusEntry, Value};
 use serde::Deserialize;
@@ -28,9 +28,16 @@ impl Status for StatusLabels {
                     .map(|v| (l.clone(), Value::String(v.clone())))
             })
             .collect();
+        // Merged into what an earlier hook put there, so several of these hooks can each add their labels.
         for e in &mut entries {
-            e.extras
-                .insert(KEY.to_string(), Value::Object(picked.clone()));
+            let slot = e
+                .extras
+                .entry(KEY.to_string())
+                .or_insert_with(|| Value::Object(Map::new()));
+            match slot {
+                Value::Object(m) => m.extend(picked.clone()),
+                other => *other = Value::Object(picked.clone()),
+            }
         }
         Ok(entries)
     }
@@ -63,5 +70,20 @@ mod tests {
             assert_eq!(e.extras[KEY], json!({"app": "web", "tier": "front"}));
         }
         assert!(out[0].default && !out[1].default);
+    }
+
+    #[test]
+    fn labels_merge_with_those_an_earlier_hook_added() {
+        let pod = Pod::new("default", "web")
+            .with_label("app", "web")
+            .with_label("tier", "front");
+        let mut earlier = StatusEntry::new("kube-system/pod-net", true);
+        earlier.extras.insert(KEY.into(), json!({"tier": "old", "zone": "a"}));
+        let out = Harness::new()
+            .pod(pod)
+            .settings(json!({"labels": ["tier"]}))
+            .shape::<StatusLabels>(vec![earlier])
+            .unwrap();
+        assert_eq!(out[0].extras[KEY], json!({"tier": "front", "zone": "a"}));
     }
 }

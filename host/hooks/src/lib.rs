@@ -92,6 +92,8 @@ enum Exports {
 struct LoadedHook {
     name: String,
     kind: HookKind,
+    /// The namespaces whose pods it sees (`None`: all).
+    namespaces: Option<Vec<String>>,
     failure_policy: FailurePolicy,
     timeout_ms: u64,
     memory_mib: u64,
@@ -152,6 +154,10 @@ fn module_digest(
         cache::record_sha256(dir, path, &before, &sha);
     }
     Ok((sha, Some(bytes)))
+}
+
+fn normal_pin(pin: &str) -> String {
+    pin.trim().trim_start_matches("sha256:").to_ascii_lowercase()
 }
 
 fn new_linker(engine: &Engine) -> Result<Linker<State>, String> {
@@ -235,12 +241,21 @@ impl Hooks {
                 error,
             };
             let start = Instant::now();
-            let (sha, mut bytes) = module_digest(&spec.module, cache_use).map_err(load_err)?;
-            if let Some(pin) = &spec.sha256 {
-                let pin = pin
-                    .trim()
-                    .trim_start_matches("sha256:")
-                    .to_ascii_lowercase();
+            // A precompiled entry is loaded by its pinned digest alone: its component file is not read, and
+            // a missing artifact is an error, never a compilation.
+            let (sha, mut bytes) = if spec.precompiled {
+                let pin = spec.sha256.as_deref().ok_or_else(|| {
+                    HookError::Config(format!(
+                        "hook {:?}: a precompiled hook needs its sha256",
+                        spec.name
+                    ))
+                })?;
+                (normal_pin(pin), None)
+            } else {
+                module_digest(&spec.module, cache_use).map_err(load_err)?
+            };
+            if let (false, Some(pin)) = (spec.precompiled, &spec.sha256) {
+                let pin = normal_pin(pin);
                 if pin != sha {
                     return Err(load_err(LoadError::Sha256Mismatch {
                         path: spec.module.clone(),
@@ -257,6 +272,12 @@ impl Hooks {
                     let mut wasm = || -> Result<Vec<u8>, String> {
                         if let Some(b) = bytes.take() {
                             return Ok(b);
+                        }
+                        if spec.precompiled {
+                            return Err(format!(
+                                "no precompiled artifact for component sha256 {sha} in the cache (hooks \
+                                 published by the node agent are compiled before they are published)"
+                            ));
                         }
                         let (b, now) = read_module(&spec.module).map_err(|e| e.to_string())?;
                         if now != sha {
@@ -312,6 +333,7 @@ impl Hooks {
             hooks.push(LoadedHook {
                 name: spec.name.clone(),
                 kind: spec.kind,
+                namespaces: spec.namespaces.clone(),
                 failure_policy: spec.failure_policy,
                 timeout_ms: spec.timeout_ms(),
                 memory_mib,
@@ -350,7 +372,7 @@ impl Hooks {
     pub fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, HookError> {
         let wpod = convert::pod(pod);
         let mut current = selections;
-        for hook in self.of_kind(HookKind::Policy) {
+        for hook in self.of_kind(HookKind::Policy, &pod.namespace) {
             let Exports::Policy(idx) = &hook.exports else {
                 continue;
             };
@@ -398,7 +420,7 @@ impl Hooks {
         nad: Option<&Value>,
         config: Option<&Value>,
     ) -> Result<Option<Value>, HookError> {
-        let mut resolvers = self.of_kind(HookKind::Resolver).peekable();
+        let mut resolvers = self.of_kind(HookKind::Resolver, &pod.namespace).peekable();
         if resolvers.peek().is_none() {
             return Ok(None);
         }
@@ -449,7 +471,7 @@ impl Hooks {
     pub fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, HookError> {
         let wpod = convert::pod(pod);
         let mut current = entries;
-        for hook in self.of_kind(HookKind::Status) {
+        for hook in self.of_kind(HookKind::Status, &pod.namespace) {
             let Exports::Status(idx) = &hook.exports else {
                 continue;
             };
@@ -473,8 +495,19 @@ impl Hooks {
         Ok(current)
     }
 
-    fn of_kind(&self, kind: HookKind) -> impl Iterator<Item = &LoadedHook> {
-        self.hooks.iter().filter(move |h| h.kind == kind)
+    /// The hooks of a kind that apply to a pod in `namespace`, in order.
+    fn of_kind<'a>(
+        &'a self,
+        kind: HookKind,
+        namespace: &'a str,
+    ) -> impl Iterator<Item = &'a LoadedHook> {
+        self.hooks.iter().filter(move |h| {
+            h.kind == kind
+                && h
+                    .namespaces
+                    .as_ref()
+                    .is_none_or(|list| list.iter().any(|n| n == namespace))
+        })
     }
 
     /// Applies the hook's failurePolicy to a fault.

@@ -29,6 +29,13 @@ pub struct HookSpec {
         skip_serializing_if = "Option::is_none"
     )]
     pub memory_limit_mib: Option<u64>,
+    /// Pods of these namespaces only (absent: every namespace).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub namespaces: Option<Vec<String>>,
+    /// Load only the compiled artifact of `sha256` from the cache, never the component file, never compiling
+    /// (the entries the node agent publishes).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub precompiled: bool,
 }
 
 impl HookSpec {
@@ -43,6 +50,8 @@ impl HookSpec {
             failure_policy: FailurePolicy::Fail,
             timeout_ms: None,
             memory_limit_mib: None,
+            namespaces: None,
+            precompiled: false,
         }
     }
 

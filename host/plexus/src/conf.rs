@@ -34,6 +34,7 @@ struct RawConf {
     invalid_selections: Option<String>,
     #[serde(default)]
     hooks: Vec<Value>,
+    cluster_hooks: Option<bool>,
     log_level: Option<String>,
     log_file: Option<PathBuf>,
     #[serde(default)]
@@ -100,6 +101,9 @@ pub struct PlexusConf {
     pub delegate_timeout: Duration,
     pub ignore_invalid_selections: bool,
     pub hooks: Vec<Value>,
+    /// Whether an ADD also runs the node's active hook set (published by the node agent from the cluster's
+    /// NetworkHook resources) after the `hooks` of this file.
+    pub cluster_hooks: bool,
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub runtime_config: Map<String, Value>,
@@ -327,6 +331,7 @@ impl PlexusConf {
             delegate_timeout: Duration::from_millis(delegate_timeout_ms),
             ignore_invalid_selections,
             hooks: raw.hooks,
+            cluster_hooks: raw.cluster_hooks.unwrap_or(true),
             log_level,
             log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
             runtime_config: raw.runtime_config,

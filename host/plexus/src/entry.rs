@@ -12,7 +12,7 @@ use crate::conf::{stdin_json, ClusterSource, PlexusConf};
 use crate::daemon::client::{DaemonCluster, DaemonConf};
 use crate::error::{bounded, PlexusError};
 use crate::exec::ProcessExec;
-use crate::hooks::{HookRunner, NoHooks};
+use crate::hooks::{HookRunner, HookSet, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
 use crate::orchestrate::{self, Effects};
 use crate::podnet::IpRoute;
@@ -100,8 +100,16 @@ fn run_inner(
         }
     };
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
-    let hooks: Box<dyn HookRunner> = if command == Command::Add && !inv.conf.hooks.is_empty() {
-        Box::new(crate::hooks::load(&inv.conf.hooks, &inv.conf.cache_dir)?)
+    // The node's hook set is read once, here: the whole ADD runs the set it saw.
+    let set = if command == Command::Add && inv.conf.cluster_hooks {
+        HookSet::read(&inv.conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
+    } else {
+        None
+    };
+    let hooks: Box<dyn HookRunner> = if command == Command::Add
+        && (!inv.conf.hooks.is_empty() || set.is_some())
+    {
+        Box::new(crate::hooks::load(&inv.conf.hooks, set, &inv.conf.cache_dir)?)
     } else {
         Box::new(NoHooks)
     };

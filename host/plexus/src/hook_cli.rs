@@ -4,13 +4,26 @@
 use plexus_hooks::{HookKind, HookSpec, Hooks, PolicyOutcome};
 use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+use crate::distribution::{self, Registry, RegistryOptions, TrustedKeys};
 
 const USAGE: &str = "\
 usage: plexus hook inspect FILE
        plexus hook compile FILE [--cache-dir DIR]
        plexus hook run FILE --kind policy|resolver|status --input JSON|@FILE
                        [--settings JSON|@FILE] [--timeout-ms N] [--memory-limit-mib N]
+       plexus hook push FILE REFERENCE [--key PRIVATE-PEM] [REGISTRY-FLAGS]
+       plexus hook verify REFERENCE --key PUBLIC-PEM... [--unsigned] [REGISTRY-FLAGS]
+
+push: FILE (a hook component) goes to REFERENCE (REGISTRY/REPOSITORY:TAG) as a wasm artifact (one
+  application/wasm layer); with --key (unencrypted PKCS#8 PEM, ECDSA P-256) its manifest digest is signed in
+  cosign's format (REPOSITORY:sha256-<hex>.sig). Prints the reference pinned by digest, for a NetworkHook.
+verify: what the node agent checks: the signature of the manifest digest verifies with one of the --key public
+  keys (PEM; cosign.pub works), the manifest and the module match their digests, the module is a component
+  exporting a hook interface. --unsigned skips the signature. Exit 1 when any check fails.
+REGISTRY-FLAGS: --insecure-registry HOST[:PORT] (plain HTTP; repeatable), --registry-ca PEM (repeatable),
+  --timeout-ms N (each registry operation; default 30000)
 
 run input, by kind:
   policy    {\"pod\": POD, \"selections\": [SELECTION, ...]}
@@ -35,6 +48,8 @@ pub fn main(args: &[String]) -> u8 {
         Some("inspect") => inspect(&args[1..]),
         Some("compile") => compile(&args[1..]),
         Some("run") => run(&args[1..]),
+        Some("push") => push(&args[1..]),
+        Some("verify") => verify(&args[1..]),
         Some("-h" | "--help" | "help") => {
             println!("{USAGE}");
             return 0;
@@ -77,14 +92,28 @@ type Flags = Vec<(String, String)>;
 /// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags; `--help` anywhere asks
 /// for the usage.
 fn parse(args: &[String], known: &[&str]) -> Result<(PathBuf, Flags), CliError> {
+    let (mut pos, flags) = parse_n(args, known, &[], &["FILE"])?;
+    Ok((PathBuf::from(pos.remove(0)), flags))
+}
+
+/// Like [`parse`] with the positional arguments `names` (all required) and the value-less `switches`.
+fn parse_n(
+    args: &[String],
+    known: &[&str],
+    switches: &[&str],
+    names: &[&str],
+) -> Result<(Vec<String>, Flags), CliError> {
     use lexopt::Arg::{Long, Short, Value as Positional};
     let usage = |e: lexopt::Error| CliError::Usage(e.to_string());
     let mut parser = lexopt::Parser::from_args(args);
-    let mut file = None;
+    let mut positional = Vec::new();
     let mut flags = Vec::new();
     while let Some(arg) = parser.next().map_err(usage)? {
         match arg {
             Long("help") | Short('h') => return Err(CliError::Help),
+            Long(name) if switches.contains(&name) => {
+                flags.push((name.to_string(), String::new()));
+            }
             Long(name) if known.contains(&name) => {
                 let name = name.to_string();
                 let value = parser
@@ -94,14 +123,25 @@ fn parse(args: &[String], known: &[&str]) -> Result<(PathBuf, Flags), CliError> 
             }
             Long(name) => return Err(CliError::Usage(format!("unknown option --{name}"))),
             Short(c) => return Err(CliError::Usage(format!("unknown option -{c}"))),
-            Positional(v) if file.is_none() => file = Some(PathBuf::from(v)),
+            Positional(v) if positional.len() < names.len() => {
+                positional.push(v.to_string_lossy().into_owned())
+            }
             Positional(v) => {
                 return Err(CliError::Usage(format!("unexpected argument {v:?}")));
             }
         }
     }
-    let file = file.ok_or_else(|| CliError::Usage("missing FILE".into()))?;
-    Ok((file, flags))
+    if let Some(missing) = names.get(positional.len()) {
+        return Err(CliError::Usage(format!("missing {missing}")));
+    }
+    Ok((positional, flags))
+}
+
+fn flags_named<'a>(flags: &'a [(String, String)], name: &'a str) -> impl Iterator<Item = &'a str> {
+    flags
+        .iter()
+        .filter(move |(f, _)| f == name)
+        .map(|(_, v)| v.as_str())
 }
 
 fn flag<'a>(flags: &'a [(String, String)], name: &str) -> Option<&'a str> {
@@ -271,4 +311,120 @@ fn hook_name(file: &Path) -> String {
         .and_then(|s| s.to_str())
         .unwrap_or("hook")
         .to_string()
+}
+
+const REGISTRY_FLAGS: [&str; 3] = ["insecure-registry", "registry-ca", "timeout-ms"];
+
+fn registry_options(flags: &[(String, String)]) -> Result<RegistryOptions, CliError> {
+    let mut opts = RegistryOptions {
+        insecure: flags_named(flags, "insecure-registry").map(String::from).collect(),
+        ca_files: flags_named(flags, "registry-ca").map(PathBuf::from).collect(),
+        ..RegistryOptions::default()
+    };
+    if let Some(ms) = flag(flags, "timeout-ms") {
+        let ms: u64 = ms
+            .parse()
+            .ok()
+            .filter(|n| *n > 0)
+            .ok_or_else(|| CliError::Usage("--timeout-ms needs a positive whole number".into()))?;
+        opts.timeout = Duration::from_millis(ms);
+    }
+    Ok(opts)
+}
+
+fn block_on<T>(f: impl std::future::Future<Output = T>) -> Result<T, CliError> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Failed(format!("tokio runtime: {e}")))?;
+    Ok(rt.block_on(f))
+}
+
+fn push(args: &[String]) -> Result<Value, CliError> {
+    let known: Vec<&str> = REGISTRY_FLAGS.iter().copied().chain(["key"]).collect();
+    let (pos, flags) = parse_n(args, &known, &[], &["FILE", "REFERENCE"])?;
+    let file = PathBuf::from(&pos[0]);
+    let reference = distribution::parse_reference(&pos[1]).map_err(failed)?;
+    // Only components this host can load as hooks are published.
+    let inspected = plexus_hooks::inspect(&file).map_err(|e| failed_err(&e))?;
+    if inspected.kinds.is_empty() {
+        return Err(CliError::Failed(format!(
+            "{} exports no plexus:hooks interface of version {} (exports: {})",
+            file.display(),
+            plexus_hooks::WIT_VERSION,
+            inspected.exports.join(", ")
+        )));
+    }
+    let key = flag(&flags, "key")
+        .map(|k| distribution::load_signing_key(Path::new(k)))
+        .transpose()
+        .map_err(failed)?;
+    let registry = Registry::new(&registry_options(&flags)?).map_err(failed)?;
+    let wasm = std::fs::read(&file)
+        .map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
+    let (digest, signed) = block_on(async {
+        let digest = registry.push_module(&reference, wasm).await?;
+        let signed = match &key {
+            Some(k) => {
+                registry.push_signature(&reference, &digest, k).await?;
+                Some(distribution::key_id(k.verifying_key()))
+            }
+            None => None,
+        };
+        Ok::<_, distribution::DistError>((digest, signed))
+    })?
+    .map_err(failed)?;
+    Ok(json!({
+        "reference": format!("{}/{}@{digest}", reference.registry(), reference.repository()),
+        "digest": digest,
+        "sha256": inspected.sha256,
+        "kinds": inspected.kinds,
+        "signedBy": signed,
+    }))
+}
+
+fn verify(args: &[String]) -> Result<Value, CliError> {
+    let known: Vec<&str> = REGISTRY_FLAGS.iter().copied().chain(["key"]).collect();
+    let (pos, flags) = parse_n(args, &known, &["unsigned"], &["REFERENCE"])?;
+    let reference = distribution::parse_reference(&pos[0]).map_err(failed)?;
+    let unsigned = flag(&flags, "unsigned").is_some();
+    let key_files: Vec<PathBuf> = flags_named(&flags, "key").map(PathBuf::from).collect();
+    if key_files.is_empty() && !unsigned {
+        return Err(CliError::Usage("give --key PUBLIC-PEM (or --unsigned)".into()));
+    }
+    let keys = TrustedKeys::load(&key_files).map_err(failed)?;
+    let registry = Registry::new(&registry_options(&flags)?).map_err(failed)?;
+    let (digest, verified_by, pulled) = block_on(async {
+        let digest = match reference.digest() {
+            Some(d) => d.to_string(),
+            None => registry.resolve(&reference).await?,
+        };
+        let pinned = reference.clone_with_digest(digest.clone());
+        let verified_by = if unsigned {
+            None
+        } else {
+            Some(registry.verify(&pinned, &digest, &keys).await?)
+        };
+        let pulled = registry.pull_module(&pinned).await?;
+        Ok::<_, distribution::DistError>((digest, verified_by, pulled))
+    })?
+    .map_err(failed)?;
+    let tmp = tempfile::NamedTempFile::new().map_err(failed)?;
+    std::fs::write(tmp.path(), &pulled.wasm).map_err(failed)?;
+    let inspected = plexus_hooks::inspect(tmp.path()).map_err(|e| failed_err(&e))?;
+    if inspected.kinds.is_empty() {
+        return Err(CliError::Failed(format!(
+            "{}: the module exports no plexus:hooks interface of version {}",
+            reference.whole(),
+            plexus_hooks::WIT_VERSION
+        )));
+    }
+    Ok(json!({
+        "reference": format!("{}/{}@{digest}", reference.registry(), reference.repository()),
+        "digest": digest,
+        "sha256": pulled.sha256,
+        "size": pulled.wasm.len(),
+        "kinds": inspected.kinds,
+        "verifiedBy": verified_by,
+    }))
 }

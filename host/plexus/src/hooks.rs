@@ -5,6 +5,7 @@ use std::path::Path;
 
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, Selection};
 use plexus_hooks::{HookSpec, Hooks, PolicyOutcome};
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
 use crate::error::PlexusError;
@@ -59,9 +60,14 @@ impl HookRunner for NoHooks {
     }
 }
 
-/// Loads the conf's `hooks` list (compiled artifacts cached under `cache_dir`).
-pub fn load(entries: &[Value], cache_dir: &Path) -> Result<Hooks, PlexusError> {
-    let specs = entries
+/// Loads the conf's `hooks` list, then the node's active hook set when given (compiled artifacts cached under
+/// `cache_dir`).
+pub fn load(
+    entries: &[Value],
+    set: Option<HookSet>,
+    cache_dir: &Path,
+) -> Result<Hooks, PlexusError> {
+    let mut specs = entries
         .iter()
         .enumerate()
         .map(|(i, v)| {
@@ -69,7 +75,66 @@ pub fn load(entries: &[Value], cache_dir: &Path) -> Result<Hooks, PlexusError> {
                 .map_err(|e| PlexusError::Config(format!("hooks[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
+    specs.extend(set.map(|s| s.hooks).unwrap_or_default());
     Ok(Hooks::load(&specs, cache_dir)?)
+}
+
+/// The node's active hook set: what the node agent (in `plexus daemon`) published from the cluster's NetworkHook
+/// resources, in `<cacheDir>/hook-set.json`. One file, replaced whole by rename: an ADD reads it once, so it runs
+/// the old set or the new one, never a mix. Its entries are `precompiled`: an ADD loads their compiled artifacts
+/// by digest and never reads a component or compiles.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookSet {
+    /// Incremented by every publication.
+    pub generation: u64,
+    /// In run order (after the conf's own hooks).
+    pub hooks: Vec<HookSpec>,
+}
+
+/// The hook set's file name under `cacheDir`.
+pub const SET_FILE: &str = "hook-set.json";
+/// Where the node agent keeps pulled components, under `cacheDir`.
+pub const MODULES_DIR: &str = "hook-modules";
+/// The largest hook set file read.
+const SET_CAP: usize = 4 << 20;
+
+impl HookSet {
+    pub fn path(cache_dir: &Path) -> std::path::PathBuf {
+        cache_dir.join(SET_FILE)
+    }
+
+    /// The published set; `None` when nothing was ever published.
+    pub fn read(cache_dir: &Path) -> Result<Option<HookSet>, PlexusError> {
+        let path = Self::path(cache_dir);
+        let bytes = match crate::conf::read_capped(&path, SET_CAP) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => {
+                return Err(PlexusError::Config(format!(
+                    "node hook set {}: {e}",
+                    path.display()
+                )))
+            }
+        };
+        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
+            PlexusError::Config(format!("node hook set {}: {e}", path.display()))
+        })
+    }
+
+    /// Replaces the published set (temp file, sync, rename, sync of the directory).
+    pub fn publish(&self, cache_dir: &Path) -> std::io::Result<()> {
+        use atomic_write_file::unix::OpenOptionsExt as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+        use std::io::Write as _;
+        std::fs::create_dir_all(cache_dir)?;
+        let mut f = atomic_write_file::AtomicWriteFile::options()
+            .mode(0o644)
+            .preserve_mode(false)
+            .open(Self::path(cache_dir))?;
+        f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
+        f.commit()
+    }
 }
 
 impl HookRunner for Hooks {

@@ -7,6 +7,7 @@ pub mod cache;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;
+pub mod distribution;
 pub mod entry;
 pub mod error;
 pub mod exec;

@@ -6,6 +6,7 @@
 //! daemon only answers questions, and a daemon that is absent, unsynced, busy or slow means the CNI process
 //! asks the API itself (thin mode). See [`client`].
 
+pub mod agent;
 pub mod client;
 pub mod proto;
 
@@ -29,7 +30,9 @@ pub const DEFAULT_SOCKET: &str = "/run/plexus/daemon.sock";
 
 const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
                      [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
-                     [--log-level LEVEL] [--install INSTALL-FLAGS...]
+                     [--log-level LEVEL] [--cache-dir DIR] [--no-hooks] [--hook-key PEM]...
+                     [--hook-signatures required|off] [--insecure-registry HOST[:PORT]]...
+                     [--registry-ca PEM]... [--install INSTALL-FLAGS...]
        plexus daemon --health [--socket PATH]
 
 Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
@@ -45,6 +48,15 @@ network-status write and the events. Without an answer in time the CNI process w
                             reads it from the API (default 500)
   --watch-timeout-secs N    how long one watch request stays open before it is renewed (default 290)
   --log-level LEVEL         error, warn, info, debug (default info)
+  --cache-dir DIR           the plexus cacheDir: pulled hook modules, compiled hooks and the node's active
+                            hook set are kept there (default /var/lib/plexus)
+  --no-hooks                do not deliver NetworkHook resources to this node
+  --hook-key PEM            a public key (ECDSA P-256, PEM, e.g. cosign.pub) that hook module signatures may
+                            verify with; repeatable
+  --hook-signatures POLICY  required (default): a module is used only when a cosign-format signature of its
+                            manifest digest verifies with a --hook-key; off: the digest alone pins it
+  --insecure-registry HOST  a registry spoken to over plain HTTP (host or host:port); repeatable
+  --registry-ca PEM         a CA certificate trusted for registries besides the system's; repeatable
   --health                  ask the running daemon for its health, print it as JSON and exit: 0 when it is
                             synced and below its concurrency bound, 1 when not, 2 when it does not answer
   --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
@@ -62,6 +74,8 @@ pub struct DaemonSettings {
     pub watch_timeout_secs: u32,
     pub log_level: String,
     pub install: Option<InstallOptions>,
+    /// The node agent (NetworkHook delivery); `None` with --no-hooks.
+    pub hooks: Option<HookAgentOptions>,
     /// Only ask a running daemon for its health, print it, and exit (0 when ready).
     pub health: bool,
 }
@@ -78,7 +92,28 @@ impl Default for DaemonSettings {
             watch_timeout_secs: 290,
             log_level: "info".into(),
             install: None,
+            hooks: Some(HookAgentOptions::default()),
             health: false,
+        }
+    }
+}
+
+/// The node agent's settings (see [`agent`]).
+#[derive(Debug, Clone)]
+pub struct HookAgentOptions {
+    pub cache_dir: PathBuf,
+    pub key_files: Vec<PathBuf>,
+    pub signatures: agent::SignaturePolicy,
+    pub registry: crate::distribution::RegistryOptions,
+}
+
+impl Default for HookAgentOptions {
+    fn default() -> Self {
+        HookAgentOptions {
+            cache_dir: "/var/lib/plexus".into(),
+            key_files: Vec::new(),
+            signatures: agent::SignaturePolicy::Required,
+            registry: crate::distribution::RegistryOptions::default(),
         }
     }
 }
@@ -122,6 +157,8 @@ pub fn parse_args(
             .filter(|n| *n > 0)
             .ok_or_else(|| DaemonError::Usage(format!("{flag} needs a positive whole number")))
     };
+    let mut agent = HookAgentOptions::default();
+    let mut no_hooks = false;
     while let Some(arg) = parser.next().map_err(usage)? {
         match arg {
             Long("node-name") => s.node = parser.value().map_err(usage)?.string().map_err(usage)?,
@@ -151,6 +188,28 @@ pub fn parse_args(
                 s.install = Some(install::parse_args(&rest)?);
             }
             Long("health") => s.health = true,
+            Long("no-hooks") => no_hooks = true,
+            Long("cache-dir") => agent.cache_dir = parser.value().map_err(usage)?.into(),
+            Long("hook-key") => agent.key_files.push(parser.value().map_err(usage)?.into()),
+            Long("hook-signatures") => {
+                agent.signatures = match parser.value().map_err(usage)?.to_str() {
+                    Some("required") => agent::SignaturePolicy::Required,
+                    Some("off") => agent::SignaturePolicy::Off,
+                    _ => {
+                        return Err(DaemonError::Usage(
+                            "--hook-signatures takes required or off".into(),
+                        ))
+                    }
+                }
+            }
+            Long("insecure-registry") => agent
+                .registry
+                .insecure
+                .push(parser.value().map_err(usage)?.string().map_err(usage)?),
+            Long("registry-ca") => agent
+                .registry
+                .ca_files
+                .push(parser.value().map_err(usage)?.into()),
             Short('h') | Long("help") => return Err(DaemonError::Help),
             _ => return Err(usage(arg.unexpected())),
         }
@@ -160,6 +219,12 @@ pub fn parse_args(
             "no node name: give --node-name or set NODE_NAME".into(),
         ));
     }
+    if !agent.cache_dir.is_absolute() {
+        return Err(DaemonError::Usage(
+            "--cache-dir must be an absolute path".into(),
+        ));
+    }
+    s.hooks = (!no_hooks).then_some(agent);
     if !s.socket.is_absolute() {
         return Err(DaemonError::Usage(
             "--socket must be an absolute path".into(),
@@ -328,6 +393,19 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
             timeout_secs: settings.watch_timeout_secs,
         },
     ));
+    let agent = settings.hooks.clone().map(|h| {
+        tokio::spawn(agent::run(
+            api.client().clone(),
+            agent::AgentSettings {
+                node: settings.node.clone(),
+                cache_dir: h.cache_dir,
+                key_files: h.key_files,
+                signatures: h.signatures,
+                registry: h.registry,
+                watch_timeout_secs: settings.watch_timeout_secs,
+            },
+        ))
+    });
     let listener = {
         // Root only: created under a umask that leaves no permission to group or others.
         let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
@@ -375,6 +453,9 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     }
     tracing::info!("stopping");
     watches.abort();
+    if let Some(a) = agent {
+        a.abort();
+    }
     // Writes already accepted are sent before the process goes (bounded: a dead API server does not hold it).
     let flush_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
     while shared.pending_writes() > 0 && tokio::time::Instant::now() < flush_deadline {

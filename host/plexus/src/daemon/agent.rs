@@ -1,0 +1,719 @@
+//! The node agent: turns the cluster's NetworkHook resources into the node's active hook set.
+//!
+//! It watches the NetworkHook resources and its own Node (for the labels a hook's `nodeSelector` matches), pulls
+//! each selected hook's module by digest from its OCI registry, verifies its signature against the operator's
+//! keys (see [`crate::distribution`]), compiles it into the hook cache, and publishes the set
+//! (`<cacheDir>/hook-set.json`, [`HookSet`]) in one rename. An ADD reads that file once and loads only
+//! compiled artifacts: it never downloads and never compiles.
+//!
+//! A hook whose module cannot be made ready (registry unreachable, not found, wrong digest, bad or missing
+//! signature, does not compile) is retried with backoff (1 s doubling to 5 min) and meanwhile keeps the version
+//! last published for it, if any; the failure is reported in the resource's status (one entry per node) and
+//! in the log, never by stopping the process.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::core::{Selector, SelectorExt};
+use kube::runtime::watcher::{self, Event};
+use kube::runtime::WatchStreamExt;
+use kube::Client;
+use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
+use serde::{Deserialize, Serialize};
+use serde_json::{json, Value};
+
+use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
+use crate::hooks::{HookSet, MODULES_DIR};
+
+/// The hook resource's API group, version and kind.
+pub const GROUP: &str = "plexus.dev";
+pub const VERSION: &str = "v1alpha1";
+pub const KIND: &str = "NetworkHook";
+pub const PLURAL: &str = "networkhooks";
+
+/// Backoff of a hook whose module could not be made ready.
+const FIRST_RETRY: Duration = Duration::from_secs(1);
+const MAX_RETRY: Duration = Duration::from_secs(300);
+/// How long a module no longer in the set is kept (an ADD that read the previous set may still be loading it).
+const RETIRE_AFTER: Duration = Duration::from_secs(60);
+
+/// Whether modules must carry a signature that verifies with one of the operator's keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SignaturePolicy {
+    Required,
+    /// Only the digest pins the module.
+    Off,
+}
+
+/// The agent's settings, from the daemon's command line.
+#[derive(Debug, Clone)]
+pub struct AgentSettings {
+    pub node: String,
+    pub cache_dir: PathBuf,
+    pub key_files: Vec<PathBuf>,
+    pub signatures: SignaturePolicy,
+    pub registry: RegistryOptions,
+    pub watch_timeout_secs: u32,
+}
+
+/// A NetworkHook's spec.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct NetworkHookSpec {
+    pub kind: HookKind,
+    /// `REGISTRY/REPOSITORY@sha256:<digest>`.
+    pub module: String,
+    #[serde(default)]
+    pub settings: Option<Value>,
+    #[serde(default)]
+    pub order: i32,
+    #[serde(default)]
+    pub failure_policy: FailurePolicy,
+    #[serde(default)]
+    pub timeout_ms: Option<u64>,
+    #[serde(default, rename = "memoryLimitMiB")]
+    pub memory_limit_mib: Option<u64>,
+    #[serde(default)]
+    pub namespaces: Option<Vec<String>>,
+    #[serde(default)]
+    pub node_selector: Option<LabelSelector>,
+}
+
+/// One node's report in a NetworkHook's `status.nodes`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct NodeStatus {
+    pub node: String,
+    /// The hook runs in this node's ADDs (perhaps an earlier version: see `digest`).
+    pub active: bool,
+    /// `Active`, or why not (or why the wanted version is not): `PullFailed`, `NotFound`, `DigestMismatch`,
+    /// `NotAWasmModule`, `SignatureMissing`, `SignatureInvalid`, `NoTrustedKeys`, `InvalidReference`,
+    /// `CompileFailed`, `InvalidSpec`.
+    pub reason: String,
+    pub message: String,
+    /// The manifest digest running on the node, when one is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub digest: Option<String>,
+    pub observed_generation: i64,
+}
+
+#[derive(Debug, Clone)]
+struct Resource {
+    spec: Result<NetworkHookSpec, String>,
+    generation: i64,
+}
+
+#[derive(Default)]
+struct Inputs {
+    hooks: BTreeMap<String, Resource>,
+    /// Filled while a list is in progress.
+    listing: Option<BTreeMap<String, Resource>>,
+    hooks_synced: bool,
+    labels: Option<BTreeMap<String, String>>,
+}
+
+/// A module made ready: where its component is and what was checked.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Record {
+    /// The module's manifest digest.
+    digest: String,
+    /// The component's sha256 (hex).
+    sha256: String,
+    /// The trusted key its signature verified with (`None`: signatures were off).
+    verified_by: Option<String>,
+}
+
+struct Failure {
+    attempts: u32,
+    next: Instant,
+    error: (String, String),
+}
+
+/// The agent's state between reconciliations.
+struct Agent {
+    settings: AgentSettings,
+    keys: Result<TrustedKeys, String>,
+    registry: Result<Registry, String>,
+    modules: PathBuf,
+    published: HookSet,
+    /// Which manifest digest each published hook runs, and its order.
+    published_digest: HashMap<String, String>,
+    published_order: HashMap<String, i32>,
+    /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
+    /// module as far as trust goes).
+    failures: HashMap<String, Failure>,
+    reported: HashMap<String, NodeStatus>,
+    /// Component digests no longer in the set, since when.
+    retired: HashMap<String, Instant>,
+    status_api: Api<DynamicObject>,
+}
+
+/// The NetworkHook resource's API description.
+pub fn api_resource() -> ApiResource {
+    ApiResource {
+        group: GROUP.into(),
+        version: VERSION.into(),
+        api_version: format!("{GROUP}/{VERSION}"),
+        kind: KIND.into(),
+        plural: PLURAL.into(),
+    }
+}
+
+/// Runs the agent until the future is dropped.
+pub async fn run(client: Client, settings: AgentSettings) {
+    let inputs = Arc::new(Mutex::new(Inputs::default()));
+    let changed = Arc::new(tokio::sync::Notify::new());
+    let ar = api_resource();
+    let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+    let hook_watch = {
+        let (inputs, changed) = (inputs.clone(), changed.clone());
+        let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
+        let stream = watcher::watcher(hooks_api.clone(), config).default_backoff();
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(event) => {
+                        apply_hook_event(&mut inputs.lock().expect("inputs"), event);
+                        changed.notify_one();
+                    }
+                    Err(e) => tracing::warn!(watch = PLURAL, error = %e, "watch failed; retrying"),
+                }
+            }
+        }
+    };
+    let node_watch = {
+        let (inputs, changed) = (inputs.clone(), changed.clone());
+        let config = watcher::Config::default()
+            .fields(&format!("metadata.name={}", settings.node))
+            .timeout(settings.watch_timeout_secs);
+        let stream = watcher::watcher(Api::<Node>::all(client.clone()), config).default_backoff();
+        async move {
+            let mut stream = std::pin::pin!(stream);
+            while let Some(item) = stream.next().await {
+                match item {
+                    Ok(Event::Apply(n) | Event::InitApply(n)) => {
+                        inputs.lock().expect("inputs").labels =
+                            Some(n.metadata.labels.unwrap_or_default());
+                        changed.notify_one();
+                    }
+                    Ok(_) => {}
+                    Err(e) => tracing::warn!(watch = "node", error = %e, "watch failed; retrying"),
+                }
+            }
+        }
+    };
+    let mut agent = Agent::new(settings, hooks_api);
+    let reconcile = async move {
+        loop {
+            let snapshot = {
+                let i = inputs.lock().expect("inputs");
+                (i.hooks_synced && i.labels.is_some())
+                    .then(|| (i.hooks.clone(), i.labels.clone().unwrap_or_default()))
+            };
+            let next_retry = match snapshot {
+                Some((hooks, labels)) => agent.reconcile(&hooks, &labels).await,
+                None => None,
+            };
+            let wait = next_retry
+                .map(|t| t.saturating_duration_since(Instant::now()))
+                .unwrap_or(MAX_RETRY);
+            tokio::select! {
+                _ = changed.notified() => {}
+                _ = tokio::time::sleep(wait) => {}
+            }
+        }
+    };
+    tokio::join!(hook_watch, node_watch, reconcile);
+}
+
+fn resource_of(obj: DynamicObject) -> Option<(String, Resource)> {
+    let name = obj.metadata.name.clone()?;
+    let spec = obj
+        .data
+        .get("spec")
+        .cloned()
+        .ok_or_else(|| "no spec".to_string())
+        .and_then(|s| serde_json::from_value(s).map_err(|e| format!("spec: {e}")));
+    Some((
+        name,
+        Resource {
+            spec,
+            generation: obj.metadata.generation.unwrap_or(0),
+        },
+    ))
+}
+
+fn apply_hook_event(inputs: &mut Inputs, event: Event<DynamicObject>) {
+    match event {
+        Event::Init => inputs.listing = Some(BTreeMap::new()),
+        Event::InitApply(obj) => {
+            if let (Some(list), Some((name, r))) = (inputs.listing.as_mut(), resource_of(obj)) {
+                list.insert(name, r);
+            }
+        }
+        Event::InitDone => {
+            if let Some(list) = inputs.listing.take() {
+                inputs.hooks = list;
+            }
+            inputs.hooks_synced = true;
+        }
+        Event::Apply(obj) => {
+            if let Some((name, r)) = resource_of(obj) {
+                inputs.hooks.insert(name, r);
+            }
+        }
+        Event::Delete(obj) => {
+            if let Some(name) = obj.metadata.name {
+                inputs.hooks.remove(&name);
+            }
+        }
+    }
+}
+
+/// Whether a hook's node selector picks a node with these labels (no selector: every node).
+pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> Result<bool, String> {
+    let Some(sel) = selector else {
+        return Ok(true);
+    };
+    let sel: Selector = sel
+        .clone()
+        .try_into()
+        .map_err(|e| format!("nodeSelector: {e}"))?;
+    Ok(sel.matches(labels))
+}
+
+impl Agent {
+    fn new(settings: AgentSettings, status_api: Api<DynamicObject>) -> Agent {
+        let keys = TrustedKeys::load(&settings.key_files).map_err(|e| e.to_string());
+        if let Err(e) = &keys {
+            tracing::error!(error = %e, "hook signature keys unusable: every hook is refused until fixed");
+        }
+        let registry = Registry::new(&settings.registry).map_err(|e| e.to_string());
+        let modules = settings.cache_dir.join(MODULES_DIR);
+        // What was published before a restart stays active until this run publishes.
+        let published = match HookSet::read(&settings.cache_dir) {
+            Ok(s) => s.unwrap_or_default(),
+            Err(e) => {
+                tracing::warn!(error = %e, "ignoring the previous hook set");
+                HookSet::default()
+            }
+        };
+        let published_digest = published
+            .hooks
+            .iter()
+            .filter_map(|h| Some((h.name.clone(), digest_of_module_path(&h.module)?)))
+            .collect();
+        Agent {
+            settings,
+            keys,
+            registry,
+            modules,
+            published,
+            published_digest,
+            published_order: HashMap::new(),
+            failures: HashMap::new(),
+            reported: HashMap::new(),
+            retired: HashMap::new(),
+            status_api,
+        }
+    }
+
+    /// Brings the published set in line with the resources; answers when a failed module is due for a retry.
+    async fn reconcile(
+        &mut self,
+        hooks: &BTreeMap<String, Resource>,
+        labels: &BTreeMap<String, String>,
+    ) -> Option<Instant> {
+        let mut entries: Vec<(i32, String, HookSpec, String)> = Vec::new();
+        let mut reports: BTreeMap<String, Option<NodeStatus>> = BTreeMap::new();
+        let node = self.settings.node.clone();
+        for (name, res) in hooks {
+            let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
+                Some(NodeStatus {
+                    node: node.clone(),
+                    active,
+                    reason: reason.into(),
+                    message,
+                    digest,
+                    observed_generation: res.generation,
+                })
+            };
+            let spec = match &res.spec {
+                Ok(s) => s,
+                Err(e) => {
+                    reports.insert(name.clone(), status(false, "InvalidSpec", e.clone(), None));
+                    continue;
+                }
+            };
+            match selects(spec.node_selector.as_ref(), labels) {
+                Ok(true) => {}
+                Ok(false) => {
+                    reports.insert(name.clone(), None);
+                    continue;
+                }
+                Err(e) => {
+                    reports.insert(name.clone(), status(false, "InvalidSpec", e, None));
+                    continue;
+                }
+            }
+            match self.ready(&spec.module).await {
+                Ok((digest, sha)) => {
+                    entries.push((spec.order, name.clone(), hook_spec(name, spec, &self.modules, &sha), digest.clone()));
+                    let message = format!("module {digest} is active");
+                    reports.insert(name.clone(), status(true, "Active", message, Some(digest)));
+                }
+                Err((reason, message)) => {
+                    // The version published before keeps running.
+                    let kept = self
+                        .published
+                        .hooks
+                        .iter()
+                        .find(|h| &h.name == name)
+                        .cloned()
+                        .zip(self.published_digest.get(name).cloned());
+                    let active = kept.is_some();
+                    let digest = kept.as_ref().map(|(_, d)| d.clone());
+                    if let Some((old, d)) = kept {
+                        // The entry last published, as it was (its module and its settings): the last good one.
+                        let order = self.published_order.get(name).copied().unwrap_or(spec.order);
+                        entries.push((order, name.clone(), old, d));
+                    }
+                    reports.insert(name.clone(), status(active, &reason, message, digest));
+                }
+            }
+        }
+        entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
+        let specs: Vec<HookSpec> = entries.iter().map(|e| e.2.clone()).collect();
+        if specs != self.published.hooks {
+            let set = HookSet {
+                generation: self.published.generation + 1,
+                hooks: specs,
+            };
+            match set.publish(&self.settings.cache_dir) {
+                Ok(()) => {
+                    tracing::info!(generation = set.generation, hooks = set.hooks.len(), "hook set published");
+                    self.published = set;
+                    self.published_digest =
+                        entries.iter().map(|e| (e.1.clone(), e.3.clone())).collect();
+                    self.published_order = entries.iter().map(|e| (e.1.clone(), e.0)).collect();
+                }
+                Err(e) => tracing::error!(error = %e, "cannot publish the hook set; the previous one stays"),
+            }
+        }
+        self.collect_garbage();
+        self.report(reports).await;
+        self.failures.values().map(|f| f.next).min()
+    }
+
+    /// The module of a pinned reference, pulled, verified and compiled if not already: its manifest digest and
+    /// component sha256, or (reason, message).
+    async fn ready(&mut self, module: &str) -> Result<(String, String), (String, String)> {
+        let reference =
+            distribution::pinned_reference(module).map_err(|e| (e.reason().to_string(), e.to_string()))?;
+        let digest = reference.digest().unwrap_or_default().to_string();
+        let required = self.settings.signatures == SignaturePolicy::Required;
+        let keys = match (&self.keys, required) {
+            (Err(e), true) => return Err(("NoTrustedKeys".into(), e.clone())),
+            (Ok(k), true) => Some(k.clone()),
+            (_, false) => None,
+        };
+        // Made ready before (this run or an earlier one), under the current signature policy and keys.
+        if let Some(rec) = self.record(module) {
+            let trusted = match (&keys, &rec.verified_by) {
+                (None, _) => true,
+                (Some(k), Some(by)) => k.ids().contains(by),
+                (Some(_), None) => false,
+            };
+            let path = self.module_path(&rec.sha256);
+            if trusted && path.exists() {
+                let (path, cache) = (path.clone(), self.settings.cache_dir.clone());
+                let compiled = tokio::task::spawn_blocking(move || plexus_hooks::compile(&path, &cache)).await;
+                if let Ok(Ok(a)) = compiled {
+                    if a.sha256 == rec.sha256 {
+                        self.failures.remove(module);
+                        return Ok((digest, rec.sha256));
+                    }
+                }
+            }
+        }
+        if let Some(f) = self.failures.get(module) {
+            if Instant::now() < f.next {
+                return Err(f.error.clone());
+            }
+        }
+        match self.fetch(&reference, &digest, keys.as_ref()).await {
+            Ok(sha) => {
+                self.failures.remove(module);
+                Ok((digest, sha))
+            }
+            Err(error) => {
+                tracing::warn!(module, reason = %error.0, "{}; retrying with backoff", error.1);
+                let f = self.failures.entry(module.to_string()).or_insert(Failure {
+                    attempts: 0,
+                    next: Instant::now(),
+                    error: error.clone(),
+                });
+                let delay = FIRST_RETRY
+                    .saturating_mul(1u32 << f.attempts.min(16))
+                    .min(MAX_RETRY);
+                f.attempts += 1;
+                f.next = Instant::now() + delay;
+                f.error = error.clone();
+                Err(error)
+            }
+        }
+    }
+
+    async fn fetch(
+        &self,
+        reference: &oci_client::Reference,
+        digest: &str,
+        keys: Option<&TrustedKeys>,
+    ) -> Result<String, (String, String)> {
+        let fail = |e: DistError| (e.reason().to_string(), e.to_string());
+        let registry = self
+            .registry
+            .as_ref()
+            .map_err(|e| ("PullFailed".to_string(), e.clone()))?;
+        // Pulled first (bounded), so a module that is not there is reported as such; nothing of it is used
+        // before its signature verifies.
+        let pulled = registry.pull_module(reference).await.map_err(fail)?;
+        let verified_by = match keys {
+            Some(k) => Some(registry.verify(reference, digest, k).await.map_err(fail)?),
+            None => None,
+        };
+        let path = self.module_path(&pulled.sha256);
+        let io = |e: std::io::Error| ("PullFailed".to_string(), format!("{}: {e}", path.display()));
+        std::fs::create_dir_all(&self.modules).map_err(io)?;
+        write_file(&path, &pulled.wasm).map_err(io)?;
+        let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
+        let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
+            .await
+            .map_err(|e| ("CompileFailed".to_string(), e.to_string()))?
+            .map_err(|e| ("CompileFailed".to_string(), e.to_string()))?;
+        if artifact.sha256 != pulled.sha256 {
+            return Err((
+                "DigestMismatch".into(),
+                format!("{} changed while compiling", path.display()),
+            ));
+        }
+        let rec = Record {
+            digest: digest.to_string(),
+            sha256: pulled.sha256.clone(),
+            verified_by,
+        };
+        let rec_path = self.record_path(&reference.whole());
+        write_file(&rec_path, &serde_json::to_vec(&rec).expect("json"))
+            .map_err(|e| ("PullFailed".to_string(), format!("{}: {e}", rec_path.display())))?;
+        tracing::info!(module = %reference.whole(), sha256 = %pulled.sha256, "module pulled, verified and compiled");
+        Ok(pulled.sha256)
+    }
+
+    fn module_path(&self, sha: &str) -> PathBuf {
+        self.modules.join(format!("{sha}.wasm"))
+    }
+
+    /// A module's record: named by the sha256 of its reference.
+    fn record_path(&self, module: &str) -> PathBuf {
+        self.modules.join(format!(
+            "{}.json",
+            &distribution::sha256_digest(module.as_bytes())["sha256:".len()..]
+        ))
+    }
+
+    fn record(&self, module: &str) -> Option<Record> {
+        read_record(&self.record_path(module))
+    }
+
+    /// Removes modules (component, record, compiled artifact) out of the set for longer than [`RETIRE_AFTER`].
+    fn collect_garbage(&mut self) {
+        let in_use: std::collections::HashSet<String> = self
+            .published
+            .hooks
+            .iter()
+            .filter_map(|h| h.sha256.clone())
+            .collect();
+        let Ok(dir) = std::fs::read_dir(&self.modules) else {
+            return;
+        };
+        let now = Instant::now();
+        for entry in dir.flatten() {
+            let path = entry.path();
+            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+                continue;
+            };
+            let sha = match path.extension().and_then(|e| e.to_str()) {
+                Some("wasm") => stem,
+                Some("json") => match read_record(&path) {
+                    Some(r) => r.sha256,
+                    None => continue,
+                },
+                _ => continue,
+            };
+            if in_use.contains(&sha) {
+                self.retired.remove(&sha);
+                continue;
+            }
+            let since = *self.retired.entry(sha.clone()).or_insert(now);
+            if now.duration_since(since) < RETIRE_AFTER {
+                continue;
+            }
+            if path.extension().is_some_and(|e| e == "wasm") {
+                if let Ok(artifact) = plexus_hooks::artifact_path(&path, &self.settings.cache_dir) {
+                    let _ = std::fs::remove_file(artifact);
+                }
+            }
+            match std::fs::remove_file(&path) {
+                Ok(()) => tracing::info!(path = %path.display(), "retired hook module removed"),
+                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove a retired module"),
+            }
+        }
+        self.retired.retain(|sha, _| !in_use.contains(sha));
+    }
+
+    /// Applies this node's entry of each resource's `status.nodes` (server-side apply, one field manager per
+    /// node, so nodes never overwrite each other); `None` removes the entry. Only changes are sent.
+    async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>) {
+        let manager = format!("plexus-agent-{}", self.settings.node);
+        // Resources gone: forget what was reported.
+        self.reported.retain(|name, _| reports.contains_key(name));
+        for (name, status) in reports {
+            let unchanged = match (&status, self.reported.get(&name)) {
+                (Some(s), Some(r)) => s == r,
+                (None, None) => true,
+                _ => false,
+            };
+            if unchanged {
+                continue;
+            }
+            let mut body = json!({
+                "apiVersion": format!("{GROUP}/{VERSION}"),
+                "kind": KIND,
+                "metadata": {"name": name},
+            });
+            if let Some(s) = &status {
+                body["status"] = json!({"nodes": [s]});
+            }
+            let params = PatchParams::apply(&manager).force();
+            let sent = tokio::time::timeout(
+                Duration::from_secs(10),
+                self.status_api.patch_status(&name, &params, &Patch::Apply(&body)),
+            )
+            .await;
+            match sent {
+                Ok(Ok(_)) => match status {
+                    Some(s) => {
+                        self.reported.insert(name, s);
+                    }
+                    None => {
+                        self.reported.remove(&name);
+                    }
+                },
+                Ok(Err(e)) => tracing::warn!(hook = %name, error = %e, "cannot report the hook's status"),
+                Err(_) => tracing::warn!(hook = %name, "reporting the hook's status timed out"),
+            }
+        }
+    }
+}
+
+/// The conf entry a selected hook becomes.
+fn hook_spec(name: &str, spec: &NetworkHookSpec, modules: &Path, sha: &str) -> HookSpec {
+    HookSpec {
+        name: name.to_string(),
+        kind: spec.kind,
+        module: modules.join(format!("{sha}.wasm")),
+        sha256: Some(sha.to_string()),
+        settings: spec.settings.clone(),
+        failure_policy: spec.failure_policy,
+        timeout_ms: spec.timeout_ms,
+        memory_limit_mib: spec.memory_limit_mib,
+        namespaces: spec.namespaces.clone(),
+        precompiled: true,
+    }
+}
+
+/// The manifest digest a published entry came from is not in the entry; it is in its module's record.
+fn digest_of_module_path(module: &Path) -> Option<String> {
+    let sha = module.file_stem()?.to_str()?;
+    std::fs::read_dir(module.parent()?)
+        .ok()?
+        .flatten()
+        .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+        .filter_map(|e| read_record(&e.path()))
+        .find(|r| r.sha256 == sha)
+        .map(|r| r.digest)
+}
+
+fn read_record(path: &Path) -> Option<Record> {
+    let bytes = crate::conf::read_capped(path, 4096).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
+/// Writes a file whole: temp file, sync, rename.
+fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use atomic_write_file::unix::OpenOptionsExt as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    use std::io::Write as _;
+    let mut f = atomic_write_file::AtomicWriteFile::options()
+        .mode(0o600)
+        .preserve_mode(false)
+        .open(path)?;
+    f.write_all(bytes)?;
+    f.commit()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn node_selectors_pick_labelled_nodes() {
+        let sel: LabelSelector = serde_json::from_value(json!({
+            "matchLabels": {"plexus.dev/canary": "true"},
+            "matchExpressions": [{"key": "zone", "operator": "NotIn", "values": ["b"]}]
+        }))
+        .unwrap();
+        assert!(selects(Some(&sel), &labels(&[("plexus.dev/canary", "true")])).unwrap());
+        assert!(!selects(Some(&sel), &labels(&[])).unwrap());
+        assert!(!selects(Some(&sel), &labels(&[("plexus.dev/canary", "true"), ("zone", "b")])).unwrap());
+        assert!(selects(None, &labels(&[])).unwrap());
+    }
+
+    #[test]
+    fn a_list_replaces_the_resources_when_complete() {
+        let obj = |name: &str| -> DynamicObject {
+            serde_json::from_value(json!({
+                "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+                "metadata": {"name": name, "generation": 2},
+                "spec": {"kind": "status", "module": "r.example/a@sha256:00"}
+            }))
+            .unwrap()
+        };
+        let mut i = Inputs::default();
+        apply_hook_event(&mut i, Event::Init);
+        apply_hook_event(&mut i, Event::InitApply(obj("a")));
+        assert!(!i.hooks_synced && i.hooks.is_empty());
+        apply_hook_event(&mut i, Event::InitDone);
+        assert!(i.hooks_synced);
+        assert_eq!(i.hooks["a"].generation, 2);
+        assert_eq!(i.hooks["a"].spec.as_ref().unwrap().kind, HookKind::Status);
+        apply_hook_event(&mut i, Event::Delete(obj("a")));
+        assert!(i.hooks.is_empty());
+        let mut bad = obj("b");
+        bad.data["spec"]["surprise"] = json!(1);
+        apply_hook_event(&mut i, Event::Apply(bad));
+        assert!(i.hooks["b"].spec.as_ref().unwrap_err().contains("surprise"));
+    }
+}

@@ -1,0 +1,484 @@
+//! Hook distribution against real parts: modules pushed by `plexus hook push` to a real OCI registry (Debian's
+//! docker-registry on loopback), NetworkHook resources in a real kube-apiserver with the project's CRD and RBAC,
+//! and the node agent in `plexus daemon` pulling, verifying (keys made by openssl), compiling and publishing the
+//! node's hook set, which real plexus ADDs then run. Also the swap guarantee: ADDs racing set publications run
+//! one whole set, never a mix.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plexus::hooks::HookSet;
+use plexus_hooks::{HookKind, HookSpec};
+use plexus_tests::kubeapi::KubeApiServer;
+use plexus_tests::plexus::{guest_wasm, plexus_bin, Sandbox};
+use plexus_tests::registry::{key_pair, Registry};
+use serde_json::{json, Value};
+
+const NODE: &str = "node1";
+const LABELS_KEY: &str = "io.plexus.pod-labels";
+
+fn deploy(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/deploy")
+        .join(name)
+}
+
+struct World {
+    api: KubeApiServer,
+    sb: Sandbox,
+    registry: Registry,
+    /// The operator's trusted key pair, and another one nobody trusts.
+    trusted: (PathBuf, PathBuf),
+    untrusted: (PathBuf, PathBuf),
+}
+
+/// A real API server with the CRDs (NADs and NetworkHooks) and RBAC, Node `node1` without labels, a registry,
+/// two key pairs, and a sandbox whose FileCluster has pod `team-a/web` (labels app, tier, zone).
+fn world() -> World {
+    let api = KubeApiServer::start(&[], &[]);
+    api.apply_file(&deploy("crds.yaml"));
+    api.apply_file(&deploy("networkhooks.yaml"));
+    api.apply_file(&deploy("rbac.yaml"));
+    api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
+    api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web", "namespace": "team-a", "uid": "uid-web",
+        "labels": {"app": "web", "tier": "front", "zone": "a"}}});
+    sb.manifest("pod-team-a-web.json", &pod.to_string());
+    let keys = sb.path("keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    World {
+        api,
+        registry: Registry::start(),
+        trusted: key_pair(&keys, "trusted"),
+        untrusted: key_pair(&keys, "untrusted"),
+        sb,
+    }
+}
+
+/// A running `plexus daemon` (killed on drop).
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Daemon {
+    fn alive(&mut self) -> bool {
+        self.child.try_wait().unwrap().is_none()
+    }
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl World {
+    /// `plexus hook push` of a guest to `repo:tag`, signed with `key` when given; the pinned reference.
+    fn push(&self, guest: &str, repo_tag: &str, key: Option<&Path>) -> String {
+        let mut cmd = Command::new(plexus_bin());
+        cmd.args(["hook", "push"])
+            .arg(guest_wasm(guest))
+            .arg(format!("{}/{repo_tag}", self.registry.addr))
+            .args(["--insecure-registry", &self.registry.addr]);
+        if let Some(k) = key {
+            cmd.arg("--key").arg(k);
+        }
+        let out = cmd.output().unwrap();
+        assert!(
+            out.status.success(),
+            "push: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["reference"].as_str().unwrap().to_string()
+    }
+
+    /// `plexus hook verify REFERENCE --key PUB`: (success, stdout JSON or stderr).
+    fn verify(&self, reference: &str, public: &Path) -> (bool, String) {
+        let out = Command::new(plexus_bin())
+            .args(["hook", "verify", reference, "--insecure-registry", &self.registry.addr])
+            .arg("--key")
+            .arg(public)
+            .output()
+            .unwrap();
+        let text = if out.status.success() {
+            String::from_utf8_lossy(&out.stdout).into_owned()
+        } else {
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        };
+        (out.status.success(), text)
+    }
+
+    fn daemon(&self, extra: &[&str]) -> Daemon {
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let log = self.sb.path(&format!(
+            "daemon-{}.log",
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        let child = Command::new(plexus_bin())
+            .args(["daemon", "--node-name", NODE, "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(self.sb.path("daemon.kubeconfig"))
+            .arg("--socket")
+            .arg(self.sb.path("run/daemon.sock"))
+            .arg("--cache-dir")
+            .arg(self.sb.path("cache"))
+            .arg("--hook-key")
+            .arg(&self.trusted.1)
+            .args(["--insecure-registry", &self.registry.addr])
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap();
+        Daemon { child, log }
+    }
+
+    /// Creates NetworkHook `name`: a status hook adding the pod labels `labels`, plus `extra` spec fields.
+    fn hook(&self, name: &str, module: &str, labels: &[&str], extra: Value) {
+        let mut spec = json!({"kind": "status", "module": module, "settings": {"labels": labels}});
+        for (k, v) in extra.as_object().unwrap() {
+            spec[k] = v.clone();
+        }
+        self.api.create(&json!({
+            "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+            "metadata": {"name": name}, "spec": spec,
+        }));
+    }
+
+    fn patch(&self, path: &str, body: Value) {
+        self.api.must("PATCH", path, Some(&body));
+    }
+
+    fn set(&self) -> HookSet {
+        HookSet::read(&self.sb.path("cache")).unwrap().unwrap_or_default()
+    }
+
+    fn set_names(&self) -> Vec<String> {
+        self.set().hooks.into_iter().map(|h| h.name).collect()
+    }
+
+    /// This node's entry of the hook's status.
+    fn node_status(&self, hook: &str) -> Option<Value> {
+        let h = self.api.must(
+            "GET",
+            &format!("/apis/plexus.dev/v1alpha1/networkhooks/{hook}"),
+            None,
+        );
+        h["status"]["nodes"]
+            .as_array()?
+            .iter()
+            .find(|n| n["node"] == NODE)
+            .cloned()
+    }
+
+    /// Waits (at most 60 s) until `ok`.
+    #[track_caller]
+    fn wait(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !ok(self) {
+            assert!(
+                Instant::now() < deadline,
+                "{what} not reached within 60 s; set {:?}; daemon log:\n{}",
+                self.set(),
+                daemon.log()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// ADD then DEL of `team-a/web`: the pod labels the status hooks added to its network-status.
+    fn add_labels(&self, id: &str) -> Value {
+        let conf = self.sb.conf(json!({}));
+        let args = Sandbox::pod_args("team-a", "web");
+        self.sb.run("ADD", id, &args, &conf).ok();
+        let status = self.sb.status("team-a", "web").expect("status written");
+        self.sb.run("DEL", id, &args, &conf).ok();
+        status[0].get(LABELS_KEY).cloned().unwrap_or(Value::Null)
+    }
+}
+
+#[test]
+fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_resource() {
+    let mut w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    assert!(reference.contains("@sha256:"), "{reference}");
+
+    // What the agent will check, checked by the vendor's command.
+    let (ok, out) = w.verify(&reference, &w.trusted.1);
+    assert!(ok, "{out}");
+    let v: Value = serde_json::from_str(&out).unwrap();
+    assert!(v["kinds"].as_array().unwrap().contains(&json!("status")), "{v}");
+    assert!(v["verifiedBy"].is_string());
+    let (ok, err) = w.verify(&reference, &w.untrusted.1);
+    assert!(!ok && err.contains("does not verify with any trusted key"), "{err}");
+
+    w.hook("labels", &reference, &["app", "tier"], json!({"namespaces": ["team-a"]}));
+    let mut daemon = w.daemon(&[]);
+    w.wait(&daemon, "hook active", |w| {
+        w.node_status("labels").is_some_and(|s| s["active"] == true)
+    });
+    let status = w.node_status("labels").unwrap();
+    assert_eq!(status["reason"], "Active");
+    assert_eq!(
+        status["digest"].as_str(),
+        reference.split_once('@').map(|(_, d)| d)
+    );
+    let set = w.set();
+    assert_eq!(set.hooks.len(), 1);
+    let entry = &set.hooks[0];
+    assert!(entry.precompiled && entry.sha256.is_some());
+    assert_eq!(entry.namespaces, Some(vec!["team-a".to_string()]));
+
+    // The ADD reads neither the registry nor the component: with the pulled component gone it still runs
+    // the hook, from the compiled artifact (a compile would have needed the component).
+    w.registry.down();
+    std::fs::remove_file(&entry.module).unwrap();
+    assert_eq!(w.add_labels("c1"), json!({"app": "web", "tier": "front"}));
+
+    // Deleting the resource removes the hook from the node.
+    w.api.must(
+        "DELETE",
+        "/apis/plexus.dev/v1alpha1/networkhooks/labels",
+        None,
+    );
+    w.wait(&daemon, "hook removed", |w| w.set().hooks.is_empty());
+    assert_eq!(w.add_labels("c2"), Value::Null);
+    assert!(daemon.alive());
+}
+
+#[test]
+fn signatures_are_required_and_digests_pinned() {
+    let w = world();
+    let unsigned = w.push("status-labels", "vendor/unsigned:v1", None);
+    let foreign = w.push("status-labels", "vendor/foreign:v1", Some(&w.untrusted.0));
+    let good = w.push("status-labels", "vendor/good:v1", Some(&w.trusted.0));
+    let (repo, _) = good.split_once('@').unwrap();
+    let missing = format!("{repo}@sha256:{}", "0".repeat(64));
+    w.hook("unsigned", &unsigned, &["app"], json!({}));
+    w.hook("foreign", &foreign, &["app"], json!({}));
+    w.hook("missing", &missing, &["app"], json!({}));
+    w.hook("good", &good, &["zone"], json!({"order": 5}));
+    let mut daemon = w.daemon(&[]);
+    let reason = |w: &World, name: &str| {
+        w.node_status(name)
+            .map(|s| s["reason"].as_str().unwrap_or_default().to_string())
+    };
+    w.wait(&daemon, "all four reported", |w| {
+        ["unsigned", "foreign", "missing", "good"]
+            .iter()
+            .all(|n| reason(w, n).is_some())
+    });
+    assert_eq!(reason(&w, "unsigned").unwrap(), "SignatureMissing");
+    assert_eq!(reason(&w, "foreign").unwrap(), "SignatureInvalid");
+    assert_eq!(reason(&w, "missing").unwrap(), "NotFound");
+    assert_eq!(reason(&w, "good").unwrap(), "Active");
+    for n in ["unsigned", "foreign", "missing"] {
+        let s = w.node_status(n).unwrap();
+        assert_eq!(s["active"], false, "{s}");
+        assert!(s["message"].as_str().unwrap().contains("vendor/"), "{s}");
+    }
+    assert_eq!(w.set_names(), vec!["good"]);
+    assert_eq!(w.add_labels("c1"), json!({"zone": "a"}));
+    assert!(daemon.alive());
+    drop(daemon);
+
+    // With signatures off, the digest alone pins a module: the unsigned and foreign ones become active.
+    let daemon = w.daemon(&["--hook-signatures", "off"]);
+    w.wait(&daemon, "unsigned modules active", |w| {
+        w.set_names().len() == 3
+    });
+    assert_eq!(reason(&w, "missing").unwrap(), "NotFound");
+}
+
+#[test]
+fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
+    let mut w = world();
+    let v1 = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    // A different component for v2: the same hook, rebuilt (a pushed copy with one custom section more).
+    let v2_file = w.sb.path("labels-v2.wasm");
+    let mut bytes = std::fs::read(guest_wasm("status-labels")).unwrap();
+    bytes.extend_from_slice(&[0, 8, 7]);
+    bytes.extend_from_slice(b"plexus2");
+    std::fs::write(&v2_file, &bytes).unwrap();
+    let out = Command::new(plexus_bin())
+        .args(["hook", "push"])
+        .arg(&v2_file)
+        .arg(format!("{}/vendor/labels:v2", w.registry.addr))
+        .args(["--insecure-registry", &w.registry.addr, "--key"])
+        .arg(&w.trusted.0)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v2 = serde_json::from_slice::<Value>(&out.stdout).unwrap()["reference"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // Down when the agent starts: reported, retried, the daemon keeps running.
+    w.registry.down();
+    w.hook("labels", &v1, &["app"], json!({}));
+    let mut daemon = w.daemon(&[]);
+    w.wait(&daemon, "pull failure reported", |w| {
+        w.node_status("labels").is_some_and(|s| s["reason"] == "PullFailed")
+    });
+    assert!(w.set().hooks.is_empty());
+    assert!(daemon.alive());
+    w.registry.up();
+    w.wait(&daemon, "active once the registry is back", |w| {
+        w.node_status("labels").is_some_and(|s| s["active"] == true && s["reason"] == "Active")
+    });
+    let good = w.set();
+    assert_eq!(w.add_labels("c1"), json!({"app": "web"}));
+
+    // Down later, while the resource moves to v2: v1 stays active, and the failure is reported against it.
+    w.registry.down();
+    w.patch(
+        "/apis/plexus.dev/v1alpha1/networkhooks/labels",
+        json!({"spec": {"module": v2, "settings": {"labels": ["tier"]}}}),
+    );
+    w.wait(&daemon, "v2 failure reported", |w| {
+        w.node_status("labels").is_some_and(|s| s["reason"] == "PullFailed")
+    });
+    let s = w.node_status("labels").unwrap();
+    assert_eq!(s["active"], true, "{s}");
+    assert_eq!(s["digest"].as_str(), v1.split_once('@').map(|(_, d)| d));
+    assert_eq!(w.set().hooks, good.hooks, "the last good set stays");
+    assert_eq!(w.add_labels("c2"), json!({"app": "web"}));
+    assert!(daemon.alive());
+
+    // Back again: v2 with its settings.
+    w.registry.up();
+    w.wait(&daemon, "v2 active", |w| {
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "Active" && s["digest"].as_str() == v2.split_once('@').map(|(_, d)| d))
+    });
+    assert_eq!(w.add_labels("c3"), json!({"tier": "front"}));
+}
+
+#[test]
+fn a_node_selector_rolls_out_to_labelled_nodes_only() {
+    let w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook(
+        "canary",
+        &reference,
+        &["app"],
+        json!({"nodeSelector": {"matchLabels": {"plexus.dev/canary": "true"}}}),
+    );
+    w.hook("everywhere", &reference, &["zone"], json!({"order": -1}));
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the unselected hook is active", |w| {
+        w.set_names() == vec!["everywhere"]
+    });
+    assert!(w.node_status("canary").is_none(), "a node not selected reports nothing");
+    assert_eq!(w.add_labels("c1"), json!({"zone": "a"}));
+
+    w.patch(
+        &format!("/api/v1/nodes/{NODE}"),
+        json!({"metadata": {"labels": {"plexus.dev/canary": "true"}}}),
+    );
+    w.wait(&daemon, "the canary hook follows the label", |w| {
+        w.set_names() == vec!["everywhere", "canary"]
+    });
+    assert_eq!(w.node_status("canary").unwrap()["active"], true);
+    assert_eq!(w.add_labels("c2"), json!({"zone": "a", "app": "web"}));
+
+    w.patch(
+        &format!("/api/v1/nodes/{NODE}"),
+        json!({"metadata": {"labels": {"plexus.dev/canary": null}}}),
+    );
+    w.wait(&daemon, "the canary hook leaves with the label", |w| {
+        w.set_names() == vec!["everywhere"] && w.node_status("canary").is_none()
+    });
+}
+
+/// ADDs racing publications of the node's hook set (the agent's own publish) each run one whole set: two status
+/// hooks that switch together from labels (app, tier) to (zone, app) never show one from each set.
+#[test]
+fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web", "namespace": "team-a", "uid": "uid-web",
+        "labels": {"app": "web", "tier": "front", "zone": "a"}}});
+    sb.manifest("pod-team-a-web.json", &pod.to_string());
+    let cache = sb.path("cache");
+    let module = guest_wasm("status-labels");
+    let out = Command::new(plexus_bin())
+        .args(["hook", "compile"])
+        .arg(&module)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let set = |generation: u64, first: &str, second: &str| {
+        let hook = |name: &str, label: &str| {
+            let mut h = HookSpec::new(name, HookKind::Status, sb.path("absent.wasm"));
+            h.sha256 = Some(sha.clone());
+            h.precompiled = true;
+            h.settings = Some(json!({"labels": [label]}));
+            h
+        };
+        HookSet {
+            generation,
+            hooks: vec![hook("a", first), hook("b", second)],
+        }
+    };
+    set(1, "app", "tier").publish(&cache).unwrap();
+    let stop = Arc::new(AtomicBool::new(false));
+    let publisher = {
+        let (stop, sets) = (stop.clone(), [set(0, "app", "tier"), set(0, "zone", "app")]);
+        let cache = cache.clone();
+        std::thread::spawn(move || {
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                let mut s = sets[(n % 2) as usize].clone();
+                s.generation = n;
+                s.publish(&cache).unwrap();
+                n += 1;
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            n
+        })
+    };
+    let old = json!({"app": "web", "tier": "front"});
+    let new = json!({"zone": "a", "app": "web"});
+    let mut seen = (0, 0);
+    let conf = sb.conf(json!({}));
+    let args = Sandbox::pod_args("team-a", "web");
+    for i in 0..40 {
+        let id = format!("swap{i}");
+        sb.run("ADD", &id, &args, &conf).ok();
+        let labels = sb.status("team-a", "web").unwrap()[0][LABELS_KEY].clone();
+        sb.run("DEL", &id, &args, &conf).ok();
+        if labels == old {
+            seen.0 += 1;
+        } else if labels == new {
+            seen.1 += 1;
+        } else {
+            panic!("ADD {i} ran a mix of two sets: {labels}");
+        }
+    }
+    stop.store(true, Ordering::Relaxed);
+    let published = publisher.join().unwrap();
+    assert!(published > 40, "the set changed under the ADDs ({published} publications)");
+    assert!(seen.0 > 0 && seen.1 > 0, "both sets were run: {seen:?}");
+}
