@@ -27,6 +27,12 @@ fn every_command_has_help_on_stdout_with_exit_0() {
         (&["hook", "inspect", "-h"], "plexus hook inspect FILE"),
         (&["install", "--help"], "--poll-interval"),
         (&["daemon", "--help"], "--pod-wait-ms"),
+        (&["daemon", "--help"], "--hook-signatures POLICY"),
+        (
+            &["hook", "push", "--help"],
+            "plexus hook push FILE REFERENCE",
+        ),
+        (&["hook", "verify", "-h"], "plexus hook verify REFERENCE"),
     ] {
         let out = plexus(args);
         assert_eq!(
@@ -62,6 +68,26 @@ fn usage_mistakes_are_named_with_exit_2() {
             "missing --kind",
         ),
         (&["hook", "nope"], "unknown hook command \"nope\""),
+        (&["hook", "push", "a.wasm"], "missing REFERENCE"),
+        (
+            &["hook", "verify", "r.example/a:v1"],
+            "give --key PUBLIC-PEM (or --unsigned)",
+        ),
+        (
+            &[
+                "hook",
+                "push",
+                "a.wasm",
+                "r.example/a:v1",
+                "--timeout-ms",
+                "0",
+            ],
+            "--timeout-ms needs a positive",
+        ),
+        (
+            &["daemon", "--node-name", "n", "--hook-signatures", "maybe"],
+            "--hook-signatures takes required or off",
+        ),
         (&["install", "--bin"], "unknown argument \"--bin\""),
         (&["install", "--watch=yes"], "--watch"),
         (

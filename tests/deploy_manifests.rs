@@ -115,7 +115,7 @@ fn every_manifest_is_a_typed_object_without_stray_keys() {
             m.accounts.len(),
             m.daemonsets.len()
         ),
-        (2, 1, 1, 1, 1)
+        (3, 1, 1, 1, 1)
     );
 }
 
@@ -163,6 +163,14 @@ fn rbac_grants_exactly_what_plexus_uses() {
         ("k8s.cni.cncf.io", "network-attachment-definitions", "list"),
         ("k8s.cni.cncf.io", "network-attachment-definitions", "watch"),
         ("", "events", "create"),
+        // The node agent: hook resources read, its node's status entries written, its Node's labels read.
+        ("plexus.dev", "networkhooks", "get"),
+        ("plexus.dev", "networkhooks", "list"),
+        ("plexus.dev", "networkhooks", "watch"),
+        ("plexus.dev", "networkhooks/status", "patch"),
+        ("", "nodes", "get"),
+        ("", "nodes", "list"),
+        ("", "nodes", "watch"),
     ]
     .into();
     assert_eq!(granted, expected);
@@ -229,12 +237,33 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
     commands.extend(pod.containers.iter().map(|c| (c.clone(), true)));
     for (container, long_running) in commands {
         let command = container.command.clone().unwrap_or_default();
+        let mut agent_dirs = Vec::new();
         let opts = if long_running {
             assert_eq!(command.get(1).map(String::as_str), Some("daemon"));
             let settings = plexus::daemon::parse_args(&command[2..], Some("node".into()))
                 .unwrap_or_else(|e| panic!("{}: {e}", container.name));
             // The CNI binary's default (runDir /run/plexus) finds this socket.
             assert_eq!(settings.socket, Path::new("/run/plexus/daemon.sock"));
+            // The node agent publishes the hook set where the CNI binary's default cacheDir looks.
+            let agent = settings.hooks.clone().expect("the daemon delivers hooks");
+            assert_eq!(agent.cache_dir, Path::new("/var/lib/plexus"));
+            assert_eq!(
+                agent.signatures,
+                plexus::daemon::agent::SignaturePolicy::Required
+            );
+            agent_dirs.push(agent.cache_dir.clone());
+            for key in &agent.key_files {
+                assert!(
+                    container
+                        .volume_mounts
+                        .as_deref()
+                        .unwrap_or_default()
+                        .iter()
+                        .any(|vm| key.starts_with(&vm.mount_path)),
+                    "hook key {} is mounted",
+                    key.display()
+                );
+            }
             settings
                 .install
                 .expect("the daemon also keeps the install current")
@@ -258,6 +287,7 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
         if long_running {
             dirs.push("/run/plexus".into());
         }
+        dirs.extend(agent_dirs);
         for dir in &dirs {
             let mount = container
                 .volume_mounts
@@ -299,6 +329,49 @@ fn crds_define_the_spec_resources() {
         .iter()
         .map(|c| (c.metadata.name.clone().unwrap(), c))
         .collect();
+
+    // The hook resource, as the node agent reads and reports it.
+    use plexus::daemon::agent;
+    let hook = by_name[&format!("{}.{}", agent::PLURAL, agent::GROUP)];
+    assert_eq!(hook.spec.group, agent::GROUP);
+    assert_eq!(hook.spec.scope, "Cluster");
+    assert_eq!(hook.spec.names.kind, agent::KIND);
+    let version = &hook.spec.versions[0];
+    assert_eq!(version.name, agent::VERSION);
+    assert!(version
+        .subresources
+        .as_ref()
+        .is_some_and(|s| s.status.is_some()));
+    let schema = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap();
+    let props = &schema["openAPIV3Schema"]["properties"];
+    let spec_fields: BTreeSet<&str> = props["spec"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(
+        spec_fields,
+        [
+            "kind",
+            "module",
+            "settings",
+            "order",
+            "failurePolicy",
+            "timeoutMs",
+            "memoryLimitMiB",
+            "namespaces",
+            "nodeSelector"
+        ]
+        .into()
+    );
+    // Every node writes only its own entry (server-side apply keyed by node).
+    let nodes = &props["status"]["properties"]["nodes"];
+    assert_eq!(nodes["x-kubernetes-list-type"], "map");
+    assert_eq!(
+        nodes["x-kubernetes-list-map-keys"],
+        serde_json::json!(["node"])
+    );
 
     let nad = by_name["network-attachment-definitions.k8s.cni.cncf.io"];
     assert_eq!(nad.spec.group, "k8s.cni.cncf.io");

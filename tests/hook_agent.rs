@@ -16,6 +16,7 @@ use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::plexus::{guest_wasm, plexus_bin, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
+use sha2::Digest as _;
 
 const NODE: &str = "node1";
 const LABELS_KEY: &str = "io.plexus.pod-labels";
@@ -108,7 +109,13 @@ impl World {
     /// `plexus hook verify REFERENCE --key PUB`: (success, stdout JSON or stderr).
     fn verify(&self, reference: &str, public: &Path) -> (bool, String) {
         let out = Command::new(plexus_bin())
-            .args(["hook", "verify", reference, "--insecure-registry", &self.registry.addr])
+            .args([
+                "hook",
+                "verify",
+                reference,
+                "--insecure-registry",
+                &self.registry.addr,
+            ])
             .arg("--key")
             .arg(public)
             .output()
@@ -163,7 +170,9 @@ impl World {
     }
 
     fn set(&self) -> HookSet {
-        HookSet::read(&self.sb.path("cache")).unwrap().unwrap_or_default()
+        HookSet::read(&self.sb.path("cache"))
+            .unwrap()
+            .unwrap_or_default()
     }
 
     fn set_names(&self) -> Vec<String> {
@@ -220,12 +229,23 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     let (ok, out) = w.verify(&reference, &w.trusted.1);
     assert!(ok, "{out}");
     let v: Value = serde_json::from_str(&out).unwrap();
-    assert!(v["kinds"].as_array().unwrap().contains(&json!("status")), "{v}");
+    assert!(
+        v["kinds"].as_array().unwrap().contains(&json!("status")),
+        "{v}"
+    );
     assert!(v["verifiedBy"].is_string());
     let (ok, err) = w.verify(&reference, &w.untrusted.1);
-    assert!(!ok && err.contains("does not verify with any trusted key"), "{err}");
+    assert!(
+        !ok && err.contains("does not verify with any trusted key"),
+        "{err}"
+    );
 
-    w.hook("labels", &reference, &["app", "tier"], json!({"namespaces": ["team-a"]}));
+    w.hook(
+        "labels",
+        &reference,
+        &["app", "tier"],
+        json!({"namespaces": ["team-a"]}),
+    );
     let mut daemon = w.daemon(&[]);
     w.wait(&daemon, "hook active", |w| {
         w.node_status("labels").is_some_and(|s| s["active"] == true)
@@ -321,7 +341,11 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
         .arg(&w.trusted.0)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let v2 = serde_json::from_slice::<Value>(&out.stdout).unwrap()["reference"]
         .as_str()
         .unwrap()
@@ -332,13 +356,15 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
     w.hook("labels", &v1, &["app"], json!({}));
     let mut daemon = w.daemon(&[]);
     w.wait(&daemon, "pull failure reported", |w| {
-        w.node_status("labels").is_some_and(|s| s["reason"] == "PullFailed")
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "PullFailed")
     });
     assert!(w.set().hooks.is_empty());
     assert!(daemon.alive());
     w.registry.up();
     w.wait(&daemon, "active once the registry is back", |w| {
-        w.node_status("labels").is_some_and(|s| s["active"] == true && s["reason"] == "Active")
+        w.node_status("labels")
+            .is_some_and(|s| s["active"] == true && s["reason"] == "Active")
     });
     let good = w.set();
     assert_eq!(w.add_labels("c1"), json!({"app": "web"}));
@@ -350,7 +376,8 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
         json!({"spec": {"module": v2, "settings": {"labels": ["tier"]}}}),
     );
     w.wait(&daemon, "v2 failure reported", |w| {
-        w.node_status("labels").is_some_and(|s| s["reason"] == "PullFailed")
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "PullFailed")
     });
     let s = w.node_status("labels").unwrap();
     assert_eq!(s["active"], true, "{s}");
@@ -362,8 +389,9 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
     // Back again: v2 with its settings.
     w.registry.up();
     w.wait(&daemon, "v2 active", |w| {
-        w.node_status("labels")
-            .is_some_and(|s| s["reason"] == "Active" && s["digest"].as_str() == v2.split_once('@').map(|(_, d)| d))
+        w.node_status("labels").is_some_and(|s| {
+            s["reason"] == "Active" && s["digest"].as_str() == v2.split_once('@').map(|(_, d)| d)
+        })
     });
     assert_eq!(w.add_labels("c3"), json!({"tier": "front"}));
 }
@@ -383,7 +411,10 @@ fn a_node_selector_rolls_out_to_labelled_nodes_only() {
     w.wait(&daemon, "the unselected hook is active", |w| {
         w.set_names() == vec!["everywhere"]
     });
-    assert!(w.node_status("canary").is_none(), "a node not selected reports nothing");
+    assert!(
+        w.node_status("canary").is_none(),
+        "a node not selected reports nothing"
+    );
     assert_eq!(w.add_labels("c1"), json!({"zone": "a"}));
 
     w.patch(
@@ -424,7 +455,11 @@ fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
         .arg(&cache)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
         .as_str()
         .unwrap()
@@ -479,6 +514,142 @@ fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
     }
     stop.store(true, Ordering::Relaxed);
     let published = publisher.join().unwrap();
-    assert!(published > 40, "the set changed under the ADDs ({published} publications)");
+    assert!(
+        published > 40,
+        "the set changed under the ADDs ({published} publications)"
+    );
     assert!(seen.0 > 0 && seen.1 > 0, "both sets were run: {seen:?}");
+}
+
+/// One registry request with curl (bounded); the response headers and body.
+fn curl(args: &[&str]) -> String {
+    let out = Command::new("curl")
+        .args(["-sS", "-i", "--max-time", "10"])
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "curl {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// Uploads a blob with the distribution API (POST, then PUT to the upload location); its digest.
+fn upload_blob(addr: &str, repo: &str, file: &Path) -> String {
+    let bytes = std::fs::read(file).unwrap();
+    let digest = format!("sha256:{}", hex::encode(sha2::Sha256::digest(&bytes)));
+    let answer = curl(&[
+        "-X",
+        "POST",
+        &format!("http://{addr}/v2/{repo}/blobs/uploads/"),
+    ]);
+    let location = answer
+        .lines()
+        .find_map(|l| {
+            l.strip_prefix("Location: ")
+                .or_else(|| l.strip_prefix("location: "))
+        })
+        .expect("upload location")
+        .trim()
+        .to_string();
+    let sep = if location.contains('?') { '&' } else { '?' };
+    let answer = curl(&[
+        "-X",
+        "PUT",
+        "-H",
+        "Content-Type: application/octet-stream",
+        "--data-binary",
+        &format!("@{}", file.display()),
+        &format!("{location}{sep}digest={digest}"),
+    ]);
+    assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    digest
+}
+
+/// A signature made without plexus, as cosign makes one: the simple-signing payload signed by openssl (ECDSA
+/// P-256, SHA-256, DER), stored by plain HTTP requests under the `sha256-<hex>.sig` tag, verifies with
+/// `plexus hook verify`; the same layout with the payload naming another digest does not.
+#[test]
+fn a_signature_in_cosigns_layout_made_by_openssl_verifies() {
+    let w = world();
+    let reference = w.push("status-labels", "vendor/cosigned:v1", None);
+    let (repo_path, digest) = reference.split_once('@').unwrap();
+    let repo = repo_path.split_once('/').unwrap().1;
+    let dir = w.sb.path("cosign");
+    std::fs::create_dir_all(&dir).unwrap();
+    let sign = |signed_digest: &str| {
+        let payload = dir.join("payload.json");
+        std::fs::write(
+            &payload,
+            format!(
+                r#"{{"critical":{{"identity":{{"docker-reference":"{repo_path}"}},"image":{{"docker-manifest-digest":"{signed_digest}"}},"type":"cosign container image signature"}},"optional":null}}"#
+            ),
+        )
+        .unwrap();
+        let sig = dir.join("payload.sig");
+        let ok = Command::new("openssl")
+            .args(["dgst", "-sha256", "-sign"])
+            .arg(&w.trusted.0)
+            .arg("-out")
+            .arg(&sig)
+            .arg(&payload)
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "openssl dgst -sign");
+        let sig_b64 = base64_of(&std::fs::read(&sig).unwrap());
+        let payload_digest = upload_blob(&w.registry.addr, repo, &payload);
+        let config = dir.join("config.json");
+        std::fs::write(&config, "{}").unwrap();
+        let config_digest = upload_blob(&w.registry.addr, repo, &config);
+        let manifest = json!({
+            "schemaVersion": 2,
+            "mediaType": "application/vnd.oci.image.manifest.v1+json",
+            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": 2},
+            "layers": [{
+                "mediaType": "application/vnd.dev.cosign.simplesigning.v1+json",
+                "digest": payload_digest,
+                "size": std::fs::metadata(&payload).unwrap().len(),
+                "annotations": {"dev.cosignproject.cosign/signature": sig_b64},
+            }],
+        });
+        let tag = format!("{}.sig", digest.replace(':', "-"));
+        let answer = curl(&[
+            "-X",
+            "PUT",
+            "-H",
+            "Content-Type: application/vnd.oci.image.manifest.v1+json",
+            "--data-binary",
+            &manifest.to_string(),
+            &format!("http://{}/v2/{repo}/manifests/{tag}", w.registry.addr),
+        ]);
+        assert!(answer.starts_with("HTTP/1.1 201"), "{answer}");
+    };
+
+    sign(&format!("sha256:{}", "1".repeat(64)));
+    let (ok, err) = w.verify(&reference, &w.trusted.1);
+    assert!(!ok && err.contains("the signature is for"), "{err}");
+
+    sign(digest);
+    let (ok, out) = w.verify(&reference, &w.trusted.1);
+    assert!(ok, "{out}");
+    let (ok, err) = w.verify(&reference, &w.untrusted.1);
+    assert!(!ok, "{err}");
+}
+
+fn base64_of(bytes: &[u8]) -> String {
+    let out = Command::new("base64")
+        .arg("-w0")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .and_then(|mut c| {
+            use std::io::Write;
+            c.stdin.take().unwrap().write_all(bytes)?;
+            c.wait_with_output()
+        })
+        .unwrap();
+    String::from_utf8(out.stdout).unwrap()
 }

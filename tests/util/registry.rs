@@ -59,7 +59,12 @@ impl Registry {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let ok = Command::new("curl")
-                .args(["-sf", "--max-time", "2", &format!("http://{}/v2/", self.addr)])
+                .args([
+                    "-sf",
+                    "--max-time",
+                    "2",
+                    &format!("http://{}/v2/", self.addr),
+                ])
                 .stdout(Stdio::null())
                 .status()
                 .is_ok_and(|s| s.success());
@@ -95,7 +100,14 @@ pub fn key_pair(dir: &Path, name: &str) -> (PathBuf, PathBuf) {
     let key = dir.join(format!("{name}.key"));
     let public = dir.join(format!("{name}.pub"));
     let ok = Command::new("openssl")
-        .args(["genpkey", "-algorithm", "EC", "-pkeyopt", "ec_paramgen_curve:P-256", "-out"])
+        .args([
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:P-256",
+            "-out",
+        ])
         .arg(&key)
         .status()
         .unwrap()

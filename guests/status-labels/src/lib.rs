@@ -78,7 +78,9 @@ mod tests {
             .with_label("app", "web")
             .with_label("tier", "front");
         let mut earlier = StatusEntry::new("kube-system/pod-net", true);
-        earlier.extras.insert(KEY.into(), json!({"tier": "old", "zone": "a"}));
+        earlier
+            .extras
+            .insert(KEY.into(), json!({"tier": "old", "zone": "a"}));
         let out = Harness::new()
             .pod(pod)
             .settings(json!({"labels": ["tier"]}))

@@ -157,7 +157,9 @@ fn module_digest(
 }
 
 fn normal_pin(pin: &str) -> String {
-    pin.trim().trim_start_matches("sha256:").to_ascii_lowercase()
+    pin.trim()
+        .trim_start_matches("sha256:")
+        .to_ascii_lowercase()
 }
 
 fn new_linker(engine: &Engine) -> Result<Linker<State>, String> {
@@ -503,8 +505,7 @@ impl Hooks {
     ) -> impl Iterator<Item = &'a LoadedHook> {
         self.hooks.iter().filter(move |h| {
             h.kind == kind
-                && h
-                    .namespaces
+                && h.namespaces
                     .as_ref()
                     .is_none_or(|list| list.iter().any(|n| n == namespace))
         })

@@ -608,7 +608,11 @@ impl Registry {
             .map_err(|e| registry_err(reference, &e))
     }
 
-    async fn put_manifest(&self, reference: &Reference, manifest: &Value) -> Result<String, DistError> {
+    async fn put_manifest(
+        &self,
+        reference: &Reference,
+        manifest: &Value,
+    ) -> Result<String, DistError> {
         let body = serde_json::to_vec(manifest).expect("json");
         let digest = sha256_digest(&body);
         self.client

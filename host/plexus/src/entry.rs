@@ -106,13 +106,16 @@ fn run_inner(
     } else {
         None
     };
-    let hooks: Box<dyn HookRunner> = if command == Command::Add
-        && (!inv.conf.hooks.is_empty() || set.is_some())
-    {
-        Box::new(crate::hooks::load(&inv.conf.hooks, set, &inv.conf.cache_dir)?)
-    } else {
-        Box::new(NoHooks)
-    };
+    let hooks: Box<dyn HookRunner> =
+        if command == Command::Add && (!inv.conf.hooks.is_empty() || set.is_some()) {
+            Box::new(crate::hooks::load(
+                &inv.conf.hooks,
+                set,
+                &inv.conf.cache_dir,
+            )?)
+        } else {
+            Box::new(NoHooks)
+        };
     let devices = KubeletPodResources {
         socket: inv.conf.pod_resources_socket.clone(),
         timeout: POD_RESOURCES_TIMEOUT,

@@ -317,16 +317,19 @@ const REGISTRY_FLAGS: [&str; 3] = ["insecure-registry", "registry-ca", "timeout-
 
 fn registry_options(flags: &[(String, String)]) -> Result<RegistryOptions, CliError> {
     let mut opts = RegistryOptions {
-        insecure: flags_named(flags, "insecure-registry").map(String::from).collect(),
-        ca_files: flags_named(flags, "registry-ca").map(PathBuf::from).collect(),
+        insecure: flags_named(flags, "insecure-registry")
+            .map(String::from)
+            .collect(),
+        ca_files: flags_named(flags, "registry-ca")
+            .map(PathBuf::from)
+            .collect(),
         ..RegistryOptions::default()
     };
     if let Some(ms) = flag(flags, "timeout-ms") {
-        let ms: u64 = ms
-            .parse()
-            .ok()
-            .filter(|n| *n > 0)
-            .ok_or_else(|| CliError::Usage("--timeout-ms needs a positive whole number".into()))?;
+        let ms: u64 =
+            ms.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
+                CliError::Usage("--timeout-ms needs a positive whole number".into())
+            })?;
         opts.timeout = Duration::from_millis(ms);
     }
     Ok(opts)
@@ -344,6 +347,7 @@ fn push(args: &[String]) -> Result<Value, CliError> {
     let known: Vec<&str> = REGISTRY_FLAGS.iter().copied().chain(["key"]).collect();
     let (pos, flags) = parse_n(args, &known, &[], &["FILE", "REFERENCE"])?;
     let file = PathBuf::from(&pos[0]);
+    let options = registry_options(&flags)?;
     let reference = distribution::parse_reference(&pos[1]).map_err(failed)?;
     // Only components this host can load as hooks are published.
     let inspected = plexus_hooks::inspect(&file).map_err(|e| failed_err(&e))?;
@@ -359,9 +363,9 @@ fn push(args: &[String]) -> Result<Value, CliError> {
         .map(|k| distribution::load_signing_key(Path::new(k)))
         .transpose()
         .map_err(failed)?;
-    let registry = Registry::new(&registry_options(&flags)?).map_err(failed)?;
-    let wasm = std::fs::read(&file)
-        .map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
+    let registry = Registry::new(&options).map_err(failed)?;
+    let wasm =
+        std::fs::read(&file).map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
     let (digest, signed) = block_on(async {
         let digest = registry.push_module(&reference, wasm).await?;
         let signed = match &key {
@@ -390,7 +394,9 @@ fn verify(args: &[String]) -> Result<Value, CliError> {
     let unsigned = flag(&flags, "unsigned").is_some();
     let key_files: Vec<PathBuf> = flags_named(&flags, "key").map(PathBuf::from).collect();
     if key_files.is_empty() && !unsigned {
-        return Err(CliError::Usage("give --key PUBLIC-PEM (or --unsigned)".into()));
+        return Err(CliError::Usage(
+            "give --key PUBLIC-PEM (or --unsigned)".into(),
+        ));
     }
     let keys = TrustedKeys::load(&key_files).map_err(failed)?;
     let registry = Registry::new(&registry_options(&flags)?).map_err(failed)?;

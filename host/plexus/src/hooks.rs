@@ -117,16 +117,16 @@ impl HookSet {
                 )))
             }
         };
-        serde_json::from_slice(&bytes).map(Some).map_err(|e| {
-            PlexusError::Config(format!("node hook set {}: {e}", path.display()))
-        })
+        serde_json::from_slice(&bytes)
+            .map(Some)
+            .map_err(|e| PlexusError::Config(format!("node hook set {}: {e}", path.display())))
     }
 
     /// Replaces the published set (temp file, sync, rename, sync of the directory).
     pub fn publish(&self, cache_dir: &Path) -> std::io::Result<()> {
         use atomic_write_file::unix::OpenOptionsExt as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
         use std::io::Write as _;
+        use std::os::unix::fs::OpenOptionsExt as _;
         std::fs::create_dir_all(cache_dir)?;
         let mut f = atomic_write_file::AtomicWriteFile::options()
             .mode(0o644)

@@ -279,7 +279,10 @@ fn apply_hook_event(inputs: &mut Inputs, event: Event<DynamicObject>) {
 }
 
 /// Whether a hook's node selector picks a node with these labels (no selector: every node).
-pub fn selects(selector: Option<&LabelSelector>, labels: &BTreeMap<String, String>) -> Result<bool, String> {
+pub fn selects(
+    selector: Option<&LabelSelector>,
+    labels: &BTreeMap<String, String>,
+) -> Result<bool, String> {
     let Some(sel) = selector else {
         return Ok(true);
     };
@@ -366,7 +369,12 @@ impl Agent {
             }
             match self.ready(&spec.module).await {
                 Ok((digest, sha)) => {
-                    entries.push((spec.order, name.clone(), hook_spec(name, spec, &self.modules, &sha), digest.clone()));
+                    entries.push((
+                        spec.order,
+                        name.clone(),
+                        hook_spec(name, spec, &self.modules, &sha),
+                        digest.clone(),
+                    ));
                     let message = format!("module {digest} is active");
                     reports.insert(name.clone(), status(true, "Active", message, Some(digest)));
                 }
@@ -383,7 +391,11 @@ impl Agent {
                     let digest = kept.as_ref().map(|(_, d)| d.clone());
                     if let Some((old, d)) = kept {
                         // The entry last published, as it was (its module and its settings): the last good one.
-                        let order = self.published_order.get(name).copied().unwrap_or(spec.order);
+                        let order = self
+                            .published_order
+                            .get(name)
+                            .copied()
+                            .unwrap_or(spec.order);
                         entries.push((order, name.clone(), old, d));
                     }
                     reports.insert(name.clone(), status(active, &reason, message, digest));
@@ -399,13 +411,19 @@ impl Agent {
             };
             match set.publish(&self.settings.cache_dir) {
                 Ok(()) => {
-                    tracing::info!(generation = set.generation, hooks = set.hooks.len(), "hook set published");
+                    tracing::info!(
+                        generation = set.generation,
+                        hooks = set.hooks.len(),
+                        "hook set published"
+                    );
                     self.published = set;
                     self.published_digest =
                         entries.iter().map(|e| (e.1.clone(), e.3.clone())).collect();
                     self.published_order = entries.iter().map(|e| (e.1.clone(), e.0)).collect();
                 }
-                Err(e) => tracing::error!(error = %e, "cannot publish the hook set; the previous one stays"),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")
+                }
             }
         }
         self.collect_garbage();
@@ -416,8 +434,8 @@ impl Agent {
     /// The module of a pinned reference, pulled, verified and compiled if not already: its manifest digest and
     /// component sha256, or (reason, message).
     async fn ready(&mut self, module: &str) -> Result<(String, String), (String, String)> {
-        let reference =
-            distribution::pinned_reference(module).map_err(|e| (e.reason().to_string(), e.to_string()))?;
+        let reference = distribution::pinned_reference(module)
+            .map_err(|e| (e.reason().to_string(), e.to_string()))?;
         let digest = reference.digest().unwrap_or_default().to_string();
         let required = self.settings.signatures == SignaturePolicy::Required;
         let keys = match (&self.keys, required) {
@@ -435,7 +453,8 @@ impl Agent {
             let path = self.module_path(&rec.sha256);
             if trusted && path.exists() {
                 let (path, cache) = (path.clone(), self.settings.cache_dir.clone());
-                let compiled = tokio::task::spawn_blocking(move || plexus_hooks::compile(&path, &cache)).await;
+                let compiled =
+                    tokio::task::spawn_blocking(move || plexus_hooks::compile(&path, &cache)).await;
                 if let Ok(Ok(a)) = compiled {
                     if a.sha256 == rec.sha256 {
                         self.failures.remove(module);
@@ -511,8 +530,12 @@ impl Agent {
             verified_by,
         };
         let rec_path = self.record_path(&reference.whole());
-        write_file(&rec_path, &serde_json::to_vec(&rec).expect("json"))
-            .map_err(|e| ("PullFailed".to_string(), format!("{}: {e}", rec_path.display())))?;
+        write_file(&rec_path, &serde_json::to_vec(&rec).expect("json")).map_err(|e| {
+            (
+                "PullFailed".to_string(),
+                format!("{}: {e}", rec_path.display()),
+            )
+        })?;
         tracing::info!(module = %reference.whole(), sha256 = %pulled.sha256, "module pulled, verified and compiled");
         Ok(pulled.sha256)
     }
@@ -547,7 +570,11 @@ impl Agent {
         let now = Instant::now();
         for entry in dir.flatten() {
             let path = entry.path();
-            let Some(stem) = path.file_stem().and_then(|s| s.to_str()).map(str::to_string) else {
+            let Some(stem) = path
+                .file_stem()
+                .and_then(|s| s.to_str())
+                .map(str::to_string)
+            else {
                 continue;
             };
             let sha = match path.extension().and_then(|e| e.to_str()) {
@@ -573,7 +600,9 @@ impl Agent {
             }
             match std::fs::remove_file(&path) {
                 Ok(()) => tracing::info!(path = %path.display(), "retired hook module removed"),
-                Err(e) => tracing::warn!(path = %path.display(), error = %e, "cannot remove a retired module"),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot remove a retired module")
+                }
             }
         }
         self.retired.retain(|sha, _| !in_use.contains(sha));
@@ -605,7 +634,8 @@ impl Agent {
             let params = PatchParams::apply(&manager).force();
             let sent = tokio::time::timeout(
                 Duration::from_secs(10),
-                self.status_api.patch_status(&name, &params, &Patch::Apply(&body)),
+                self.status_api
+                    .patch_status(&name, &params, &Patch::Apply(&body)),
             )
             .await;
             match sent {
@@ -617,7 +647,9 @@ impl Agent {
                         self.reported.remove(&name);
                     }
                 },
-                Ok(Err(e)) => tracing::warn!(hook = %name, error = %e, "cannot report the hook's status"),
+                Ok(Err(e)) => {
+                    tracing::warn!(hook = %name, error = %e, "cannot report the hook's status")
+                }
                 Err(_) => tracing::warn!(hook = %name, "reporting the hook's status timed out"),
             }
         }
@@ -660,8 +692,8 @@ fn read_record(path: &Path) -> Option<Record> {
 /// Writes a file whole: temp file, sync, rename.
 fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     use atomic_write_file::unix::OpenOptionsExt as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
     let mut f = atomic_write_file::AtomicWriteFile::options()
         .mode(0o600)
         .preserve_mode(false)
@@ -675,7 +707,10 @@ mod tests {
     use super::*;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
-        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
     }
 
     #[test]
@@ -687,7 +722,11 @@ mod tests {
         .unwrap();
         assert!(selects(Some(&sel), &labels(&[("plexus.dev/canary", "true")])).unwrap());
         assert!(!selects(Some(&sel), &labels(&[])).unwrap());
-        assert!(!selects(Some(&sel), &labels(&[("plexus.dev/canary", "true"), ("zone", "b")])).unwrap());
+        assert!(!selects(
+            Some(&sel),
+            &labels(&[("plexus.dev/canary", "true"), ("zone", "b")])
+        )
+        .unwrap());
         assert!(selects(None, &labels(&[])).unwrap());
     }
 
