@@ -306,6 +306,19 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             );
         }
     }
+    // Every container runs the image examples/image/build.sh makes (its default name).
+    let script = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image/build.sh"),
+    )
+    .unwrap();
+    let built = script
+        .lines()
+        .find_map(|l| l.strip_prefix("name=\""))
+        .and_then(|l| l.strip_suffix('"'))
+        .expect("build.sh names its image");
+    for c in init.iter().chain(&pod.containers) {
+        assert_eq!(c.image.as_deref(), Some(built), "{}", c.name);
+    }
     // The daemon learns its node from the downward API.
     let env = daemon.env.as_deref().unwrap_or_default();
     let node = env

@@ -1,0 +1,138 @@
+//! Plexus's container image: built by `examples/image/build.sh` (an OCI image layout, Debian's tools only),
+//! imported into a real containerd (Debian's 1.6 with the CRI plugin, the one the teardown tests drive) and run
+//! there with runc, as the DaemonSet runs it: its `plexus install` puts the plexus binary and the conflist
+//! onto the "node" (directories bind-mounted from the host), and the installed binary then answers the CNI
+//! VERSION command on the host.
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+
+use plexus_tests::containerd::Containerd;
+use plexus_tests::plexus::plexus_bin;
+use serde_json::{json, Value};
+
+const IMAGE: &str = "plexus.test/plexus:1";
+
+fn ctr(containerd: &Containerd, args: &[&str]) -> std::process::Output {
+    Command::new("timeout")
+        .arg("120")
+        .arg("ctr")
+        .arg("--address")
+        .arg(containerd.socket())
+        .args(["-n", "k8s.io"])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run ctr")
+}
+
+#[test]
+fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
+    let dir = tempfile::Builder::new()
+        .prefix("plexus-image-")
+        .tempdir_in("/var/tmp")
+        .unwrap();
+    let image = dir.path().join("plexus.tar");
+    let build = Command::new("bash")
+        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image/build.sh"))
+        .arg("--binary")
+        .arg(plexus_bin())
+        .arg("--out")
+        .arg(&image)
+        .args(["--name", IMAGE])
+        .output()
+        .unwrap();
+    assert!(
+        build.status.success(),
+        "build.sh: {}",
+        String::from_utf8_lossy(&build.stderr)
+    );
+
+    // The "node": a CNI bin dir and a conf dir holding the cluster network's conf.
+    let (bin, conf) = (dir.path().join("node-bin"), dir.path().join("node-net.d"));
+    std::fs::create_dir_all(&bin).unwrap();
+    std::fs::create_dir_all(&conf).unwrap();
+    std::fs::write(
+        conf.join("10-cluster.conflist"),
+        json!({"cniVersion": "1.0.0", "name": "cluster-net", "plugins": [{"type": "bridge"}]})
+            .to_string(),
+    )
+    .unwrap();
+    let containerd = Containerd::start(&dir.path().join("cri-bin"), &dir.path().join("cri-net.d"));
+    let import = ctr(
+        &containerd,
+        &[
+            "images",
+            "import",
+            "--snapshotter",
+            "native",
+            image.to_str().unwrap(),
+        ],
+    );
+    assert!(
+        import.status.success(),
+        "import: {}",
+        String::from_utf8_lossy(&import.stderr)
+    );
+    let listed = ctr(&containerd, &["images", "ls", "-q"]);
+    assert!(String::from_utf8_lossy(&listed.stdout).contains(IMAGE));
+
+    // Mounted at their host paths, as the DaemonSet does, so the paths written into the conflist hold.
+    let mount = |dir: &Path| format!("type=bind,src={0},dst={0},options=rbind:rw", dir.display());
+    let bin_flag = format!("--bin-dir={}", bin.display());
+    let conf_flag = format!("--conf-dir={}", conf.display());
+    let run = ctr(
+        &containerd,
+        &[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "native",
+            "--mount",
+            &mount(&bin),
+            "--mount",
+            &mount(&conf),
+            IMAGE,
+            &format!("plexus-install-{}", std::process::id()),
+            "/usr/local/bin/plexus",
+            "install",
+            "--cni-bin-source=/usr/local/bin/plexus",
+            &bin_flag,
+            &conf_flag,
+            "--timeout=10s",
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "ctr run: {}\n{}\ncontainerd log:\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr),
+        containerd.log()
+    );
+
+    // What the container installed works on the host.
+    let conflist: Value =
+        serde_json::from_slice(&std::fs::read(conf.join("00-plexus.conflist")).unwrap()).unwrap();
+    assert_eq!(conflist["plugins"][0]["type"], "plexus");
+    assert_eq!(
+        conflist["plugins"][0]["clusterNetwork"].as_str(),
+        conf.join("10-cluster.conflist").to_str()
+    );
+    let installed = bin.join("plexus");
+    let version = Command::new(&installed)
+        .env("CNI_COMMAND", "VERSION")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(version.status.success());
+    let v: Value = serde_json::from_slice(&version.stdout).unwrap();
+    assert!(v["supportedVersions"]
+        .as_array()
+        .unwrap()
+        .contains(&json!("1.1.0")));
+    // The image carries the binary stripped.
+    assert!(
+        std::fs::metadata(&installed).unwrap().len()
+            < std::fs::metadata(plexus_bin()).unwrap().len()
+    );
+}
