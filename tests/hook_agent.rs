@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 use plexus::hooks::HookSet;
 use plexus_hooks::{HookKind, HookSpec};
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::plexus::{guest_wasm, plexus_bin, Sandbox};
+use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
 use sha2::Digest as _;
@@ -652,4 +652,63 @@ fn base64_of(bytes: &[u8]) -> String {
         })
         .unwrap();
     String::from_utf8(out.stdout).unwrap()
+}
+
+/// The CNI binary without the compiler (`plexus-cni`, what the image installs on nodes) runs hooks the agent (or
+/// `plexus hook compile`) compiled, and refuses, naming the fix, a hook nobody compiled; the full binary compiles
+/// that one itself.
+#[test]
+fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web", "namespace": "team-a", "uid": "uid-web", "labels": {"app": "web"}}});
+    sb.manifest("pod-team-a-web.json", &pod.to_string());
+    let cache = sb.path("cache");
+    let args = Sandbox::pod_args("team-a", "web");
+    let cni = plexus_cni_bin();
+
+    // A conf hook whose component nobody compiled.
+    let module = sb.path("labels.wasm");
+    std::fs::copy(guest_wasm("status-labels"), &module).unwrap();
+    let conf = sb.conf(json!({"hooks": [{"name": "labels", "kind": "status", "module": module,
+        "settings": {"labels": ["app"]}}]}));
+    let run = sb.run_bin(&cni, "ADD", "c1", &args, &conf);
+    assert!(!run.success, "{}", run.stdout);
+    assert!(run.msg().contains("no compiler"), "{}", run.msg());
+    assert!(run.msg().contains("plexus hook compile"), "{}", run.msg());
+    assert!(sb.cached().is_empty(), "nothing half-attached");
+
+    // Compiled by the full binary (as the agent does), the same conf runs in plexus-cni.
+    let out = Command::new(plexus_bin())
+        .args(["hook", "compile"])
+        .arg(&module)
+        .arg("--cache-dir")
+        .arg(&cache)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    sb.run_bin(&cni, "ADD", "c2", &args, &conf).ok();
+    assert_eq!(sb.status("team-a", "web").unwrap()[0][LABELS_KEY], json!({"app": "web"}));
+    sb.run_bin(&cni, "DEL", "c2", &args, &conf).ok();
+
+    // A published hook set (precompiled entries) with the conf's own hooks off.
+    let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let mut h = HookSpec::new("set-labels", HookKind::Status, sb.path("gone.wasm"));
+    h.sha256 = Some(sha);
+    h.precompiled = true;
+    h.settings = Some(json!({"labels": ["app"]}));
+    HookSet { generation: 1, hooks: vec![h] }.publish(&cache).unwrap();
+    let conf = sb.conf(json!({}));
+    sb.run_bin(&cni, "ADD", "c3", &args, &conf).ok();
+    assert_eq!(sb.status("team-a", "web").unwrap()[0][LABELS_KEY], json!({"app": "web"}));
+    sb.run_bin(&cni, "DEL", "c3", &args, &conf).ok();
+    // "clusterHooks": false leaves the node's set out.
+    let conf = sb.conf(json!({"clusterHooks": false}));
+    sb.run_bin(&cni, "ADD", "c4", &args, &conf).ok();
+    assert_eq!(sb.status("team-a", "web").unwrap()[0].get(LABELS_KEY), None);
+    sb.run_bin(&cni, "DEL", "c4", &args, &conf).ok();
 }

@@ -25,11 +25,17 @@ cargo fmt --all --check
 step "build: host workspace (release)"
 cargo build --release --workspace --bins --examples
 
+# On its own, so that plexus is built without its `node` feature (no compiler, no daemon server): the binary the
+# image installs on nodes. A workspace build unifies features and would give it everything.
+step "build: plexus-cni, the CNI plugin alone (release)"
+cargo build --release -p plexus-cni
+
 step "build: wasm guests -> target/guests/*.wasm"
 bash guests/build.sh
 
 step "lint: cargo clippy -D warnings"
 cargo clippy --release --workspace --all-targets -- -D warnings
+cargo clippy --release -p plexus-cni -- -D warnings
 
 log=$(mktemp /tmp/plexus-tests.XXXXXX)
 trap 'rm -f "$log"' EXIT

@@ -21,6 +21,22 @@ pub fn plexus_bin() -> PathBuf {
     bin
 }
 
+/// `target/release/plexus-cni`, the CNI plugin without the compiler: the test command builds it on its own
+/// (`cargo build --release -p plexus-cni`) after the workspace, so that it is built without plexus's `node`
+/// feature.
+pub fn plexus_cni_bin() -> PathBuf {
+    let target = std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let bin = target.join("release/plexus-cni");
+    assert!(
+        bin.exists(),
+        "{} is missing: run `cargo build --release -p plexus-cni` (tests/run.sh does)",
+        bin.display()
+    );
+    bin
+}
+
 /// A guest component built by `guests/build.sh` (the test command runs it), by crate name.
 pub fn guest_wasm(name: &str) -> PathBuf {
     let target = std::env::var_os("CARGO_TARGET_DIR")
@@ -57,7 +73,18 @@ pub fn spawn_plexus(
     stdout: Stdio,
     stderr: Stdio,
 ) -> std::process::Child {
-    let mut child = Command::new(plexus_bin())
+    spawn_bin(&plexus_bin(), env, stdin, stdout, stderr)
+}
+
+/// [`spawn_plexus`] for another binary (`plexus-cni`).
+pub fn spawn_bin(
+    bin: &Path,
+    env: &[(String, String)],
+    stdin: &[u8],
+    stdout: Stdio,
+    stderr: Stdio,
+) -> std::process::Child {
+    let mut child = Command::new(bin)
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().map(|(k, v)| (k, v)))
@@ -254,6 +281,18 @@ impl Sandbox {
 
     /// Runs plexus with `CNI_COMMAND=command` for container `id`, netns `/run/netns/fake-<id>`.
     pub fn run(&self, command: &str, id: &str, cni_args: &str, conf: &Value) -> Run {
+        self.run_bin(&plexus_bin(), command, id, cni_args, conf)
+    }
+
+    /// [`Sandbox::run`] with another plexus binary (`plexus-cni`).
+    pub fn run_bin(
+        &self,
+        bin: &Path,
+        command: &str,
+        id: &str,
+        cni_args: &str,
+        conf: &Value,
+    ) -> Run {
         let env = [
             ("CNI_COMMAND", command.to_string()),
             ("CNI_CONTAINERID", id.to_string()),
@@ -262,12 +301,23 @@ impl Sandbox {
             ("CNI_PATH", self.path("bin").display().to_string()),
             ("CNI_ARGS", cni_args.to_string()),
         ];
-        self.run_env(
-            &env.iter()
-                .map(|(k, v)| (k.to_string(), v.clone()))
-                .collect::<Vec<_>>(),
+        let env: Vec<(String, String)> = env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect();
+        let child = spawn_bin(
+            bin,
+            &env,
             conf.to_string().as_bytes(),
-        )
+            Stdio::piped(),
+            Stdio::piped(),
+        );
+        let out = child.wait_with_output().unwrap();
+        Run {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
     }
 
     /// Runs plexus with exactly this environment (plus PATH) and stdin.

@@ -5,12 +5,40 @@
 
 mod file;
 mod kube;
+#[cfg(feature = "watch")]
 mod watch;
 
 pub use self::kube::{error_chain, KubeApi, KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
-pub use watch::{run_watches, CacheHealth, Lookup, NodeCache, WatchSettings};
+use serde::{Deserialize, Serialize};
+#[cfg(feature = "watch")]
+pub use watch::{run_watches, NodeCache, WatchSettings};
+
+/// What a lookup in a cache found.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Lookup<T> {
+    Found(T),
+    /// The cache holds a complete list and the object is not in it (it may not have arrived yet).
+    Missing,
+    /// The first list has not completed: the cache cannot tell.
+    Unsynced,
+}
+
+/// A cache's state, for health reports and tests.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CacheHealth {
+    pub pods_synced: bool,
+    pub nads_synced: bool,
+    pub pods: usize,
+    pub nads: usize,
+    /// Completed lists of pods (the first one, then one per relist).
+    pub pod_lists: u64,
+    pub nad_lists: u64,
+    /// Watch errors seen (each is retried with backoff).
+    pub watch_errors: u64,
+}
 
 /// What can go wrong talking to a cluster source. Messages name the object involved.
 #[derive(Debug, thiserror::Error)]

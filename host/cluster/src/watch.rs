@@ -15,34 +15,9 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod};
-use serde::{Deserialize, Serialize};
 
 use crate::kube::{nad_from_kube, pod_from_meta, NadObject};
-
-/// What a lookup in a cache found.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Lookup<T> {
-    Found(T),
-    /// The cache holds a complete list and the object is not in it (it may not have arrived yet).
-    Missing,
-    /// The first list has not completed: the cache cannot tell.
-    Unsynced,
-}
-
-/// A cache's state, for health reports and tests.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct CacheHealth {
-    pub pods_synced: bool,
-    pub nads_synced: bool,
-    pub pods: usize,
-    pub nads: usize,
-    /// Completed lists of pods (the first one, then one per relist).
-    pub pod_lists: u64,
-    pub nad_lists: u64,
-    /// Watch errors seen (each is retried with backoff).
-    pub watch_errors: u64,
-}
+use crate::{CacheHealth, Lookup};
 
 type Key = (String, String);
 

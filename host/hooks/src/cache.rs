@@ -47,21 +47,22 @@ pub(crate) fn sha256_hex(bytes: &[u8]) -> String {
     hex::encode(Sha256::digest(bytes))
 }
 
-/// The engine's compatibility hash: artifacts of another wasmtime version or configuration get a
-/// different file name.
-pub(crate) fn engine_hash(engine: &Engine) -> String {
-    struct ShaHasher(Sha256);
-    impl std::hash::Hasher for ShaHasher {
-        fn finish(&self) -> u64 {
-            0
-        }
-        fn write(&mut self, bytes: &[u8]) {
-            self.0.update(bytes);
-        }
-    }
-    let mut h = ShaHasher(Sha256::new());
-    std::hash::Hash::hash(&engine.precompile_compatibility_hash(), &mut h);
-    hex::encode(&h.0.finalize()[..8])
+/// The engine's identity in artifact names: artifacts of another wasmtime release, target or engine
+/// configuration get another file name. The same for a build with the compiler (which writes artifacts) and one
+/// without (which only loads them); wasmtime's own `precompile_compatibility_hash` exists only with a compiler.
+/// Loading still checks compatibility itself (an artifact wasmtime refuses is refused here too), so the name only
+/// has to keep different engines apart: it changes with plexus-hooks' version (every release) and wasmtime's
+/// major version.
+pub(crate) fn engine_hash(_engine: &Engine) -> String {
+    let id = format!(
+        "wasmtime {}; {}-{}; plexus-hooks {}; {}",
+        crate::engine::WASMTIME_MAJOR,
+        std::env::consts::ARCH,
+        std::env::consts::OS,
+        env!("CARGO_PKG_VERSION"),
+        crate::engine::CONFIG_ID,
+    );
+    hex::encode(&Sha256::digest(id.as_bytes())[..8])
 }
 
 fn trusted_owner(uid: u32) -> bool {
@@ -207,7 +208,7 @@ pub(crate) fn load(
     cache: CacheUse<'_>,
 ) -> Result<(Component, ArtifactSource), String> {
     let compile = |wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>| -> Result<Component, String> {
-        Component::from_binary(engine, &wasm()?).map_err(|e| format!("{e:#}"))
+        compile_component(engine, &wasm()?)
     };
     let dir = match cache {
         CacheUse::Off => {
@@ -240,9 +241,7 @@ pub(crate) fn load(
     // Compiled straight to the artifact's bytes, written, and then mapped like any cached artifact: the
     // compiled code is never held twice (as a loaded component and as its serialization), which kept the peak
     // memory of an ADD that compiles its hooks several MiB higher.
-    let payload = engine
-        .precompile_component(&wasm()?)
-        .map_err(|e| format!("{e:#}"))?;
+    let payload = precompile(engine, &wasm()?)?;
     let written = write_artifact(&path, &payload);
     if written.is_ok() {
         drop(payload);
@@ -261,6 +260,35 @@ pub(crate) fn load(
     let c = unsafe { Component::deserialize(engine, &payload) }.map_err(|e| format!("{e:#}"))?;
     Ok((c, ArtifactSource::CompiledUncached(why)))
 }
+
+/// Compiles a component (with the `compiler` feature).
+pub(crate) fn compile_component(engine: &Engine, wasm: &[u8]) -> Result<Component, String> {
+    #[cfg(feature = "compiler")]
+    return Component::from_binary(engine, wasm).map_err(|e| format!("{e:#}"));
+    #[cfg(not(feature = "compiler"))]
+    {
+        let _ = (engine, wasm);
+        Err(NO_COMPILER.into())
+    }
+}
+
+/// Compiles a component to the bytes of an artifact (with the `compiler` feature).
+fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
+    #[cfg(feature = "compiler")]
+    return engine
+        .precompile_component(wasm)
+        .map_err(|e| format!("{e:#}"));
+    #[cfg(not(feature = "compiler"))]
+    {
+        let _ = (engine, wasm);
+        Err(NO_COMPILER.into())
+    }
+}
+
+/// Why a build without the compiler cannot load a component that has no compiled artifact.
+#[cfg(not(feature = "compiler"))]
+const NO_COMPILER: &str = "this plexus build has no compiler and the component has no compiled artifact in \
+     the cache: compile it with `plexus hook compile FILE --cache-dir DIR` (or deliver it as a NetworkHook)";
 
 /// What identifies an unchanged component file.
 #[derive(Debug, Clone, PartialEq, Eq)]

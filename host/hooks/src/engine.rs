@@ -18,11 +18,19 @@ pub(crate) const TICK: Duration = Duration::from_millis(2);
 /// (an ADD compiling the three example hooks peaked at 31 MiB with it, 26 MiB without, and took 0.7 s instead
 /// of 1.1 s). `plexus hook compile` (install time) compiles in parallel; an ADD that finds no cached artifact
 /// compiles on its own thread, keeping the CNI process small.
+/// The wasmtime major version this crate is built against (keep it with the dependency in Cargo.toml).
+pub(crate) const WASMTIME_MAJOR: u32 = 48;
+/// What [`new_engine`] sets that changes compiled code.
+pub(crate) const CONFIG_ID: &str = "component-model epoch-interruption";
+
 pub(crate) fn new_engine(parallel_compile: bool) -> Result<Engine, String> {
     let mut config = Config::new();
     config.epoch_interruption(true);
     config.wasm_component_model(true);
+    #[cfg(feature = "compiler")]
     config.parallel_compilation(parallel_compile);
+    #[cfg(not(feature = "compiler"))]
+    let _ = parallel_compile;
     Engine::new(&config).map_err(|e| format!("{e:#}"))
 }
 

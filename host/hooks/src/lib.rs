@@ -642,8 +642,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
         reason,
     };
     let engine = engine::new_engine(false).map_err(compile_err)?;
-    let component =
-        Component::from_binary(&engine, &bytes).map_err(|e| compile_err(format!("{e:#}")))?;
+    let component = cache::compile_component(&engine, &bytes).map_err(compile_err)?;
     let ty = component.component_type();
     let exports: Vec<String> = ty.exports(&engine).map(|(n, _)| n.to_string()).collect();
     let imports: Vec<String> = ty.imports(&engine).map(|(n, _)| n.to_string()).collect();

@@ -25,6 +25,25 @@ pub struct Outcome {
     pub success: bool,
 }
 
+/// The CNI plugin process: the environment and stdin (at most [`crate::conf::STDIN_CAP`] bytes plus one, so an
+/// oversized conf is refused rather than cut) in, the result on stdout; the exit status.
+pub fn cni_process() -> u8 {
+    use std::io::{Read, Write};
+    let env = std::env::vars().collect();
+    let mut stdin = Vec::new();
+    // VERSION may come with no stdin at all; a read error is treated as empty input.
+    let _ = std::io::stdin()
+        .take(crate::conf::STDIN_CAP as u64 + 1)
+        .read_to_end(&mut stdin);
+    let outcome = run(&env, &stdin);
+    if let Some(text) = outcome.stdout {
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{text}");
+        let _ = out.flush();
+    }
+    u8::from(!outcome.success)
+}
+
 /// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`). Meant for a process that
 /// exits afterwards (see the end of `run_inner`); a long-lived host drives [`orchestrate`] itself.
 pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {

@@ -1,0 +1,736 @@
+//! The daemon process: its command line, the socket server over the watch caches, the status writer; it
+//! starts the node agent and the installer.
+
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plexus_cluster::{
+    run_watches, ClusterError, KubeApi, KubeSettings, Lookup, NodeCache, WatchSettings,
+};
+use plexus_core::spec::PodRef;
+use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
+use tokio::net::{UnixListener, UnixStream};
+
+use super::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
+use super::{agent, client, proto, DEFAULT_SOCKET};
+use crate::install::{self, InstallOptions};
+
+
+const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
+                     [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
+                     [--log-level LEVEL] [--cache-dir DIR] [--no-hooks] [--hook-key PEM]...
+                     [--hook-signatures required|off] [--insecure-registry HOST[:PORT]]...
+                     [--registry-ca PEM]... [--install INSTALL-FLAGS...]
+       plexus daemon --health [--socket PATH]
+
+Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
+spec.nodeName) and every NetworkAttachmentDefinition, keeps only what planning reads, and answers the plexus
+CNI process over a root-only unix socket, so that an ADD reads nothing from the API; it also sends the
+network-status write and the events. Without an answer in time the CNI process works without it.
+
+  --node-name NAME          the node whose pods are cached (default: $NODE_NAME)
+  --kubeconfig PATH         API credentials (default: the pod's service account)
+  --socket PATH             where to listen (default /run/plexus/daemon.sock)
+  --max-in-flight N         requests served at once; more wait up to 250 ms, then get 'busy' (default 64)
+  --pod-wait-ms N           how long a pod not yet in the cache waits for its watch event before the daemon
+                            reads it from the API (default 500)
+  --watch-timeout-secs N    how long one watch request stays open before it is renewed (default 290)
+  --log-level LEVEL         error, warn, info, debug (default info)
+  --cache-dir DIR           the plexus cacheDir: pulled hook modules, compiled hooks and the node's active
+                            hook set are kept there (default /var/lib/plexus)
+  --no-hooks                do not deliver NetworkHook resources to this node
+  --hook-key PEM            a public key (ECDSA P-256, PEM, e.g. cosign.pub) that hook module signatures may
+                            verify with; repeatable
+  --hook-signatures POLICY  required (default): a module is used only when a cosign-format signature of its
+                            manifest digest verifies with a --hook-key; off: the digest alone pins it
+  --insecure-registry HOST  a registry spoken to over plain HTTP (host or host:port); repeatable
+  --registry-ca PEM         a CA certificate trusted for registries besides the system's; repeatable
+  --health                  ask the running daemon for its health, print it as JSON and exit: 0 when it is
+                            synced and below its concurrency bound, 1 when not, 2 when it does not answer
+  --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
+                            argument after --install is an install flag";
+
+/// The daemon's settings, from its command line.
+#[derive(Debug, Clone)]
+pub struct DaemonSettings {
+    pub node: String,
+    pub socket: PathBuf,
+    pub kube: KubeSettings,
+    pub max_in_flight: usize,
+    pub queue_wait: Duration,
+    pub pod_wait: Duration,
+    pub watch_timeout_secs: u32,
+    pub log_level: String,
+    pub install: Option<InstallOptions>,
+    /// The node agent (NetworkHook delivery); `None` with --no-hooks.
+    pub hooks: Option<HookAgentOptions>,
+    /// Only ask a running daemon for its health, print it, and exit (0 when ready).
+    pub health: bool,
+}
+
+impl Default for DaemonSettings {
+    fn default() -> Self {
+        DaemonSettings {
+            node: String::new(),
+            socket: DEFAULT_SOCKET.into(),
+            kube: KubeSettings::default(),
+            max_in_flight: 64,
+            queue_wait: Duration::from_millis(250),
+            pod_wait: Duration::from_millis(500),
+            watch_timeout_secs: 290,
+            log_level: "info".into(),
+            install: None,
+            hooks: Some(HookAgentOptions::default()),
+            health: false,
+        }
+    }
+}
+
+/// The node agent's settings (see [`agent`]).
+#[derive(Debug, Clone)]
+pub struct HookAgentOptions {
+    pub cache_dir: PathBuf,
+    pub key_files: Vec<PathBuf>,
+    pub signatures: agent::SignaturePolicy,
+    pub registry: crate::distribution::RegistryOptions,
+}
+
+impl Default for HookAgentOptions {
+    fn default() -> Self {
+        HookAgentOptions {
+            cache_dir: "/var/lib/plexus".into(),
+            key_files: Vec::new(),
+            signatures: agent::SignaturePolicy::Required,
+            registry: crate::distribution::RegistryOptions::default(),
+        }
+    }
+}
+
+/// What went wrong starting or running the daemon.
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    #[error("{0}")]
+    Usage(String),
+    #[error("help")]
+    Help,
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("{path}: {source}")]
+    Io {
+        path: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another plexus daemon holds {0}")]
+    AlreadyRunning(String),
+    #[error("install: {0}")]
+    Install(#[from] install::InstallError),
+}
+
+/// Parses `plexus daemon` arguments (those after `daemon`); `node_env` is `$NODE_NAME`.
+pub fn parse_args(
+    args: &[String],
+    node_env: Option<String>,
+) -> Result<DaemonSettings, DaemonError> {
+    use lexopt::prelude::*;
+    let mut s = DaemonSettings {
+        node: node_env.unwrap_or_default(),
+        ..DaemonSettings::default()
+    };
+    let mut parser = lexopt::Parser::from_args(args.iter().cloned());
+    let usage = |e: lexopt::Error| DaemonError::Usage(e.to_string());
+    let number = |flag: &str, v: std::ffi::OsString| -> Result<u64, DaemonError> {
+        v.to_str()
+            .and_then(|t| t.parse::<u64>().ok())
+            .filter(|n| *n > 0)
+            .ok_or_else(|| DaemonError::Usage(format!("{flag} needs a positive whole number")))
+    };
+    let mut agent = HookAgentOptions::default();
+    let mut no_hooks = false;
+    while let Some(arg) = parser.next().map_err(usage)? {
+        match arg {
+            Long("node-name") => s.node = parser.value().map_err(usage)?.string().map_err(usage)?,
+            Long("kubeconfig") => s.kube.kubeconfig = Some(parser.value().map_err(usage)?.into()),
+            Long("socket") => s.socket = parser.value().map_err(usage)?.into(),
+            Long("max-in-flight") => {
+                s.max_in_flight =
+                    number("--max-in-flight", parser.value().map_err(usage)?)? as usize
+            }
+            Long("pod-wait-ms") => {
+                s.pod_wait =
+                    Duration::from_millis(number("--pod-wait-ms", parser.value().map_err(usage)?)?)
+            }
+            Long("watch-timeout-secs") => {
+                let n = number("--watch-timeout-secs", parser.value().map_err(usage)?)?;
+                s.watch_timeout_secs = u32::try_from(n).unwrap_or(u32::MAX).min(3600);
+            }
+            Long("log-level") => {
+                s.log_level = parser.value().map_err(usage)?.string().map_err(usage)?
+            }
+            Long("install") => {
+                let rest: Vec<String> = parser
+                    .raw_args()
+                    .map_err(usage)?
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect();
+                s.install = Some(install::parse_args(&rest)?);
+            }
+            Long("health") => s.health = true,
+            Long("no-hooks") => no_hooks = true,
+            Long("cache-dir") => agent.cache_dir = parser.value().map_err(usage)?.into(),
+            Long("hook-key") => agent.key_files.push(parser.value().map_err(usage)?.into()),
+            Long("hook-signatures") => {
+                agent.signatures = match parser.value().map_err(usage)?.to_str() {
+                    Some("required") => agent::SignaturePolicy::Required,
+                    Some("off") => agent::SignaturePolicy::Off,
+                    _ => {
+                        return Err(DaemonError::Usage(
+                            "--hook-signatures takes required or off".into(),
+                        ))
+                    }
+                }
+            }
+            Long("insecure-registry") => agent
+                .registry
+                .insecure
+                .push(parser.value().map_err(usage)?.string().map_err(usage)?),
+            Long("registry-ca") => agent
+                .registry
+                .ca_files
+                .push(parser.value().map_err(usage)?.into()),
+            Short('h') | Long("help") => return Err(DaemonError::Help),
+            _ => return Err(usage(arg.unexpected())),
+        }
+    }
+    if s.node.is_empty() && !s.health {
+        return Err(DaemonError::Usage(
+            "no node name: give --node-name or set NODE_NAME".into(),
+        ));
+    }
+    if !agent.cache_dir.is_absolute() {
+        return Err(DaemonError::Usage(
+            "--cache-dir must be an absolute path".into(),
+        ));
+    }
+    s.hooks = (!no_hooks).then_some(agent);
+    if !s.socket.is_absolute() {
+        return Err(DaemonError::Usage(
+            "--socket must be an absolute path".into(),
+        ));
+    }
+    Ok(s)
+}
+
+/// `plexus daemon ARGS...`.
+pub fn main(args: &[String]) -> u8 {
+    let settings = match parse_args(args, std::env::var("NODE_NAME").ok()) {
+        Ok(s) => s,
+        Err(DaemonError::Help) => {
+            println!("{USAGE}");
+            return 0;
+        }
+        Err(e) => {
+            eprintln!("plexus daemon: {e}\n{USAGE}");
+            return 2;
+        }
+    };
+    if settings.health {
+        return print_health(&settings.socket);
+    }
+    init_logging(&settings.log_level);
+    match run(settings) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "daemon stopped");
+            eprintln!("plexus daemon: {e}");
+            1
+        }
+    }
+}
+
+fn print_health(socket: &Path) -> u8 {
+    match client::ask(socket, &Request::Health, Duration::from_secs(2)) {
+        Ok(Answer::Health(h)) => {
+            println!("{}", serde_json::to_string_pretty(&h).unwrap_or_default());
+            match h.unready() {
+                None => 0,
+                Some(why) => {
+                    eprintln!("plexus daemon: not ready: {why}");
+                    1
+                }
+            }
+        }
+        Ok(other) => {
+            eprintln!("plexus daemon: unexpected answer {other:?}");
+            2
+        }
+        Err(e) => {
+            eprintln!("plexus daemon: no answer from {}: {e}", socket.display());
+            2
+        }
+    }
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::new(format!(
+        "plexus={level},plexus_cluster={level},kube_runtime=warn"
+    ));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_target(false)
+        .with_ansi(false)
+        .with_writer(std::io::stderr)
+        .try_init();
+}
+
+/// Maps an I/O error on `path` (a file, or what was being set up) to the daemon's error.
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
+    let path = path.display().to_string();
+    move |source| DaemonError::Io { path, source }
+}
+
+/// Runs until SIGTERM or SIGINT.
+pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
+    if let Some(opts) = settings.install.clone() {
+        let env = install::ApiServerEnv::from_process();
+        // A first install that fails stops the daemon (the pod restarts and says why); the watch loop itself
+        // only logs.
+        std::thread::Builder::new()
+            .name("install".into())
+            .spawn(move || {
+                if let Err(e) = install::run(&opts, &env) {
+                    eprintln!("plexus daemon: install: {e}");
+                    std::process::exit(1);
+                }
+            })
+            .map_err(io(Path::new("install thread")))?;
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .map_err(io(Path::new("tokio runtime")))?;
+    runtime.block_on(serve(settings))
+}
+
+/// Status writes waiting or being sent, one slot per pod: a newer write for a pod replaces one not yet sent, and
+/// one pod's writes go out one at a time, so the last ADD's status is the one that stays (as in thin mode).
+#[derive(Default)]
+struct StatusQueue {
+    /// The write each pod is waiting for, keyed by namespace/name.
+    pending: std::collections::HashMap<(String, String), (PodRef, String)>,
+    /// Pods whose writer task is running.
+    busy: std::collections::HashSet<(String, String)>,
+}
+
+/// Pods with a status write waiting at most; past it, the CNI process writes the status itself.
+const MAX_PENDING_WRITES: usize = 4096;
+
+struct Shared {
+    node: String,
+    writes: std::sync::Mutex<StatusQueue>,
+    cache: Arc<NodeCache>,
+    api: KubeApi,
+    permits: tokio::sync::Semaphore,
+    max_in_flight: usize,
+    queue_wait: Duration,
+    pod_wait: Duration,
+    shed: AtomicU64,
+    api_reads: AtomicU64,
+    status_writes: AtomicU64,
+    events_in_flight: Arc<AtomicUsize>,
+}
+
+/// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
+const MAX_EVENTS_IN_FLIGHT: usize = 256;
+
+async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
+    let dir = settings
+        .socket
+        .parent()
+        .ok_or_else(|| DaemonError::Usage("--socket has no parent directory".into()))?;
+    std::fs::create_dir_all(dir).map_err(io(dir))?;
+    // One daemon per socket: the lock is held for the process's life and released by the kernel at exit.
+    let lock_path = settings.socket.with_extension("lock");
+    let lock = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)
+        .map_err(io(&lock_path))?;
+    match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
+        Ok(()) => {}
+        Err(rustix::io::Errno::WOULDBLOCK) => {
+            return Err(DaemonError::AlreadyRunning(lock_path.display().to_string()))
+        }
+        Err(e) => return Err(io(&lock_path)(e.into())),
+    }
+    // A socket left by a daemon that died: nobody listens on it any more (we hold the lock).
+    match std::fs::remove_file(&settings.socket) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io(&settings.socket)(e)),
+    }
+    let api = KubeApi::connect(settings.kube.clone()).await?;
+    let cache = NodeCache::new();
+    let watches = tokio::spawn(run_watches(
+        api.client().clone(),
+        cache.clone(),
+        WatchSettings {
+            node: settings.node.clone(),
+            timeout_secs: settings.watch_timeout_secs,
+        },
+    ));
+    let agent = settings.hooks.clone().map(|h| {
+        tokio::spawn(agent::run(
+            api.client().clone(),
+            agent::AgentSettings {
+                node: settings.node.clone(),
+                cache_dir: h.cache_dir,
+                key_files: h.key_files,
+                signatures: h.signatures,
+                registry: h.registry,
+                watch_timeout_secs: settings.watch_timeout_secs,
+            },
+        ))
+    });
+    let listener = {
+        // Root only: created under a umask that leaves no permission to group or others.
+        let old = rustix::process::umask(rustix::fs::Mode::from_raw_mode(0o177));
+        let bound = UnixListener::bind(&settings.socket);
+        rustix::process::umask(old);
+        bound.map_err(io(&settings.socket))?
+    };
+    tracing::info!(socket = %settings.socket.display(), node = %settings.node, "serving");
+    let shared = Arc::new(Shared {
+        node: settings.node.clone(),
+        writes: std::sync::Mutex::default(),
+        cache,
+        api,
+        permits: tokio::sync::Semaphore::new(settings.max_in_flight),
+        max_in_flight: settings.max_in_flight,
+        queue_wait: settings.queue_wait,
+        pod_wait: settings.pod_wait,
+        shed: AtomicU64::new(0),
+        api_reads: AtomicU64::new(0),
+        status_writes: AtomicU64::new(0),
+        events_in_flight: Arc::new(AtomicUsize::new(0)),
+    });
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io(Path::new("SIGTERM handler")))?;
+    let our_uid = rustix::process::geteuid().as_raw();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => {
+                    let shared = shared.clone();
+                    tokio::spawn(async move {
+                        if let Err(e) = connection(stream, shared, our_uid).await {
+                            tracing::debug!(error = %e, "connection ended early");
+                        }
+                    });
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            },
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+        }
+    }
+    tracing::info!("stopping");
+    watches.abort();
+    if let Some(a) = agent {
+        a.abort();
+    }
+    // Writes already accepted are sent before the process goes (bounded: a dead API server does not hold it).
+    let flush_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while shared.pending_writes() > 0 && tokio::time::Instant::now() < flush_deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if shared.pending_writes() > 0 {
+        tracing::warn!(
+            left = shared.pending_writes(),
+            "stopped with status writes unsent"
+        );
+    }
+    let _ = std::fs::remove_file(&settings.socket);
+    drop(lock);
+    Ok(())
+}
+
+/// How long the daemon waits for a client's next request (a CNI process keeps its connection for the whole
+/// ADD, delegates included; one that waits longer reconnects), and for an answer to be taken.
+const IDLE_TIMEOUT: Duration = Duration::from_secs(30);
+const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Serves one client: requests one after another on the same connection, each answered in turn.
+async fn connection(stream: UnixStream, shared: Arc<Shared>, our_uid: u32) -> std::io::Result<()> {
+    let peer = stream.peer_cred()?.uid();
+    if peer != 0 && peer != our_uid {
+        tracing::warn!(
+            uid = peer,
+            "refused a connection from an unprivileged process"
+        );
+        return Ok(());
+    }
+    let (read_half, mut write_half) = stream.into_split();
+    let mut reader = tokio::io::BufReader::new(read_half);
+    loop {
+        let request = match tokio::time::timeout(IDLE_TIMEOUT, read_request(&mut reader)).await {
+            Ok(Ok(Some(r))) => r,
+            // The client is done (or idle too long).
+            Ok(Ok(None)) | Err(_) => return Ok(()),
+            Ok(Err(e)) => {
+                tracing::warn!(error = %e, "bad request");
+                return Ok(());
+            }
+        };
+        let answer = match request {
+            // Health never waits for a permit: it is how an operator sees a daemon under load.
+            Request::Health => health(&shared),
+            request => {
+                match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
+                    Ok(Ok(_permit)) => answer(&shared, request).await,
+                    _ => {
+                        shared.shed.fetch_add(1, Ordering::Relaxed);
+                        Answer::Busy
+                    }
+                }
+            }
+        };
+        let bytes = proto::encode(&answer)?;
+        tokio::time::timeout(WRITE_TIMEOUT, write_half.write_all(&bytes))
+            .await
+            .map_err(|_| std::io::Error::from(std::io::ErrorKind::TimedOut))??;
+    }
+}
+
+/// The next request, or `None` when the client closed the connection between requests.
+async fn read_request(
+    reader: &mut tokio::io::BufReader<tokio::net::unix::OwnedReadHalf>,
+) -> Result<Option<Request>, proto::ReadError> {
+    let mut line = Vec::new();
+    let mut limited = (&mut *reader).take(MAX_REQUEST_BYTES as u64 + 1);
+    limited.read_until(b'\n', &mut line).await?;
+    proto::decode_line(&line, MAX_REQUEST_BYTES)
+}
+
+fn health(shared: &Shared) -> Answer {
+    let mut h = DaemonHealth::new(&shared.node, shared.cache.health());
+    h.in_flight = shared.max_in_flight - shared.permits.available_permits();
+    h.max_in_flight = shared.max_in_flight;
+    h.shed = shared.shed.load(Ordering::Relaxed);
+    h.api_reads = shared.api_reads.load(Ordering::Relaxed);
+    h.status_writes = shared.status_writes.load(Ordering::Relaxed);
+    h.pending_writes = shared.pending_writes();
+    Answer::Health(h)
+}
+
+fn failed(e: &ClusterError) -> Answer {
+    Answer::Failed {
+        error: WireError::from(e),
+    }
+}
+
+async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
+    let shared = shared_arc.as_ref();
+    match request {
+        Request::Health => health(shared),
+        Request::Pod { pod } => match pod_of(shared, &pod).await {
+            Some(Ok(p)) => Answer::Pod { pod: p },
+            Some(Err(e)) => failed(&e),
+            None => Answer::Unsynced,
+        },
+        Request::Nad { namespace, name } => match shared.cache.nad(&namespace, &name) {
+            Lookup::Found(nad) => Answer::Nad { nad },
+            Lookup::Unsynced => Answer::Unsynced,
+            // Perhaps created a moment ago: the API has the last word.
+            Lookup::Missing => {
+                shared.api_reads.fetch_add(1, Ordering::Relaxed);
+                match shared.api.nad(&namespace, &name).await {
+                    Ok(nad) => Answer::Nad { nad },
+                    Err(e) => failed(&e),
+                }
+            }
+        },
+        Request::Status {
+            pod,
+            network_status,
+        } => {
+            if enqueue_status(shared_arc, pod, network_status) {
+                Answer::Done
+            } else {
+                Answer::Busy
+            }
+        }
+        Request::Event {
+            pod,
+            warning,
+            reason,
+            message,
+        } => {
+            if !shared.api.settings().events {
+                return Answer::Done;
+            }
+            if shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT {
+                tokio::spawn(post_event(shared, pod, warning, reason, message));
+            } else {
+                shared.events_in_flight.fetch_sub(1, Ordering::Relaxed);
+                tracing::warn!(pod = %pod, "too many events in flight; dropped one");
+            }
+            Answer::Done
+        }
+    }
+}
+
+impl Shared {
+    fn queue(&self) -> std::sync::MutexGuard<'_, StatusQueue> {
+        self.writes.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn pending_writes(&self) -> usize {
+        let q = self.queue();
+        q.pending.len() + q.busy.len()
+    }
+}
+
+/// Accepts a status write: the answer goes back at once and the write is sent (with the kube source's retries)
+/// by a task of its own. The annotation is informative (spec 5) and a failed write never failed an ADD, so the
+/// ADD need not wait for the API server's commit. `false` when too many pods are waiting (the CNI process then
+/// writes it itself).
+fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
+    let key = (pod.namespace.clone(), pod.name.clone());
+    let start_writer = {
+        let mut q = shared.queue();
+        if q.pending.len() >= MAX_PENDING_WRITES && !q.pending.contains_key(&key) {
+            return false;
+        }
+        q.pending.insert(key.clone(), (pod, value));
+        q.busy.insert(key.clone())
+    };
+    if start_writer {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            loop {
+                let next = {
+                    let mut q = shared.queue();
+                    match q.pending.remove(&key) {
+                        Some(w) => w,
+                        None => {
+                            q.busy.remove(&key);
+                            return;
+                        }
+                    }
+                };
+                let (pod, value) = next;
+                match shared.api.write_status(&pod, &value).await {
+                    Ok(()) => {
+                        shared.status_writes.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Err(e) => {
+                        tracing::error!(pod = %pod, error = %e, "cannot publish network-status")
+                    }
+                }
+            }
+        });
+    }
+    true
+}
+
+fn post_event(
+    shared: &Shared,
+    pod: PodRef,
+    warning: bool,
+    reason: String,
+    message: String,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // The task outlives the request; it takes its own handles.
+    let api = shared.api.clone();
+    let in_flight = shared.events_in_flight.clone();
+    async move {
+        let kind = if warning { "Warning" } else { "Normal" };
+        if let Err(e) = api.post_event(&pod, (kind, &reason), &message).await {
+            tracing::warn!(pod = %pod, error = %e, "could not post the {reason} event");
+        }
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// The pod from the cache, waiting up to `pod_wait` for a pod the watch has not delivered yet (or delivered
+/// with another UID: a pod recreated under the same name), then from the API. `None`: the cache is unsynced.
+async fn pod_of(
+    shared: &Shared,
+    pod: &PodRef,
+) -> Option<Result<plexus_core::spec::Pod, ClusterError>> {
+    let mut changes = shared.cache.subscribe();
+    let deadline = tokio::time::Instant::now() + shared.pod_wait;
+    loop {
+        match shared.cache.pod(&pod.namespace, &pod.name) {
+            Lookup::Unsynced => return None,
+            Lookup::Found(p) if pod.uid.is_none() || p.uid == pod.uid => return Some(Ok(p)),
+            _ => {}
+        }
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
+            Ok(Ok(())) => continue,
+            _ => break,
+        }
+    }
+    tracing::debug!(pod = %pod, "pod not in the cache in time; reading it from the API");
+    shared.api_reads.fetch_add(1, Ordering::Relaxed);
+    Some(shared.api.pod(pod).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn parses_flags_and_install_passthrough() {
+        let s = parse_args(
+            &args(&[
+                "--socket",
+                "/run/x.sock",
+                "--pod-wait-ms=20",
+                "--install",
+                "--watch",
+                "--bin-dir",
+                "/b",
+            ]),
+            Some("node1".into()),
+        )
+        .unwrap();
+        assert_eq!(s.node, "node1");
+        assert_eq!(s.socket, PathBuf::from("/run/x.sock"));
+        assert_eq!(s.pod_wait, Duration::from_millis(20));
+        let install = s.install.unwrap();
+        assert!(install.watch);
+        assert_eq!(install.bin_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn refuses_what_it_cannot_use() {
+        let err = parse_args(&args(&[]), None).unwrap_err().to_string();
+        assert!(err.contains("NODE_NAME"), "{err}");
+        let err = parse_args(&args(&["--socket", "rel.sock"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("absolute"), "{err}");
+        let err = parse_args(&args(&["--max-in-flight", "0"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("positive"), "{err}");
+        assert!(matches!(
+            parse_args(&args(&["--help"]), None),
+            Err(DaemonError::Help)
+        ));
+    }
+}
