@@ -671,8 +671,10 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     // A conf hook whose component nobody compiled.
     let module = sb.path("labels.wasm");
     std::fs::copy(guest_wasm("status-labels"), &module).unwrap();
-    let conf = sb.conf(json!({"hooks": [{"name": "labels", "kind": "status", "module": module,
-        "settings": {"labels": ["app"]}}]}));
+    let conf = sb.conf(
+        json!({"hooks": [{"name": "labels", "kind": "status", "module": module,
+        "settings": {"labels": ["app"]}}]}),
+    );
     let run = sb.run_bin(&cni, "ADD", "c1", &args, &conf);
     assert!(!run.success, "{}", run.stdout);
     assert!(run.msg().contains("no compiler"), "{}", run.msg());
@@ -687,9 +689,16 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
         .arg(&cache)
         .output()
         .unwrap();
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     sb.run_bin(&cni, "ADD", "c2", &args, &conf).ok();
-    assert_eq!(sb.status("team-a", "web").unwrap()[0][LABELS_KEY], json!({"app": "web"}));
+    assert_eq!(
+        sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
+        json!({"app": "web"})
+    );
     sb.run_bin(&cni, "DEL", "c2", &args, &conf).ok();
 
     // A published hook set (precompiled entries) with the conf's own hooks off.
@@ -701,10 +710,18 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     h.sha256 = Some(sha);
     h.precompiled = true;
     h.settings = Some(json!({"labels": ["app"]}));
-    HookSet { generation: 1, hooks: vec![h] }.publish(&cache).unwrap();
+    HookSet {
+        generation: 1,
+        hooks: vec![h],
+    }
+    .publish(&cache)
+    .unwrap();
     let conf = sb.conf(json!({}));
     sb.run_bin(&cni, "ADD", "c3", &args, &conf).ok();
-    assert_eq!(sb.status("team-a", "web").unwrap()[0][LABELS_KEY], json!({"app": "web"}));
+    assert_eq!(
+        sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
+        json!({"app": "web"})
+    );
     sb.run_bin(&cni, "DEL", "c3", &args, &conf).ok();
     // "clusterHooks": false leaves the node's set out.
     let conf = sb.conf(json!({"clusterHooks": false}));

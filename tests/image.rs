@@ -1,14 +1,14 @@
 //! Plexus's container image: built by `examples/image/build.sh` (an OCI image layout, Debian's tools only),
 //! imported into a real containerd (Debian's 1.6 with the CRI plugin, the one the teardown tests drive) and run
-//! there with runc, as the DaemonSet runs it: its `plexus install` puts the plexus binary and the conflist
-//! onto the "node" (directories bind-mounted from the host), and the installed binary then answers the CNI
-//! VERSION command on the host.
+//! there with runc, as the DaemonSet runs it: its `plexus install` puts the CNI plugin (`plexus-cni`, installed as
+//! `plexus`) and the conflist onto the "node" (directories bind-mounted from the host), and the installed binary
+//! then answers the CNI VERSION command on the host.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
 
 use plexus_tests::containerd::Containerd;
-use plexus_tests::plexus::plexus_bin;
+use plexus_tests::plexus::{plexus_bin, plexus_cni_bin};
 use serde_json::{json, Value};
 
 const IMAGE: &str = "plexus.test/plexus:1";
@@ -37,6 +37,8 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
         .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image/build.sh"))
         .arg("--binary")
         .arg(plexus_bin())
+        .arg("--cni-binary")
+        .arg(plexus_cni_bin())
         .arg("--out")
         .arg(&image)
         .args(["--name", IMAGE])
@@ -96,7 +98,7 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
             &format!("plexus-install-{}", std::process::id()),
             "/usr/local/bin/plexus",
             "install",
-            "--cni-bin-source=/usr/local/bin/plexus",
+            "--cni-bin-source=/usr/local/bin/plexus-cni",
             &bin_flag,
             &conf_flag,
             "--timeout=10s",
@@ -130,9 +132,33 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
         .as_array()
         .unwrap()
         .contains(&json!("1.1.0")));
-    // The image carries the binary stripped.
+    // What is installed is the CNI plugin alone, stripped.
+    let about = Command::new(&installed).arg("--version").output().unwrap();
+    assert!(String::from_utf8_lossy(&about.stdout).contains("CNI plugin only"));
     assert!(
         std::fs::metadata(&installed).unwrap().len()
-            < std::fs::metadata(plexus_bin()).unwrap().len()
+            < std::fs::metadata(plexus_cni_bin()).unwrap().len()
     );
+
+    // The full binary in the image runs too: the node's long-running process answers for itself.
+    let help = ctr(
+        &containerd,
+        &[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "native",
+            IMAGE,
+            &format!("plexus-help-{}", std::process::id()),
+            "/usr/local/bin/plexus",
+            "daemon",
+            "--help",
+        ],
+    );
+    assert!(
+        help.status.success(),
+        "{}",
+        String::from_utf8_lossy(&help.stderr)
+    );
+    assert!(String::from_utf8_lossy(&help.stdout).contains("--hook-signatures"));
 }

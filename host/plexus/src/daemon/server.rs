@@ -1,7 +1,6 @@
 //! The daemon process: its command line, the socket server over the watch caches, the status writer; it
 //! starts the node agent and the installer.
 
-
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +16,6 @@ use tokio::net::{UnixListener, UnixStream};
 use super::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
 use super::{agent, client, proto, DEFAULT_SOCKET};
 use crate::install::{self, InstallOptions};
-
 
 const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
                      [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
