@@ -21,6 +21,8 @@ target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
 
 echo "bench: building (release)" >&2
 cargo build --release --workspace --bins --examples
+# On its own: plexus without its `node` feature (see tests/run.sh).
+cargo build --release -p plexus-cni
 bash guests/build.sh
 
 # Measure a snapshot: other builds in the same target dir must not swap binaries during the run.
@@ -28,10 +30,10 @@ out=$target/bench
 snap=$out/bin
 rm -rf "$snap" "$out/profile"
 mkdir -p "$snap" "$out/profile"
-cp "$target/release/plexus" "$target/release/plexus-bench" "$target/release/examples/hook_bench" "$snap/"
+cp "$target/release/plexus" "$target/release/plexus-cni" "$target/release/plexus-bench" "$target/release/examples/hook_bench" "$snap/"
 
 echo "bench: plexus-bench" >&2
-"$snap/plexus-bench" --target "$target" --plexus "$snap/plexus" --out "$out/results.json" "$@"
+"$snap/plexus-bench" --target "$target" --plexus "$snap/plexus" --plexus-cni "$snap/plexus-cni" --out "$out/results.json" "$@"
 
 echo "bench: hook_bench" >&2
 PLEXUS_GUESTS_DIR=$target/guests "$snap/hook_bench" >"$out/hook_bench.json"

@@ -662,7 +662,7 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0");
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
-        "name": "web", "namespace": "team-a", "uid": "uid-web", "labels": {"app": "web"}}});
+        "name": "web", "namespace": "team-a", "uid": "uid-web", "labels": {"app": "web", "zone": "b"}}});
     sb.manifest("pod-team-a-web.json", &pod.to_string());
     let cache = sb.path("cache");
     let args = Sandbox::pod_args("team-a", "web");
@@ -701,26 +701,26 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     );
     sb.run_bin(&cni, "DEL", "c2", &args, &conf).ok();
 
-    // A published hook set (precompiled entries) with the conf's own hooks off.
+    // A published hook set (precompiled entries) runs after the conf's own hooks; its hook of the same name and
+    // kind as the conf's is no clash (it runs as networkhook/labels).
     let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
         .as_str()
         .unwrap()
         .to_string();
-    let mut h = HookSpec::new("set-labels", HookKind::Status, sb.path("gone.wasm"));
+    let mut h = HookSpec::new("labels", HookKind::Status, sb.path("gone.wasm"));
     h.sha256 = Some(sha);
     h.precompiled = true;
-    h.settings = Some(json!({"labels": ["app"]}));
+    h.settings = Some(json!({"labels": ["zone"]}));
     HookSet {
         generation: 1,
         hooks: vec![h],
     }
     .publish(&cache)
     .unwrap();
-    let conf = sb.conf(json!({}));
     sb.run_bin(&cni, "ADD", "c3", &args, &conf).ok();
     assert_eq!(
         sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
-        json!({"app": "web"})
+        json!({"app": "web", "zone": "b"})
     );
     sb.run_bin(&cni, "DEL", "c3", &args, &conf).ok();
     // "clusterHooks": false leaves the node's set out.

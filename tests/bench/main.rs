@@ -47,6 +47,8 @@ struct Opts {
     out: PathBuf,
     target: PathBuf,
     plexus: PathBuf,
+    /// The CNI plugin alone (no compiler), as installed on nodes.
+    plexus_cni: PathBuf,
     work: PathBuf,
     quick: bool,
     /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, daemon,
@@ -69,6 +71,7 @@ fn opts() -> Result<Opts, String> {
         runs: 50,
         out: target.join("bench/results.json"),
         plexus: release.join("plexus"),
+        plexus_cni: release.join("plexus-cni"),
         work: target.join("bench/work"),
         target,
         quick: false,
@@ -86,6 +89,7 @@ fn opts() -> Result<Opts, String> {
             }
             "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
             "--plexus" => o.plexus = args.next().ok_or("--plexus needs a file")?.into(),
+            "--plexus-cni" => o.plexus_cni = args.next().ok_or("--plexus-cni needs a file")?.into(),
             "--target" => {
                 let dir = args.next().ok_or("--target needs a directory")?;
                 // Confs need absolute paths.
@@ -99,6 +103,12 @@ fn opts() -> Result<Opts, String> {
         }
     }
     o.out = out.unwrap_or_else(|| o.target.join("bench/results.json"));
+    if !o.plexus_cni.is_file() {
+        return Err(format!(
+            "{} is missing: build it with `cargo build --release -p plexus-cni`",
+            o.plexus_cni.display()
+        ));
+    }
     if !o.plexus.is_file() {
         return Err(format!(
             "{} is missing: build with `cargo build --release --workspace --bins`",
@@ -171,6 +181,11 @@ enum Variant {
     Plexus,
     HooksWarm,
     HooksCold,
+    /// The three hooks as the node agent publishes them (precompiled, in the node's hook set), full binary.
+    HooksAgent,
+    /// plexus-cni (no compiler): what nodes run, without hooks and with the agent's three.
+    Cni,
+    CniAgent,
 }
 
 impl Variant {
@@ -180,6 +195,9 @@ impl Variant {
             Variant::Plexus => "plexus",
             Variant::HooksWarm => "plexus+3 hooks warm",
             Variant::HooksCold => "plexus+3 hooks cold",
+            Variant::HooksAgent => "plexus+3 hooks from the node agent",
+            Variant::Cni => "plexus-cni",
+            Variant::CniAgent => "plexus-cni+3 hooks from the node agent",
         }
     }
 }
@@ -204,17 +222,27 @@ fn add_del(
                 .push(ms(w.floor_del(container, &netns, 0, &results)?));
         }
         _ => {
-            let conf = w.conf(&o.target, v != Variant::Plexus);
+            let conf = match v {
+                Variant::HooksAgent | Variant::CniAgent => w.agent_conf(&o.target),
+                _ => w.conf(
+                    &o.target,
+                    matches!(v, Variant::HooksWarm | Variant::HooksCold),
+                ),
+            };
+            let bin = match v {
+                Variant::Cni | Variant::CniAgent => &o.plexus_cni,
+                _ => &o.plexus,
+            };
             if v == Variant::HooksCold {
                 w.empty_hook_cache();
             }
             let cpu = proc::children_cpu();
-            let add = w.plexus(&o.plexus, &conf, "ADD", container, &netns, 0)?;
+            let add = w.plexus(bin, &conf, "ADD", container, &netns, 0)?;
             case.add.push(ms(add.elapsed));
             case.add_cpu
                 .push(ms(proc::children_cpu().saturating_sub(cpu)));
             case.rss_kib.push(add.max_rss_kib);
-            let del = w.plexus(&o.plexus, &conf, "DEL", container, &netns, 0)?;
+            let del = w.plexus(bin, &conf, "DEL", container, &netns, 0)?;
             case.del.push(ms(del.elapsed));
         }
     }
@@ -236,7 +264,13 @@ fn matrix(o: &Opts, d: Delegates) -> Result<Vec<Value>, String> {
         Variant::Plexus,
         Variant::HooksWarm,
         Variant::HooksCold,
+        Variant::HooksAgent,
+        Variant::Cni,
+        Variant::CniAgent,
     ];
+    // What the node agent does before any ADD sees a hook: compile the components into the cache and publish the
+    // node's hook set (untimed, once).
+    w.publish_agent_set(&o.plexus, &o.target)?;
     let mut cases: Vec<Case> = variants.iter().map(|_| Case::default()).collect();
     // One untimed round: page cache, the compiled hooks for the warm variant.
     for v in variants {
@@ -758,10 +792,38 @@ fn machine() -> Value {
     })
 }
 
+/// Stripped sizes of the binaries measured, and of the shipped builds when they exist (`target/dist/plexus`,
+/// `target/dist-cni/plexus-cni`, from examples/image/build.sh or the cargo commands it runs).
+fn binary_sizes(o: &Opts) -> Value {
+    let stripped = |bin: &Path| -> Option<u64> {
+        let tmp = o.work.join("stripped");
+        std::fs::create_dir_all(&o.work).ok()?;
+        let ok = std::process::Command::new("strip")
+            .arg("-o")
+            .arg(&tmp)
+            .arg(bin)
+            .status()
+            .ok()?
+            .success();
+        let size = ok.then(|| std::fs::metadata(&tmp).ok().map(|m| m.len()))??;
+        let _ = std::fs::remove_file(&tmp);
+        Some(size)
+    };
+    let dist = |rel: &str| -> Option<u64> {
+        let p = o.target.join(rel);
+        std::fs::metadata(&p).ok().map(|m| m.len())
+    };
+    json!({
+        "releaseStripped": {"plexus": stripped(&o.plexus), "plexusCni": stripped(&o.plexus_cni)},
+        "dist": {"plexus": dist("dist/plexus"), "plexusCni": dist("dist-cni/plexus-cni")},
+    })
+}
+
 fn run() -> Result<(), String> {
     let o = opts()?;
     require_root_and_plugins();
     let plexus_size = std::fs::metadata(&o.plexus).map(|m| m.len()).unwrap_or(0);
+    let binaries = binary_sizes(&o);
     let started = Instant::now();
     let machine = machine();
     if let Some(which) = o.only.iter().find(|x| x.starts_with("perf-loop")) {
@@ -810,6 +872,7 @@ fn run() -> Result<(), String> {
         "runs": o.runs,
         "machine": machine,
         "plexusBinaryBytes": plexus_size,
+        "binaries": binaries,
         "workDir": o.work,
         "startup": startup,
         "cases": cases,

@@ -183,6 +183,50 @@ impl World {
         c
     }
 
+    /// The three hooks as the node agent delivers them: compiled by `plexus hook compile` (what the agent calls)
+    /// into `cache-agent/hooks` and published as that cache dir's hook set, precompiled entries with the same
+    /// settings as [`World::conf`]'s.
+    pub fn publish_agent_set(&self, plexus: &Path, target: &Path) -> Result<(), String> {
+        let cache = self.root.join("cache-agent");
+        let conf = self.conf(target, true);
+        let mut hooks = Vec::new();
+        for entry in conf["hooks"].as_array().into_iter().flatten() {
+            let out = Command::new(plexus)
+                .args(["hook", "compile"])
+                .arg(entry["module"].as_str().unwrap_or_default())
+                .arg("--cache-dir")
+                .arg(&cache)
+                .output()
+                .map_err(|e| format!("plexus hook compile: {e}"))?;
+            if !out.status.success() {
+                return Err(format!(
+                    "plexus hook compile: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                ));
+            }
+            let compiled: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let mut spec: plexus_hooks::HookSpec =
+                serde_json::from_value(entry.clone()).map_err(|e| e.to_string())?;
+            spec.sha256 = compiled["sha256"].as_str().map(String::from);
+            spec.precompiled = true;
+            hooks.push(spec);
+        }
+        plexus::hooks::HookSet {
+            generation: 1,
+            hooks,
+        }
+        .publish(&cache)
+        .map_err(|e| format!("publish the hook set: {e}"))
+    }
+
+    /// The conf of an ADD on a node whose agent published the three hooks ([`World::publish_agent_set`]): no hooks
+    /// of its own, the agent's cache dir.
+    pub fn agent_conf(&self, target: &Path) -> Value {
+        let mut c = self.conf(target, false);
+        c["cacheDir"] = json!(self.root.join("cache-agent"));
+        c
+    }
+
     /// Removes the compiled hooks, so that the next ADD compiles them.
     pub fn empty_hook_cache(&self) {
         let _ = std::fs::remove_dir_all(self.root.join("cache/hooks"));
@@ -190,7 +234,11 @@ impl World {
 
     /// The attachment cache's plans, plus any results journal left without its plan.
     pub fn cached(&self) -> Vec<String> {
-        plexus_tests::plexus::list_cache(&self.root.join("cache/attachments"))
+        let mut left = plexus_tests::plexus::list_cache(&self.root.join("cache/attachments"));
+        left.extend(plexus_tests::plexus::list_cache(
+            &self.root.join("cache-agent/attachments"),
+        ));
+        left
     }
 
     /// The plan cached for `container`, results applied.

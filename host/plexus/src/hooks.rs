@@ -75,7 +75,12 @@ pub fn load(
                 .map_err(|e| PlexusError::Config(format!("hooks[{i}]: {e}")))
         })
         .collect::<Result<Vec<_>, _>>()?;
-    specs.extend(set.map(|s| s.hooks).unwrap_or_default());
+    // The node's set after the conf's own hooks, each named after its resource so that no cluster hook can take a
+    // conf hook's name.
+    specs.extend(set.into_iter().flat_map(|s| s.hooks).map(|mut h| {
+        h.name = format!("{CLUSTER_HOOK_PREFIX}{}", h.name);
+        h
+    }));
     Ok(Hooks::load(&specs, cache_dir)?)
 }
 
@@ -91,6 +96,9 @@ pub struct HookSet {
     /// In run order (after the conf's own hooks).
     pub hooks: Vec<HookSpec>,
 }
+
+/// What the names of the node's hook set get in front in an ADD (logs, errors, policy denials).
+pub const CLUSTER_HOOK_PREFIX: &str = "networkhook/";
 
 /// The hook set's file name under `cacheDir`.
 pub const SET_FILE: &str = "hook-set.json";

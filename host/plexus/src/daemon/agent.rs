@@ -181,8 +181,10 @@ pub async fn run(client: Client, settings: AgentSettings) {
             while let Some(item) = stream.next().await {
                 match item {
                     Ok(event) => {
-                        apply_hook_event(&mut inputs.lock().expect("inputs"), event);
-                        changed.notify_one();
+                        // Status writes of other nodes change the resource too; only its spec matters here.
+                        if apply_hook_event(&mut inputs.lock().expect("inputs"), event) {
+                            changed.notify_one();
+                        }
                     }
                     Err(e) => tracing::warn!(watch = PLURAL, error = %e, "watch failed; retrying"),
                 }
@@ -200,9 +202,13 @@ pub async fn run(client: Client, settings: AgentSettings) {
             while let Some(item) = stream.next().await {
                 match item {
                     Ok(Event::Apply(n) | Event::InitApply(n)) => {
-                        inputs.lock().expect("inputs").labels =
-                            Some(n.metadata.labels.unwrap_or_default());
-                        changed.notify_one();
+                        // kubelet updates its Node often; only a change of labels matters here.
+                        let labels = Some(n.metadata.labels.unwrap_or_default());
+                        let mut i = inputs.lock().expect("inputs");
+                        if i.labels != labels {
+                            i.labels = labels;
+                            changed.notify_one();
+                        }
                     }
                     Ok(_) => {}
                     Err(e) => tracing::warn!(watch = "node", error = %e, "watch failed; retrying"),
@@ -251,30 +257,41 @@ fn resource_of(obj: DynamicObject) -> Option<(String, Resource)> {
     ))
 }
 
-fn apply_hook_event(inputs: &mut Inputs, event: Event<DynamicObject>) {
+/// Applies a watch event; true when the resources' specs may have changed.
+fn apply_hook_event(inputs: &mut Inputs, event: Event<DynamicObject>) -> bool {
     match event {
-        Event::Init => inputs.listing = Some(BTreeMap::new()),
+        Event::Init => {
+            inputs.listing = Some(BTreeMap::new());
+            false
+        }
         Event::InitApply(obj) => {
             if let (Some(list), Some((name, r))) = (inputs.listing.as_mut(), resource_of(obj)) {
                 list.insert(name, r);
             }
+            false
         }
         Event::InitDone => {
             if let Some(list) = inputs.listing.take() {
                 inputs.hooks = list;
             }
             inputs.hooks_synced = true;
+            true
         }
-        Event::Apply(obj) => {
-            if let Some((name, r)) = resource_of(obj) {
+        Event::Apply(obj) => match resource_of(obj) {
+            Some((name, r)) => {
+                let same = inputs
+                    .hooks
+                    .get(&name)
+                    .is_some_and(|old| old.generation == r.generation && old.spec == r.spec);
                 inputs.hooks.insert(name, r);
+                !same
             }
-        }
-        Event::Delete(obj) => {
-            if let Some(name) = obj.metadata.name {
-                inputs.hooks.remove(&name);
-            }
-        }
+            None => false,
+        },
+        Event::Delete(obj) => obj
+            .metadata
+            .name
+            .is_some_and(|name| inputs.hooks.remove(&name).is_some()),
     }
 }
 
@@ -748,7 +765,9 @@ mod tests {
         assert!(i.hooks_synced);
         assert_eq!(i.hooks["a"].generation, 2);
         assert_eq!(i.hooks["a"].spec.as_ref().unwrap().kind, HookKind::Status);
-        apply_hook_event(&mut i, Event::Delete(obj("a")));
+        // A status write of some node: same generation and spec, nothing to do.
+        assert!(!apply_hook_event(&mut i, Event::Apply(obj("a"))));
+        assert!(apply_hook_event(&mut i, Event::Delete(obj("a"))));
         assert!(i.hooks.is_empty());
         let mut bad = obj("b");
         bad.data["spec"]["surprise"] = json!(1);

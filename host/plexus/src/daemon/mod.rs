@@ -5,6 +5,9 @@
 //! The CNI process keeps everything that touches the pod (lock, cache journal, delegates, rollback, DEL): the
 //! daemon only answers questions, and a daemon that is absent, unsynced, busy or slow means the CNI process
 //! asks the API itself (thin mode). See [`client`].
+//!
+//! The same process is the node agent ([`agent`]: NetworkHook resources pulled, verified, compiled and published
+//! as the node's hook set) and runs `plexus install --watch`: one long-lived process per node.
 
 #[cfg(feature = "node")]
 pub mod agent;
