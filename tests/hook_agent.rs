@@ -88,9 +88,13 @@ impl Daemon {
 impl World {
     /// `plexus hook push` of a guest to `repo:tag`, signed with `key` when given; the pinned reference.
     fn push(&self, guest: &str, repo_tag: &str, key: Option<&Path>) -> String {
+        self.push_file(&guest_wasm(guest), repo_tag, key)
+    }
+
+    fn push_file(&self, file: &Path, repo_tag: &str, key: Option<&Path>) -> String {
         let mut cmd = Command::new(plexus_bin());
         cmd.args(["hook", "push"])
-            .arg(guest_wasm(guest))
+            .arg(file)
             .arg(format!("{}/{repo_tag}", self.registry.addr))
             .args(["--insecure-registry", &self.registry.addr]);
         if let Some(k) = key {
@@ -333,23 +337,7 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
     bytes.extend_from_slice(&[0, 8, 7]);
     bytes.extend_from_slice(b"plexus2");
     std::fs::write(&v2_file, &bytes).unwrap();
-    let out = Command::new(plexus_bin())
-        .args(["hook", "push"])
-        .arg(&v2_file)
-        .arg(format!("{}/vendor/labels:v2", w.registry.addr))
-        .args(["--insecure-registry", &w.registry.addr, "--key"])
-        .arg(&w.trusted.0)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let v2 = serde_json::from_slice::<Value>(&out.stdout).unwrap()["reference"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let v2 = w.push_file(&v2_file, "vendor/labels:v2", Some(&w.trusted.0));
 
     // Down when the agent starts: reported, retried, the daemon keeps running.
     w.registry.down();
@@ -447,23 +435,7 @@ fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
         "labels": {"app": "web", "tier": "front", "zone": "a"}}});
     sb.manifest("pod-team-a-web.json", &pod.to_string());
     let cache = sb.path("cache");
-    let module = guest_wasm("status-labels");
-    let out = Command::new(plexus_bin())
-        .args(["hook", "compile"])
-        .arg(&module)
-        .arg("--cache-dir")
-        .arg(&cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string();
+    let sha = compile_hook(&guest_wasm("status-labels"), &cache);
     let set = |generation: u64, first: &str, second: &str| {
         let hook = |name: &str, label: &str| {
             let mut h = HookSpec::new(name, HookKind::Status, sb.path("absent.wasm"));
@@ -682,18 +654,7 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     assert!(sb.cached().is_empty(), "nothing half-attached");
 
     // Compiled by the full binary (as the agent does), the same conf runs in plexus-cni.
-    let out = Command::new(plexus_bin())
-        .args(["hook", "compile"])
-        .arg(&module)
-        .arg("--cache-dir")
-        .arg(&cache)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let sha = compile_hook(&module, &cache);
     sb.run_bin(&cni, "ADD", "c2", &args, &conf).ok();
     assert_eq!(
         sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
@@ -703,10 +664,6 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
 
     // A published hook set (precompiled entries) runs after the conf's own hooks; its hook of the same name and
     // kind as the conf's is no clash (it runs as networkhook/labels).
-    let sha = serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
-        .as_str()
-        .unwrap()
-        .to_string();
     let mut h = HookSpec::new("labels", HookKind::Status, sb.path("gone.wasm"));
     h.sha256 = Some(sha);
     h.precompiled = true;
@@ -728,4 +685,24 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     sb.run_bin(&cni, "ADD", "c4", &args, &conf).ok();
     assert_eq!(sb.status("team-a", "web").unwrap()[0].get(LABELS_KEY), None);
     sb.run_bin(&cni, "DEL", "c4", &args, &conf).ok();
+}
+
+/// `plexus hook compile FILE --cache-dir DIR` (what the node agent runs): the component's sha256.
+fn compile_hook(module: &Path, cache: &Path) -> String {
+    let out = Command::new(plexus_bin())
+        .args(["hook", "compile"])
+        .arg(module)
+        .arg("--cache-dir")
+        .arg(cache)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice::<Value>(&out.stdout).unwrap()["sha256"]
+        .as_str()
+        .unwrap()
+        .to_string()
 }

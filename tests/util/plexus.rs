@@ -7,11 +7,16 @@ use std::process::{Command, Stdio};
 
 use serde_json::{json, Value};
 
+/// The cargo target directory: `CARGO_TARGET_DIR`, or the workspace's `target/`.
+pub fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"))
+}
+
 /// `target/release/plexus` (or under `CARGO_TARGET_DIR`); the test command builds it first.
 pub fn plexus_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = target_dir();
     let bin = target.join("release/plexus");
     assert!(
         bin.exists(),
@@ -25,9 +30,7 @@ pub fn plexus_bin() -> PathBuf {
 /// (`cargo build --release -p plexus-cni`) after the workspace, so that it is built without plexus's `node`
 /// feature.
 pub fn plexus_cni_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = target_dir();
     let bin = target.join("release/plexus-cni");
     assert!(
         bin.exists(),
@@ -39,9 +42,7 @@ pub fn plexus_cni_bin() -> PathBuf {
 
 /// A guest component built by `guests/build.sh` (the test command runs it), by crate name.
 pub fn guest_wasm(name: &str) -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = target_dir();
     let p = target.join("guests").join(format!("{name}.wasm"));
     assert!(
         p.exists(),
@@ -53,9 +54,7 @@ pub fn guest_wasm(name: &str) -> PathBuf {
 
 /// The fake delegate built with this test crate.
 pub fn fake_cni_bin() -> PathBuf {
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| Path::new(env!("CARGO_MANIFEST_DIR")).join("../target"));
+    let target = target_dir();
     let bin = target.join("release/fake-cni");
     assert!(
         bin.exists(),
