@@ -183,6 +183,24 @@ pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
     Ok(bytes)
 }
 
+/// Replaces the file at `path` with `contents`, mode `mode`, as one step: a temp file in the same directory
+/// (unnamed, or hidden, until committed, so nobody scanning the directory sees half a file), synced, renamed over
+/// `path`, the directory synced. For files written rarely that must survive a crash or reboot whole.
+pub fn replace_file(path: &Path, contents: &[u8], mode: u32) -> std::io::Result<()> {
+    use atomic_write_file::unix::OpenOptionsExt as _;
+    use std::io::Write as _;
+    use std::os::unix::fs::{OpenOptionsExt as _, PermissionsExt as _};
+    let mut f = atomic_write_file::AtomicWriteFile::options()
+        .mode(mode)
+        .preserve_mode(false)
+        .open(path)?;
+    f.write_all(contents)?;
+    // The mode asked for, whatever the umask.
+    f.as_file()
+        .set_permissions(std::fs::Permissions::from_mode(mode))?;
+    f.commit()
+}
+
 /// Stdin as a JSON object: what every command but VERSION needs, and where VERSION finds the
 /// `cniVersion` to answer in. Parsed once per invocation.
 pub fn stdin_json(stdin: &[u8]) -> Result<Value, PlexusError> {

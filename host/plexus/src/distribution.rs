@@ -207,17 +207,11 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, DistError> {
     })
 }
 
-fn read_small(path: &Path, max: u64) -> Result<String, String> {
-    use std::io::Read;
-    let f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut s = String::new();
-    f.take(max + 1)
-        .read_to_string(&mut s)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if s.len() as u64 > max {
-        return Err(format!("{}: larger than {max} bytes", path.display()));
-    }
-    Ok(s)
+/// A small text file (keys, CA certificates), at most `max` bytes.
+fn read_small(path: &Path, max: usize) -> Result<String, String> {
+    let bytes =
+        crate::conf::read_capped(path, max).map_err(|e| format!("{}: {e}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// A module pulled and checked against its digests.
@@ -683,15 +677,9 @@ fn is_not_found(e: &OciDistributionError) -> bool {
 }
 
 fn registry_err(reference: &Reference, e: &OciDistributionError) -> DistError {
-    let mut reason = e.to_string();
-    let mut src = std::error::Error::source(e);
-    while let Some(s) = src {
-        reason.push_str(&format!(": {s}"));
-        src = s.source();
-    }
     DistError::Registry {
         reference: reference.whole(),
-        reason,
+        reason: plexus_cluster::error_chain(e),
     }
 }
 

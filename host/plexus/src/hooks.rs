@@ -132,16 +132,9 @@ impl HookSet {
 
     /// Replaces the published set (temp file, sync, rename, sync of the directory).
     pub fn publish(&self, cache_dir: &Path) -> std::io::Result<()> {
-        use atomic_write_file::unix::OpenOptionsExt as _;
-        use std::io::Write as _;
-        use std::os::unix::fs::OpenOptionsExt as _;
         std::fs::create_dir_all(cache_dir)?;
-        let mut f = atomic_write_file::AtomicWriteFile::options()
-            .mode(0o644)
-            .preserve_mode(false)
-            .open(Self::path(cache_dir))?;
-        f.write_all(&serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?)?;
-        f.commit()
+        let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
+        crate::conf::replace_file(&Self::path(cache_dir), &json, 0o644)
     }
 }
 

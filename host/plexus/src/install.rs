@@ -7,11 +7,7 @@
 //! ("text file busy"). The kubeconfig is kube's own type, written with serde-saphyr.
 
 use std::fs;
-use std::io::Write;
-use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-
-use atomic_write_file::unix::OpenOptionsExt as _;
-use atomic_write_file::AtomicWriteFile;
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -217,19 +213,7 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<bool, Ins
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    // The temp file has no name until it is committed (or a hidden one), so a runtime scanning the dir never
-    // picks it up; commit syncs the file, renames it and syncs the directory.
-    let write = || -> std::io::Result<()> {
-        let mut f = AtomicWriteFile::options()
-            .mode(mode)
-            .preserve_mode(false)
-            .open(path)?;
-        f.write_all(contents)?;
-        f.as_file()
-            .set_permissions(fs::Permissions::from_mode(mode))?;
-        f.commit()
-    };
-    write().map_err(io_err(path))?;
+    crate::conf::replace_file(path, contents, mode).map_err(io_err(path))?;
     Ok(true)
 }
 

@@ -143,9 +143,9 @@ struct Agent {
     registry: Result<Registry, String>,
     modules: PathBuf,
     published: HookSet,
-    /// Which manifest digest each published hook runs, and its order.
-    published_digest: HashMap<String, String>,
-    published_order: HashMap<String, i32>,
+    /// What each published hook runs: its manifest digest, and its order (unknown for a set published before a
+    /// restart, whose entries carry no order).
+    published_runs: HashMap<String, (String, Option<i32>)>,
     /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
     /// module as far as trust goes).
     failures: HashMap<String, Failure>,
@@ -326,10 +326,10 @@ impl Agent {
                 HookSet::default()
             }
         };
-        let published_digest = published
+        let published_runs = published
             .hooks
             .iter()
-            .filter_map(|h| Some((h.name.clone(), digest_of_module_path(&h.module)?)))
+            .filter_map(|h| Some((h.name.clone(), (digest_of_module_path(&h.module)?, None))))
             .collect();
         Agent {
             settings,
@@ -337,8 +337,7 @@ impl Agent {
             registry,
             modules,
             published,
-            published_digest,
-            published_order: HashMap::new(),
+            published_runs,
             failures: HashMap::new(),
             reported: HashMap::new(),
             retired: HashMap::new(),
@@ -403,17 +402,12 @@ impl Agent {
                         .iter()
                         .find(|h| &h.name == name)
                         .cloned()
-                        .zip(self.published_digest.get(name).cloned());
+                        .zip(self.published_runs.get(name).cloned());
                     let active = kept.is_some();
-                    let digest = kept.as_ref().map(|(_, d)| d.clone());
-                    if let Some((old, d)) = kept {
+                    let digest = kept.as_ref().map(|(_, (d, _))| d.clone());
+                    if let Some((old, (d, order))) = kept {
                         // The entry last published, as it was (its module and its settings): the last good one.
-                        let order = self
-                            .published_order
-                            .get(name)
-                            .copied()
-                            .unwrap_or(spec.order);
-                        entries.push((order, name.clone(), old, d));
+                        entries.push((order.unwrap_or(spec.order), name.clone(), old, d));
                     }
                     reports.insert(name.clone(), status(active, &reason, message, digest));
                 }
@@ -434,9 +428,12 @@ impl Agent {
                         "hook set published"
                     );
                     self.published = set;
-                    self.published_digest =
-                        entries.iter().map(|e| (e.1.clone(), e.3.clone())).collect();
-                    self.published_order = entries.iter().map(|e| (e.1.clone(), e.0)).collect();
+                    self.published_runs = entries
+                        .iter()
+                        .map(|(order, name, _, digest)| {
+                            (name.clone(), (digest.clone(), Some(*order)))
+                        })
+                        .collect();
                 }
                 Err(e) => {
                     tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")
@@ -529,7 +526,7 @@ impl Agent {
         let path = self.module_path(&pulled.sha256);
         let io = |e: std::io::Error| ("PullFailed".to_string(), format!("{}: {e}", path.display()));
         std::fs::create_dir_all(&self.modules).map_err(io)?;
-        write_file(&path, &pulled.wasm).map_err(io)?;
+        crate::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
         let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
         let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
             .await
@@ -547,12 +544,13 @@ impl Agent {
             verified_by,
         };
         let rec_path = self.record_path(&reference.whole());
-        write_file(&rec_path, &serde_json::to_vec(&rec).expect("json")).map_err(|e| {
-            (
-                "PullFailed".to_string(),
-                format!("{}: {e}", rec_path.display()),
-            )
-        })?;
+        crate::conf::replace_file(&rec_path, &serde_json::to_vec(&rec).expect("json"), 0o600)
+            .map_err(|e| {
+                (
+                    "PullFailed".to_string(),
+                    format!("{}: {e}", rec_path.display()),
+                )
+            })?;
         tracing::info!(module = %reference.whole(), sha256 = %pulled.sha256, "module pulled, verified and compiled");
         Ok(pulled.sha256)
     }
@@ -704,19 +702,6 @@ fn digest_of_module_path(module: &Path) -> Option<String> {
 fn read_record(path: &Path) -> Option<Record> {
     let bytes = crate::conf::read_capped(path, 4096).ok()?;
     serde_json::from_slice(&bytes).ok()
-}
-
-/// Writes a file whole: temp file, sync, rename.
-fn write_file(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use atomic_write_file::unix::OpenOptionsExt as _;
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
-    let mut f = atomic_write_file::AtomicWriteFile::options()
-        .mode(0o600)
-        .preserve_mode(false)
-        .open(path)?;
-    f.write_all(bytes)?;
-    f.commit()
 }
 
 #[cfg(test)]
