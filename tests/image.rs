@@ -2,7 +2,8 @@
 //! imported into a real containerd (Debian's 1.6 with the CRI plugin, the one the teardown tests drive) and run
 //! there with runc, as the DaemonSet runs it: its `plexus install` puts the CNI plugin (`plexus-cni`, installed as
 //! `plexus`) and the conflist onto the "node" (directories bind-mounted from the host), and the installed binary
-//! then answers the CNI VERSION command on the host.
+//! then answers the CNI VERSION command on the host. The documented uninstall step is run both ways an operator
+//! can: with the binary installed on the node, and from the image with the node's root mounted.
 
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -79,38 +80,61 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
     let listed = ctr(&containerd, &["images", "ls", "-q"]);
     assert!(String::from_utf8_lossy(&listed.stdout).contains(IMAGE));
 
+    // A service account as the DaemonSet's pod has one, so that install writes the kubeconfig too.
+    let sa = dir.path().join("sa");
+    std::fs::create_dir_all(&sa).unwrap();
+    std::fs::write(sa.join("token"), "token-1\n").unwrap();
+    std::fs::write(sa.join("ca.crt"), "not checked by install\n").unwrap();
+    let kubeconfig = conf.join("plexus.d/plexus.kubeconfig");
+    // Something else of the node's in its conf dir: uninstall must leave it.
+    std::fs::write(conf.join("99-other.conf"), "{}").unwrap();
+
     // Mounted at their host paths, as the DaemonSet does, so the paths written into the conflist hold.
     let mount = |dir: &Path| format!("type=bind,src={0},dst={0},options=rbind:rw", dir.display());
     let bin_flag = format!("--bin-dir={}", bin.display());
     let conf_flag = format!("--conf-dir={}", conf.display());
-    let run = ctr(
-        &containerd,
-        &[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "native",
-            "--mount",
-            &mount(&bin),
-            "--mount",
-            &mount(&conf),
-            IMAGE,
-            &format!("plexus-install-{}", std::process::id()),
-            "/usr/local/bin/plexus",
-            "install",
-            "--cni-bin-source=/usr/local/bin/plexus-cni",
-            &bin_flag,
-            &conf_flag,
-            "--timeout=10s",
-        ],
+    let sa_mount = format!(
+        "type=bind,src={},dst=/var/run/secrets/kubernetes.io/serviceaccount,options=rbind:ro",
+        sa.display()
     );
-    assert!(
-        run.status.success(),
-        "ctr run: {}\n{}\ncontainerd log:\n{}",
-        String::from_utf8_lossy(&run.stdout),
-        String::from_utf8_lossy(&run.stderr),
-        containerd.log()
-    );
+    let install = |n: u32| {
+        let run = ctr(
+            &containerd,
+            &[
+                "run",
+                "--rm",
+                "--snapshotter",
+                "native",
+                "--env",
+                "KUBERNETES_SERVICE_HOST=10.96.0.1",
+                "--env",
+                "KUBERNETES_SERVICE_PORT=443",
+                "--mount",
+                &mount(&bin),
+                "--mount",
+                &mount(&conf),
+                "--mount",
+                &sa_mount,
+                IMAGE,
+                &format!("plexus-install-{}-{n}", std::process::id()),
+                "/usr/local/bin/plexus",
+                "install",
+                "--cni-bin-source=/usr/local/bin/plexus-cni",
+                &bin_flag,
+                &conf_flag,
+                "--timeout=10s",
+            ],
+        );
+        assert!(
+            run.status.success(),
+            "ctr run: {}\n{}\ncontainerd log:\n{}",
+            String::from_utf8_lossy(&run.stdout),
+            String::from_utf8_lossy(&run.stderr),
+            containerd.log()
+        );
+    };
+    install(1);
+    assert!(kubeconfig.exists());
 
     // What the container installed works on the host.
     let conflist: Value =
@@ -161,4 +185,85 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
         String::from_utf8_lossy(&help.stderr)
     );
     assert!(String::from_utf8_lossy(&help.stdout).contains("--hook-signatures"));
+
+    // Uninstall, as docs/operations.md says, with what is really on the node. First on the node itself: the
+    // installed binary (plexus-cni) with the DaemonSet's paths.
+    let left_alone = |what: &str| {
+        assert!(
+            !conf.join("00-plexus.conflist").exists(),
+            "{what}: conflist left"
+        );
+        assert!(!kubeconfig.exists(), "{what}: kubeconfig left");
+        assert!(
+            installed.exists(),
+            "{what}: the binary stays for DEL of existing pods"
+        );
+        assert!(
+            conf.join("10-cluster.conflist").exists(),
+            "{what}: the cluster network's conf"
+        );
+        assert!(
+            conf.join("99-other.conf").exists(),
+            "{what}: another file of the node's"
+        );
+    };
+    let out = Command::new(&installed)
+        .args(["install", "--uninstall"])
+        .arg(&conf_flag)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("removed"));
+    left_alone("the installed binary");
+    // Anything but uninstalling is the full binary's, and says so.
+    let out = Command::new(&installed)
+        .args(["install", "--watch"])
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("full plexus binary"));
+
+    // Then as a one-off pod from the image with the node's root at /host (what `kubectl debug node/...` runs).
+    install(2);
+    assert!(conf.join("00-plexus.conflist").exists() && kubeconfig.exists());
+    let host_root = format!(
+        "type=bind,src={},dst=/host,options=rbind:rw",
+        dir.path().display()
+    );
+    let in_host = |p: &Path| {
+        Path::new("/host")
+            .join(p.strip_prefix(dir.path()).unwrap())
+            .display()
+            .to_string()
+    };
+    let run = ctr(
+        &containerd,
+        &[
+            "run",
+            "--rm",
+            "--snapshotter",
+            "native",
+            "--mount",
+            &host_root,
+            IMAGE,
+            &format!("plexus-uninstall-{}", std::process::id()),
+            "/usr/local/bin/plexus",
+            "install",
+            "--uninstall",
+            &format!("--conf-dir={}", in_host(&conf)),
+        ],
+    );
+    assert!(
+        run.status.success(),
+        "ctr run: {}\n{}",
+        String::from_utf8_lossy(&run.stdout),
+        String::from_utf8_lossy(&run.stderr)
+    );
+    left_alone("the image's plexus");
 }

@@ -15,10 +15,26 @@ fn real_main() -> u8 {
             println!("plexus {} (CNI plugin only)", env!("CARGO_PKG_VERSION"));
             0
         }
+        // The node's documented uninstall step runs the binary that is on the node: this one.
+        Some("install") => {
+            let args: Vec<String> = std::env::args().skip(1).collect();
+            match plexus::uninstall::parse_args(&args) {
+                Ok(opts) => plexus::uninstall::main(&opts),
+                Err(plexus::uninstall::UninstallError::Help) => {
+                    println!("{}", plexus::uninstall::UninstallError::Help);
+                    0
+                }
+                Err(e) => {
+                    eprintln!("plexus-cni: {e}");
+                    2
+                }
+            }
+        }
         Some(other) => {
             eprintln!(
                 "plexus-cni: {other:?}: this is the CNI plugin alone (run by a container runtime, with \
-                 CNI_COMMAND set); install, daemon and hook are commands of the full plexus binary"
+                 CNI_COMMAND set) and its node uninstall (`install --uninstall`); daemon and hook are commands \
+                 of the full plexus binary"
             );
             2
         }

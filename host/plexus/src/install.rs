@@ -13,12 +13,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-/// The file Plexus's conf is installed as; `00-` sorts it before the cluster network's own conf.
-pub const CONFLIST_NAME: &str = "00-plexus.conflist";
+pub use crate::uninstall::{uninstall, CONFLIST_NAME, DEFAULT_CONF_DIR};
 /// The installed binary's name in the CNI bin dir (the `type` of the conflist's plugin).
 pub const BINARY_NAME: &str = "plexus";
 pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
-pub const DEFAULT_CONF_DIR: &str = "/etc/cni/net.d";
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 pub const DEFAULT_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
 const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
@@ -60,6 +58,8 @@ pub enum InstallError {
     },
     #[error("service account: {0}")]
     ServiceAccount(String),
+    #[error(transparent)]
+    Uninstall(#[from] crate::uninstall::UninstallError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
@@ -95,7 +95,8 @@ impl Default for InstallOptions {
             bin_dir: DEFAULT_BIN_DIR.into(),
             conf_dir: DEFAULT_CONF_DIR.into(),
             cni_bin_source: None,
-            kubeconfig_out: Path::new(DEFAULT_CONF_DIR).join("plexus.d/plexus.kubeconfig"),
+            kubeconfig_out: Path::new(DEFAULT_CONF_DIR)
+                .join(crate::uninstall::KUBECONFIG_IN_CONF_DIR),
             cluster_network_conf: None,
             timeout: DEFAULT_TIMEOUT,
             poll_interval: DEFAULT_POLL,
@@ -192,8 +193,8 @@ pub fn parse_args(args: &[String]) -> Result<InstallOptions, InstallError> {
             fmt_duration(MAX_POLL)
         )));
     }
-    opts.kubeconfig_out =
-        kubeconfig_out.unwrap_or_else(|| opts.conf_dir.join("plexus.d/plexus.kubeconfig"));
+    opts.kubeconfig_out = kubeconfig_out
+        .unwrap_or_else(|| opts.conf_dir.join(crate::uninstall::KUBECONFIG_IN_CONF_DIR));
     Ok(opts)
 }
 
@@ -469,20 +470,6 @@ pub fn write_conflist(conf_dir: &Path, conflist: &Value) -> Result<bool, Install
     let mut text = serde_json::to_string_pretty(conflist).expect("a JSON value serializes");
     text.push('\n');
     write_atomic(&conf_dir.join(CONFLIST_NAME), text.as_bytes(), 0o644)
-}
-
-/// Removes the conflist and the kubeconfig; returns what was there. The binary stays: pods attached
-/// while Plexus was installed still need it for DEL.
-pub fn uninstall(conf_dir: &Path, kubeconfig_out: &Path) -> Result<Vec<PathBuf>, InstallError> {
-    let mut removed = Vec::new();
-    for path in [conf_dir.join(CONFLIST_NAME), kubeconfig_out.to_path_buf()] {
-        match fs::remove_file(&path) {
-            Ok(()) => removed.push(path),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(source) => return Err(InstallError::Io { path, source }),
-        }
-    }
-    Ok(removed)
 }
 
 /// Where the API server is, from `KUBERNETES_SERVICE_HOST` and `KUBERNETES_SERVICE_PORT`.

@@ -25,6 +25,7 @@ pub mod podnet;
 pub mod podresources;
 pub mod runner;
 pub mod teardown;
+pub mod uninstall;
 
 #[cfg(test)]
 mod orchestrate_tests;
