@@ -640,3 +640,225 @@ fn the_daemons_watches_are_node_scoped_and_resume_from_bookmarks() {
         "no other node's pod, no relist: {h:?}"
     );
 }
+
+/// `setpriv` as uid/gid 65534 (nobody), no supplementary groups.
+fn as_nobody(program: &str) -> Command {
+    let mut cmd = Command::new("setpriv");
+    cmd.args(["--reuid=65534", "--regid=65534", "--clear-groups", program]);
+    cmd
+}
+
+#[test]
+fn an_unprivileged_user_cannot_keep_the_daemon_from_starting() {
+    let c = cluster(&[]);
+    let run = c.sb.path("run");
+    std::fs::create_dir_all(&run).unwrap();
+    for dir in [c.sb.root.path().to_path_buf(), run.clone()] {
+        std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    // A lock file as earlier versions left it (0644), which anyone may open and flock: nobody holds it.
+    let lock = run.join("daemon.lock");
+    std::fs::write(&lock, "").unwrap();
+    std::fs::set_permissions(&lock, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let mut holder = as_nobody("flock")
+        .args(["--shared", "--nonblock"])
+        .arg(&lock)
+        .args(["sleep", "120"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        holder.try_wait().unwrap().is_none(),
+        "nobody could flock the old lock file"
+    );
+
+    let d = c.daemon(&[]);
+    d.wait("serving despite the held lock", |_| true);
+    let meta = std::fs::symlink_metadata(&lock).unwrap();
+    assert!(meta.is_file());
+    assert_eq!((meta.uid(), meta.mode() & 0o7777), (0, 0o600));
+    // Nobody can open the new one, so nobody can hold it.
+    let out = as_nobody("flock")
+        .args(["--shared", "--nonblock"])
+        .arg(&lock)
+        .arg("true")
+        .output()
+        .unwrap();
+    assert!(!out.status.success(), "{out:?}");
+    let _ = holder.kill();
+    let _ = holder.wait();
+    drop(d);
+
+    // A symlink in its place is not followed (it would let the daemon be made to create or lock any file).
+    let target = c.sb.path("not-a-lock");
+    std::fs::write(&target, "keep").unwrap();
+    let _ = std::fs::remove_file(&lock);
+    std::os::unix::fs::symlink(&target, &lock).unwrap();
+    let d = c.daemon(&[]);
+    d.wait("serving", |_| true);
+    assert!(std::fs::symlink_metadata(&lock).unwrap().is_file());
+    assert_eq!(std::fs::read_to_string(&target).unwrap(), "keep");
+    drop(d);
+
+    // A run directory others may write into is refused, with its reason.
+    std::fs::set_permissions(&run, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let mut d = c.daemon(&[]);
+    let status = d.child.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(log.contains("lets others write into it"), "{log}");
+}
+
+#[test]
+fn a_connection_carries_requests_in_turn_until_idle_for_30_s() {
+    use std::io::{BufRead, BufReader, Write};
+    let c = cluster(&[]);
+    let d = c.daemon(&[]);
+    d.wait("synced", DaemonHealth::synced);
+    let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(40)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    let line = |r: &mut BufReader<std::os::unix::net::UnixStream>| {
+        let mut l = String::new();
+        r.read_line(&mut l).unwrap();
+        l
+    };
+    let health = format!("{}\n", serde_json::to_string(&Request::Health).unwrap());
+    for _ in 0..3 {
+        writer.write_all(health.as_bytes()).unwrap();
+        let answer: Answer = serde_json::from_str(&line(&mut reader)).unwrap();
+        assert!(matches!(answer, Answer::Health(_)), "{answer:?}");
+    }
+    // Idle: closed by the daemon after 30 s (end of file), not before.
+    let start = Instant::now();
+    assert_eq!(line(&mut reader), "");
+    let idle = start.elapsed();
+    assert!(
+        idle >= Duration::from_secs(29) && idle < Duration::from_secs(40),
+        "{idle:?}"
+    );
+
+    // A request that is not one ends the connection at once.
+    let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut reader = BufReader::new(stream.try_clone().unwrap());
+    let mut writer = stream;
+    writer.write_all(b"{\"not\": \"a request\"}\n").unwrap();
+    assert_eq!(line(&mut reader), "");
+}
+
+#[test]
+fn the_nad_cache_keeps_only_what_planning_reads() {
+    let c = cluster(&[]);
+    let config = nad_config("net-a", "v1");
+    // As `kubectl apply` leaves it: the whole object again in an annotation.
+    let last_applied = json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "net-a", "namespace": "team-a"}, "spec": {"config": config.to_string()}});
+    c.api.create(&json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "net-a", "namespace": "team-a", "annotations": {
+            "kubectl.kubernetes.io/last-applied-configuration": last_applied.to_string(),
+            "k8s.v1.cni.cncf.io/resourceName": "example.com/nic"}},
+        "spec": {"config": config.to_string()}
+    }));
+    let d = c.daemon(&[]);
+    d.wait("NAD cached", |h| h.synced() && h.cache.nads == 1);
+    let Answer::Nad { nad } = d.nad("net-a") else {
+        panic!("no NAD answer")
+    };
+    assert_eq!(
+        nad.annotations.keys().collect::<Vec<_>>(),
+        vec!["k8s.v1.cni.cncf.io/resourceName"]
+    );
+    assert!(nad.config.unwrap().contains("secondary-plugin"));
+}
+
+/// The files of the daemon's status queue (beside the socket).
+fn queued(c: &Cluster) -> Vec<PathBuf> {
+    std::fs::read_dir(c.sb.path("run/status-queue"))
+        .map(|d| d.flatten().map(|e| e.path()).collect())
+        .unwrap_or_default()
+}
+
+#[test]
+fn a_status_write_accepted_during_a_long_api_outage_is_written_when_it_ends() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let uid = c.selecting_pod("web", "net-a");
+    let d = c.daemon(&[]);
+    d.wait("synced with the pod", |h| h.synced() && h.cache.pods == 1);
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+
+    // Longer than the daemon's whole retry budget for one write (20 s).
+    c.api.pause();
+    c.add("c1", "web", &uid, &conf).ok();
+    std::thread::sleep(Duration::from_secs(25));
+    let h = d.wait("the write still kept", |h| h.pending_writes == 1);
+    assert_eq!(h.status_writes, 0);
+    let files = queued(&c);
+    assert_eq!(files.len(), 1, "{files:?}");
+    let meta = std::fs::metadata(&files[0]).unwrap();
+    assert_eq!((meta.uid(), meta.mode() & 0o777), (0, 0o600));
+    // Root's alone: an unprivileged user cannot read what the queue holds.
+    let read = as_nobody("cat").arg(&files[0]).output().unwrap();
+    assert!(!read.status.success(), "{read:?}");
+
+    c.api.resume();
+    d.wait("written after the outage", |h| {
+        h.status_writes == 1 && h.pending_writes == 0
+    });
+    assert_eq!(
+        status_of(&c.api, "web"),
+        vec![
+            ("cluster-net".to_string(), "eth0".to_string()),
+            ("team-a/net-a".to_string(), "net1".to_string())
+        ]
+    );
+    assert!(queued(&c).is_empty());
+}
+
+#[test]
+fn status_writes_pending_at_a_kill_are_sent_by_the_next_run() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let pods: Vec<(String, String)> = ["p1", "p2", "p3"]
+        .iter()
+        .map(|p| (p.to_string(), c.selecting_pod(p, "net-a")))
+        .collect();
+    let mut d = c.daemon(&[]);
+    d.wait("synced with the pods", |h| h.synced() && h.cache.pods == 3);
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    c.api.pause();
+    for (i, (pod, uid)) in pods.iter().enumerate() {
+        c.add(&format!("c{i}"), pod, uid, &conf).ok();
+    }
+    d.wait("three writes kept", |h| h.pending_writes == 3);
+    d.child.kill().unwrap();
+    d.child.wait().unwrap();
+    assert_eq!(queued(&c).len(), 3);
+    c.api.resume();
+    // p3 is deleted meanwhile: its write is dropped, not retried for ever.
+    c.api
+        .must("DELETE", "/api/v1/namespaces/team-a/pods/p3", None);
+
+    let d = c.daemon(&[]);
+    d.wait("the kept writes sent", |h| h.pending_writes == 0);
+    for pod in ["p1", "p2"] {
+        assert_eq!(
+            status_of(&c.api, pod).len(),
+            2,
+            "{pod} has its network-status"
+        );
+    }
+    assert!(queued(&c).is_empty());
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(
+        log.contains("sending status writes kept by an earlier run"),
+        "{log}"
+    );
+}

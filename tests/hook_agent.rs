@@ -133,6 +133,11 @@ impl World {
     }
 
     fn daemon(&self, extra: &[&str]) -> Daemon {
+        self.daemon_keyed(&self.trusted.1, extra)
+    }
+
+    /// A daemon trusting `keys` (a key file, or a directory of them).
+    fn daemon_keyed(&self, keys: &Path, extra: &[&str]) -> Daemon {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let log = self.sb.path(&format!(
             "daemon-{}.log",
@@ -147,7 +152,7 @@ impl World {
             .arg("--cache-dir")
             .arg(self.sb.path("cache"))
             .arg("--hook-key")
-            .arg(&self.trusted.1)
+            .arg(keys)
             .args(["--insecure-registry", &self.registry.addr])
             .args(extra)
             .stdout(Stdio::null())
@@ -210,6 +215,36 @@ impl World {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// ADD then DEL of `team-a/web`; whether the ADD succeeded.
+    fn add_del(&self, id: &str) -> bool {
+        let conf = self.sb.conf(json!({}));
+        let args = Sandbox::pod_args("team-a", "web");
+        let ok = self.sb.run("ADD", id, &args, &conf).success;
+        self.sb.run("DEL", id, &args, &conf).ok();
+        ok
+    }
+
+    /// Waits (at most 60 s) until `ok`, running pods all the while (ADD then DEL); the number of failed ADDs.
+    #[track_caller]
+    fn wait_adding(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) -> usize {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let mut failed = 0;
+        let mut n = 0;
+        while !ok(self) {
+            assert!(
+                Instant::now() < deadline,
+                "{what} not reached within 60 s; set {:?}; daemon log:\n{}",
+                self.set(),
+                daemon.log()
+            );
+            n += 1;
+            if !self.add_del(&format!("busy{n}")) {
+                failed += 1;
+            }
+        }
+        failed
     }
 
     /// ADD then DEL of `team-a/web`: the pod labels the status hooks added to its network-status.
@@ -705,4 +740,222 @@ fn compile_hook(module: &Path, cache: &Path) -> String {
         .as_str()
         .unwrap()
         .to_string()
+}
+
+/// Activation is earned: a module that does not export what its kind names, traps, or does not answer in time is
+/// never made active, while the node keeps running pods with the set it had (0 ADDs failed); a deny is an answer.
+#[test]
+fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
+    let w = world();
+    let labels = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    let policy_only = w.push(
+        "test-policy-only",
+        "vendor/policy-only:v1",
+        Some(&w.trusted.0),
+    );
+    let trap = w.push("test-trap", "vendor/trap:v1", Some(&w.trusted.0));
+    let endless = w.push("test-endless-loop", "vendor/endless:v1", Some(&w.trusted.0));
+    w.hook("labels", &labels, &["app"], json!({}));
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the good hook active", |w| {
+        w.set_names() == vec!["labels"]
+    });
+
+    // Applied while pods are being added on the node.
+    w.hook(
+        "wrong-kind",
+        &policy_only,
+        &[],
+        json!({"kind": "status", "order": 1}),
+    );
+    w.hook("trap", &trap, &[], json!({"kind": "policy", "order": 2}));
+    w.hook(
+        "endless",
+        &endless,
+        &[],
+        json!({"kind": "policy", "order": 3, "timeoutMs": 100}),
+    );
+    // Denies every pod it sees, but sees only namespace other: a deny is an answer, so it is active.
+    w.hook(
+        "denier",
+        &policy_only,
+        &[],
+        json!({"kind": "policy", "order": 4, "namespaces": ["other"]}),
+    );
+    let reason = |w: &World, n: &str| {
+        w.node_status(n)
+            .map(|s| s["reason"].as_str().unwrap().to_string())
+    };
+    let failed = w.wait_adding(&daemon, "every hook reported", |w| {
+        ["wrong-kind", "trap", "endless", "denier"]
+            .iter()
+            .all(|n| reason(w, n).is_some())
+    });
+    assert_eq!(failed, 0, "ADDs failed while bad hooks were applied");
+    assert_eq!(reason(&w, "wrong-kind").unwrap(), "KindMismatch");
+    assert_eq!(reason(&w, "trap").unwrap(), "FailedProbe");
+    assert_eq!(reason(&w, "endless").unwrap(), "FailedProbe");
+    assert_eq!(reason(&w, "denier").unwrap(), "Active");
+    let s = w.node_status("wrong-kind").unwrap();
+    assert_eq!(s["active"], false);
+    let message = s["message"].as_str().unwrap();
+    assert!(
+        message.contains("policy") && message.contains("plexus:hooks/status"),
+        "{message}"
+    );
+    assert!(w.node_status("trap").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .contains("trapped"));
+    assert!(w.node_status("endless").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .contains("timed out"));
+    assert_eq!(w.set_names(), vec!["labels", "denier"]);
+    for i in 0..5 {
+        assert!(
+            w.add_del(&format!("after{i}")),
+            "an ADD failed after the bad hooks were reported"
+        );
+    }
+    assert_eq!(w.add_labels("c1"), json!({"app": "web"}));
+
+    // Each refusal is also a Warning event on the resource.
+    let events = w.api.must("GET", "/api/v1/namespaces/default/events", None);
+    let warned: Vec<(String, String)> = events["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["type"] == "Warning" && e["involvedObject"]["kind"] == "NetworkHook")
+        .map(|e| {
+            (
+                e["involvedObject"]["name"].as_str().unwrap().to_string(),
+                e["reason"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    for (hook, why) in [
+        ("wrong-kind", "KindMismatch"),
+        ("trap", "FailedProbe"),
+        ("endless", "FailedProbe"),
+    ] {
+        assert!(
+            warned.contains(&(hook.into(), why.into())),
+            "{hook}: {warned:?}"
+        );
+    }
+
+    // Fixed (the right kind for the same module): it becomes active.
+    w.patch(
+        "/apis/plexus.dev/v1alpha1/networkhooks/wrong-kind",
+        json!({"spec": {"kind": "policy", "namespaces": ["other"]}}),
+    );
+    w.wait(&daemon, "the fixed hook active", |w| {
+        reason(w, "wrong-kind").as_deref() == Some("Active")
+    });
+}
+
+/// A blob whose bytes do not match its digest is tampering, told apart from an outage (both digests named), and
+/// retried with backoff, not in a tight loop.
+#[test]
+fn content_that_does_not_match_its_digest_is_reported_as_such() {
+    let w = world();
+    let wasm = std::fs::read(guest_wasm("status-labels")).unwrap();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    // The registry's stored copy of the module's layer, changed in one byte.
+    let layer = hex::encode(sha2::Sha256::digest(&wasm));
+    let data = w.registry.dir.path().join(format!(
+        "data/docker/registry/v2/blobs/sha256/{}/{layer}/data",
+        &layer[..2]
+    ));
+    let mut stored = std::fs::read(&data).unwrap();
+    let last = stored.len() - 1;
+    stored[last] ^= 0xff;
+    std::fs::write(&data, &stored).unwrap();
+    let tampered = hex::encode(sha2::Sha256::digest(&stored));
+
+    w.hook("labels", &reference, &["app"], json!({}));
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the mismatch reported", |w| {
+        w.node_status("labels").is_some()
+    });
+    let s = w.node_status("labels").unwrap();
+    assert_eq!(s["reason"], "DigestMismatch", "{s}");
+    assert_eq!(s["active"], false);
+    let message = s["message"].as_str().unwrap();
+    assert!(
+        message.contains(&format!("sha256:{layer}"))
+            && message.contains(&format!("sha256:{tampered}")),
+        "{message}"
+    );
+    assert!(
+        s["nextAttemptTime"]
+            .as_str()
+            .is_some_and(|t| t.ends_with('Z')),
+        "{s}"
+    );
+    assert!(w.set().hooks.is_empty());
+    // Backoff: 1 s doubling (±25%), so at most 4 attempts in the first 6 s.
+    std::thread::sleep(Duration::from_secs(6));
+    let attempts = daemon.log().matches("retrying with backoff").count();
+    assert!(
+        (2..=4).contains(&attempts),
+        "{attempts} attempts in ~6 s:\n{}",
+        daemon.log()
+    );
+}
+
+/// Trust follows the keys: rotation (add the new key, re-sign, remove the old one) keeps the hook running with no
+/// ADD failing; removing the last key that verifies a running module takes it out of the node's set (Untrusted).
+#[test]
+fn trust_follows_the_keys() {
+    let w = world();
+    let keys = w.sb.path("trusted-keys");
+    std::fs::create_dir_all(&keys).unwrap();
+    std::fs::copy(&w.trusted.1, keys.join("old.pub")).unwrap();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook("labels", &reference, &["app"], json!({}));
+    let daemon = w.daemon_keyed(&keys, &[]);
+    w.wait(&daemon, "active with the old key", |w| {
+        w.set_names() == vec!["labels"]
+    });
+    let record_key = |w: &World| -> Vec<String> {
+        std::fs::read_dir(w.sb.path("cache/hook-modules"))
+            .unwrap()
+            .flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .map(|e| {
+                let v: Value = serde_json::from_slice(&std::fs::read(e.path()).unwrap()).unwrap();
+                v["verifiedBy"].as_str().unwrap_or_default().to_string()
+            })
+            .collect()
+    };
+    let old_id = record_key(&w);
+
+    // Rotation: the new key is added, the module signed with it (the same digest), then the old key removed.
+    let new = key_pair(&w.sb.path("keys"), "new");
+    std::fs::copy(&new.1, keys.join("new.pub")).unwrap();
+    let again = w.push("status-labels", "vendor/labels:v1", Some(&new.0));
+    assert_eq!(again, reference);
+    std::fs::remove_file(keys.join("old.pub")).unwrap();
+    let failed = w.wait_adding(&daemon, "re-verified with the new key", |w| {
+        let ids = record_key(w);
+        !ids.is_empty() && ids != old_id
+    });
+    assert_eq!(failed, 0, "ADDs failed during the rotation");
+    assert_eq!(w.set_names(), vec!["labels"]);
+    assert_eq!(w.node_status("labels").unwrap()["reason"], "Active");
+    assert_eq!(w.add_labels("c1"), json!({"app": "web"}));
+
+    // The only key that verifies it removed (another key stays): the module leaves the node's set.
+    std::fs::copy(&w.untrusted.1, keys.join("other.pub")).unwrap();
+    std::fs::remove_file(keys.join("new.pub")).unwrap();
+    w.wait(&daemon, "untrusted", |w| {
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "Untrusted")
+    });
+    let s = w.node_status("labels").unwrap();
+    assert_eq!(s["active"], false, "{s}");
+    assert!(w.set().hooks.is_empty());
+    assert_eq!(w.add_labels("c2"), Value::Null);
 }

@@ -407,6 +407,24 @@ fn collection_path(obj: &Value) -> String {
     }
 }
 
+impl KubeApiServer {
+    /// Stops the API server process (SIGSTOP): an outage where requests hang, as a wedged server's do.
+    pub fn pause(&self) {
+        self.signal("STOP");
+    }
+
+    /// Lets it run again (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        run(Command::new("kill")
+            .arg(format!("-{sig}"))
+            .arg(self.apiserver.id().to_string()));
+    }
+}
+
 impl Drop for KubeApiServer {
     fn drop(&mut self) {
         for child in [&mut self.apiserver, &mut self.etcd] {

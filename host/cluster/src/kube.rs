@@ -639,8 +639,10 @@ impl KubeApi {
     }
 }
 
-/// kubectl's copy of the whole object as last applied: the largest annotation a pod commonly carries, and not
-/// one planning or a hook has a use for. Dropped from every pod Plexus reads, whether from a GET or a watch.
+/// kubectl's copy of the whole object as last applied: the largest annotation a pod or NAD commonly carries (a
+/// NAD's holds its whole config a second time), and not one planning or a hook has a use for. Dropped from
+/// every pod and NAD Plexus reads, whether from a GET or a watch. (`managedFields` never gets this far: only
+/// the fields planning reads are copied out of the object.)
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
 /// The pod as planning sees it: identity, labels and annotations from its metadata.
@@ -666,7 +668,11 @@ pub(crate) fn nad_from_kube(found: NadObject) -> NetworkAttachmentDefinition {
         namespace: found.metadata.namespace.unwrap_or_default(),
         name: found.metadata.name.unwrap_or_default(),
         config,
-        annotations: found.metadata.annotations.unwrap_or_default(),
+        annotations: {
+            let mut a = found.metadata.annotations.unwrap_or_default();
+            a.remove(LAST_APPLIED);
+            a
+        },
     }
 }
 

@@ -64,8 +64,17 @@ pub enum DistError {
     Timeout { reference: String, secs: u64 },
     #[error("{reference}: {reason}")]
     NotFound { reference: String, reason: String },
-    #[error("{reference}: {reason}")]
-    Digest { reference: String, reason: String },
+    /// The bytes served are not those the digest names: tampering (or a broken registry), never an outage.
+    #[error("{reference}: {what} does not match its digest: expected {expected}, got {actual}")]
+    Digest {
+        reference: String,
+        what: String,
+        expected: String,
+        actual: String,
+    },
+    /// The registry wants credentials Plexus does not have (it pulls anonymously).
+    #[error("{reference}: the registry refused access: {reason}")]
+    Unauthorized { reference: String, reason: String },
     #[error("{reference}: {reason}")]
     Content { reference: String, reason: String },
     #[error("{reference}: no signature (looked for {tag})")]
@@ -84,6 +93,7 @@ impl DistError {
             DistError::Registry { .. } | DistError::Timeout { .. } => "PullFailed",
             DistError::NotFound { .. } => "NotFound",
             DistError::Digest { .. } => "DigestMismatch",
+            DistError::Unauthorized { .. } => "Unauthorized",
             DistError::Content { .. } => "NotAWasmModule",
             DistError::SignatureMissing { .. } => "SignatureMissing",
             DistError::SignatureInvalid { .. } => "SignatureInvalid",
@@ -153,10 +163,38 @@ pub struct TrustedKeys {
 }
 
 impl TrustedKeys {
-    /// Reads each file (at most 64 KiB; one PEM public key each).
+    /// Reads each file (at most 64 KiB; one PEM public key each). A directory stands for its `*.pub` and `*.pem`
+    /// files (a ConfigMap mounted whole: one key per entry, so a key is added or removed by editing the
+    /// ConfigMap); at most [`MAX_KEYS`] keys in all. Any file that is not a key makes the whole set unusable:
+    /// trust is not guessed.
     pub fn load(paths: &[PathBuf]) -> Result<TrustedKeys, DistError> {
-        let mut keys = Vec::new();
+        let mut files = Vec::new();
         for p in paths {
+            if p.is_dir() {
+                let entries = std::fs::read_dir(p)
+                    .map_err(|e| DistError::Key(format!("{}: {e}", p.display())))?;
+                let mut found: Vec<PathBuf> = entries
+                    .flatten()
+                    .map(|e| e.path())
+                    .filter(|f| {
+                        f.extension().is_some_and(|x| x == "pub" || x == "pem")
+                            && !f
+                                .file_name()
+                                .is_some_and(|n| n.to_string_lossy().starts_with(".."))
+                            && f.is_file()
+                    })
+                    .collect();
+                found.sort();
+                files.extend(found);
+            } else {
+                files.push(p.clone());
+            }
+            if files.len() > MAX_KEYS {
+                return Err(DistError::Key(format!("more than {MAX_KEYS} key files")));
+            }
+        }
+        let mut keys = Vec::new();
+        for p in &files {
             let pem = read_small(p, 64 << 10).map_err(DistError::Key)?;
             let key = VerifyingKey::from_public_key_pem(&pem).map_err(|e| {
                 DistError::Key(format!(
@@ -185,6 +223,9 @@ impl TrustedKeys {
             .map(|(id, _)| id.as_str())
     }
 }
+
+/// The most trusted keys read.
+pub const MAX_KEYS: usize = 64;
 
 /// A key's ID: the first 16 hex digits of the sha256 of its DER SubjectPublicKeyInfo.
 pub fn key_id(key: &VerifyingKey) -> String {
@@ -326,7 +367,9 @@ impl Registry {
             if got != want {
                 return Err(DistError::Digest {
                     reference: reference.whole(),
-                    reason: format!("the manifest's digest is {got}, not {want}"),
+                    what: "the manifest".into(),
+                    expected: want.to_string(),
+                    actual: got,
                 });
             }
         }
@@ -364,9 +407,18 @@ impl Registry {
             .map_err(|e| registry_err(reference, &e))?;
         let mut out = Vec::with_capacity(desc.size as usize);
         while let Some(chunk) = stream.stream.next().await {
-            let chunk = chunk.map_err(|e| DistError::Registry {
-                reference: reference.whole(),
-                reason: e.to_string(),
+            // The client checks the digest as the stream ends and reports a mismatch as an I/O error.
+            let chunk = chunk.map_err(|e| {
+                match e
+                    .get_ref()
+                    .and_then(|inner| inner.downcast_ref::<oci_client::errors::DigestError>())
+                {
+                    Some(d) => digest_err(reference, &format!("blob {}", desc.digest), d),
+                    None => DistError::Registry {
+                        reference: reference.whole(),
+                        reason: e.to_string(),
+                    },
+                }
             })?;
             if (out.len() + chunk.len()) as u64 > max {
                 return Err(too_big());
@@ -377,7 +429,9 @@ impl Registry {
         if got != desc.digest {
             return Err(DistError::Digest {
                 reference: reference.whole(),
-                reason: format!("blob {} has digest {got}", desc.digest),
+                what: format!("blob {}", desc.digest),
+                expected: desc.digest.clone(),
+                actual: got,
             });
         }
         Ok(out)
@@ -676,10 +730,40 @@ fn is_not_found(e: &OciDistributionError) -> bool {
     }
 }
 
+/// A registry client error, by cause: content that does not match its digest, access refused, or the transport
+/// and everything else (an outage, retried).
 fn registry_err(reference: &Reference, e: &OciDistributionError) -> DistError {
-    DistError::Registry {
-        reference: reference.whole(),
-        reason: plexus_cluster::error_chain(e),
+    match e {
+        OciDistributionError::DigestError(d) => digest_err(reference, "the content", d),
+        OciDistributionError::AuthenticationFailure(_)
+        | OciDistributionError::UnauthorizedError { .. }
+        | OciDistributionError::ServerError {
+            code: 401 | 403, ..
+        } => DistError::Unauthorized {
+            reference: reference.whole(),
+            reason: plexus_cluster::error_chain(e),
+        },
+        _ => DistError::Registry {
+            reference: reference.whole(),
+            reason: plexus_cluster::error_chain(e),
+        },
+    }
+}
+
+fn digest_err(reference: &Reference, what: &str, e: &oci_client::errors::DigestError) -> DistError {
+    match e {
+        oci_client::errors::DigestError::VerificationError { expected, actual } => {
+            DistError::Digest {
+                reference: reference.whole(),
+                what: what.to_string(),
+                expected: expected.clone(),
+                actual: actual.clone(),
+            }
+        }
+        other => DistError::Content {
+            reference: reference.whole(),
+            reason: format!("{what}: {other}"),
+        },
     }
 }
 

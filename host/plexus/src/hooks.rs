@@ -130,11 +130,12 @@ impl HookSet {
             .map_err(|e| PlexusError::Config(format!("node hook set {}: {e}", path.display())))
     }
 
-    /// Replaces the published set (temp file, sync, rename, sync of the directory).
+    /// Replaces the published set (temp file, sync, rename, sync of the directory); root's alone, like every
+    /// file of the node process.
     pub fn publish(&self, cache_dir: &Path) -> std::io::Result<()> {
         std::fs::create_dir_all(cache_dir)?;
         let json = serde_json::to_vec_pretty(self).map_err(std::io::Error::other)?;
-        crate::conf::replace_file(&Self::path(cache_dir), &json, 0o644)
+        crate::conf::replace_file(&Self::path(cache_dir), &json, 0o600)
     }
 }
 

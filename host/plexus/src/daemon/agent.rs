@@ -6,10 +6,20 @@
 //! (`<cacheDir>/hook-set.json`, [`HookSet`]) in one rename. An ADD reads that file once and loads only
 //! compiled artifacts: it never downloads and never compiles.
 //!
-//! A hook whose module cannot be made ready (registry unreachable, not found, wrong digest, bad or missing
-//! signature, does not compile) is retried with backoff (1 s doubling to 5 min) and meanwhile keeps the version
-//! last published for it, if any; the failure is reported in the resource's status (one entry per node) and
-//! in the log, never by stopping the process.
+//! Activation is earned: before a module enters the set, its component must export the interface its
+//! `spec.kind` names at the host's WIT version, instantiate within the hook's limits, and answer one call of
+//! that export on a synthetic pod without a fault (a deny is an answer). A module that does not stays out, so
+//! one bad NetworkHook cannot fail the node's ADDs.
+//!
+//! A hook whose module cannot be made ready (registry unreachable, not found, content that does not match its
+//! digest, bad or missing signature, does not compile, fails its probe) keeps the version last published for
+//! it, if that version is still trusted; registry failures are retried with backoff (1 s doubling to 5 min,
+//! with jitter). Every failure is reported in the resource's status (one entry per node, with the time of the
+//! next attempt), as a Warning event on the resource, and in the log, never by stopping the process.
+//!
+//! Trust follows the keys: the key files are read again every few seconds, and when the set of keys changes
+//! every module in the set is checked against the new keys; one whose signature verifies with none of them
+//! leaves the set (`Untrusted`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -40,6 +50,10 @@ pub const PLURAL: &str = "networkhooks";
 /// Backoff of a hook whose module could not be made ready.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
+/// How often the trusted keys are read again (a ConfigMap's update reaches the mounted files within a minute).
+const KEY_POLL: Duration = Duration::from_secs(5);
+/// Where events about cluster-scoped resources go.
+const EVENT_NAMESPACE: &str = "default";
 /// How long a module no longer in the set is kept (an ADD that read the previous set may still be loading it).
 const RETIRE_AFTER: Duration = Duration::from_secs(60);
 
@@ -92,14 +106,17 @@ pub struct NodeStatus {
     pub node: String,
     /// The hook runs in this node's ADDs (perhaps an earlier version: see `digest`).
     pub active: bool,
-    /// `Active`, or why not (or why the wanted version is not): `PullFailed`, `NotFound`, `DigestMismatch`,
-    /// `NotAWasmModule`, `SignatureMissing`, `SignatureInvalid`, `NoTrustedKeys`, `InvalidReference`,
-    /// `CompileFailed`, `InvalidSpec`.
+    /// `Active`, or why not (or why the wanted version is not): `PullFailed`, `Unauthorized`, `NotFound`,
+    /// `DigestMismatch`, `NotAWasmModule`, `SignatureMissing`, `SignatureInvalid`, `NoTrustedKeys`, `Untrusted`,
+    /// `InvalidReference`, `CompileFailed`, `KindMismatch`, `Incompatible`, `FailedProbe`, `InvalidSpec`.
     pub reason: String,
     pub message: String,
     /// The manifest digest running on the node, when one is.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub digest: Option<String>,
+    /// When the agent tries again (a registry failure); absent when it waits for a change instead.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub next_attempt_time: Option<String>,
     pub observed_generation: i64,
 }
 
@@ -152,7 +169,14 @@ struct Agent {
     reported: HashMap<String, NodeStatus>,
     /// Component digests no longer in the set, since when.
     retired: HashMap<String, Instant>,
+    /// Probe verdicts by the entry probed (component, kind, settings, limits): a module is probed once per
+    /// version of its spec.
+    probes: HashMap<String, Result<(), (String, String)>>,
+    probes_used: std::collections::HashSet<String>,
+    /// What the keys were when last read (their IDs, or the error), to notice a change.
+    keys_seen: String,
     status_api: Api<DynamicObject>,
+    events_api: Api<k8s_openapi::api::core::v1::Event>,
 }
 
 /// The NetworkHook resource's API description.
@@ -216,24 +240,32 @@ pub async fn run(client: Client, settings: AgentSettings) {
             }
         }
     };
-    let mut agent = Agent::new(settings, hooks_api);
+    let mut agent = Agent::new(settings, hooks_api, client.clone());
     let reconcile = async move {
+        // Reconciled on a change of the resources or labels, of the keys, when a retry is due, and every
+        // MAX_RETRY at least.
+        let mut due = Instant::now();
         loop {
-            let snapshot = {
-                let i = inputs.lock().expect("inputs");
-                (i.hooks_synced && i.labels.is_some())
-                    .then(|| (i.hooks.clone(), i.labels.clone().unwrap_or_default()))
-            };
-            let next_retry = match snapshot {
-                Some((hooks, labels)) => agent.reconcile(&hooks, &labels).await,
-                None => None,
-            };
-            let wait = next_retry
-                .map(|t| t.saturating_duration_since(Instant::now()))
-                .unwrap_or(MAX_RETRY);
+            if Instant::now() >= due {
+                let snapshot = {
+                    let i = inputs.lock().expect("inputs");
+                    (i.hooks_synced && i.labels.is_some())
+                        .then(|| (i.hooks.clone(), i.labels.clone().unwrap_or_default()))
+                };
+                let next_retry = match snapshot {
+                    Some((hooks, labels)) => agent.reconcile(&hooks, &labels).await,
+                    None => None,
+                };
+                due = next_retry.unwrap_or_else(|| Instant::now() + MAX_RETRY);
+            }
+            let wait = due.saturating_duration_since(Instant::now()).min(KEY_POLL);
             tokio::select! {
-                _ = changed.notified() => {}
-                _ = tokio::time::sleep(wait) => {}
+                _ = changed.notified() => due = Instant::now(),
+                _ = tokio::time::sleep(wait) => {
+                    if agent.reload_keys() {
+                        due = Instant::now();
+                    }
+                }
             }
         }
     };
@@ -310,12 +342,25 @@ pub fn selects(
     Ok(sel.matches(labels))
 }
 
+/// What a set of keys (or the error reading them) is, for noticing a change.
+fn keys_fingerprint(keys: &Result<TrustedKeys, String>) -> String {
+    match keys {
+        Ok(k) => {
+            let mut ids = k.ids();
+            ids.sort();
+            ids.join(",")
+        }
+        Err(e) => format!("error: {e}"),
+    }
+}
+
 impl Agent {
-    fn new(settings: AgentSettings, status_api: Api<DynamicObject>) -> Agent {
+    fn new(settings: AgentSettings, status_api: Api<DynamicObject>, client: Client) -> Agent {
         let keys = TrustedKeys::load(&settings.key_files).map_err(|e| e.to_string());
         if let Err(e) = &keys {
             tracing::error!(error = %e, "hook signature keys unusable: every hook is refused until fixed");
         }
+        let keys_seen = keys_fingerprint(&keys);
         let registry = Registry::new(&settings.registry).map_err(|e| e.to_string());
         let modules = settings.cache_dir.join(MODULES_DIR);
         // What was published before a restart stays active until this run publishes.
@@ -341,8 +386,86 @@ impl Agent {
             failures: HashMap::new(),
             reported: HashMap::new(),
             retired: HashMap::new(),
+            probes: HashMap::new(),
+            probes_used: Default::default(),
+            keys_seen,
             status_api,
+            events_api: Api::namespaced(client, EVENT_NAMESPACE),
         }
+    }
+
+    /// Reads the key files again; true when the keys changed (then every module's trust is checked anew).
+    fn reload_keys(&mut self) -> bool {
+        if self.settings.key_files.is_empty() {
+            return false;
+        }
+        let keys = TrustedKeys::load(&self.settings.key_files).map_err(|e| e.to_string());
+        let seen = keys_fingerprint(&keys);
+        if seen == self.keys_seen {
+            return false;
+        }
+        match &keys {
+            Ok(k) => {
+                tracing::info!(keys = ?k.ids(), "trusted hook keys changed; checking every module again")
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "hook signature keys unusable: every hook is refused until fixed")
+            }
+        }
+        self.keys = keys;
+        self.keys_seen = seen;
+        // Verdicts reached with the old keys are stale: try again now.
+        self.failures.clear();
+        true
+    }
+
+    /// Whether a component (by sha256) may still run: signatures are off, or a record of it was verified by a
+    /// key that is still trusted.
+    fn still_trusted(&self, sha: &str) -> bool {
+        if self.settings.signatures == SignaturePolicy::Off {
+            return true;
+        }
+        let Ok(keys) = &self.keys else {
+            return false;
+        };
+        let ids = keys.ids();
+        let Ok(dir) = std::fs::read_dir(&self.modules) else {
+            return false;
+        };
+        dir.flatten()
+            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
+            .filter_map(|e| read_record(&e.path()))
+            .any(|r| r.sha256 == sha && r.verified_by.as_ref().is_some_and(|k| ids.contains(k)))
+    }
+
+    /// The module's first call, once per version of the entry: see the module docs.
+    async fn probe(
+        &mut self,
+        name: &str,
+        spec: &NetworkHookSpec,
+        sha: &str,
+    ) -> Result<(), (String, String)> {
+        let mut entry = hook_spec(name, spec, &self.modules, sha);
+        // A fault must show, and the synthetic pod is in no namespace the hook names.
+        entry.failure_policy = FailurePolicy::Fail;
+        entry.namespaces = None;
+        let key = serde_json::to_string(&entry).expect("a hook entry serializes");
+        self.probes_used.insert(key.clone());
+        if let Some(verdict) = self.probes.get(&key) {
+            return verdict.clone();
+        }
+        let cache = self.settings.cache_dir.clone();
+        let verdict = tokio::task::spawn_blocking(move || probe_entry(&entry, &cache))
+            .await
+            .unwrap_or_else(|e| Err(("FailedProbe".into(), format!("the probe panicked: {e}"))));
+        match &verdict {
+            Ok(()) => tracing::info!(hook = name, sha256 = sha, "module passed its probe"),
+            Err((reason, message)) => {
+                tracing::warn!(hook = name, sha256 = sha, reason = %reason, "{message}")
+            }
+        }
+        self.probes.insert(key, verdict.clone());
+        verdict
     }
 
     /// Brings the published set in line with the resources; answers when a failed module is due for a retry.
@@ -354,6 +477,7 @@ impl Agent {
         let mut entries: Vec<(i32, String, HookSpec, String)> = Vec::new();
         let mut reports: BTreeMap<String, Option<NodeStatus>> = BTreeMap::new();
         let node = self.settings.node.clone();
+        self.probes_used.clear();
         for (name, res) in hooks {
             let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
                 Some(NodeStatus {
@@ -362,6 +486,7 @@ impl Agent {
                     reason: reason.into(),
                     message,
                     digest,
+                    next_attempt_time: None,
                     observed_generation: res.generation,
                 })
             };
@@ -383,7 +508,14 @@ impl Agent {
                     continue;
                 }
             }
-            match self.ready(&spec.module).await {
+            let outcome = match self.ready(&spec.module).await {
+                Ok((digest, sha)) => match self.probe(name, spec, &sha).await {
+                    Ok(()) => Ok((digest, sha)),
+                    Err(e) => Err(e),
+                },
+                Err(e) => Err(e),
+            };
+            match outcome {
                 Ok((digest, sha)) => {
                     entries.push((
                         spec.order,
@@ -394,8 +526,8 @@ impl Agent {
                     let message = format!("module {digest} is active");
                     reports.insert(name.clone(), status(true, "Active", message, Some(digest)));
                 }
-                Err((reason, message)) => {
-                    // The version published before keeps running.
+                Err((mut reason, mut message)) => {
+                    // The version published before keeps running, as long as it is still trusted.
                     let kept = self
                         .published
                         .hooks
@@ -403,13 +535,31 @@ impl Agent {
                         .find(|h| &h.name == name)
                         .cloned()
                         .zip(self.published_runs.get(name).cloned());
+                    let (kept, revoked): (Vec<_>, Vec<_>) =
+                        kept.into_iter().partition(|(old, _)| {
+                            old.sha256
+                                .as_deref()
+                                .is_some_and(|sha| self.still_trusted(sha))
+                        });
+                    if let Some((_, (d, _))) = revoked.first() {
+                        message = format!(
+                            "{d} ran here but no trusted key verifies it any more, so it was taken out of \
+                             the node's hook set; {reason}: {message}"
+                        );
+                        reason = "Untrusted".into();
+                    }
+                    let kept = kept.into_iter().next();
                     let active = kept.is_some();
                     let digest = kept.as_ref().map(|(_, (d, _))| d.clone());
                     if let Some((old, (d, order))) = kept {
                         // The entry last published, as it was (its module and its settings): the last good one.
                         entries.push((order.unwrap_or(spec.order), name.clone(), old, d));
                     }
-                    reports.insert(name.clone(), status(active, &reason, message, digest));
+                    let mut report = status(active, &reason, message, digest);
+                    if let (Some(r), Some(f)) = (report.as_mut(), self.failures.get(&spec.module)) {
+                        r.next_attempt_time = Some(wall_clock(f.next));
+                    }
+                    reports.insert(name.clone(), report);
                 }
             }
         }
@@ -440,6 +590,8 @@ impl Agent {
                 }
             }
         }
+        let used = std::mem::take(&mut self.probes_used);
+        self.probes.retain(|k, _| used.contains(k));
         self.collect_garbage();
         self.report(reports).await;
         self.failures.values().map(|f| f.next).min()
@@ -494,9 +646,11 @@ impl Agent {
                     next: Instant::now(),
                     error: error.clone(),
                 });
-                let delay = FIRST_RETRY
-                    .saturating_mul(1u32 << f.attempts.min(16))
-                    .min(MAX_RETRY);
+                let delay = super::jitter(
+                    FIRST_RETRY
+                        .saturating_mul(1u32 << f.attempts.min(16))
+                        .min(MAX_RETRY),
+                );
                 f.attempts += 1;
                 f.next = Instant::now() + delay;
                 f.error = error.clone();
@@ -525,7 +679,7 @@ impl Agent {
         };
         let path = self.module_path(&pulled.sha256);
         let io = |e: std::io::Error| ("PullFailed".to_string(), format!("{}: {e}", path.display()));
-        std::fs::create_dir_all(&self.modules).map_err(io)?;
+        super::files::private_dir(&self.modules, 0o700).map_err(io)?;
         crate::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
         let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
         let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
@@ -535,7 +689,12 @@ impl Agent {
         if artifact.sha256 != pulled.sha256 {
             return Err((
                 "DigestMismatch".into(),
-                format!("{} changed while compiling", path.display()),
+                format!(
+                    "{} changed while compiling: expected sha256:{}, got sha256:{}",
+                    path.display(),
+                    pulled.sha256,
+                    artifact.sha256
+                ),
             ));
         }
         let rec = Record {
@@ -653,6 +812,18 @@ impl Agent {
                     .patch_status(&name, &params, &Patch::Apply(&body)),
             )
             .await;
+            let newly_failing = status.as_ref().is_some_and(|s| {
+                s.reason != "Active"
+                    && self
+                        .reported
+                        .get(&name)
+                        .is_none_or(|r| r.reason != s.reason)
+            });
+            if newly_failing {
+                if let Some(s) = &status {
+                    self.warn(&name, s).await;
+                }
+            }
             match sent {
                 Ok(Ok(_)) => match status {
                     Some(s) => {
@@ -668,6 +839,161 @@ impl Agent {
                 Err(_) => tracing::warn!(hook = %name, "reporting the hook's status timed out"),
             }
         }
+    }
+}
+
+impl Agent {
+    /// A Warning event on the NetworkHook (cluster scoped, so in the `default` namespace), best effort.
+    async fn warn(&self, hook: &str, s: &NodeStatus) {
+        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
+        let now = Time(k8s_openapi::jiff::Timestamp::now());
+        let event = Event {
+            metadata: ObjectMeta {
+                generate_name: Some(format!("{hook}.")),
+                namespace: Some(EVENT_NAMESPACE.into()),
+                ..ObjectMeta::default()
+            },
+            involved_object: ObjectReference {
+                api_version: Some(format!("{GROUP}/{VERSION}")),
+                kind: Some(KIND.into()),
+                name: Some(hook.into()),
+                ..ObjectReference::default()
+            },
+            reason: Some(s.reason.clone()),
+            message: Some(format!("node {}: {}", s.node, s.message)),
+            type_: Some("Warning".into()),
+            source: Some(EventSource {
+                component: Some("plexus-agent".into()),
+                host: Some(s.node.clone()),
+            }),
+            reporting_component: Some("plexus-agent".into()),
+            reporting_instance: Some(s.node.clone()),
+            first_timestamp: Some(now.clone()),
+            last_timestamp: Some(now),
+            count: Some(1),
+            ..Event::default()
+        };
+        let posted = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.events_api.create(&Default::default(), &event),
+        )
+        .await;
+        match posted {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => tracing::warn!(hook, error = %e, "cannot post the hook's event"),
+            Err(_) => tracing::warn!(hook, "posting the hook's event timed out"),
+        }
+    }
+}
+
+/// An instant of the agent's clock as an RFC 3339 time (seconds).
+fn wall_clock(at: Instant) -> String {
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    let secs = (now + at.saturating_duration_since(Instant::now())).as_secs();
+    k8s_openapi::jiff::Timestamp::from_second(secs as i64)
+        .map(|t| t.to_string())
+        .unwrap_or_default()
+}
+
+/// Loads one entry as an ADD would and calls its kind's export once on a synthetic pod; (reason, message) when
+/// the module cannot serve as that kind.
+fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), (String, String)> {
+    use plexus_hooks::{HookError, Hooks, LoadError};
+    let hooks = match Hooks::load(std::slice::from_ref(entry), cache_dir) {
+        Ok(h) => h,
+        Err(HookError::Load {
+            error: LoadError::MissingExport { .. },
+            ..
+        }) => return Err(export_mismatch(entry)),
+        Err(HookError::Load {
+            error: LoadError::Link { reason, .. },
+            ..
+        }) => {
+            let host = plexus_hooks::WIT_VERSION;
+            let why =
+                format!("the module imports what this node (plexus:hooks@{host}) lacks: {reason}");
+            return Err(("Incompatible".into(), why));
+        }
+        Err(e) => return Err(("FailedProbe".into(), e.to_string())),
+    };
+    let pod = plexus_core::spec::Pod {
+        namespace: "plexus-probe".into(),
+        name: "probe".into(),
+        uid: Some("00000000-0000-0000-0000-000000000000".into()),
+        labels: [("app".to_string(), "probe".to_string())].into(),
+        annotations: Default::default(),
+    };
+    let selection = json!({"name": "probe-net", "namespace": "plexus-probe"});
+    let config = json!({"cniVersion": "1.0.0", "name": "probe-net", "type": "bridge"});
+    let result = match entry.kind {
+        HookKind::Policy => hooks.policy(&pod, vec![selection]).map(drop),
+        HookKind::Resolver => {
+            let nad = json!({
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": "probe-net", "namespace": "plexus-probe"},
+                "spec": {"config": config.to_string()},
+            });
+            hooks
+                .resolve(&pod, &selection, Some(&nad), Some(&config))
+                .map(drop)
+        }
+        HookKind::Status => {
+            // What an ADD with the cluster network and one selection writes (spec 5: exactly one default).
+            let entries = vec![
+                json!({"name": "plexus-probe/cluster-net", "interface": "eth0",
+                    "ips": ["192.0.2.2"], "mac": "02:00:00:00:00:02", "default": true, "dns": {}}),
+                json!({"name": "plexus-probe/probe-net", "interface": "net1",
+                    "ips": ["192.0.2.10"], "mac": "02:00:00:00:00:01", "default": false, "dns": {}}),
+            ];
+            hooks.status(&pod, entries).map(drop)
+        }
+    };
+    result.map_err(|e| {
+        (
+            "FailedProbe".into(),
+            format!(
+                "one call of its {} export on a synthetic pod failed: {e}",
+                entry.kind
+            ),
+        )
+    })
+}
+
+/// Why a module lacks the export its kind needs: it serves another kind, or another version of the contract.
+fn export_mismatch(entry: &HookSpec) -> (String, String) {
+    let wanted = entry.kind.interface();
+    match plexus_hooks::inspect(&entry.module) {
+        Ok(i) if !i.kinds.is_empty() => (
+            "KindMismatch".into(),
+            format!(
+                "spec.kind is {} but the module exports {} only, not {wanted}",
+                entry.kind,
+                i.kinds
+                    .iter()
+                    .map(|k| k.to_string())
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+        ),
+        Ok(i) if !i.wit_versions.is_empty() => (
+            "Incompatible".into(),
+            format!(
+                "the module is built against plexus:hooks@{}; this node implements {}",
+                i.wit_versions.join(", "),
+                plexus_hooks::WIT_VERSION
+            ),
+        ),
+        Ok(i) => (
+            "KindMismatch".into(),
+            format!(
+                "the module exports no plexus:hooks interface, not {wanted} (exports: {})",
+                i.exports.join(", ")
+            ),
+        ),
+        Err(e) => ("FailedProbe".into(), e.to_string()),
     }
 }
 

@@ -12,12 +12,27 @@
 #[cfg(feature = "node")]
 pub mod agent;
 pub mod client;
+#[cfg(feature = "node")]
+pub mod files;
 pub mod proto;
 #[cfg(feature = "node")]
 mod server;
+#[cfg(feature = "node")]
+pub mod status_queue;
 
 #[cfg(feature = "node")]
 pub use server::*;
 
 /// Where the daemon listens unless told otherwise (the CNI side's default is `<runDir>/daemon.sock`).
 pub const DEFAULT_SOCKET: &str = "/run/plexus/daemon.sock";
+
+/// A retry delay spread by ±25%, so that nodes (or pods) failing together do not come back together.
+#[cfg(feature = "node")]
+pub(crate) fn jitter(delay: std::time::Duration) -> std::time::Duration {
+    use std::hash::{BuildHasher, Hasher};
+    // A fresh RandomState is randomly keyed: enough randomness for spreading retries.
+    let r = std::collections::hash_map::RandomState::new()
+        .build_hasher()
+        .finish();
+    delay.mul_f64(0.75 + (r % 1000) as f64 / 2000.0)
+}

@@ -14,14 +14,15 @@ use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
 use super::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
-use super::{agent, client, proto, DEFAULT_SOCKET};
+use super::status_queue::StatusQueue;
+use super::{agent, client, files, proto, DEFAULT_SOCKET};
 use crate::install::{self, InstallOptions};
 
 const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
                      [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
-                     [--log-level LEVEL] [--cache-dir DIR] [--no-hooks] [--hook-key PEM]...
+                     [--log-level LEVEL] [--cache-dir DIR] [--no-hooks] [--hook-key PEM|DIR]...
                      [--hook-signatures required|off] [--insecure-registry HOST[:PORT]]...
-                     [--registry-ca PEM]... [--install INSTALL-FLAGS...]
+                     [--registry-ca PEM]... [--status-queue-dir DIR] [--install INSTALL-FLAGS...]
        plexus daemon --health [--socket PATH]
 
 Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
@@ -40,12 +41,14 @@ network-status write and the events. Without an answer in time the CNI process w
   --cache-dir DIR           the plexus cacheDir: pulled hook modules, compiled hooks and the node's active
                             hook set are kept there (default /var/lib/plexus)
   --no-hooks                do not deliver NetworkHook resources to this node
-  --hook-key PEM            a public key (ECDSA P-256, PEM, e.g. cosign.pub) that hook module signatures may
-                            verify with; repeatable
+  --hook-key PEM|DIR        a public key (ECDSA P-256, PEM, e.g. cosign.pub) that hook module signatures may
+                            verify with, or a directory of them (*.pub, *.pem); read again every 5 s; repeatable
   --hook-signatures POLICY  required (default): a module is used only when a cosign-format signature of its
                             manifest digest verifies with a --hook-key; off: the digest alone pins it
   --insecure-registry HOST  a registry spoken to over plain HTTP (host or host:port); repeatable
   --registry-ca PEM         a CA certificate trusted for registries besides the system's; repeatable
+  --status-queue-dir DIR    where accepted network-status writes are kept until the API server takes them
+                            (default: status-queue beside the socket)
   --health                  ask the running daemon for its health, print it as JSON and exit: 0 when it is
                             synced and below its concurrency bound, 1 when not, 2 when it does not answer
   --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
@@ -67,6 +70,8 @@ pub struct DaemonSettings {
     pub hooks: Option<HookAgentOptions>,
     /// Only ask a running daemon for its health, print it, and exit (0 when ready).
     pub health: bool,
+    /// Where accepted status writes are kept until sent (`None`: `status-queue` beside the socket).
+    pub status_queue_dir: Option<PathBuf>,
 }
 
 impl Default for DaemonSettings {
@@ -83,6 +88,7 @@ impl Default for DaemonSettings {
             install: None,
             hooks: Some(HookAgentOptions::default()),
             health: false,
+            status_queue_dir: None,
         }
     }
 }
@@ -177,6 +183,9 @@ pub fn parse_args(
                 s.install = Some(install::parse_args(&rest)?);
             }
             Long("health") => s.health = true,
+            Long("status-queue-dir") => {
+                s.status_queue_dir = Some(parser.value().map_err(usage)?.into())
+            }
             Long("no-hooks") => no_hooks = true,
             Long("cache-dir") => agent.cache_dir = parser.value().map_err(usage)?.into(),
             Long("hook-key") => agent.key_files.push(parser.value().map_err(usage)?.into()),
@@ -214,6 +223,14 @@ pub fn parse_args(
         ));
     }
     s.hooks = (!no_hooks).then_some(agent);
+    if s.status_queue_dir
+        .as_ref()
+        .is_some_and(|d| !d.is_absolute())
+    {
+        return Err(DaemonError::Usage(
+            "--status-queue-dir must be an absolute path".into(),
+        ));
+    }
     if !s.socket.is_absolute() {
         return Err(DaemonError::Usage(
             "--socket must be an absolute path".into(),
@@ -290,18 +307,18 @@ fn io(path: &Path) -> impl FnOnce(std::io::Error) -> DaemonError {
     move |source| DaemonError::Io { path, source }
 }
 
-/// Runs until SIGTERM or SIGINT.
+/// Runs until SIGTERM or SIGINT, or until the installer running in this process fails.
 pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
+    // A first install that fails stops the daemon (the pod restarts and says why; the watch loop itself only
+    // logs), through the same way out as a signal, so that accepted status writes are flushed first.
+    let (install_failed, install_result) = tokio::sync::oneshot::channel();
     if let Some(opts) = settings.install.clone() {
         let env = install::ApiServerEnv::from_process();
-        // A first install that fails stops the daemon (the pod restarts and says why); the watch loop itself
-        // only logs.
         std::thread::Builder::new()
             .name("install".into())
             .spawn(move || {
                 if let Err(e) = install::run(&opts, &env) {
-                    eprintln!("plexus daemon: install: {e}");
-                    std::process::exit(1);
+                    let _ = install_failed.send(e);
                 }
             })
             .map_err(io(Path::new("install thread")))?;
@@ -311,25 +328,12 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
         .enable_all()
         .build()
         .map_err(io(Path::new("tokio runtime")))?;
-    runtime.block_on(serve(settings))
+    runtime.block_on(serve(settings, install_result))
 }
-
-/// Status writes waiting or being sent, one slot per pod: a newer write for a pod replaces one not yet sent, and
-/// one pod's writes go out one at a time, so the last ADD's status is the one that stays (as in thin mode).
-#[derive(Default)]
-struct StatusQueue {
-    /// The write each pod is waiting for, keyed by namespace/name.
-    pending: std::collections::HashMap<(String, String), (PodRef, String)>,
-    /// Pods whose writer task is running.
-    busy: std::collections::HashSet<(String, String)>,
-}
-
-/// Pods with a status write waiting at most; past it, the CNI process writes the status itself.
-const MAX_PENDING_WRITES: usize = 4096;
 
 struct Shared {
     node: String,
-    writes: std::sync::Mutex<StatusQueue>,
+    writes: StatusQueue,
     cache: Arc<NodeCache>,
     api: KubeApi,
     permits: tokio::sync::Semaphore,
@@ -345,20 +349,23 @@ struct Shared {
 /// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
 const MAX_EVENTS_IN_FLIGHT: usize = 256;
 
-async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
+async fn serve(
+    settings: DaemonSettings,
+    install_result: tokio::sync::oneshot::Receiver<install::InstallError>,
+) -> Result<(), DaemonError> {
     let dir = settings
         .socket
         .parent()
         .ok_or_else(|| DaemonError::Usage("--socket has no parent directory".into()))?;
-    std::fs::create_dir_all(dir).map_err(io(dir))?;
-    // One daemon per socket: the lock is held for the process's life and released by the kernel at exit.
+    files::private_dir(dir, 0o755).map_err(io(dir))?;
+    // One daemon per socket: the lock is held for the process's life and released by the kernel at exit. Root's
+    // alone (0600, never a symlink): a lock file anyone can open is one anyone can hold, and the daemon would
+    // then never start.
     let lock_path = settings.socket.with_extension("lock");
-    let lock = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&lock_path)
-        .map_err(io(&lock_path))?;
+    let (lock, opened) = files::open_private(&lock_path, 0o600).map_err(io(&lock_path))?;
+    if opened == files::Opened::Replaced {
+        tracing::warn!(path = %lock_path.display(), "replaced a lock file of another owner or mode");
+    }
     match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => {
@@ -371,6 +378,15 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
         Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(io(&settings.socket)(e)),
+    }
+    // Writes accepted by an earlier run (killed, restarted) are sent first.
+    let queue_dir = settings
+        .status_queue_dir
+        .clone()
+        .unwrap_or_else(|| dir.join("status-queue"));
+    let (queue, kept) = StatusQueue::open(&queue_dir).map_err(io(&queue_dir))?;
+    if !kept.is_empty() {
+        tracing::info!(writes = kept.len(), dir = %queue_dir.display(), "sending status writes kept by an earlier run");
     }
     let api = KubeApi::connect(settings.kube.clone()).await?;
     let cache = NodeCache::new();
@@ -405,7 +421,7 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     tracing::info!(socket = %settings.socket.display(), node = %settings.node, "serving");
     let shared = Arc::new(Shared {
         node: settings.node.clone(),
-        writes: std::sync::Mutex::default(),
+        writes: queue,
         cache,
         api,
         permits: tokio::sync::Semaphore::new(settings.max_in_flight),
@@ -417,9 +433,22 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
         status_writes: AtomicU64::new(0),
         events_in_flight: Arc::new(AtomicUsize::new(0)),
     });
+    for key in kept {
+        if shared.writes.start_writer(&key) {
+            start_writer(&shared, key);
+        }
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io(Path::new("SIGTERM handler")))?;
     let our_uid = rustix::process::geteuid().as_raw();
+    // An installer that ends well (no --watch) or is not running never fails.
+    let mut install_failed = std::pin::pin!(async move {
+        match install_result.await {
+            Ok(e) => e,
+            Err(_) => std::future::pending().await,
+        }
+    });
+    let mut failure = None;
     loop {
         tokio::select! {
             accepted = listener.accept() => match accepted {
@@ -438,6 +467,10 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
             },
             _ = term.recv() => break,
             _ = tokio::signal::ctrl_c() => break,
+            e = &mut install_failed => {
+                failure = Some(DaemonError::Install(e));
+                break;
+            }
         }
     }
     tracing::info!("stopping");
@@ -453,12 +486,13 @@ async fn serve(settings: DaemonSettings) -> Result<(), DaemonError> {
     if shared.pending_writes() > 0 {
         tracing::warn!(
             left = shared.pending_writes(),
-            "stopped with status writes unsent"
+            dir = %queue_dir.display(),
+            "stopped with status writes unsent: kept, sent by the next run"
         );
     }
     let _ = std::fs::remove_file(&settings.socket);
     drop(lock);
-    Ok(())
+    failure.map_or(Ok(()), Err)
 }
 
 /// How long the daemon waits for a client's next request (a CNI process keeps its connection for the whole
@@ -587,57 +621,71 @@ async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
 }
 
 impl Shared {
-    fn queue(&self) -> std::sync::MutexGuard<'_, StatusQueue> {
-        self.writes.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
     fn pending_writes(&self) -> usize {
-        let q = self.queue();
-        q.pending.len() + q.busy.len()
+        self.writes.len()
     }
 }
 
-/// Accepts a status write: the answer goes back at once and the write is sent (with the kube source's retries)
-/// by a task of its own. The annotation is informative (spec 5) and a failed write never failed an ADD, so the
-/// ADD need not wait for the API server's commit. `false` when too many pods are waiting (the CNI process then
+/// How long a status write that failed waits at most before it is tried again.
+const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
+
+/// Accepts a status write: kept on disk (see [`StatusQueue`]), answered at once, and sent by the pod's writer
+/// task. The annotation is informative (spec 5) and a failed write never failed an ADD, so the ADD need not
+/// wait for the API server's commit. `false` when the queue is full or cannot be written (the CNI process then
 /// writes it itself).
 fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
     let key = (pod.namespace.clone(), pod.name.clone());
-    let start_writer = {
-        let mut q = shared.queue();
-        if q.pending.len() >= MAX_PENDING_WRITES && !q.pending.contains_key(&key) {
-            return false;
+    match shared.writes.accept(pod, value) {
+        Ok(true) => {
+            start_writer(shared, key);
+            true
         }
-        q.pending.insert(key.clone(), (pod, value));
-        q.busy.insert(key.clone())
-    };
-    if start_writer {
-        let shared = shared.clone();
-        tokio::spawn(async move {
+        Ok(false) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "status write not kept; the CNI process writes it");
+            false
+        }
+    }
+}
+
+/// Sends a pod's kept writes, newest first taken, until none is left: each is retried with backoff for as long
+/// as the API server does not take it, and dropped when the pod is gone (the API server's 404, or the cache
+/// holding the pod under another UID).
+fn start_writer(shared: &Arc<Shared>, key: (String, String)) {
+    let shared = shared.clone();
+    tokio::spawn(async move {
+        while let Some(mut kept) = shared.writes.take(&key) {
+            let mut delay = Duration::from_secs(1);
             loop {
-                let next = {
-                    let mut q = shared.queue();
-                    match q.pending.remove(&key) {
-                        Some(w) => w,
-                        None => {
-                            q.busy.remove(&key);
-                            return;
-                        }
+                if let Lookup::Found(p) = shared.cache.pod(&key.0, &key.1) {
+                    if p.uid.is_some() && kept.pod.uid.is_some() && p.uid != kept.pod.uid {
+                        tracing::info!(pod = %kept.pod, "pod replaced by one with another UID: its status write is dropped");
+                        break;
                     }
-                };
-                let (pod, value) = next;
-                match shared.api.write_status(&pod, &value).await {
+                }
+                match shared
+                    .api
+                    .write_status(&kept.pod, &kept.network_status)
+                    .await
+                {
                     Ok(()) => {
                         shared.status_writes.fetch_add(1, Ordering::Relaxed);
+                        break;
                     }
                     Err(e) => {
-                        tracing::error!(pod = %pod, error = %e, "cannot publish network-status")
+                        let wait = super::jitter(delay);
+                        tracing::warn!(pod = %kept.pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
+                        tokio::time::sleep(wait).await;
+                        delay = (delay * 2).min(MAX_STATUS_RETRY);
+                        if let Some(newer) = shared.writes.newer(&key) {
+                            kept = newer;
+                        }
                     }
                 }
             }
-        });
-    }
-    true
+            shared.writes.finished(&key);
+        }
+    });
 }
 
 fn post_event(
