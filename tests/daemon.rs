@@ -862,3 +862,65 @@ fn status_writes_pending_at_a_kill_are_sent_by_the_next_run() {
         "{log}"
     );
 }
+
+#[test]
+fn a_failing_first_install_stops_the_daemon_only_after_its_writes_are_kept() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let uid = c.selecting_pod("web", "net-a");
+    // No cluster network conf ever appears in this conf dir: the first install gives up after 8 s.
+    let empty = c.sb.path("node-net.d");
+    std::fs::create_dir_all(&empty).unwrap();
+    let conf_dir = format!("--conf-dir={}", empty.display());
+    let bin_dir = format!("--bin-dir={}", c.sb.path("node-bin").display());
+    let mut d = c.daemon(&[
+        "--install",
+        &conf_dir,
+        &bin_dir,
+        "--cni-bin-source=/bin/true",
+        "--timeout=8s",
+    ]);
+    d.wait("synced", |h| h.synced() && h.cache.pods == 1);
+    c.api.pause();
+    c.add("c1", "web", &uid, &c.conf(json!({"timeoutMs": 5000})))
+        .ok();
+    let status = d.child.wait().unwrap();
+    assert_eq!(status.code(), Some(1));
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(log.contains("install: no cluster network conf"), "{log}");
+    assert!(log.contains("kept, sent by the next run"), "{log}");
+    assert_eq!(queued(&c).len(), 1);
+
+    c.api.resume();
+    let d = c.daemon(&[]);
+    d.wait("the kept write sent", |h| {
+        h.status_writes == 1 && h.pending_writes == 0
+    });
+    assert_eq!(status_of(&c.api, "web").len(), 2);
+}
+
+/// `kubectl delete ds plexus` leaves the conflist, the binary and the kubeconfig the installer wrote, whose token
+/// was bound to the deleted daemon pod and is now refused. A new pod on that node then fails with an error that
+/// says why (the kubelet shows it as FailedCreatePodSandBox), with nothing attached: it is never started with
+/// the cluster network alone while it selects NADs.
+#[test]
+fn a_node_left_by_a_deleted_daemonset_fails_new_pods_naming_why() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let uid = c.selecting_pod("web", "net-a");
+    let revoked = c.sb.path("revoked.kubeconfig");
+    c.api.write_kubeconfig(&revoked, "token-of-a-deleted-pod");
+    let conf = c.sb.conf(json!({
+        "cluster": {"source": "kube", "kubeconfig": revoked, "deadlineMs": 5000, "retries": 1},
+    }));
+    // No daemon answers on the node any more.
+    assert!(!c.socket().exists());
+    let run = c.add("c1", "web", &uid, &conf);
+    assert_eq!(run.code(), 5, "{}", run.stdout);
+    assert!(run.msg().contains("401 Unauthorized"), "{}", run.msg());
+    assert!(
+        c.sb.calls().iter().all(|call| call.command != "ADD"),
+        "no delegate ran: {:?}",
+        c.sb.call_summary()
+    );
+}

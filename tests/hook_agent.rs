@@ -205,6 +205,20 @@ impl World {
     /// Waits (at most 60 s) until `ok`.
     #[track_caller]
     fn wait(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) {
+        self.wait_doing(daemon, what, ok, || {
+            std::thread::sleep(Duration::from_millis(100))
+        });
+    }
+
+    /// Waits (at most 60 s) until `ok`, doing `step` between two checks.
+    #[track_caller]
+    fn wait_doing(
+        &self,
+        daemon: &Daemon,
+        what: &str,
+        ok: impl Fn(&World) -> bool,
+        mut step: impl FnMut(),
+    ) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while !ok(self) {
             assert!(
@@ -213,7 +227,7 @@ impl World {
                 self.set(),
                 daemon.log()
             );
-            std::thread::sleep(Duration::from_millis(100));
+            step();
         }
     }
 
@@ -229,21 +243,13 @@ impl World {
     /// Waits (at most 60 s) until `ok`, running pods all the while (ADD then DEL); the number of failed ADDs.
     #[track_caller]
     fn wait_adding(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) -> usize {
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let mut failed = 0;
-        let mut n = 0;
-        while !ok(self) {
-            assert!(
-                Instant::now() < deadline,
-                "{what} not reached within 60 s; set {:?}; daemon log:\n{}",
-                self.set(),
-                daemon.log()
-            );
+        let (mut n, mut failed) = (0, 0);
+        self.wait_doing(daemon, what, ok, || {
             n += 1;
             if !self.add_del(&format!("busy{n}")) {
                 failed += 1;
             }
-        }
+        });
         failed
     }
 

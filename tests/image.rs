@@ -27,6 +27,13 @@ fn ctr(containerd: &Containerd, args: &[&str]) -> std::process::Output {
         .expect("run ctr")
 }
 
+/// `ctr run --rm --snapshotter native ARGS...` (the image was imported with that snapshotter).
+fn ctr_run(containerd: &Containerd, args: &[&str]) -> std::process::Output {
+    let mut all = vec!["run", "--rm", "--snapshotter", "native"];
+    all.extend_from_slice(args);
+    ctr(containerd, &all)
+}
+
 #[test]
 fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
     let dir = tempfile::Builder::new()
@@ -98,13 +105,9 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
         sa.display()
     );
     let install = |n: u32| {
-        let run = ctr(
+        let run = ctr_run(
             &containerd,
             &[
-                "run",
-                "--rm",
-                "--snapshotter",
-                "native",
                 "--env",
                 "KUBERNETES_SERVICE_HOST=10.96.0.1",
                 "--env",
@@ -165,13 +168,9 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
     );
 
     // The full binary in the image runs too: the node's long-running process answers for itself.
-    let help = ctr(
+    let help = ctr_run(
         &containerd,
         &[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "native",
             IMAGE,
             &format!("plexus-help-{}", std::process::id()),
             "/usr/local/bin/plexus",
@@ -242,13 +241,9 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
             .display()
             .to_string()
     };
-    let run = ctr(
+    let run = ctr_run(
         &containerd,
         &[
-            "run",
-            "--rm",
-            "--snapshotter",
-            "native",
             "--mount",
             &host_root,
             IMAGE,

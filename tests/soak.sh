@@ -1,9 +1,12 @@
 #!/usr/bin/env bash
 # The reliability command: injects teardown faults (kill -9 during ADD and DEL, hung and flooding delegates,
 # the API server refused/hung/slow, a full and a read-only cache disk, racing ADD/DEL, many pods at once) and
-# counts what leaked. Writes docs/reliability.md (overwritten on every run).
+# counts what leaked; then the node daemon's promises against a real kube-apiserver and registry (an API outage
+# while pods are added, kill -9 with status writes pending, a bad NetworkHook applied while pods are added) and
+# counts what was lost. Writes docs/reliability.md (overwritten on every run).
 #
-#   bash tests/soak.sh [--iterations N] [--pods N]  (as root)   # defaults 200 and 64; a few minutes on 2 cores
+#   bash tests/soak.sh [--iterations N] [--pods N] [--daemon-pods N] [--outage-secs N]  (as root)
+#   # defaults 200, 64, 100 and 60; a few minutes on 2 cores
 #
 # Needs root: real network namespaces, bridges, the reference plugins, tmpfs mounts. Not part of tests/run.sh.
 set -euo pipefail
@@ -20,6 +23,10 @@ target=${CARGO_TARGET_DIR:-$root/target}
 
 echo "soak: building (release)" >&2
 cargo build --release --workspace --bins
+bash guests/build.sh
+# The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
+PLEXUS_KUBE_APISERVER=$(bash tests/kube-apiserver.sh)
+export PLEXUS_KUBE_APISERVER
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

@@ -4,7 +4,9 @@
 //! Not a test. Run by `tests/soak.sh` (as root: real namespaces, bridges and the reference plugins), which
 //! writes `docs/reliability.md` from what this prints on stdout (Markdown).
 //!
-//! Usage: `plexus-soak [--iterations N] [--pods N]` (defaults 200 and 64).
+//! Usage: `plexus-soak [--iterations N] [--pods N] [--daemon-pods N] [--outage-secs N]` (defaults 200, 64, 100
+//! and 60). The node daemon's rows need the real kube-apiserver (`PLEXUS_KUBE_APISERVER`, which `tests/soak.sh`
+//! sets) and the wasm guests.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -12,12 +14,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use ::plexus::daemon::client::ask;
+use ::plexus::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::apiserver::{ApiServer, Fault};
+use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, require_root_and_plugins, HostBridge, IpamDir, NetNs,
     CNI_BIN_DIR,
 };
 use plexus_tests::plexus::{self, Sandbox};
+use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
 
 const POD_NS: &str = "soak";
@@ -28,6 +34,8 @@ fn main() {
     require_root_and_plugins();
     let mut iterations = 200;
     let mut pods = 64;
+    let mut daemon_pods = 100;
+    let mut outage = 60;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
         let mut value = || -> usize {
@@ -38,9 +46,12 @@ fn main() {
         match a.as_str() {
             "--iterations" => iterations = value(),
             "--pods" => pods = value(),
-            other => {
-                panic!("unknown argument {other:?}; usage: plexus-soak [--iterations N] [--pods N]")
-            }
+            "--daemon-pods" => daemon_pods = value(),
+            "--outage-secs" => outage = value(),
+            other => panic!(
+                "unknown argument {other:?}; usage: plexus-soak [--iterations N] [--pods N] \
+                 [--daemon-pods N] [--outage-secs N]"
+            ),
         }
     }
     let started = Instant::now();
@@ -69,7 +80,9 @@ fn main() {
     rows.push(concurrent_add_del(&mut rng, iterations / 4));
     eprintln!("soak: {pods}-way concurrent pods");
     rows.push(concurrent_pods(pods, 3));
+    let daemon = daemon_rows(daemon_pods, Duration::from_secs(outage as u64));
     print_report(&rows, &latency, started.elapsed(), iterations);
+    print_daemon_rows(&daemon);
 }
 
 /// One row of the report.
@@ -814,4 +827,332 @@ fn print_report(rows: &[Row], latency: &[Latency], elapsed: Duration, iterations
     println!(
         "\nThe figures are from one run on a shared 2-core machine: compare medians, not single values."
     );
+}
+
+/// One row of the node daemon's section: what the node promised (a network-status write, a working ADD) and how
+/// much of it was lost.
+struct DaemonRow {
+    fault: String,
+    pods: usize,
+    outcome: String,
+    lost: usize,
+    leaks: Leaks,
+}
+
+/// A real kube-apiserver with the project's CRDs and RBAC, `pods` pods of namespace `soak` on `node1` selecting
+/// NAD `side` (a fake delegate), a registry, a trusted key, and `plexus daemon` for `node1` with hooks on.
+struct DaemonWorld {
+    api: KubeApiServer,
+    sb: Sandbox,
+    registry: Registry,
+    key: (PathBuf, PathBuf),
+    uids: Vec<String>,
+    daemon: Option<Child>,
+}
+
+const NODE: &str = "node1";
+
+impl DaemonWorld {
+    fn new(pods: usize) -> DaemonWorld {
+        let api = KubeApiServer::start(&[], &[]);
+        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
+        for f in ["crds.yaml", "networkhooks.yaml", "rbac.yaml"] {
+            api.apply_file(&deploy.join(f));
+        }
+        api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
+        api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+        api.namespace(POD_NS);
+        api.nad(
+            POD_NS,
+            "side",
+            &json!({"cniVersion": "1.0.0", "name": "side", "type": "side-plugin"}),
+        );
+        let uids = (0..pods)
+            .map(|i| {
+                let p = api.pod(
+                    POD_NS,
+                    &format!("pod-{i}"),
+                    NODE,
+                    json!({"k8s.v1.cni.cncf.io/networks": "side"}),
+                );
+                p["metadata"]["uid"].as_str().unwrap().to_string()
+            })
+            .collect();
+        let sb = Sandbox::new();
+        sb.cluster_net("1.0.0");
+        sb.fakes(&["side-plugin"]);
+        api.write_kubeconfig(&sb.path("kubeconfig"), "plexus-token");
+        let keys = sb.path("keys");
+        std::fs::create_dir_all(&keys).unwrap();
+        DaemonWorld {
+            api,
+            registry: Registry::start(),
+            key: key_pair(&keys, "vendor"),
+            sb,
+            uids,
+            daemon: None,
+        }
+    }
+
+    fn start_daemon(&mut self) {
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.sb.path("daemon.log"))
+            .unwrap();
+        let child = Command::new(plexus::plexus_bin())
+            .args(["daemon", "--node-name", NODE, "--log-level", "info"])
+            .arg("--kubeconfig")
+            .arg(self.sb.path("kubeconfig"))
+            .arg("--socket")
+            .arg(self.sb.path("run/daemon.sock"))
+            .arg("--cache-dir")
+            .arg(self.sb.path("cache"))
+            .arg("--hook-key")
+            .arg(&self.key.1)
+            .args(["--insecure-registry", &self.registry.addr])
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.daemon = Some(child);
+        self.wait_health("synced", |h| h.synced());
+    }
+
+    fn kill_daemon(&mut self) {
+        if let Some(mut c) = self.daemon.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    fn health(&self) -> Option<DaemonHealth> {
+        match ask(
+            &self.sb.path("run/daemon.sock"),
+            &Request::Health,
+            Duration::from_secs(2),
+        ) {
+            Ok(Answer::Health(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Waits (at most 120 s) for the daemon's health to satisfy `ok`.
+    fn wait_health(&self, what: &str, ok: impl Fn(&DaemonHealth) -> bool) -> bool {
+        let end = Instant::now() + Duration::from_secs(120);
+        while Instant::now() < end {
+            if self.health().is_some_and(|h| ok(&h)) {
+                return true;
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!("soak: daemon: {what} not reached within 120 s");
+        false
+    }
+
+    fn conf(&self) -> Value {
+        self.sb.conf(json!({"logLevel": "error",
+            "cluster": {"source": "kube", "kubeconfig": self.sb.path("kubeconfig")},
+            "daemon": {"timeoutMs": 5000}}))
+    }
+
+    fn run(&self, command: &str, i: usize) -> bool {
+        let env = env_for(
+            command,
+            &format!("{ID_PREFIX}daemon-{i}"),
+            Path::new("/run/netns/none"),
+            &self.sb.path("bin").display().to_string(),
+            &format!(
+                "IgnoreUnknown=1;K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME=pod-{i};K8S_POD_UID={}",
+                self.uids[i]
+            ),
+        );
+        self.sb
+            .run_env(&env, self.conf().to_string().as_bytes())
+            .success
+    }
+
+    /// Pods among `range` whose network-status lists the NAD.
+    fn with_status(&self, range: std::ops::Range<usize>) -> usize {
+        range
+            .filter(|i| {
+                let p = self.api.must(
+                    "GET",
+                    &format!("/api/v1/namespaces/{POD_NS}/pods/pod-{i}"),
+                    None,
+                );
+                p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+                    .as_str()
+                    .is_some_and(|s| s.contains(&format!("{POD_NS}/side")))
+            })
+            .count()
+    }
+
+    /// Waits (at most 120 s) until every pod of `range` has its network-status; how many lack it then.
+    fn lost(&self, range: std::ops::Range<usize>) -> usize {
+        let end = Instant::now() + Duration::from_secs(120);
+        loop {
+            let have = self.with_status(range.clone());
+            if have == range.len() || Instant::now() >= end {
+                return range.len() - have;
+            }
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+
+    /// DEL of every pod of `range`, then what is left: cache entries, locks, processes, queued writes.
+    fn teardown(&self, range: std::ops::Range<usize>) -> Leaks {
+        for i in range {
+            if !self.run("DEL", i) {
+                self.run("DEL", i);
+            }
+        }
+        let mut leaks = sandbox_leaks(&self.sb);
+        let queued = std::fs::read_dir(self.sb.path("run/status-queue"))
+            .map(|d| d.count())
+            .unwrap_or(0);
+        if queued > 0 {
+            leaks
+                .notes
+                .push(format!("{queued} status writes still queued"));
+            leaks.cache += queued;
+        }
+        leaks
+    }
+}
+
+impl Drop for DaemonWorld {
+    fn drop(&mut self) {
+        self.kill_daemon();
+    }
+}
+
+/// The node daemon's promises under the faults of issue "node trust": an API outage of `outage` while `pods`
+/// pods are added, a kill -9 with writes pending, a NetworkHook whose module cannot serve its kind applied while
+/// pods are added.
+fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
+    let (killed, hooked) = (pods / 2, pods / 2);
+    let mut w = DaemonWorld::new(pods + killed + hooked);
+    w.start_daemon();
+    let mut rows = Vec::new();
+
+    eprintln!("soak: daemon: API outage of {outage:?} while {pods} pods are added");
+    w.api.pause();
+    let paused = Instant::now();
+    let added = (0..pods).filter(|i| w.run("ADD", *i)).count();
+    std::thread::sleep(outage.saturating_sub(paused.elapsed()));
+    w.api.resume();
+    let lost = w.lost(0..pods);
+    rows.push(DaemonRow {
+        fault: format!(
+            "API server hung (SIGSTOP) for {} s while pods are added",
+            outage.as_secs()
+        ),
+        pods,
+        outcome: format!(
+            "ADD succeeded {added}/{pods} during the outage; network-status present on {}/{pods} after it",
+            pods - lost
+        ),
+        lost,
+        leaks: w.teardown(0..pods),
+    });
+
+    eprintln!("soak: daemon: kill -9 with {killed} status writes pending");
+    let range = pods..pods + killed;
+    w.api.pause();
+    let added = range.clone().filter(|i| w.run("ADD", *i)).count();
+    let pending = w.health().map(|h| h.pending_writes).unwrap_or_default();
+    w.kill_daemon();
+    w.api.resume();
+    w.start_daemon();
+    let lost = w.lost(range.clone());
+    rows.push(DaemonRow {
+        fault: "kill -9 of the daemon with status writes pending (API server hung), then a new daemon"
+            .into(),
+        pods: killed,
+        outcome: format!(
+            "ADD succeeded {added}/{killed}; {pending} writes pending at the kill; network-status present on {}/{killed} after the restart",
+            killed - lost
+        ),
+        lost,
+        leaks: w.teardown(range),
+    });
+
+    eprintln!("soak: daemon: a NetworkHook that cannot serve its kind, applied while {hooked} pods are added");
+    let range = pods + killed..pods + killed + hooked;
+    let push = Command::new(plexus::plexus_bin())
+        .args(["hook", "push"])
+        .arg(plexus::guest_wasm("test-policy-only"))
+        .arg(format!("{}/vendor/policy-only:v1", w.registry.addr))
+        .args(["--insecure-registry", &w.registry.addr])
+        .arg("--key")
+        .arg(&w.key.0)
+        .output()
+        .unwrap();
+    assert!(
+        push.status.success(),
+        "{}",
+        String::from_utf8_lossy(&push.stderr)
+    );
+    let reference: Value = serde_json::from_slice(&push.stdout).unwrap();
+    w.api.create(
+        &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+        "metadata": {"name": "wrong-kind"},
+        "spec": {"kind": "status", "module": reference["reference"], "failurePolicy": "Fail"}}),
+    );
+    let failed = range.clone().filter(|i| !w.run("ADD", *i)).count();
+    let reason = {
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let h = w.api.must(
+                "GET",
+                "/apis/plexus.dev/v1alpha1/networkhooks/wrong-kind",
+                None,
+            );
+            if let Some(r) = h["status"]["nodes"][0]["reason"].as_str() {
+                break r.to_string();
+            }
+            if Instant::now() >= end {
+                break "not reported".into();
+            }
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+    rows.push(DaemonRow {
+        fault: "a NetworkHook whose module exports another kind (failurePolicy Fail), applied while pods are added"
+            .into(),
+        pods: hooked,
+        outcome: format!(
+            "ADD failed {failed}/{hooked}; the node reported the hook {reason}"
+        ),
+        lost: failed,
+        leaks: w.teardown(range),
+    });
+    rows
+}
+
+fn print_daemon_rows(rows: &[DaemonRow]) {
+    let lost: usize = rows.iter().map(|r| r.lost).sum();
+    let leaks: usize = rows.iter().map(|r| r.leaks.total()).sum();
+    println!("\n## The node daemon\n");
+    println!(
+        "A real kube-apiserver (with the project's CRDs and RBAC) and a real OCI registry on loopback, `plexus \
+         daemon` for the node, kube source with the daemon, the project's no-op fake delegates. What the node \
+         promised and lost: a network-status write the daemon accepted that never reached the API server, or an \
+         ADD that failed because of the fault. Then every pod is deleted and what is left counted as above (a \
+         status write still queued counts as cache).\n"
+    );
+    println!("**Lost in all rows: {lost}; leaks: {leaks}.**\n");
+    println!("| fault | pods | outcome | lost | cache | locks | processes |");
+    println!("| --- | ---: | --- | ---: | ---: | ---: | ---: |");
+    for r in rows {
+        println!(
+            "| {} | {} | {} | {} | {} | {} | {} |",
+            r.fault, r.pods, r.outcome, r.lost, r.leaks.cache, r.leaks.locks, r.leaks.processes
+        );
+    }
+    let notes: Vec<&String> = rows.iter().flat_map(|r| &r.leaks.notes).collect();
+    for n in notes {
+        println!("- {n}");
+    }
 }

@@ -186,9 +186,10 @@ impl AttachmentCache {
         format!("{container_id}.results")
     }
 
-    /// The temp file name earlier versions wrote the plan under: a node upgraded after a killed ADD may
-    /// still have one.
-    fn legacy_temp_name(container_id: &str) -> String {
+    /// The temp file a plan is written under before its rename. One name per container (its writes are
+    /// serialized by the container's lock), so the DEL that follows a `kill -9` inside [`Self::store`] removes
+    /// what the killed process left; it also names its container, so GC knows whose lock to take.
+    fn temp_name(container_id: &str) -> String {
         format!(".{container_id}.json.tmp")
     }
 
@@ -297,12 +298,20 @@ impl AttachmentCache {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
                 _ => {}
             }
-            // Named for its container, so GC can tell whose lock to take before removing a stray one.
-            let mut f = tempfile::Builder::new()
-                .prefix(&format!(".{}.json.", plan.container_id))
-                .tempfile_in(&self.root)?;
-            f.write_all(&bytes)?;
-            f.persist(&path).map(drop).map_err(|e| e.error)
+            let tmp = Self::temp_name(&plan.container_id);
+            let written = (|| {
+                let mut opts = cap_std::fs::OpenOptions::new();
+                opts.write(true).create(true).truncate(true);
+                let mut f = self.dir.open_with(&tmp, &opts)?;
+                f.write_all(&bytes)?;
+                drop(f);
+                self.dir
+                    .rename(&tmp, &self.dir, Self::file_name(&plan.container_id))
+            })();
+            if written.is_err() {
+                let _ = self.dir.remove_file(&tmp);
+            }
+            written
         };
         write().map_err(|source| PlexusError::Io {
             path: path.display().to_string(),
@@ -314,7 +323,7 @@ impl AttachmentCache {
     /// DEL can still run from, never results without a plan), and a temp file a killed ADD left.
     pub fn remove(&self, container_id: &str) -> Result<(), PlexusError> {
         for name in [
-            Self::legacy_temp_name(container_id),
+            Self::temp_name(container_id),
             Self::journal_name(container_id),
             Self::file_name(container_id),
         ] {
@@ -365,8 +374,8 @@ impl AttachmentCache {
     }
 
     /// Temp files of plans that were never renamed, with the container each belongs to, for GC: a process
-    /// killed inside [`AttachmentCache::store`] between naming its temp file and the rename
-    /// (`.<id>.json.XXXXXX`), and the names earlier versions used (`.<id>.json.tmp`, `.<id>.json.<pid>.tmp`).
+    /// killed inside [`AttachmentCache::store`] between writing its temp file and the rename (`.<id>.json.tmp`),
+    /// and the names earlier versions used (`.<id>.json.XXXXXX`, `.<id>.json.<pid>.tmp`).
     pub fn temp_files(&self) -> Result<Vec<(String, String)>, PlexusError> {
         Ok(self
             .names()?

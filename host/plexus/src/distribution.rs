@@ -826,4 +826,42 @@ mod tests {
             "sha256-0000000000000000000000000000000000000000000000000000000000000001.sig"
         );
     }
+
+    #[test]
+    fn registry_errors_are_told_apart_by_cause() {
+        let r = parse_reference("127.0.0.1:5000/vendor/hook:v1").unwrap();
+        let reason = |e: OciDistributionError| registry_err(&r, &e).reason();
+        assert_eq!(
+            reason(OciDistributionError::UnauthorizedError { url: "u".into() }),
+            "Unauthorized"
+        );
+        assert_eq!(
+            reason(OciDistributionError::ServerError {
+                code: 403,
+                url: "u".into(),
+                message: "denied".into()
+            }),
+            "Unauthorized"
+        );
+        assert_eq!(
+            reason(OciDistributionError::ServerError {
+                code: 503,
+                url: "u".into(),
+                message: "down".into()
+            }),
+            "PullFailed"
+        );
+        let tampered = registry_err(
+            &r,
+            &OciDistributionError::DigestError(
+                oci_client::errors::DigestError::VerificationError {
+                    expected: "sha256:aa".into(),
+                    actual: "sha256:bb".into(),
+                },
+            ),
+        );
+        assert_eq!(tampered.reason(), "DigestMismatch");
+        let text = tampered.to_string();
+        assert!(text.contains("expected sha256:aa, got sha256:bb"), "{text}");
+    }
 }
