@@ -9,8 +9,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use plexus::daemon::client::ask;
-use plexus::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_cni::daemon::client::ask;
+use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use plexus_tests::plexus::{plexus_bin, Sandbox};
 use serde_json::{json, Value};

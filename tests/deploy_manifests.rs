@@ -1,7 +1,7 @@
 //! The deployment manifests in examples/deploy/ parse into typed Kubernetes objects, with no stray keys,
 //! and grant Plexus exactly the permissions it uses.
 
-use plexus::install;
+use plexus_node::install;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -240,7 +240,7 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
         let mut agent_dirs = Vec::new();
         let opts = if long_running {
             assert_eq!(command.get(1).map(String::as_str), Some("daemon"));
-            let settings = plexus::daemon::parse_args(&command[2..], Some("node".into()))
+            let settings = plexus_node::daemon::parse_args(&command[2..], Some("node".into()))
                 .unwrap_or_else(|e| panic!("{}: {e}", container.name));
             // The CNI binary's default (runDir /run/plexus) finds this socket.
             assert_eq!(settings.socket, Path::new("/run/plexus/daemon.sock"));
@@ -249,7 +249,7 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             assert_eq!(agent.cache_dir, Path::new("/var/lib/plexus"));
             assert_eq!(
                 agent.signatures,
-                plexus::daemon::agent::SignaturePolicy::Required
+                plexus_node::daemon::agent::SignaturePolicy::Required
             );
             agent_dirs.push(agent.cache_dir.clone());
             for key in &agent.key_files {
@@ -344,7 +344,7 @@ fn crds_define_the_spec_resources() {
         .collect();
 
     // The hook resource, as the node agent reads and reports it.
-    use plexus::daemon::agent;
+    use plexus_node::daemon::agent;
     let hook = by_name[&format!("{}.{}", agent::PLURAL, agent::GROUP)];
     assert_eq!(hook.spec.group, agent::GROUP);
     assert_eq!(hook.spec.scope, "Cluster");

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use plexus::hooks::HookSet;
+use plexus_cni::hooks::HookSet;
 use plexus_hooks::{HookKind, HookSpec};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, Sandbox};

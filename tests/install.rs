@@ -6,7 +6,7 @@ use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus::install::{self, *};
+use plexus_node::install::{self, *};
 use serde_json::{json, Value};
 
 fn args(list: &[&str]) -> Vec<String> {

@@ -25,8 +25,8 @@ cargo fmt --all --check
 step "build: host workspace (release)"
 cargo build --release --workspace --bins --examples
 
-# On its own, so that plexus is built without its `node` feature (no compiler, no daemon server): the binary the
-# image installs on nodes. A workspace build unifies features and would give it everything.
+# On its own: the binary the image installs on nodes. A workspace build unifies the features plexus-node turns on
+# in shared dependencies (plexus-hooks' compiler, plexus-cluster's watch runtime) and would give it those.
 step "build: plexus-cni, the CNI plugin alone (release)"
 cargo build --release -p plexus-cni
 

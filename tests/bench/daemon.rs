@@ -8,8 +8,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant};
 
-use plexus::daemon::client::ask;
-use plexus::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_cni::daemon::client::ask;
+use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use serde_json::{json, Value};
 

@@ -211,7 +211,7 @@ impl World {
             spec.precompiled = true;
             hooks.push(spec);
         }
-        plexus::hooks::HookSet {
+        plexus_cni::hooks::HookSet {
             generation: 1,
             hooks,
         }

@@ -14,8 +14,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use ::plexus::daemon::client::ask;
-use ::plexus::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_cni::daemon::client::ask;
+use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::apiserver::{ApiServer, Fault};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{

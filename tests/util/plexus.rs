@@ -27,8 +27,8 @@ pub fn plexus_bin() -> PathBuf {
 }
 
 /// `target/release/plexus-cni`, the CNI plugin without the compiler: the test command builds it on its own
-/// (`cargo build --release -p plexus-cni`) after the workspace, so that it is built without plexus's `node`
-/// feature.
+/// (`cargo build --release -p plexus-cni`) after the workspace, so that the features plexus-node turns on in its
+/// dependencies (the wasm compiler, the watch runtime) are not unified into it.
 pub fn plexus_cni_bin() -> PathBuf {
     let target = target_dir();
     let bin = target.join("release/plexus-cni");
@@ -409,7 +409,7 @@ pub fn list_cache(dir: &Path) -> Vec<String> {
 }
 
 /// Plan `<id>.json` with the results of its journal `<id>.results` applied (one JSON line per record, the last
-/// for an attachment wins; a torn last line is ignored), the format documented in host/plexus/src/cache.rs.
+/// for an attachment wins; a torn last line is ignored), the format documented in host/cni/src/cache.rs.
 pub fn read_cached_plan(dir: &Path, id: &str) -> Option<Value> {
     let text = std::fs::read(dir.join(format!("{id}.json"))).ok()?;
     let mut plan: Value = serde_json::from_slice(&text).expect("cached plan is JSON");

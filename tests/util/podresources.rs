@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
 use hyper_util::rt::{TokioExecutor, TokioIo};
-use plexus::podresources::v1;
+use plexus_cni::podresources::v1;
 use tonic::codec::ProstCodec;
 
 /// One pod's devices: `(namespace, name, [(container, resource, [device IDs])])`.

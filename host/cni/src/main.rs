@@ -6,7 +6,7 @@
 // The test harness brings its own main.
 #![cfg_attr(not(test), no_main)]
 
-plexus::c_main!(real_main);
+plexus_cni::c_main!(real_main);
 
 #[cfg_attr(test, allow(dead_code))]
 fn real_main() -> u8 {
@@ -18,10 +18,10 @@ fn real_main() -> u8 {
         // The node's documented uninstall step runs the binary that is on the node: this one.
         Some("install") => {
             let args: Vec<String> = std::env::args().skip(1).collect();
-            match plexus::uninstall::parse_args(&args) {
-                Ok(opts) => plexus::uninstall::main(&opts),
-                Err(plexus::uninstall::UninstallError::Help) => {
-                    println!("{}", plexus::uninstall::UninstallError::Help);
+            match plexus_cni::uninstall::parse_args(&args) {
+                Ok(opts) => plexus_cni::uninstall::main(&opts),
+                Err(plexus_cni::uninstall::UninstallError::Help) => {
+                    println!("{}", plexus_cni::uninstall::UninstallError::Help);
                     0
                 }
                 Err(e) => {
@@ -38,6 +38,6 @@ fn real_main() -> u8 {
             );
             2
         }
-        None => plexus::entry::cni_process(),
+        None => plexus_cni::entry::cni_process(),
     }
 }

@@ -4,7 +4,7 @@
 // The test harness brings its own main.
 #![cfg_attr(not(test), no_main)]
 
-plexus::c_main!(real_main);
+plexus_cni::c_main!(real_main);
 
 const USAGE: &str = "\
 usage: plexus                  a CNI plugin: run by a container runtime, with CNI_COMMAND set
@@ -26,14 +26,14 @@ fn real_main() -> u8 {
                 println!("{USAGE}");
                 return 0;
             }
-            "hook" => return plexus::hook_cli::main(&args[2..]),
-            "install" => return plexus::install::main(&args[2..]),
-            "daemon" => return plexus::daemon::main(&args[2..]),
+            "hook" => return plexus_node::hook_cli::main(&args[2..]),
+            "install" => return plexus_node::install::main(&args[2..]),
+            "daemon" => return plexus_node::daemon::main(&args[2..]),
             other => {
                 eprintln!("plexus: unknown subcommand {other:?}\n{USAGE}");
                 return 2;
             }
         }
     }
-    plexus::entry::cni_process()
+    plexus_cni::entry::cni_process()
 }

@@ -9,13 +9,14 @@ use std::time::Duration;
 use plexus_cluster::{
     run_watches, ClusterError, KubeApi, KubeSettings, Lookup, NodeCache, WatchSettings,
 };
+use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
+use plexus_cni::daemon::{client, proto, DEFAULT_SOCKET};
 use plexus_core::spec::PodRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
 use super::status_queue::StatusQueue;
-use super::{agent, client, files, proto, DEFAULT_SOCKET};
+use super::{agent, files};
 use crate::install::{self, InstallOptions};
 
 const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]

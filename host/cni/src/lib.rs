@@ -1,4 +1,6 @@
-//! Plexus's orchestration: the CNI entry point, delegate execution, locks, the attachment cache.
+//! `plexus-cni`: everything the container runtime execs — the CNI entry point, delegate execution, locks, the
+//! attachment cache, the hooks an ADD runs — and the client side of the node daemon's wire. No wasm compiler,
+//! no OCI client, no watch runtime: the node's long-running parts are `plexus-node`.
 //!
 //! Everything here is driven by an [`invocation::Invocation`] value: no process-global state, no exit, no
 //! reading of the environment or stdin below the entry point in `main.rs`.
@@ -7,16 +9,10 @@ pub mod cache;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;
-#[cfg(feature = "node")]
-pub mod distribution;
 pub mod entry;
 pub mod error;
 pub mod exec;
-#[cfg(feature = "node")]
-pub mod hook_cli;
 pub mod hooks;
-#[cfg(feature = "node")]
-pub mod install;
 pub mod invocation;
 pub mod lock;
 pub mod orchestrate;

@@ -39,7 +39,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
-use crate::hooks::{HookSet, MODULES_DIR};
+use plexus_cni::hooks::{HookSet, MODULES_DIR};
 
 /// The hook resource's API group, version and kind.
 pub const GROUP: &str = "plexus.dev";
@@ -680,7 +680,7 @@ impl Agent {
         let path = self.module_path(&pulled.sha256);
         let io = |e: std::io::Error| ("PullFailed".to_string(), format!("{}: {e}", path.display()));
         super::files::private_dir(&self.modules, 0o700).map_err(io)?;
-        crate::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
+        plexus_cni::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
         let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
         let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
             .await
@@ -703,7 +703,7 @@ impl Agent {
             verified_by,
         };
         let rec_path = self.record_path(&reference.whole());
-        crate::conf::replace_file(&rec_path, &serde_json::to_vec(&rec).expect("json"), 0o600)
+        plexus_cni::conf::replace_file(&rec_path, &serde_json::to_vec(&rec).expect("json"), 0o600)
             .map_err(|e| {
                 (
                     "PullFailed".to_string(),
@@ -1026,7 +1026,7 @@ fn digest_of_module_path(module: &Path) -> Option<String> {
 }
 
 fn read_record(path: &Path) -> Option<Record> {
-    let bytes = crate::conf::read_capped(path, 4096).ok()?;
+    let bytes = plexus_cni::conf::read_capped(path, 4096).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
 

@@ -18,7 +18,7 @@ use plexus_core::spec::PodRef;
 use serde::{Deserialize, Serialize};
 
 use super::files;
-use super::proto::MAX_REQUEST_BYTES;
+use plexus_cni::daemon::proto::MAX_REQUEST_BYTES;
 
 /// Pods with a write kept at most.
 pub const MAX_PODS: usize = 4096;

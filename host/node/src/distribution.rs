@@ -251,7 +251,7 @@ pub fn load_signing_key(path: &Path) -> Result<SigningKey, DistError> {
 /// A small text file (keys, CA certificates), at most `max` bytes.
 fn read_small(path: &Path, max: usize) -> Result<String, String> {
     let bytes =
-        crate::conf::read_capped(path, max).map_err(|e| format!("{}: {e}", path.display()))?;
+        plexus_cni::conf::read_capped(path, max).map_err(|e| format!("{}: {e}", path.display()))?;
     String::from_utf8(bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 

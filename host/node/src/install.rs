@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
-pub use crate::uninstall::{uninstall, CONFLIST_NAME, DEFAULT_CONF_DIR};
+pub use plexus_cni::uninstall::{uninstall, CONFLIST_NAME, DEFAULT_CONF_DIR};
 /// The installed binary's name in the CNI bin dir (the `type` of the conflist's plugin).
 pub const BINARY_NAME: &str = "plexus";
 pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
@@ -59,7 +59,7 @@ pub enum InstallError {
     #[error("service account: {0}")]
     ServiceAccount(String),
     #[error(transparent)]
-    Uninstall(#[from] crate::uninstall::UninstallError),
+    Uninstall(#[from] plexus_cni::uninstall::UninstallError),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
@@ -96,7 +96,7 @@ impl Default for InstallOptions {
             conf_dir: DEFAULT_CONF_DIR.into(),
             cni_bin_source: None,
             kubeconfig_out: Path::new(DEFAULT_CONF_DIR)
-                .join(crate::uninstall::KUBECONFIG_IN_CONF_DIR),
+                .join(plexus_cni::uninstall::KUBECONFIG_IN_CONF_DIR),
             cluster_network_conf: None,
             timeout: DEFAULT_TIMEOUT,
             poll_interval: DEFAULT_POLL,
@@ -193,8 +193,10 @@ pub fn parse_args(args: &[String]) -> Result<InstallOptions, InstallError> {
             fmt_duration(MAX_POLL)
         )));
     }
-    opts.kubeconfig_out = kubeconfig_out
-        .unwrap_or_else(|| opts.conf_dir.join(crate::uninstall::KUBECONFIG_IN_CONF_DIR));
+    opts.kubeconfig_out = kubeconfig_out.unwrap_or_else(|| {
+        opts.conf_dir
+            .join(plexus_cni::uninstall::KUBECONFIG_IN_CONF_DIR)
+    });
     Ok(opts)
 }
 
@@ -214,7 +216,7 @@ pub fn write_atomic(path: &Path, contents: &[u8], mode: u32) -> Result<bool, Ins
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     fs::create_dir_all(dir).map_err(io_err(dir))?;
-    crate::conf::replace_file(path, contents, mode).map_err(io_err(path))?;
+    plexus_cni::conf::replace_file(path, contents, mode).map_err(io_err(path))?;
     Ok(true)
 }
 
