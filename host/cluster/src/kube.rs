@@ -67,7 +67,8 @@ impl Default for KubeSettings {
 const SERVICE_HOST_ENV: &str = "KUBERNETES_SERVICE_HOST";
 const NAD_GROUP: &str = "k8s.cni.cncf.io";
 const NAD_PLURAL: &str = "network-attachment-definitions";
-const EVENT_REASON: &str = "AddedInterface";
+/// The reason of the event posted for each attachment (Multus's, so tooling that looks for it finds it).
+pub const ADDED_INTERFACE: &str = "AddedInterface";
 
 /// The largest API response read. A pod or a NAD is a few KiB; the largest objects Kubernetes stores are about
 /// 1.5 MiB (etcd's request limit).
@@ -703,7 +704,7 @@ impl Cluster for KubeCluster {
             .block_on(conn.api.write_status(pod, network_status))
     }
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
-        self.event(pod, ("Normal", EVENT_REASON), message)
+        self.event(pod, ("Normal", ADDED_INTERFACE), message)
     }
 
     fn record_warning(

@@ -8,7 +8,9 @@ mod kube;
 #[cfg(feature = "watch")]
 mod watch;
 
-pub use self::kube::{error_chain, KubeApi, KubeCluster, KubeSettings, MAX_RESPONSE_BYTES};
+pub use self::kube::{
+    error_chain, KubeApi, KubeCluster, KubeSettings, ADDED_INTERFACE, MAX_RESPONSE_BYTES,
+};
 pub use file::FileCluster;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};

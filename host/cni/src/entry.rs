@@ -10,11 +10,12 @@ use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
 use crate::daemon::client::{DaemonCluster, DaemonConf};
+use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::exec::ProcessExec;
 use crate::hooks::{HookRunner, HookSet, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
-use crate::orchestrate::{self, Effects};
+use crate::orchestrate;
 use crate::podnet::IpRoute;
 use crate::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 

@@ -80,6 +80,14 @@ pub fn command_of(env: &BTreeMap<String, String>) -> Result<Command, PlexusError
 }
 
 impl Invocation {
+    /// `pod ns/name`, or `container <id>` without a pod: how errors name what they happened to.
+    pub fn pod_label(&self) -> String {
+        self.pod.as_ref().map_or_else(
+            || format!("container {}", self.container_id),
+            |p| format!("pod {p}"),
+        )
+    }
+
     /// Builds an invocation for any command but VERSION from the environment and stdin, parsed by
     /// [`stdin_json`](crate::conf::stdin_json) (its error is reported after those of the environment).
     pub fn from_env(

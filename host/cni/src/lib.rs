@@ -5,10 +5,12 @@
 //! Everything here is driven by an [`invocation::Invocation`] value: no process-global state, no exit, no
 //! reading of the environment or stdin below the entry point in `main.rs`.
 
+pub mod attach;
 pub mod cache;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;
+pub mod effects;
 pub mod entry;
 pub mod error;
 pub mod exec;
@@ -19,6 +21,7 @@ pub mod orchestrate;
 pub mod plan;
 pub mod podnet;
 pub mod podresources;
+pub mod publish;
 pub mod runner;
 pub mod teardown;
 pub mod uninstall;

@@ -1,46 +1,29 @@
 //! The CNI verbs for a pod, each as its steps: ADD, DEL, CHECK, STATUS, GC.
 //!
-//! ADD: wait for readiness (spec 6.1.2), take the container's lock, plan every attachment (`plan`: the cluster
-//! network, `defaultNetworks`, the selections; spec 6.2, 4, 3.4), persist the plan, run each attachment's
-//! delegates in order (spec 7.1, 7.3), then the default route (4.1.2.1.9) and the status annotation (spec 5).
-//! A failure tears down what was attached, in reverse (`teardown`). DEL tears down from the cached plan, or
-//! from a re-plan when there is none (spec 7.2).
+//! ADD reads top-down as a path through its own modules: wait for readiness (spec 6.1.2) and take the
+//! container's lock (here), plan every attachment (`plan`: the cluster network, `defaultNetworks`, the
+//! selections; spec 6.2, 4, 3.4), record the plan (`cache`), attach each attachment's delegates in order and set
+//! the default route (`attach`; spec 7.1, 7.3, 4.1.2.1.9), publish the status annotation and reply (`publish`;
+//! spec 5). A failure tears down what was attached, in reverse (`attach::rollback`, `teardown`). DEL tears down
+//! from the cached plan, or from a re-plan when there is none (spec 7.2).
 
 use std::collections::{BTreeMap, BTreeSet};
-use std::net::IpAddr;
-use std::path::Path;
 use std::time::{Duration, Instant};
 
-use plexus_cluster::Cluster;
-
-use crate::podresources::{device_plugin_info_file, DeviceSource};
-use plexus_core::cni::{CniResult, ErrorCode, NetworkConfigList};
-use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
-use plexus_core::spec::Pod;
+use plexus_core::cni::{ErrorCode, NetworkConfigList};
 use serde_json::{json, Value};
 
-use crate::cache::{Attachment, AttachmentCache, AttachmentPlan, Journal};
-use crate::conf::read_capped;
+use crate::attach::{attach_all, attachment_label, rollback, route_default};
+use crate::cache::AttachmentCache;
 use crate::deleted::DeletedLog;
+use crate::effects::Effects;
 use crate::error::PlexusError;
-use crate::exec::Exec;
-use crate::hooks::HookRunner;
 use crate::invocation::Invocation;
 use crate::lock::ContainerLock;
 use crate::plan::{Planner, Unplannable};
-use crate::podnet::PodNetwork;
+use crate::publish::{publish_status, reply};
 use crate::runner::{Delegator, RuntimeParams};
 use crate::teardown::Teardown;
-
-/// Every outside effect orchestration has, behind its trait.
-pub struct Effects<'a> {
-    pub exec: &'a dyn Exec,
-    pub cluster: Option<&'a dyn Cluster>,
-    pub podnet: &'a dyn PodNetwork,
-    pub hooks: &'a dyn HookRunner,
-    /// The devices kubelet allocated to the pod, for NADs that name a device-plugin resource.
-    pub devices: &'a dyn DeviceSource,
-}
 
 /// ADD: returns the cluster network's result in the requested cniVersion.
 pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
@@ -56,7 +39,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     };
     let mut plan = Planner::new(inv, fx)
         .plan(pod.as_ref(), Unplannable::Fail)
-        .map_err(|e| e.context(pod_label(inv)))?;
+        .map_err(|e| e.context(inv.pod_label()))?;
     cache.store(&plan)?;
     let mut journal = cache.journal(&inv.container_id);
     if let Err((upto, e)) = attach_all(inv, fx, &mut plan, &mut journal) {
@@ -64,7 +47,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     }
     let finished = route_default(inv, fx, &mut plan, &mut journal)
         .and_then(|()| publish_status(inv, fx, &plan, pod.as_ref()))
-        .map_err(|e| e.context(pod_label(inv)))
+        .map_err(|e| e.context(inv.pod_label()))
         .and_then(|()| reply(inv, &plan));
     finished.map_err(|e| rollback(&cache, &teardown, &plan, plan.attachments.len(), e))
 }
@@ -96,7 +79,7 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         return Err(PlexusError::Many {
             summary: format!(
                 "{}: {} of {} detachments failed",
-                pod_label(inv),
+                inv.pod_label(),
                 errors.len(),
                 plan.attachments.len()
             ),
@@ -273,7 +256,7 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
     }
 }
 
-// ADD's steps, in the order `add` takes them.
+// ADD's own steps (the others are `plan`, `attach`, `cache` and `publish`).
 
 /// ADD twice without DEL breaks the runtime contract; the old attachments are torn down first so nothing leaks.
 fn replace_stale_plan(
@@ -295,173 +278,6 @@ fn replace_stale_plan(
     cache.remove(&inv.container_id)
 }
 
-/// Each attachment's delegates, one attachment after another (spec 7.3); each result is journaled as soon as
-/// it exists. On failure: how many attachments to roll back (the failed one included), and why.
-fn attach_all(
-    inv: &Invocation,
-    fx: &Effects<'_>,
-    plan: &mut AttachmentPlan,
-    journal: &mut Journal<'_>,
-) -> Result<(), (usize, PlexusError)> {
-    let delegator = Delegator { exec: fx.exec };
-    for i in 0..plan.attachments.len() {
-        let att = &plan.attachments[i];
-        let label = attachment_label(inv, att);
-        offer_device_plugin_info(inv, att);
-        let rt = RuntimeParams::of(inv, &att.ifname);
-        let result = delegator
-            .add(&att.config, &rt, &att.capability_args)
-            .map_err(|e| (i + 1, e.context(label.clone())))?;
-        let accepted = verify_requested(att, &result)
-            .map_err(|e| e.context(label))
-            .and_then(|()| journal.record(i, &result));
-        // Kept even when rejected: the delegate did attach, so its DEL gets the result and counts.
-        plan.attachments[i].result = Some(result);
-        accepted.map_err(|e| (i + 1, e))?;
-    }
-    Ok(())
-}
-
-/// Tears down the first `upto` attachments after `err`, and the plan with them; the error keeps `err`'s code.
-fn rollback(
-    cache: &AttachmentCache,
-    teardown: &Teardown<'_>,
-    plan: &AttachmentPlan,
-    upto: usize,
-    err: PlexusError,
-) -> PlexusError {
-    let errors = teardown.run(plan, upto);
-    let cleanup = if errors.is_empty() {
-        match cache.remove(&plan.container_id) {
-            Ok(()) => return err,
-            Err(e) => PlexusError::Many {
-                summary: "removing the plan also failed".into(),
-                errors: vec![e],
-            },
-        }
-    } else {
-        PlexusError::Many {
-            summary: format!(
-                "rolling back also failed (the plan stays in {} for DEL)",
-                cache.path_of(&plan.container_id).display()
-            ),
-            errors,
-        }
-    };
-    PlexusError::Cleanup {
-        source: Box::new(err),
-        cleanup: Box::new(cleanup),
-    }
-}
-
-/// The `default-route` a selection asked for (spec 4.1.2.1.9): set in the pod, cleared from every other
-/// interface, and the results rewritten (and journaled again) so DEL and CHECK see them as printed.
-fn route_default(
-    inv: &Invocation,
-    fx: &Effects<'_>,
-    plan: &mut AttachmentPlan,
-    journal: &mut Journal<'_>,
-) -> Result<(), PlexusError> {
-    let routed = plan
-        .attachments
-        .iter()
-        .find_map(|a| default_route_of(a).map(|g| (a.network.clone(), a.ifname.clone(), g)));
-    let Some((network, target, gateways)) = routed else {
-        return Ok(());
-    };
-    let netns = inv.netns.as_deref().unwrap_or_default();
-    let clear: Vec<String> = plan.attachments.iter().map(|a| a.ifname.clone()).collect();
-    fx.podnet
-        .set_default_route(netns, &target, &gateways, &clear)
-        .map_err(|e| e.context(format!("default-route of network {network} ({target})")))?;
-    let before: Vec<Option<Value>> = plan.attachments.iter().map(|a| a.result.clone()).collect();
-    crate::podnet::reroute_results(
-        plan.attachments
-            .iter_mut()
-            .filter_map(|a| Some((a.ifname.as_str(), a.result.as_mut()?))),
-        &target,
-        &gateways,
-        &clear,
-    );
-    for (i, (att, before)) in plan.attachments.iter().zip(&before).enumerate() {
-        if let Some(now) = att
-            .result
-            .as_ref()
-            .filter(|now| before.as_ref() != Some(*now))
-        {
-            journal.record(i, now)?;
-        }
-    }
-    Ok(())
-}
-
-/// The network-status annotation (spec 5), after the status hooks; with the cluster's events.
-fn publish_status(
-    inv: &Invocation,
-    fx: &Effects<'_>,
-    plan: &AttachmentPlan,
-    pod: Option<&Pod>,
-) -> Result<(), PlexusError> {
-    let (Some(pod), Some(pod_ref)) = (pod, inv.pod.as_ref()) else {
-        return Ok(());
-    };
-    let statuses: Vec<NetworkStatus> = plan
-        .attachments
-        .iter()
-        .map(|a| {
-            let mut st = network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
-            if st.device_info.is_none() {
-                st.device_info = read_device_info(inv, a);
-            }
-            if let Some(gws) = default_route_of(a) {
-                st.default_route = status_default_route(Some(&gws), a.result.as_ref());
-            }
-            st
-        })
-        .collect();
-    let mut entries: Vec<Value> = statuses.iter().map(NetworkStatus::to_json).collect();
-    if !fx.hooks.is_empty() {
-        entries = fx.hooks.status(pod, entries)?;
-    }
-    let value = serde_json::to_string(&entries).map_err(PlexusError::from)?;
-    if let Some(cluster) = fx.cluster {
-        // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
-        // fail a pod whose networks are all attached.
-        if let Err(e) = cluster.write_status(pod_ref, &value) {
-            tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
-        }
-        for (a, st) in plan
-            .attachments
-            .iter()
-            .zip(&statuses)
-            .filter(|(a, _)| !a.is_default)
-        {
-            let _ = cluster.record_attachment(
-                pod_ref,
-                &format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network),
-            );
-        }
-    }
-    Ok(())
-}
-
-/// The cluster network's result (the plan's first attachment), in the cniVersion the runtime asked for.
-fn reply(inv: &Invocation, plan: &AttachmentPlan) -> Result<Value, PlexusError> {
-    let version = inv.conf.cni_version;
-    let result = plan
-        .attachments
-        .first()
-        .and_then(|a| a.result.as_ref())
-        .ok_or_else(|| PlexusError::Config("the plan has no cluster network result".into()))?;
-    CniResult::parse(result)
-        .and_then(|r| r.to_json(version))
-        .map_err(|e| {
-            PlexusError::Version(format!(
-                "cluster network result as cniVersion {version}: {e}"
-            ))
-        })
-}
-
 /// Spec 6.1.2: block until the readiness indicator exists, for a bounded time.
 fn wait_ready(inv: &Invocation) -> Result<(), PlexusError> {
     let Some(file) = &inv.conf.readiness_indicator_file else {
@@ -481,111 +297,4 @@ fn wait_ready(inv: &Invocation) -> Result<(), PlexusError> {
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-}
-
-/// Verifies that requested ips and mac were honoured (spec v1.0 4.1.2.1.3/4: "must assign").
-fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError> {
-    let Some(sel) = &att.selection else {
-        return Ok(());
-    };
-    let status = network_status(&att.network, Some(result), &att.ifname, false);
-    let have: BTreeSet<IpAddr> = status
-        .ips
-        .iter()
-        .filter_map(|ip| ip.split('/').next()?.parse().ok())
-        .collect();
-    for ip in &sel.ips {
-        let addr: Option<IpAddr> = ip.split('/').next().and_then(|a| a.parse().ok());
-        if !addr.is_some_and(|a| have.contains(&a)) {
-            return Err(PlexusError::Config(format!(
-                "requested ip {ip} was not assigned to {} (result has {:?})",
-                att.ifname, status.ips
-            )));
-        }
-    }
-    if let Some(mac) = &sel.mac {
-        if !status
-            .mac
-            .as_deref()
-            .is_some_and(|m| m.eq_ignore_ascii_case(mac))
-        {
-            return Err(PlexusError::Config(format!(
-                "requested mac {mac} was not assigned to {} (result has {})",
-                att.ifname,
-                status.mac.as_deref().unwrap_or("no mac")
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// The gateways of the attachment's `default-route` (4.1.2.1.9), if its selection asked for it.
-fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
-    att.selection.as_ref()?.default_route.clone()
-}
-
-/// The most bytes of a device-info file plexus reads (the spec's objects are a few hundred bytes).
-const DEVICE_INFO_CAP: usize = 64 << 10;
-
-/// The device plugin's device-info file of the attachment's device, if it has one.
-fn device_plugin_file(inv: &Invocation, att: &Attachment) -> Option<std::path::PathBuf> {
-    let d = att.device.as_ref()?;
-    Some(device_plugin_info_file(
-        &inv.conf.device_plugin_info_dir,
-        &d.resource,
-        &d.id,
-    ))
-}
-
-/// Device Information Specification 4.2.1: a plugin offered a device-info file, whose device came from a
-/// device plugin, finds the device plugin's information in it (it may add to it or replace it).
-fn offer_device_plugin_info(inv: &Invocation, att: &Attachment) {
-    let (Some(cni_file), Some(dp_file)) = (att.device_info_file(), device_plugin_file(inv, att))
-    else {
-        return;
-    };
-    let Ok(text) = read_capped(&dp_file, DEVICE_INFO_CAP) else {
-        return;
-    };
-    let cni_file = Path::new(cni_file);
-    if let Some(dir) = cni_file.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Err(e) = std::fs::write(cni_file, text) {
-        tracing::warn!(file = %cni_file.display(), "cannot offer the device plugin's device-info: {e}");
-    }
-}
-
-/// The attachment's device information (spec 5.3.8): what the plugin wrote into its device-info file, else
-/// what the device plugin wrote for its device; only a valid object.
-fn read_device_info(inv: &Invocation, att: &Attachment) -> Option<Value> {
-    let parse = |path: &Path| {
-        let text = read_capped(path, DEVICE_INFO_CAP).ok()?;
-        let info: Value = serde_json::from_slice(&text).ok()?;
-        info.get("type")
-            .and_then(Value::as_str)
-            .is_some()
-            .then_some(info)
-    };
-    att.device_info_file()
-        .and_then(|f| parse(Path::new(f)))
-        .or_else(|| parse(&device_plugin_file(inv, att)?))
-}
-
-/// `pod ns/name`, or `container <id>` without a pod: how errors name what they happened to.
-pub(crate) fn pod_label(inv: &Invocation) -> String {
-    inv.pod.as_ref().map_or_else(
-        || format!("container {}", inv.container_id),
-        |p| format!("pod {p}"),
-    )
-}
-
-/// `pod ns/name: network ns/net (ifname)`, how errors name an attachment.
-fn attachment_label(inv: &Invocation, att: &Attachment) -> String {
-    format!(
-        "{}: network {} ({})",
-        pod_label(inv),
-        att.network,
-        att.ifname
-    )
 }

@@ -17,11 +17,12 @@ use plexus_hooks::PolicyOutcome;
 use serde_json::{json, Value};
 
 use crate::conf::stdin_json;
+use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::exec::{Exec, ExecOutput, ExecRequest};
 use crate::hooks::{HookRunner, NoHooks};
 use crate::invocation::Invocation;
-use crate::orchestrate::{self, Effects};
+use crate::orchestrate;
 use crate::podnet::PodNetwork;
 
 /// One delegate call as the fake saw it.

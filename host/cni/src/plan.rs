@@ -19,9 +19,9 @@ use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
 /// The key a device's ID is passed under (plugin conf and runtimeConfig).
 const DEVICE_ID: &str = "deviceID";
 use crate::conf::{read_capped, STDIN_CAP};
+use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
-use crate::orchestrate::{pod_label, Effects};
 use plexus_hooks::PolicyOutcome;
 
 /// What planning does with a network it cannot resolve: an ADD fails on it, a DEL without a cache skips it
@@ -90,7 +90,7 @@ impl<'a> Planner<'a> {
         let alloc = slot.as_mut().expect("filled above");
         alloc
             .take(resource)
-            .map_err(|why| PlexusError::Config(format!("{}: {why}", pod_label(self.inv))))
+            .map_err(|why| PlexusError::Config(format!("{}: {why}", self.inv.pod_label())))
     }
 
     /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
@@ -360,7 +360,7 @@ impl<'a> Planner<'a> {
             plan.attachments.len(),
             names.join("; ")
         ));
-        tracing::warn!(container = %self.inv.container_id, "{}: {message}", pod_label(self.inv));
+        tracing::warn!(container = %self.inv.container_id, "{}: {message}", self.inv.pod_label());
         let cluster_answered = !unresolved.iter().any(is_unavailable);
         if let (Some(cluster), Some(pod_ref), true) =
             (self.fx.cluster, self.inv.pod.as_ref(), cluster_answered)

@@ -2,9 +2,9 @@
 //! rollback and for GC.
 
 use crate::cache::{Attachment, AttachmentPlan};
+use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
-use crate::orchestrate::Effects;
 use crate::runner::{Delegator, RuntimeParams};
 
 /// Tears down the attachments of one container.

@@ -201,7 +201,7 @@ impl Cluster for DaemonCluster<'_> {
     }
 
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
-        self.event(pod, false, "AddedInterface", message)
+        self.event(pod, false, plexus_cluster::ADDED_INTERFACE, message)
     }
 
     fn record_warning(

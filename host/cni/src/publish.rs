@@ -1,0 +1,80 @@
+//! ADD's publish step: the network-status annotation (spec 5) after the status hooks, the attachment events, and
+//! the reply the runtime prints (the cluster network's result in the cniVersion it asked for).
+
+use plexus_core::cni::CniResult;
+use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
+use plexus_core::spec::Pod;
+use serde_json::Value;
+
+use crate::attach::{default_route_of, read_device_info};
+use crate::cache::AttachmentPlan;
+use crate::effects::Effects;
+use crate::error::PlexusError;
+use crate::invocation::Invocation;
+
+/// The network-status annotation (spec 5), after the status hooks; with the cluster's events.
+pub(crate) fn publish_status(
+    inv: &Invocation,
+    fx: &Effects<'_>,
+    plan: &AttachmentPlan,
+    pod: Option<&Pod>,
+) -> Result<(), PlexusError> {
+    let (Some(pod), Some(pod_ref)) = (pod, inv.pod.as_ref()) else {
+        return Ok(());
+    };
+    let statuses: Vec<NetworkStatus> = plan
+        .attachments
+        .iter()
+        .map(|a| {
+            let mut st = network_status(&a.network, a.result.as_ref(), &a.ifname, a.is_default);
+            if st.device_info.is_none() {
+                st.device_info = read_device_info(inv, a);
+            }
+            if let Some(gws) = default_route_of(a) {
+                st.default_route = status_default_route(Some(&gws), a.result.as_ref());
+            }
+            st
+        })
+        .collect();
+    let mut entries: Vec<Value> = statuses.iter().map(NetworkStatus::to_json).collect();
+    if !fx.hooks.is_empty() {
+        entries = fx.hooks.status(pod, entries)?;
+    }
+    let value = serde_json::to_string(&entries).map_err(PlexusError::from)?;
+    if let Some(cluster) = fx.cluster {
+        // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
+        // fail a pod whose networks are all attached.
+        if let Err(e) = cluster.write_status(pod_ref, &value) {
+            tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
+        }
+        for (a, st) in plan
+            .attachments
+            .iter()
+            .zip(&statuses)
+            .filter(|(a, _)| !a.is_default)
+        {
+            let _ = cluster.record_attachment(
+                pod_ref,
+                &format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// The cluster network's result (the plan's first attachment), in the cniVersion the runtime asked for.
+pub(crate) fn reply(inv: &Invocation, plan: &AttachmentPlan) -> Result<Value, PlexusError> {
+    let version = inv.conf.cni_version;
+    let result = plan
+        .attachments
+        .first()
+        .and_then(|a| a.result.as_ref())
+        .ok_or_else(|| PlexusError::Config("the plan has no cluster network result".into()))?;
+    CniResult::parse(result)
+        .and_then(|r| r.to_json(version))
+        .map_err(|e| {
+            PlexusError::Version(format!(
+                "cluster network result as cniVersion {version}: {e}"
+            ))
+        })
+}
