@@ -3,6 +3,7 @@
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+use plexus_cluster::KubeSettings;
 use plexus_core::cni::CniVersion;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -14,7 +15,6 @@ use crate::error::PlexusError;
 #[serde(rename_all = "camelCase")]
 struct RawConf {
     cni_version: Option<String>,
-    name: Option<String>,
     cluster_network: Option<String>,
     #[serde(default)]
     default_networks: Vec<String>,
@@ -39,7 +39,6 @@ struct RawConf {
     log_file: Option<PathBuf>,
     #[serde(default)]
     runtime_config: Map<String, Value>,
-    prev_result: Option<Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<ValidAttachment>>,
 }
@@ -60,8 +59,8 @@ pub enum ClusterSource {
     Files {
         dir: PathBuf,
     },
-    /// The Kubernetes API; the object holds the source's own settings (kubeconfig, timeouts, ...).
-    Kube(Value),
+    /// The Kubernetes API, with the source's own settings (kubeconfig, timeouts, ...).
+    Kube(KubeSettings),
 }
 
 /// Where the node daemon listens, and how long an ADD waits for one of its answers before it reads the API itself.
@@ -79,7 +78,6 @@ pub const DAEMON_TIMEOUT_MS: u64 = 2000;
 #[derive(Debug, Clone)]
 pub struct PlexusConf {
     pub cni_version: CniVersion,
-    pub name: String,
     pub cluster_network: String,
     pub default_networks: Vec<String>,
     pub plexus_namespace: String,
@@ -107,7 +105,6 @@ pub struct PlexusConf {
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub runtime_config: Map<String, Value>,
-    pub prev_result: Option<Value>,
     pub valid_attachments: Option<Vec<ValidAttachment>>,
 }
 
@@ -247,19 +244,32 @@ impl PlexusConf {
             .filter(|s| !s.trim().is_empty())
             .ok_or_else(|| PlexusError::Config("clusterNetwork is required".into()))?;
         let cluster = match raw.cluster {
-            None if in_kubernetes => ClusterSource::Kube(Value::Object(Map::new())),
+            None if in_kubernetes => ClusterSource::Kube(KubeSettings::default()),
             None => ClusterSource::None,
             Some(Value::Object(mut m)) => match m.remove("source").as_ref().and_then(Value::as_str)
             {
                 Some("files") => {
-                    let dir = m.get("dir").and_then(Value::as_str).ok_or_else(|| {
+                    #[derive(Deserialize)]
+                    #[serde(deny_unknown_fields)]
+                    struct Files {
+                        dir: Option<PathBuf>,
+                    }
+                    let files: Files = serde_json::from_value(Value::Object(m)).map_err(|e| {
+                        PlexusError::Config(format!("cluster (source \"files\"): {e}"))
+                    })?;
+                    let dir = files.dir.ok_or_else(|| {
                         PlexusError::Config("cluster.dir is required for source \"files\"".into())
                     })?;
                     ClusterSource::Files {
-                        dir: absolute("cluster.dir", dir.into())?,
+                        dir: absolute("cluster.dir", dir)?,
                     }
                 }
-                Some("kube") => ClusterSource::Kube(Value::Object(m)),
+                // Typed here, so that a misspelt key is named when the conf is read, whatever the verb.
+                Some("kube") => {
+                    ClusterSource::Kube(serde_json::from_value(Value::Object(m)).map_err(|e| {
+                        PlexusError::Config(format!("cluster (source \"kube\"): {e}"))
+                    })?)
+                }
                 other => {
                     return Err(PlexusError::Config(format!(
                         "cluster.source must be \"files\" or \"kube\", got {}",
@@ -309,7 +319,6 @@ impl PlexusConf {
         }
         Ok(Self {
             cni_version,
-            name: raw.name.unwrap_or_else(|| "plexus".into()),
             cluster_network,
             default_networks: raw.default_networks,
             plexus_namespace: raw.plexus_namespace.unwrap_or_else(|| "kube-system".into()),
@@ -353,7 +362,6 @@ impl PlexusConf {
             log_level,
             log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
             runtime_config: raw.runtime_config,
-            prev_result: raw.prev_result,
             valid_attachments: raw.valid_attachments,
         })
     }
@@ -395,6 +403,39 @@ mod tests {
             (e.cni_code(), e.to_string().as_str()),
             (7, "clusterNetwork is required")
         );
+    }
+
+    #[test]
+    fn the_cluster_block_is_typed_and_names_a_key_it_does_not_know() {
+        let conf = |cluster: &str| {
+            format!(r#"{{"cniVersion":"1.0.0","clusterNetwork":"x","cluster":{cluster}}}"#)
+        };
+        let c = parse(
+            conf(r#"{"source":"kube","kubeconfig":"/k","deadlineMs":500,"events":false}"#)
+                .as_bytes(),
+            false,
+        )
+        .unwrap();
+        let ClusterSource::Kube(k) = c.cluster else {
+            panic!("not kube: {:?}", c.cluster)
+        };
+        assert_eq!(k.kubeconfig, Some(PathBuf::from("/k")));
+        assert_eq!((k.deadline_ms, k.events, k.retries), (500, false, 5));
+        let e = parse(
+            conf(r#"{"source":"kube","deadlinMs":500}"#).as_bytes(),
+            false,
+        )
+        .unwrap_err();
+        assert_eq!(e.cni_code(), 7);
+        assert!(e.to_string().contains("unknown field `deadlinMs`"), "{e}");
+        let e = parse(
+            conf(r#"{"source":"files","dir":"/d","dri":"/e"}"#).as_bytes(),
+            false,
+        )
+        .unwrap_err();
+        assert!(e.to_string().contains("unknown field `dri`"), "{e}");
+        let e = parse(conf(r#"{"source":"kube","retries":"x"}"#).as_bytes(), false).unwrap_err();
+        assert!(e.to_string().contains("cluster (source \"kube\")"), "{e}");
     }
 
     #[test]

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::fs::OpenOptions;
 use std::sync::Mutex;
 
-use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
+use plexus_cluster::{Cluster, FileCluster, KubeCluster};
 use plexus_core::cni::{CniError, CniVersion};
 use serde_json::{json, Value};
 
@@ -99,8 +99,7 @@ fn run_inner(
             Some(&file_cluster)
         }
         ClusterSource::Kube(settings) => {
-            let settings: KubeSettings = serde_json::from_value(settings.clone())
-                .map_err(|e| PlexusError::Config(format!("cluster (source \"kube\"): {e}")))?;
+            let settings = settings.clone();
             let events = settings.events;
             // Cheap: the client is only built on the first call that needs the API.
             kube_cluster = KubeCluster::new(settings)?;

@@ -52,7 +52,6 @@ const POD_ARG_LIMITS: [(&str, usize); 3] = [
 /// A validated invocation. Everything below the entry point works from this value alone.
 #[derive(Debug, Clone)]
 pub struct Invocation {
-    pub command: Command,
     pub container_id: String,
     pub netns: Option<String>,
     pub ifname: String,
@@ -168,7 +167,6 @@ impl Invocation {
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
         Ok(Self {
-            command,
             container_id,
             netns,
             ifname,
