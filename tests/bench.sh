@@ -21,7 +21,7 @@ target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
 
 echo "bench: building (release)" >&2
 cargo build --release --workspace --bins --examples
-# On its own: plexus without its `node` feature (see tests/run.sh).
+# On its own: without the features plexus-node turns on in shared crates (see tests/run.sh).
 cargo build --release -p plexus-cni
 bash guests/build.sh
 

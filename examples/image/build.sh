@@ -43,7 +43,7 @@ if [[ -z $binary ]]; then
   binary=$target/dist/plexus
 fi
 if [[ -z $cni_binary ]]; then
-  # Alone, so that plexus is built without its `node` feature.
+  # Alone, so that features plexus-node turns on in shared crates (the wasm compiler) are not unified into it.
   (cd "$root" && cargo build --profile dist-cni -p plexus-cni)
   cni_binary=$target/dist-cni/plexus-cni
 fi
