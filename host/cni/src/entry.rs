@@ -149,7 +149,7 @@ fn run_inner(
     if command == Command::Status {
         if let (ClusterSource::Kube(_), Some(d)) = (&inv.conf.cluster, &inv.conf.daemon) {
             crate::daemon::client::readiness(&d.socket, d.timeout)
-                .map_err(PlexusError::NotAvailable)?;
+                .map_err(|e| PlexusError::NotAvailable(e.0))?;
         }
     }
     let out = match command {

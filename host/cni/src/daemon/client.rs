@@ -16,7 +16,35 @@ use std::time::Duration;
 use plexus_cluster::{Cluster, ClusterError};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
-use super::proto::{read_message, write_message, Answer, Request, MAX_ANSWER_BYTES};
+use super::proto::{read_message, write_message, Answer, ReadError, Request, MAX_ANSWER_BYTES};
+
+/// Why the daemon gave no usable answer.
+#[derive(Debug, thiserror::Error)]
+pub enum AskError {
+    #[error("{}: {source}", path.display())]
+    NoSocket {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// Anything but a socket owned by root (or this process's user) could hand out plans.
+    #[error("{} is not a socket owned by root", .0.display())]
+    NotRootSocket(PathBuf),
+    #[error("connect: {0}")]
+    Connect(std::io::Error),
+    #[error("send: {0}")]
+    Send(std::io::Error),
+    #[error("answer: {0}")]
+    Answer(ReadError),
+    #[error("its caches are not synced yet")]
+    Unsynced,
+    #[error("it is at its concurrency bound")]
+    Busy,
+}
+
+/// A daemon that answers and says the node should not be sent new ADDs, with its reason.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct Unready(pub String);
 
 /// Where the daemon listens and how long one request may take (connect, send, answer).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -49,7 +77,7 @@ impl<'a> DaemonCluster<'a> {
 
     /// One question on the shared connection; a connection that served earlier questions and fails now (the
     /// daemon closed it while the delegates ran, or restarted) is replaced once.
-    fn exchange(&self, request: &Request, timeout: Duration) -> Result<Answer, String> {
+    fn exchange(&self, request: &Request, timeout: Duration) -> Result<Answer, AskError> {
         let mut slot = self.conn.borrow_mut();
         let reused = slot.is_some();
         if slot.is_none() {
@@ -77,8 +105,8 @@ impl<'a> DaemonCluster<'a> {
             return None;
         }
         let answer = match self.exchange(request, timeout) {
-            Ok(Answer::Unsynced) => Err("its caches are not synced yet".to_string()),
-            Ok(Answer::Busy) => Err("it is at its concurrency bound".to_string()),
+            Ok(Answer::Unsynced) => Err(AskError::Unsynced),
+            Ok(Answer::Busy) => Err(AskError::Busy),
             Ok(answer) => Ok(answer),
             Err(e) => Err(e),
         };
@@ -98,22 +126,22 @@ pub fn ask(
     socket: &std::path::Path,
     request: &Request,
     timeout: Duration,
-) -> Result<Answer, String> {
+) -> Result<Answer, AskError> {
     exchange(&mut BufReader::new(connect(socket)?), request, timeout)
 }
 
 /// A connection to the daemon. The socket must belong to root (or to this process's user): anything else could
 /// hand out plans.
-fn connect(socket: &std::path::Path) -> Result<UnixStream, String> {
-    let meta = std::fs::metadata(socket).map_err(|e| format!("{}: {e}", socket.display()))?;
+fn connect(socket: &std::path::Path) -> Result<UnixStream, AskError> {
+    let meta = std::fs::metadata(socket).map_err(|source| AskError::NoSocket {
+        path: socket.to_path_buf(),
+        source,
+    })?;
     let euid = rustix::process::geteuid().as_raw();
     if !meta.file_type().is_socket() || (meta.uid() != 0 && meta.uid() != euid) {
-        return Err(format!(
-            "{} is not a socket owned by root",
-            socket.display()
-        ));
+        return Err(AskError::NotRootSocket(socket.to_path_buf()));
     }
-    UnixStream::connect(socket).map_err(|e| format!("connect: {e}"))
+    UnixStream::connect(socket).map_err(AskError::Connect)
 }
 
 /// Sends `request` and reads its answer, all within `timeout`.
@@ -121,7 +149,7 @@ fn exchange(
     conn: &mut BufReader<UnixStream>,
     request: &Request,
     timeout: Duration,
-) -> Result<Answer, String> {
+) -> Result<Answer, AskError> {
     let deadline = std::time::Instant::now() + timeout;
     let left = || {
         deadline
@@ -131,22 +159,22 @@ fn exchange(
     let stream = conn.get_mut();
     stream
         .set_write_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
-    write_message(&mut *stream, request).map_err(|e| format!("send: {e}"))?;
+        .map_err(AskError::Send)?;
+    write_message(&mut *stream, request).map_err(AskError::Send)?;
     let _ = stream.flush();
     stream
         .set_read_timeout(Some(left()))
-        .map_err(|e| e.to_string())?;
-    read_message(conn, MAX_ANSWER_BYTES).map_err(|e| format!("answer: {e}"))
+        .map_err(|e| AskError::Answer(e.into()))?;
+    read_message(conn, MAX_ANSWER_BYTES).map_err(AskError::Answer)
 }
 
 /// CNI STATUS with a daemon configured: not available while a daemon that answers says it should not be sent
 /// new ADDs (caches unsynced, every slot taken), so the runtime holds new sandboxes back instead of sending them
 /// all to the API server in thin mode. A daemon that does not answer does not make the node unready: thin mode
 /// works without it.
-pub fn readiness(socket: &std::path::Path, timeout: Duration) -> Result<(), String> {
+pub fn readiness(socket: &std::path::Path, timeout: Duration) -> Result<(), Unready> {
     match ask(socket, &Request::Health, timeout) {
-        Ok(Answer::Health(h)) => h.unready().map_or(Ok(()), Err),
+        Ok(Answer::Health(h)) => h.unready().map_or(Ok(()), |why| Err(Unready(why))),
         _ => Ok(()),
     }
 }
