@@ -565,15 +565,8 @@ fn the_socket_is_root_only() {
         "import socket\ns = socket.socket(socket.AF_UNIX)\ntry:\n    s.connect({:?})\n    print('connected')\nexcept PermissionError:\n    print('refused')\n",
         d.socket.display().to_string()
     );
-    let out = Command::new("setpriv")
-        .args([
-            "--reuid=65534",
-            "--regid=65534",
-            "--clear-groups",
-            "/usr/bin/python3",
-            "-c",
-            &script,
-        ])
+    let out = as_nobody("/usr/bin/python3")
+        .args(["-c", &script])
         .output()
         .unwrap();
     assert_eq!(

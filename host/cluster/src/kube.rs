@@ -470,44 +470,61 @@ impl KubeApi {
     pub async fn post_event(
         &self,
         pod: &PodRef,
-        (type_, reason): (&str, &str),
+        kind: (&str, &str),
         message: &str,
     ) -> Result<(), ClusterError> {
+        let object = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            name: Some(pod.name.clone()),
+            namespace: Some(pod.namespace.clone()),
+            uid: pod.uid.clone(),
+            ..ObjectReference::default()
+        };
+        self.post_event_about(object, kind, message, (COMPONENT, None))
+            .await
+    }
+
+    /// Posts an event about any object (one attempt), reported by `component` (on `host`, when given): in the
+    /// object's namespace, or in `default` for a cluster-scoped one.
+    pub async fn post_event_about(
+        &self,
+        object: ObjectReference,
+        (type_, reason): (&str, &str),
+        message: &str,
+        (component, host): (&str, Option<&str>),
+    ) -> Result<(), ClusterError> {
+        let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
+        let name = object.name.clone().unwrap_or_default();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
         let event = Event {
             metadata: ObjectMeta {
-                generate_name: Some(format!("{}.", pod.name)),
-                namespace: Some(pod.namespace.clone()),
+                generate_name: Some(format!("{name}.")),
+                namespace: Some(namespace.clone()),
                 ..ObjectMeta::default()
             },
-            involved_object: ObjectReference {
-                api_version: Some("v1".into()),
-                kind: Some("Pod".into()),
-                name: Some(pod.name.clone()),
-                namespace: Some(pod.namespace.clone()),
-                uid: pod.uid.clone(),
-                ..ObjectReference::default()
-            },
+            involved_object: object,
             reason: Some(reason.into()),
             message: Some(message.into()),
             type_: Some(type_.into()),
             source: Some(EventSource {
-                component: Some(COMPONENT.into()),
-                host: None,
+                component: Some(component.into()),
+                host: host.map(str::to_string),
             }),
-            reporting_component: Some(COMPONENT.into()),
+            reporting_component: Some(component.into()),
+            reporting_instance: host.map(str::to_string),
             first_timestamp: Some(now.clone()),
             last_timestamp: Some(now),
             count: Some(1),
             ..Event::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
         let op = Op {
             verb: "create",
             resource: "events",
             group: "",
-            namespace: &pod.namespace,
-            name: &pod.name,
+            namespace: &namespace,
+            name: &name,
         };
         // Best effort: one attempt, so a slow API server cannot stretch the ADD with an event nobody awaits.
         let params = PostParams {
@@ -646,10 +663,16 @@ impl KubeApi {
 /// the fields planning reads are copied out of the object.)
 const LAST_APPLIED: &str = "kubectl.kubernetes.io/last-applied-configuration";
 
+/// An object's annotations as planning keeps them: without [`LAST_APPLIED`].
+fn kept_annotations(annotations: Option<BTreeMap<String, String>>) -> BTreeMap<String, String> {
+    let mut annotations = annotations.unwrap_or_default();
+    annotations.remove(LAST_APPLIED);
+    annotations
+}
+
 /// The pod as planning sees it: identity, labels and annotations from its metadata.
 pub(crate) fn pod_from_meta(meta: ObjectMeta) -> Pod {
-    let mut annotations = meta.annotations.unwrap_or_default();
-    annotations.remove(LAST_APPLIED);
+    let annotations = kept_annotations(meta.annotations);
     Pod {
         namespace: meta.namespace.unwrap_or_default(),
         name: meta.name.unwrap_or_default(),
@@ -669,11 +692,7 @@ pub(crate) fn nad_from_kube(found: NadObject) -> NetworkAttachmentDefinition {
         namespace: found.metadata.namespace.unwrap_or_default(),
         name: found.metadata.name.unwrap_or_default(),
         config,
-        annotations: {
-            let mut a = found.metadata.annotations.unwrap_or_default();
-            a.remove(LAST_APPLIED);
-            a
-        },
+        annotations: kept_annotations(found.metadata.annotations),
     }
 }
 

@@ -33,12 +33,12 @@ use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
-use kube::Client;
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
+use plexus_cluster::KubeApi;
 use plexus_cni::hooks::{HookSet, MODULES_DIR};
 
 /// The hook resource's API group, version and kind.
@@ -52,8 +52,6 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 /// How often the trusted keys are read again (a ConfigMap's update reaches the mounted files within a minute).
 const KEY_POLL: Duration = Duration::from_secs(5);
-/// Where events about cluster-scoped resources go.
-const EVENT_NAMESPACE: &str = "default";
 /// How long a module no longer in the set is kept (an ADD that read the previous set may still be loading it).
 const RETIRE_AFTER: Duration = Duration::from_secs(60);
 
@@ -176,7 +174,8 @@ struct Agent {
     /// What the keys were when last read (their IDs, or the error), to notice a change.
     keys_seen: String,
     status_api: Api<DynamicObject>,
-    events_api: Api<k8s_openapi::api::core::v1::Event>,
+    /// For the Warning events on the resources.
+    api: KubeApi,
 }
 
 /// The NetworkHook resource's API description.
@@ -191,7 +190,8 @@ pub fn api_resource() -> ApiResource {
 }
 
 /// Runs the agent until the future is dropped.
-pub async fn run(client: Client, settings: AgentSettings) {
+pub async fn run(api: KubeApi, settings: AgentSettings) {
+    let client = api.client().clone();
     let inputs = Arc::new(Mutex::new(Inputs::default()));
     let changed = Arc::new(tokio::sync::Notify::new());
     let ar = api_resource();
@@ -240,7 +240,7 @@ pub async fn run(client: Client, settings: AgentSettings) {
             }
         }
     };
-    let mut agent = Agent::new(settings, hooks_api, client.clone());
+    let mut agent = Agent::new(settings, hooks_api, api);
     let reconcile = async move {
         // Reconciled on a change of the resources or labels, of the keys, when a retry is due, and every
         // MAX_RETRY at least.
@@ -355,7 +355,7 @@ fn keys_fingerprint(keys: &Result<TrustedKeys, String>) -> String {
 }
 
 impl Agent {
-    fn new(settings: AgentSettings, status_api: Api<DynamicObject>, client: Client) -> Agent {
+    fn new(settings: AgentSettings, status_api: Api<DynamicObject>, api: KubeApi) -> Agent {
         let keys = TrustedKeys::load(&settings.key_files).map_err(|e| e.to_string());
         if let Err(e) = &keys {
             tracing::error!(error = %e, "hook signature keys unusable: every hook is refused until fixed");
@@ -390,7 +390,7 @@ impl Agent {
             probes_used: Default::default(),
             keys_seen,
             status_api,
-            events_api: Api::namespaced(client, EVENT_NAMESPACE),
+            api,
         }
     }
 
@@ -419,23 +419,19 @@ impl Agent {
         true
     }
 
-    /// Whether a component (by sha256) may still run: signatures are off, or a record of it was verified by a
-    /// key that is still trusted.
-    fn still_trusted(&self, sha: &str) -> bool {
-        if self.settings.signatures == SignaturePolicy::Off {
-            return true;
+    /// Whether what a record says was checked still holds: signatures are off, or the key its signature verified
+    /// with is still trusted.
+    fn trusts(&self, rec: &Record) -> bool {
+        match (self.settings.signatures, &self.keys, &rec.verified_by) {
+            (SignaturePolicy::Off, _, _) => true,
+            (SignaturePolicy::Required, Ok(keys), Some(by)) => keys.ids().contains(by),
+            (SignaturePolicy::Required, _, _) => false,
         }
-        let Ok(keys) = &self.keys else {
-            return false;
-        };
-        let ids = keys.ids();
-        let Ok(dir) = std::fs::read_dir(&self.modules) else {
-            return false;
-        };
-        dir.flatten()
-            .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
-            .filter_map(|e| read_record(&e.path()))
-            .any(|r| r.sha256 == sha && r.verified_by.as_ref().is_some_and(|k| ids.contains(k)))
+    }
+
+    /// Whether a component (by sha256) may still run: a record of it is trusted.
+    fn still_trusted(&self, sha: &str) -> bool {
+        records(&self.modules).any(|r| r.sha256 == sha && self.trusts(&r))
     }
 
     /// The module's first call, once per version of the entry: see the module docs.
@@ -528,27 +524,27 @@ impl Agent {
                 }
                 Err((mut reason, mut message)) => {
                     // The version published before keeps running, as long as it is still trusted.
-                    let kept = self
+                    let mut kept = self
                         .published
                         .hooks
                         .iter()
                         .find(|h| &h.name == name)
                         .cloned()
                         .zip(self.published_runs.get(name).cloned());
-                    let (kept, revoked): (Vec<_>, Vec<_>) =
-                        kept.into_iter().partition(|(old, _)| {
-                            old.sha256
-                                .as_deref()
-                                .is_some_and(|sha| self.still_trusted(sha))
-                        });
-                    if let Some((_, (d, _))) = revoked.first() {
-                        message = format!(
-                            "{d} ran here but no trusted key verifies it any more, so it was taken out of \
-                             the node's hook set; {reason}: {message}"
-                        );
-                        reason = "Untrusted".into();
+                    if let Some((old, (d, _))) = &kept {
+                        if !old
+                            .sha256
+                            .as_deref()
+                            .is_some_and(|sha| self.still_trusted(sha))
+                        {
+                            message = format!(
+                                "{d} ran here but no trusted key verifies it any more, so it was taken out \
+                                 of the node's hook set; {reason}: {message}"
+                            );
+                            reason = "Untrusted".into();
+                            kept = None;
+                        }
                     }
-                    let kept = kept.into_iter().next();
                     let active = kept.is_some();
                     let digest = kept.as_ref().map(|(_, (d, _))| d.clone());
                     if let Some((old, (d, order))) = kept {
@@ -611,13 +607,8 @@ impl Agent {
         };
         // Made ready before (this run or an earlier one), under the current signature policy and keys.
         if let Some(rec) = self.record(module) {
-            let trusted = match (&keys, &rec.verified_by) {
-                (None, _) => true,
-                (Some(k), Some(by)) => k.ids().contains(by),
-                (Some(_), None) => false,
-            };
             let path = self.module_path(&rec.sha256);
-            if trusted && path.exists() {
+            if self.trusts(&rec) && path.exists() {
                 let (path, cache) = (path.clone(), self.settings.cache_dir.clone());
                 let compiled =
                     tokio::task::spawn_blocking(move || plexus_hooks::compile(&path, &cache)).await;
@@ -782,6 +773,25 @@ impl Agent {
         self.retired.retain(|sha, _| !in_use.contains(sha));
     }
 
+    /// A Warning event on the NetworkHook (cluster scoped, so in the `default` namespace), best effort.
+    async fn warn(&self, hook: &str, s: &NodeStatus) {
+        let object = k8s_openapi::api::core::v1::ObjectReference {
+            api_version: Some(format!("{GROUP}/{VERSION}")),
+            kind: Some(KIND.into()),
+            name: Some(hook.into()),
+            ..Default::default()
+        };
+        let message = format!("node {}: {}", s.node, s.message);
+        let reporter = ("plexus-agent", Some(s.node.as_str()));
+        let posted = self
+            .api
+            .post_event_about(object, ("Warning", &s.reason), &message, reporter)
+            .await;
+        if let Err(e) = posted {
+            tracing::warn!(hook, error = %e, "cannot post the hook's event");
+        }
+    }
+
     /// Applies this node's entry of each resource's `status.nodes` (server-side apply, one field manager per
     /// node, so nodes never overwrite each other); `None` removes the entry. Only changes are sent.
     async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>) {
@@ -838,51 +848,6 @@ impl Agent {
                 }
                 Err(_) => tracing::warn!(hook = %name, "reporting the hook's status timed out"),
             }
-        }
-    }
-}
-
-impl Agent {
-    /// A Warning event on the NetworkHook (cluster scoped, so in the `default` namespace), best effort.
-    async fn warn(&self, hook: &str, s: &NodeStatus) {
-        use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference};
-        use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
-        let now = Time(k8s_openapi::jiff::Timestamp::now());
-        let event = Event {
-            metadata: ObjectMeta {
-                generate_name: Some(format!("{hook}.")),
-                namespace: Some(EVENT_NAMESPACE.into()),
-                ..ObjectMeta::default()
-            },
-            involved_object: ObjectReference {
-                api_version: Some(format!("{GROUP}/{VERSION}")),
-                kind: Some(KIND.into()),
-                name: Some(hook.into()),
-                ..ObjectReference::default()
-            },
-            reason: Some(s.reason.clone()),
-            message: Some(format!("node {}: {}", s.node, s.message)),
-            type_: Some("Warning".into()),
-            source: Some(EventSource {
-                component: Some("plexus-agent".into()),
-                host: Some(s.node.clone()),
-            }),
-            reporting_component: Some("plexus-agent".into()),
-            reporting_instance: Some(s.node.clone()),
-            first_timestamp: Some(now.clone()),
-            last_timestamp: Some(now),
-            count: Some(1),
-            ..Event::default()
-        };
-        let posted = tokio::time::timeout(
-            Duration::from_secs(10),
-            self.events_api.create(&Default::default(), &event),
-        )
-        .await;
-        match posted {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => tracing::warn!(hook, error = %e, "cannot post the hook's event"),
-            Err(_) => tracing::warn!(hook, "posting the hook's event timed out"),
         }
     }
 }
@@ -1016,13 +981,19 @@ fn hook_spec(name: &str, spec: &NetworkHookSpec, modules: &Path, sha: &str) -> H
 /// The manifest digest a published entry came from is not in the entry; it is in its module's record.
 fn digest_of_module_path(module: &Path) -> Option<String> {
     let sha = module.file_stem()?.to_str()?;
-    std::fs::read_dir(module.parent()?)
-        .ok()?
+    records(module.parent()?)
+        .find(|r| r.sha256 == sha)
+        .map(|r| r.digest)
+}
+
+/// Every readable module record in the modules directory.
+fn records(modules: &Path) -> impl Iterator<Item = Record> {
+    std::fs::read_dir(modules)
+        .into_iter()
+        .flatten()
         .flatten()
         .filter(|e| e.path().extension().is_some_and(|x| x == "json"))
         .filter_map(|e| read_record(&e.path()))
-        .find(|r| r.sha256 == sha)
-        .map(|r| r.digest)
 }
 
 fn read_record(path: &Path) -> Option<Record> {

@@ -47,6 +47,13 @@ pub fn private_dir(path: &Path, mode: u32) -> std::io::Result<()> {
     Ok(())
 }
 
+/// Whether an open file is one of the daemon's own: a regular file of this user with exactly `mode`.
+pub fn is_private(st: &rustix::fs::Stat, mode: u32) -> bool {
+    st.st_mode & libc::S_IFMT == libc::S_IFREG
+        && st.st_uid == rustix::process::geteuid().as_raw()
+        && st.st_mode & 0o7777 == mode
+}
+
 /// What [`open_private`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Opened {
@@ -61,7 +68,6 @@ pub enum Opened {
 /// is unlinked and created anew (`O_EXCL`), so an open file descriptor someone else holds on it (a `flock`,
 /// say) no longer matters. The directory must already be [`private_dir`].
 pub fn open_private(path: &Path, mode: u32) -> std::io::Result<(OwnedFd, Opened)> {
-    let uid = rustix::process::geteuid().as_raw();
     let base = OFlags::RDWR | OFlags::CLOEXEC | OFlags::NOFOLLOW | OFlags::NOCTTY;
     let mut replaced = false;
     // Twice at most: the second open creates with O_EXCL after the unlink; losing that race to another
@@ -75,8 +81,7 @@ pub fn open_private(path: &Path, mode: u32) -> std::io::Result<(OwnedFd, Opened)
         match rustix::fs::open(path, flags, Mode::from_raw_mode(mode)) {
             Ok(fd) => {
                 let st = rustix::fs::fstat(&fd)?;
-                let regular = st.st_mode & libc::S_IFMT == libc::S_IFREG;
-                if regular && st.st_uid == uid && st.st_mode & 0o7777 == mode {
+                if is_private(&st, mode) {
                     let how = if replaced {
                         Opened::Replaced
                     } else {

@@ -15,7 +15,7 @@ use plexus_core::spec::PodRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
-use super::status_queue::StatusQueue;
+use super::status_queue::{Key, StatusQueue};
 use super::{agent, files};
 use crate::install::{self, InstallOptions};
 
@@ -401,7 +401,7 @@ async fn serve(
     ));
     let agent = settings.hooks.clone().map(|h| {
         tokio::spawn(agent::run(
-            api.client().clone(),
+            api.clone(),
             agent::AgentSettings {
                 node: settings.node.clone(),
                 cache_dir: h.cache_dir,
@@ -435,9 +435,7 @@ async fn serve(
         events_in_flight: Arc::new(AtomicUsize::new(0)),
     });
     for key in kept {
-        if shared.writes.start_writer(&key) {
-            start_writer(&shared, key);
-        }
+        start_writer(&shared, key);
     }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io(Path::new("SIGTERM handler")))?;
@@ -652,7 +650,7 @@ fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
 /// Sends a pod's kept writes, newest first taken, until none is left: each is retried with backoff for as long
 /// as the API server does not take it, and dropped when the pod is gone (the API server's 404, or the cache
 /// holding the pod under another UID).
-fn start_writer(shared: &Arc<Shared>, key: (String, String)) {
+fn start_writer(shared: &Arc<Shared>, key: Key) {
     let shared = shared.clone();
     tokio::spawn(async move {
         while let Some(mut kept) = shared.writes.take(&key) {

@@ -5,8 +5,8 @@
 //! until the API server accepts it or the pod is gone (deleted, or replaced by one with a new UID). Bounded in
 //! pods and bytes: past either bound the daemon answers `busy` and the CNI process writes the status itself.
 //!
-//! The directory lives beside the socket (`/run/plexus/status-queue` by default): a tmpfs, so keeping a write
-//! costs no disk sync, and it is kept exactly as long as what it is about: a node's reboot ends every pod.
+//! The directory lives beside the socket (`/run/plexus/status-queue` by default): a tmpfs, where a write and its
+//! sync cost little, kept exactly as long as what it is about: a node's reboot ends every pod.
 
 use std::collections::{HashMap, HashSet};
 use std::io::Read as _;
@@ -24,6 +24,8 @@ use plexus_cni::daemon::proto::MAX_REQUEST_BYTES;
 pub const MAX_PODS: usize = 4096;
 /// Bytes of kept writes at most (a network-status value is at most a request's size).
 pub const MAX_BYTES: usize = 64 << 20;
+/// A kept write's mode: root's alone.
+const FILE_MODE: u32 = 0o600;
 
 /// One pod's write, as kept.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -68,9 +70,10 @@ fn key_of(pod: &PodRef) -> Key {
 }
 
 impl StatusQueue {
-    /// Opens (creating it, root's alone) the queue in `dir`; answers the writes kept there by an earlier run,
-    /// which are pending again. A file that is not one of ours (another owner or mode, not a regular file, not
-    /// a write, too large, or under the wrong name) is removed, never sent.
+    /// Opens (creating it, root's alone) the queue in `dir`; answers the pods whose writes an earlier run kept
+    /// there: they are pending again, and marked as having a writer, which the caller starts for each. A file
+    /// that is not one of ours (another owner or mode, not a regular file, not a write, too large, or under the
+    /// wrong name) is removed, never sent.
     pub fn open(dir: &Path) -> std::io::Result<(StatusQueue, Vec<Key>)> {
         files::private_dir(dir, 0o700)?;
         let queue = StatusQueue {
@@ -85,9 +88,8 @@ impl StatusQueue {
         names.sort();
         for path in names {
             match queue.read_kept(&path) {
-                Ok(kept) => {
+                Ok((kept, size)) => {
                     let key = key_of(&kept.pod);
-                    let size = std::fs::symlink_metadata(&path).map_or(0, |m| m.len() as usize);
                     let mut s = queue.lock();
                     if s.pending.len() >= MAX_PODS || s.bytes + size > MAX_BYTES {
                         tracing::warn!(path = %path.display(), "status queue over its bounds: dropped a kept write");
@@ -98,6 +100,7 @@ impl StatusQueue {
                     s.bytes += size;
                     s.sizes.insert(key.clone(), size);
                     s.pending.insert(key.clone(), kept);
+                    s.busy.insert(key.clone());
                     found.push(key);
                 }
                 Err(why) => {
@@ -121,7 +124,8 @@ impl StatusQueue {
             .join(format!("{}.json", hex::encode(&digest[..16])))
     }
 
-    fn read_kept(&self, path: &Path) -> Result<Kept, String> {
+    /// A kept write and the size of its file.
+    fn read_kept(&self, path: &Path) -> Result<(Kept, usize), String> {
         use rustix::fs::{Mode, OFlags};
         let fd: OwnedFd = rustix::fs::open(
             path,
@@ -130,10 +134,7 @@ impl StatusQueue {
         )
         .map_err(|e| format!("cannot open: {e}"))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| e.to_string())?;
-        if st.st_mode & libc::S_IFMT != libc::S_IFREG {
-            return Err("not a regular file".into());
-        }
-        if st.st_uid != rustix::process::geteuid().as_raw() || st.st_mode & 0o077 != 0 {
+        if !files::is_private(&st, FILE_MODE) {
             return Err(format!(
                 "owned by uid {} with mode {:o}: not written by this daemon",
                 st.st_uid,
@@ -153,7 +154,7 @@ impl StatusQueue {
         if self.path_of(&key_of(&kept.pod)) != path {
             return Err("not under its pod's name".into());
         }
-        Ok(kept)
+        Ok((kept, bytes.len()))
     }
 
     /// Keeps a pod's write (replacing one not yet taken); true when the pod has no writer yet (the caller
@@ -175,19 +176,16 @@ impl StatusQueue {
         if s.bytes - old + bytes.len() > MAX_BYTES {
             return Err(AcceptError::Full(format!("{MAX_BYTES} bytes")));
         }
-        write_private(&path, &bytes).map_err(|source| AcceptError::Io {
-            path: path.clone(),
-            source,
+        plexus_cni::conf::replace_file(&path, &bytes, FILE_MODE).map_err(|source| {
+            AcceptError::Io {
+                path: path.clone(),
+                source,
+            }
         })?;
         s.bytes = s.bytes - old + bytes.len();
         s.sizes.insert(key.clone(), bytes.len());
         s.pending.insert(key.clone(), kept);
         Ok(s.busy.insert(key))
-    }
-
-    /// Marks a pod's writer as running (for writes found at start); false when one already runs.
-    pub fn start_writer(&self, key: &Key) -> bool {
-        self.lock().busy.insert(key.clone())
     }
 
     /// The pod's newest write for its writer to send; `None` ends the writer.
@@ -235,21 +233,6 @@ impl StatusQueue {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
-}
-
-/// A whole file, root's alone (0600), replacing the one there by rename; no sync (the queue is on a tmpfs, and
-/// a crash of the machine ends the pods it is about).
-fn write_private(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
-    use std::io::Write as _;
-    use std::os::unix::fs::PermissionsExt as _;
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let mut tmp = tempfile::Builder::new()
-        .prefix(".write-")
-        .permissions(std::fs::Permissions::from_mode(0o600))
-        .tempfile_in(dir)?;
-    tmp.write_all(bytes)?;
-    tmp.persist(path).map_err(|e| e.error)?;
-    Ok(())
 }
 
 #[cfg(test)]
