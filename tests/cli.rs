@@ -10,6 +10,7 @@ fn plexus(args: &[&str]) -> Output {
     Command::new(plexus_bin())
         .args(args)
         .env_remove("CNI_COMMAND")
+        .env_remove("NODE_NAME")
         .output()
         .unwrap()
 }
@@ -21,18 +22,35 @@ fn text(b: &[u8]) -> String {
 #[test]
 fn every_command_has_help_on_stdout_with_exit_0() {
     for (args, mentions) in [
-        (&["--help"][..], "plexus install"),
-        (&["hook", "--help"], "plexus hook run"),
-        (&["hook", "run", "--help"], "--kind policy|resolver|status"),
-        (&["hook", "inspect", "-h"], "plexus hook inspect FILE"),
-        (&["install", "--help"], "--poll-interval"),
-        (&["daemon", "--help"], "--pod-wait-ms"),
-        (&["daemon", "--help"], "--hook-signatures POLICY"),
+        (&["--help"][..], "install "),
+        (&["--help"], "completions "),
+        (&["hook", "--help"], "verify "),
+        (
+            &["hook", "run", "--help"],
+            "[possible values: policy, resolver, status]",
+        ),
+        (&["hook", "run", "--help"], "resolver  {\"pod\": POD"),
+        (
+            &["hook", "inspect", "-h"],
+            "plexus hook inspect [OPTIONS] <FILE>",
+        ),
+        (&["hook", "inspect", "-h"], "--log-level <LEVEL>"),
+        (&["install", "--help"], "--poll-interval <DURATION>"),
+        (&["daemon", "--help"], "--pod-wait-ms <N>"),
+        (&["daemon", "--help"], "--hook-signatures <POLICY>"),
+        (&["daemon", "--help"], "--log-file <FILE>"),
         (
             &["hook", "push", "--help"],
-            "plexus hook push FILE REFERENCE",
+            "plexus hook push [OPTIONS] <FILE> <REFERENCE>",
         ),
-        (&["hook", "verify", "-h"], "plexus hook verify REFERENCE"),
+        (
+            &["hook", "verify", "-h"],
+            "plexus hook verify [OPTIONS] <REFERENCE>",
+        ),
+        (
+            &["--version"],
+            concat!("plexus ", env!("CARGO_PKG_VERSION")),
+        ),
     ] {
         let out = plexus(args);
         assert_eq!(
@@ -47,32 +65,56 @@ fn every_command_has_help_on_stdout_with_exit_0() {
 }
 
 #[test]
+fn shell_completions_cover_every_subcommand() {
+    let out = plexus(&["completions", "bash"]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let script = text(&out.stdout);
+    for word in [
+        "install",
+        "daemon",
+        "hook",
+        "--hook-signatures",
+        "--poll-interval",
+        "verify",
+    ] {
+        assert!(script.contains(word), "{word} is completed");
+    }
+    assert_eq!(plexus(&["completions", "tcsh"]).status.code(), Some(2));
+}
+
+#[test]
 fn usage_mistakes_are_named_with_exit_2() {
     for (args, named) in [
-        (&["frobnicate"][..], "unknown subcommand \"frobnicate\""),
-        (&["hook", "inspect"], "missing FILE"),
+        (&["frobnicate"][..], "unrecognized subcommand 'frobnicate'"),
+        (&["hook", "inspect"], "<FILE>"),
         (
             &["hook", "inspect", "a.wasm", "--cache-dir", "/x"],
-            "unknown option --cache-dir",
+            "unexpected argument '--cache-dir'",
         ),
         (
             &["hook", "compile", "a.wasm", "--cache-dir"],
-            "--cache-dir needs a value",
+            "a value is required for '--cache-dir <DIR>'",
         ),
         (
             &["hook", "run", "a.wasm", "b.wasm"],
-            "unexpected argument \"b.wasm\"",
+            "unexpected argument 'b.wasm'",
         ),
+        (&["hook", "run", "a.wasm", "--input", "{}"], "--kind <KIND>"),
         (
-            &["hook", "run", "a.wasm", "--input", "{}"],
-            "missing --kind",
+            &[
+                "hook",
+                "run",
+                "a.wasm",
+                "--kind",
+                "admission",
+                "--input",
+                "{}",
+            ],
+            "'admission'",
         ),
-        (&["hook", "nope"], "unknown hook command \"nope\""),
-        (&["hook", "push", "a.wasm"], "missing REFERENCE"),
-        (
-            &["hook", "verify", "r.example/a:v1"],
-            "give --key PUBLIC-PEM (or --unsigned)",
-        ),
+        (&["hook", "nope"], "unrecognized subcommand 'nope'"),
+        (&["hook", "push", "a.wasm"], "<REFERENCE>"),
+        (&["hook", "verify", "r.example/a:v1"], "--key <PUBLIC-PEM>"),
         (
             &[
                 "hook",
@@ -82,23 +124,36 @@ fn usage_mistakes_are_named_with_exit_2() {
                 "--timeout-ms",
                 "0",
             ],
-            "--timeout-ms needs a positive",
+            "invalid value '0' for '--timeout-ms <N>'",
         ),
         (
             &["daemon", "--node-name", "n", "--hook-signatures", "maybe"],
-            "--hook-signatures takes required or off",
+            "[possible values: required, off]",
         ),
-        (&["install", "--bin"], "unknown argument \"--bin\""),
-        (&["install", "--watch=yes"], "--watch"),
+        (&["install", "--bin"], "unexpected argument '--bin'"),
+        (&["install", "--watch=yes"], "'--watch'"),
+        (
+            &["install", "--watch", "--uninstall"],
+            "'--watch' cannot be used with '--uninstall'",
+        ),
+        (
+            &["install", "--timeout", "soon"],
+            "'soon' for '--timeout <DURATION>'",
+        ),
         (
             &["daemon", "--node-name", "n", "--max-in-flight", "x"],
-            "--max-in-flight needs a positive",
+            "invalid value 'x' for '--max-in-flight <N>'",
         ),
-        (&["daemon", "--node-name", "n", "--bogus"], "--bogus"),
+        (&["daemon", "--node-name", "n", "--bogus"], "'--bogus'"),
+        (
+            &["daemon", "--node-name", "n", "--log-level", "loud"],
+            "'loud'",
+        ),
         (
             &["daemon", "--node-name", "n", "--install", "--bin"],
-            "\"--bin\"",
+            "'--bin'",
         ),
+        (&["daemon", "--socket", "/run/x.sock"], "NODE_NAME"),
     ] {
         let out = plexus(args);
         assert_eq!(out.status.code(), Some(2), "{args:?}");

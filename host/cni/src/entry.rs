@@ -1,8 +1,6 @@
 //! The CNI entry point as a function: environment and stdin in, stdout text and exit status out.
 
 use std::collections::BTreeMap;
-use std::fs::OpenOptions;
-use std::sync::Mutex;
 
 use plexus_cluster::{Cluster, FileCluster, KubeCluster};
 use plexus_core::cni::{CniError, CniVersion};
@@ -168,22 +166,7 @@ fn run_inner(
 }
 
 fn init_logging(conf: &PlexusConf) {
-    let filter = tracing_subscriber::EnvFilter::new(format!(
-        "plexus={0},plexus_cluster={0},plexus_hooks={0}",
-        conf.log_level
-    ));
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(false);
-    let file = conf
-        .log_file
-        .as_ref()
-        .and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
-    let _ = match file {
-        Some(f) => builder.with_writer(Mutex::new(f)).try_init(),
-        None => builder.with_writer(std::io::stderr).try_init(),
-    };
+    crate::logging::init(&conf.log_level, conf.log_file.as_deref());
 }
 
 /// The version the runtime asked for, for replies (falls back to the newest).

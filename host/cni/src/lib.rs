@@ -7,6 +7,7 @@
 
 pub mod attach;
 pub mod cache;
+pub mod cli;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;
@@ -17,6 +18,7 @@ pub mod exec;
 pub mod hooks;
 pub mod invocation;
 pub mod lock;
+pub mod logging;
 pub mod orchestrate;
 pub mod plan;
 pub mod podnet;

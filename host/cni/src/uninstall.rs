@@ -16,19 +16,9 @@ pub const KUBECONFIG_IN_CONF_DIR: &str = "plexus.d/plexus.kubeconfig";
 /// A conflist is read up to this size to tell whether it is Plexus's.
 const MAX_CONFLIST_BYTES: usize = 1 << 20;
 
-const USAGE: &str = "usage: plexus install --uninstall [--conf-dir DIR] [--kubeconfig-out FILE]
-
-Removes <conf-dir>/00-plexus.conflist (default conf dir /etc/cni/net.d) when it is Plexus's, and the
-kubeconfig plexus install wrote (default <conf-dir>/plexus.d/plexus.kubeconfig). The binary stays: pods
-attached while Plexus was installed need it for DEL.";
-
 /// What went wrong uninstalling.
 #[derive(Debug, thiserror::Error)]
 pub enum UninstallError {
-    #[error("{0}\n{USAGE}")]
-    Usage(String),
-    #[error("{USAGE}")]
-    Help,
     #[error("{}: {source}", path.display())]
     Io {
         path: PathBuf,
@@ -55,60 +45,28 @@ impl Default for UninstallOptions {
     }
 }
 
-/// Parses what the CNI-only binary accepts: `install --uninstall [--conf-dir DIR] [--kubeconfig-out FILE]`
-/// (the arguments after the program name). Any other install flag is the full binary's.
-pub fn parse_args(args: &[String]) -> Result<UninstallOptions, UninstallError> {
-    use lexopt::Arg::{Long, Short, Value as Positional};
-    let args = match args.first() {
-        Some(first) if first == "install" => &args[1..],
-        _ => args,
-    };
-    let usage = |e: lexopt::Error| UninstallError::Usage(e.to_string());
-    let mut parser = lexopt::Parser::from_args(args);
-    let (mut uninstall, mut conf_dir, mut kubeconfig_out) = (false, None, None);
-    let value = |parser: &mut lexopt::Parser, flag: &str| -> Result<PathBuf, UninstallError> {
-        match parser.value() {
-            Ok(v) if !v.is_empty() => Ok(v.into()),
-            _ => Err(UninstallError::Usage(format!("{flag} needs a value"))),
-        }
-    };
-    while let Some(arg) = parser.next().map_err(usage)? {
-        let name = match arg {
-            Long(name) => name.to_string(),
-            Short('h') => "help".to_string(),
-            Short(c) => return Err(UninstallError::Usage(format!("unknown argument -{c}"))),
-            Positional(v) => {
-                return Err(UninstallError::Usage(format!(
-                    "unknown argument {:?}",
-                    v.to_string_lossy()
-                )))
-            }
-        };
-        match name.as_str() {
-            "uninstall" => uninstall = true,
-            "conf-dir" => conf_dir = Some(value(&mut parser, "--conf-dir")?),
-            "kubeconfig-out" => kubeconfig_out = Some(value(&mut parser, "--kubeconfig-out")?),
-            "help" => return Err(UninstallError::Help),
-            other => {
-                return Err(UninstallError::Usage(format!(
-                    "--{other}: this binary only uninstalls; installing is a command of the full plexus \
-                     binary (the image's /usr/local/bin/plexus)"
-                )))
-            }
+/// Where uninstall looks, on the command line: `plexus install` flattens it, and the CNI-only binary's
+/// `install --uninstall` takes it alone.
+#[derive(Debug, Clone, PartialEq, Eq, clap::Args)]
+pub struct UninstallArgs {
+    /// The CNI conf dir, where 00-plexus.conflist goes
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_CONF_DIR)]
+    pub conf_dir: PathBuf,
+    /// Where the service-account kubeconfig goes [default: <conf-dir>/plexus.d/plexus.kubeconfig]
+    #[arg(long, value_name = "FILE")]
+    pub kubeconfig_out: Option<PathBuf>,
+}
+
+impl UninstallArgs {
+    pub fn options(&self) -> UninstallOptions {
+        UninstallOptions {
+            kubeconfig_out: self
+                .kubeconfig_out
+                .clone()
+                .unwrap_or_else(|| self.conf_dir.join(KUBECONFIG_IN_CONF_DIR)),
+            conf_dir: self.conf_dir.clone(),
         }
     }
-    if !uninstall {
-        return Err(UninstallError::Usage(
-            "this binary only uninstalls (install --uninstall); installing is a command of the full plexus \
-             binary (the image's /usr/local/bin/plexus)"
-                .into(),
-        ));
-    }
-    let conf_dir = conf_dir.unwrap_or_else(|| DEFAULT_CONF_DIR.into());
-    Ok(UninstallOptions {
-        kubeconfig_out: kubeconfig_out.unwrap_or_else(|| conf_dir.join(KUBECONFIG_IN_CONF_DIR)),
-        conf_dir,
-    })
 }
 
 /// Whether a conflist's text is Plexus's: its first plugin has `"type": "plexus"`.
@@ -175,34 +133,33 @@ pub fn main(opts: &UninstallOptions) -> u8 {
 mod tests {
     use super::*;
 
-    fn args(a: &[&str]) -> Vec<String> {
-        a.iter().map(|s| s.to_string()).collect()
+    #[derive(clap::Parser)]
+    struct Cli {
+        #[command(flatten)]
+        args: UninstallArgs,
+    }
+
+    fn parse(a: &[&str]) -> Result<UninstallOptions, clap::Error> {
+        use clap::Parser;
+        Cli::try_parse_from(std::iter::once("uninstall").chain(a.iter().copied()))
+            .map(|c| c.args.options())
     }
 
     #[test]
-    fn parses_only_what_uninstalling_needs() {
-        let o = parse_args(&args(&["install", "--uninstall"])).unwrap();
-        assert_eq!(o, UninstallOptions::default());
-        let o = parse_args(&args(&["install", "--uninstall", "--conf-dir=/host/net.d"])).unwrap();
+    fn the_kubeconfig_follows_the_conf_dir() {
+        assert_eq!(parse(&[]).unwrap(), UninstallOptions::default());
+        let o = parse(&["--conf-dir=/host/net.d"]).unwrap();
         assert_eq!(
             o.kubeconfig_out,
             Path::new("/host/net.d/plexus.d/plexus.kubeconfig")
         );
-        let o = parse_args(&args(&["--uninstall", "--kubeconfig-out", "/k"])).unwrap();
-        assert_eq!(o.kubeconfig_out, Path::new("/k"));
-        let e = parse_args(&args(&["install"])).unwrap_err().to_string();
-        assert!(e.contains("only uninstalls"), "{e}");
-        let e = parse_args(&args(&["install", "--uninstall", "--watch"]))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            e.contains("--watch") && e.contains("full plexus binary"),
-            "{e}"
+        let o = parse(&["--conf-dir", "/c", "--kubeconfig-out", "/k"]).unwrap();
+        assert_eq!(
+            (o.conf_dir.as_path(), o.kubeconfig_out.as_path()),
+            (Path::new("/c"), Path::new("/k"))
         );
-        let e = parse_args(&args(&["install", "--uninstall", "--conf-dir"]))
-            .unwrap_err()
-            .to_string();
-        assert!(e.contains("--conf-dir needs a value"), "{e}");
+        let e = parse(&["--conf-dir"]).unwrap_err().to_string();
+        assert!(e.contains("--conf-dir <DIR>"), "{e}");
     }
 
     #[test]

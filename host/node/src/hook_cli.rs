@@ -8,66 +8,159 @@ use std::time::{Duration, Instant};
 
 use crate::distribution::{self, Registry, RegistryOptions, TrustedKeys};
 
-const USAGE: &str = "\
-usage: plexus hook inspect FILE
-       plexus hook compile FILE [--cache-dir DIR]
-       plexus hook run FILE --kind policy|resolver|status --input JSON|@FILE
-                       [--settings JSON|@FILE] [--timeout-ms N] [--memory-limit-mib N]
-       plexus hook push FILE REFERENCE [--key PRIVATE-PEM] [REGISTRY-FLAGS]
-       plexus hook verify REFERENCE --key PUBLIC-PEM... [--unsigned] [REGISTRY-FLAGS]
-
-push: FILE (a hook component) goes to REFERENCE (REGISTRY/REPOSITORY:TAG) as a wasm artifact (one
-  application/wasm layer); with --key (unencrypted PKCS#8 PEM, ECDSA P-256) its manifest digest is signed in
-  cosign's format (REPOSITORY:sha256-<hex>.sig). Prints the reference pinned by digest, for a NetworkHook.
-verify: what the node agent checks: the signature of the manifest digest verifies with one of the --key public
-  keys (PEM; cosign.pub works), the manifest and the module match their digests, the module is a component
-  exporting a hook interface. --unsigned skips the signature. Exit 1 when any check fails.
-REGISTRY-FLAGS: --insecure-registry HOST[:PORT] (plain HTTP; repeatable), --registry-ca PEM (repeatable),
-  --timeout-ms N (each registry operation; default 30000)
-
-run input, by kind:
+const RUN_INPUT: &str = "\
+--input, by kind:
   policy    {\"pod\": POD, \"selections\": [SELECTION, ...]}
   resolver  {\"pod\": POD, \"selection\": SELECTION, \"nad\": NAD?, \"config\": CONFIG?}
   status    {\"pod\": POD, \"entries\": [STATUS-ENTRY, ...]}
-  POD       {\"namespace\": .., \"name\": .., \"uid\"?: .., \"labels\"?: {..}, \"annotations\"?: {..}}";
+  POD       {\"namespace\": .., \"name\": .., \"uid\"?: .., \"labels\"?: {..}, \"annotations\"?: {..}}
+JSON arguments are inline or @FILE.";
 
 const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
 
+/// `plexus hook ...`: inspect, compile, run, push and verify WebAssembly hooks. Each prints JSON on stdout.
+#[derive(Debug, clap::Args)]
+pub struct HookArgs {
+    #[command(subcommand)]
+    pub command: HookCommand,
+    #[command(flatten)]
+    pub log: plexus_cni::logging::LogArgs,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum HookCommand {
+    /// What a component exports and imports, and which hook kinds it implements
+    Inspect {
+        /// A hook component (.wasm)
+        file: PathBuf,
+    },
+    /// Compile a component into the cache where the CNI plugin loads it
+    Compile {
+        /// A hook component (.wasm)
+        file: PathBuf,
+        /// The plexus cacheDir
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_CACHE_DIR)]
+        cache_dir: PathBuf,
+    },
+    /// Run one call of a hook, in the sandbox an ADD runs it in
+    #[command(after_help = RUN_INPUT)]
+    Run(RunArgs),
+    /// Push a component to REFERENCE (REGISTRY/REPOSITORY:TAG) as a wasm artifact, optionally signed
+    #[command(
+        long_about = "FILE (a hook component) goes to REFERENCE as a wasm artifact (one application/wasm layer); \
+                      with --key (unencrypted PKCS#8 PEM, ECDSA P-256) its manifest digest is signed in cosign's \
+                      format (REPOSITORY:sha256-<hex>.sig). Prints the reference pinned by digest, for a NetworkHook."
+    )]
+    Push {
+        /// A hook component (.wasm)
+        file: PathBuf,
+        /// REGISTRY/REPOSITORY:TAG
+        reference: String,
+        /// The signing key (unencrypted PKCS#8 PEM, ECDSA P-256)
+        #[arg(long, value_name = "PRIVATE-PEM")]
+        key: Option<PathBuf>,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+    /// Check a pushed module as the node agent does; exit 1 when any check fails
+    #[command(
+        long_about = "What the node agent checks: the signature of the manifest digest verifies with one of the \
+                      --key public keys (PEM; cosign.pub works), the manifest and the module match their \
+                      digests, the module is a component exporting a hook interface. Exit 1 when any check fails."
+    )]
+    Verify {
+        /// REGISTRY/REPOSITORY:TAG or REGISTRY/REPOSITORY@DIGEST
+        reference: String,
+        /// A public key the signature may verify with (PEM; cosign.pub works); repeatable
+        #[arg(long, value_name = "PUBLIC-PEM", required_unless_present = "unsigned")]
+        key: Vec<PathBuf>,
+        /// Skip the signature check
+        #[arg(long)]
+        unsigned: bool,
+        #[command(flatten)]
+        registry: RegistryArgs,
+    },
+}
+
+/// `plexus hook run`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct RunArgs {
+    /// A hook component (.wasm)
+    file: PathBuf,
+    /// Which export to call
+    #[arg(long, value_name = "KIND", value_parser = ["policy", "resolver", "status"])]
+    kind: String,
+    /// The call's input (JSON, or @FILE)
+    #[arg(long, value_name = "JSON|@FILE")]
+    input: String,
+    /// The hook's settings (JSON, or @FILE)
+    #[arg(long, value_name = "JSON|@FILE")]
+    settings: Option<String>,
+    /// The call's time limit [default: the hook default]
+    #[arg(long, value_name = "N")]
+    timeout_ms: Option<u64>,
+    /// The instance's memory limit [default: the hook default]
+    #[arg(long, value_name = "N")]
+    memory_limit_mib: Option<u64>,
+}
+
+/// How registries are reached, for push and verify.
+#[derive(Debug, clap::Args)]
+pub struct RegistryArgs {
+    /// A registry spoken to over plain HTTP (host or host:port); repeatable
+    #[arg(long, value_name = "HOST[:PORT]")]
+    insecure_registry: Vec<String>,
+    /// A CA certificate trusted for registries besides the system's; repeatable
+    #[arg(long, value_name = "PEM")]
+    registry_ca: Vec<PathBuf>,
+    /// Each registry operation's time limit
+    #[arg(long, value_name = "N", default_value_t = 30_000, value_parser = clap::value_parser!(u64).range(1..))]
+    timeout_ms: u64,
+}
+
+impl RegistryArgs {
+    fn options(&self) -> RegistryOptions {
+        RegistryOptions {
+            insecure: self.insecure_registry.clone(),
+            ca_files: self.registry_ca.clone(),
+            timeout: Duration::from_millis(self.timeout_ms),
+        }
+    }
+}
+
 /// Failures of a command: usage mistakes (exit 2) or errors (exit 1).
 enum CliError {
-    /// `--help` after a command: the usage, on stdout, exit 0.
-    Help,
     Usage(String),
     Failed(String),
 }
 
-/// Runs `plexus hook ARGS...` (`args` is what follows `hook`).
-pub fn main(args: &[String]) -> u8 {
-    init_logging();
-    let result = match args.first().map(String::as_str) {
-        Some("inspect") => inspect(&args[1..]),
-        Some("compile") => compile(&args[1..]),
-        Some("run") => run(&args[1..]),
-        Some("push") => push(&args[1..]),
-        Some("verify") => verify(&args[1..]),
-        Some("-h" | "--help" | "help") => {
-            println!("{USAGE}");
-            return 0;
-        }
-        Some(other) => Err(CliError::Usage(format!("unknown hook command {other:?}"))),
-        None => Err(CliError::Usage("missing hook command".into())),
+/// Runs `plexus hook ...`.
+pub fn main(args: HookArgs) -> u8 {
+    args.log.init();
+    let result = match args.command {
+        HookCommand::Inspect { file } => inspect(&file),
+        HookCommand::Compile { file, cache_dir } => compile(&file, &cache_dir),
+        HookCommand::Run(run_args) => run(run_args),
+        HookCommand::Push {
+            file,
+            reference,
+            key,
+            registry,
+        } => push(&file, &reference, key.as_deref(), &registry.options()),
+        HookCommand::Verify {
+            reference,
+            key,
+            unsigned,
+            registry,
+        } => verify(&reference, &key, unsigned, &registry.options()),
     };
     match result {
         Ok(out) => {
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
             0
         }
-        Err(CliError::Help) => {
-            println!("{USAGE}");
-            0
-        }
         Err(CliError::Usage(msg)) => {
-            eprintln!("plexus hook: {msg}\n{USAGE}");
+            eprintln!("plexus hook: {msg}");
             2
         }
         Err(CliError::Failed(msg)) => {
@@ -75,81 +168,6 @@ pub fn main(args: &[String]) -> u8 {
             1
         }
     }
-}
-
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr)
-        .try_init();
-}
-
-/// `--flag value` pairs, flag without its dashes.
-type Flags = Vec<(String, String)>;
-
-/// Splits `FILE --flag value ...` into the file and the flags, refusing unknown flags; `--help` anywhere asks
-/// for the usage.
-fn parse(args: &[String], known: &[&str]) -> Result<(PathBuf, Flags), CliError> {
-    let (mut pos, flags) = parse_n(args, known, &[], &["FILE"])?;
-    Ok((PathBuf::from(pos.remove(0)), flags))
-}
-
-/// Like [`parse`] with the positional arguments `names` (all required) and the value-less `switches`.
-fn parse_n(
-    args: &[String],
-    known: &[&str],
-    switches: &[&str],
-    names: &[&str],
-) -> Result<(Vec<String>, Flags), CliError> {
-    use lexopt::Arg::{Long, Short, Value as Positional};
-    let usage = |e: lexopt::Error| CliError::Usage(e.to_string());
-    let mut parser = lexopt::Parser::from_args(args);
-    let mut positional = Vec::new();
-    let mut flags = Vec::new();
-    while let Some(arg) = parser.next().map_err(usage)? {
-        match arg {
-            Long("help") | Short('h') => return Err(CliError::Help),
-            Long(name) if switches.contains(&name) => {
-                flags.push((name.to_string(), String::new()));
-            }
-            Long(name) if known.contains(&name) => {
-                let name = name.to_string();
-                let value = parser
-                    .value()
-                    .map_err(|_| CliError::Usage(format!("--{name} needs a value")))?;
-                flags.push((name, value.to_string_lossy().into_owned()));
-            }
-            Long(name) => return Err(CliError::Usage(format!("unknown option --{name}"))),
-            Short(c) => return Err(CliError::Usage(format!("unknown option -{c}"))),
-            Positional(v) if positional.len() < names.len() => {
-                positional.push(v.to_string_lossy().into_owned())
-            }
-            Positional(v) => {
-                return Err(CliError::Usage(format!("unexpected argument {v:?}")));
-            }
-        }
-    }
-    if let Some(missing) = names.get(positional.len()) {
-        return Err(CliError::Usage(format!("missing {missing}")));
-    }
-    Ok((positional, flags))
-}
-
-fn flags_named<'a>(flags: &'a [(String, String)], name: &'a str) -> impl Iterator<Item = &'a str> {
-    flags
-        .iter()
-        .filter(move |(f, _)| f == name)
-        .map(|(_, v)| v.as_str())
-}
-
-fn flag<'a>(flags: &'a [(String, String)], name: &str) -> Option<&'a str> {
-    flags
-        .iter()
-        .rev()
-        .find(|(f, _)| f == name)
-        .map(|(_, v)| v.as_str())
 }
 
 fn failed(e: impl std::fmt::Display) -> CliError {
@@ -170,9 +188,8 @@ fn failed_err(e: &(dyn std::error::Error + 'static)) -> CliError {
     CliError::Failed(error_chain(&e.to_string(), e.source()))
 }
 
-fn inspect(args: &[String]) -> Result<Value, CliError> {
-    let (file, _) = parse(args, &[])?;
-    let i = plexus_hooks::inspect(&file).map_err(|e| failed_err(&e))?;
+fn inspect(file: &Path) -> Result<Value, CliError> {
+    let i = plexus_hooks::inspect(file).map_err(|e| failed_err(&e))?;
     Ok(json!({
         "path": i.path,
         "size": i.size,
@@ -185,11 +202,9 @@ fn inspect(args: &[String]) -> Result<Value, CliError> {
     }))
 }
 
-fn compile(args: &[String]) -> Result<Value, CliError> {
-    let (file, flags) = parse(args, &["cache-dir"])?;
-    let cache_dir = PathBuf::from(flag(&flags, "cache-dir").unwrap_or(DEFAULT_CACHE_DIR));
-    let a = plexus_hooks::compile(&file, &cache_dir).map_err(|e| failed_err(&e))?;
-    let artifact = plexus_hooks::artifact_path(&file, &cache_dir).map_err(|e| failed_err(&e))?;
+fn compile(file: &Path, cache_dir: &Path) -> Result<Value, CliError> {
+    let a = plexus_hooks::compile(file, cache_dir).map_err(|e| failed_err(&e))?;
+    let artifact = plexus_hooks::artifact_path(file, cache_dir).map_err(|e| failed_err(&e))?;
     Ok(json!({
         "path": a.module,
         "sha256": a.sha256,
@@ -229,39 +244,18 @@ fn needs<T>(value: Option<T>, key: &str) -> Result<T, CliError> {
     value.ok_or_else(|| CliError::Usage(format!("input has no {key:?}")))
 }
 
-fn run(args: &[String]) -> Result<Value, CliError> {
-    let (file, flags) = parse(
-        args,
-        &[
-            "kind",
-            "input",
-            "settings",
-            "timeout-ms",
-            "memory-limit-mib",
-        ],
-    )?;
-    let kind: HookKind = flag(&flags, "kind")
-        .ok_or_else(|| CliError::Usage("missing --kind".into()))?
-        .parse()
-        .map_err(CliError::Usage)?;
-    let input = json_arg(
-        flag(&flags, "input").ok_or_else(|| CliError::Usage("missing --input".into()))?,
-        "--input",
-    )?;
-    let number = |name: &str| -> Result<Option<u64>, CliError> {
-        flag(&flags, name)
-            .map(|v| {
-                v.parse()
-                    .map_err(|_| CliError::Usage(format!("--{name} is not a number")))
-            })
-            .transpose()
-    };
+fn run(args: RunArgs) -> Result<Value, CliError> {
+    let file = args.file;
+    let kind: HookKind = args.kind.parse().map_err(CliError::Usage)?;
+    let input = json_arg(&args.input, "--input")?;
     let mut spec = HookSpec::new(hook_name(&file), kind, file.clone());
-    spec.settings = flag(&flags, "settings")
+    spec.settings = args
+        .settings
+        .as_deref()
         .map(|s| json_arg(s, "--settings"))
         .transpose()?;
-    spec.timeout_ms = number("timeout-ms")?;
-    spec.memory_limit_mib = number("memory-limit-mib")?;
+    spec.timeout_ms = args.timeout_ms;
+    spec.memory_limit_mib = args.memory_limit_mib;
     let input: RunInput =
         serde_json::from_value(input).map_err(|e| CliError::Usage(format!("--input: {e}")))?;
     let pod = input.pod;
@@ -313,28 +307,6 @@ fn hook_name(file: &Path) -> String {
         .to_string()
 }
 
-const REGISTRY_FLAGS: [&str; 3] = ["insecure-registry", "registry-ca", "timeout-ms"];
-
-fn registry_options(flags: &[(String, String)]) -> Result<RegistryOptions, CliError> {
-    let mut opts = RegistryOptions {
-        insecure: flags_named(flags, "insecure-registry")
-            .map(String::from)
-            .collect(),
-        ca_files: flags_named(flags, "registry-ca")
-            .map(PathBuf::from)
-            .collect(),
-        ..RegistryOptions::default()
-    };
-    if let Some(ms) = flag(flags, "timeout-ms") {
-        let ms: u64 =
-            ms.parse().ok().filter(|n| *n > 0).ok_or_else(|| {
-                CliError::Usage("--timeout-ms needs a positive whole number".into())
-            })?;
-        opts.timeout = Duration::from_millis(ms);
-    }
-    Ok(opts)
-}
-
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> Result<T, CliError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -343,14 +315,15 @@ fn block_on<T>(f: impl std::future::Future<Output = T>) -> Result<T, CliError> {
     Ok(rt.block_on(f))
 }
 
-fn push(args: &[String]) -> Result<Value, CliError> {
-    let known: Vec<&str> = REGISTRY_FLAGS.iter().copied().chain(["key"]).collect();
-    let (pos, flags) = parse_n(args, &known, &[], &["FILE", "REFERENCE"])?;
-    let file = PathBuf::from(&pos[0]);
-    let options = registry_options(&flags)?;
-    let reference = distribution::parse_reference(&pos[1]).map_err(failed)?;
+fn push(
+    file: &Path,
+    reference: &str,
+    key: Option<&Path>,
+    options: &RegistryOptions,
+) -> Result<Value, CliError> {
+    let reference = distribution::parse_reference(reference).map_err(failed)?;
     // Only components this host can load as hooks are published.
-    let inspected = plexus_hooks::inspect(&file).map_err(|e| failed_err(&e))?;
+    let inspected = plexus_hooks::inspect(file).map_err(|e| failed_err(&e))?;
     if inspected.kinds.is_empty() {
         return Err(CliError::Failed(format!(
             "{} exports no plexus:hooks interface of version {} (exports: {})",
@@ -359,13 +332,13 @@ fn push(args: &[String]) -> Result<Value, CliError> {
             inspected.exports.join(", ")
         )));
     }
-    let key = flag(&flags, "key")
-        .map(|k| distribution::load_signing_key(Path::new(k)))
+    let key = key
+        .map(distribution::load_signing_key)
         .transpose()
         .map_err(failed)?;
-    let registry = Registry::new(&options).map_err(failed)?;
+    let registry = Registry::new(options).map_err(failed)?;
     let wasm =
-        std::fs::read(&file).map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
+        std::fs::read(file).map_err(|e| CliError::Failed(format!("{}: {e}", file.display())))?;
     let (digest, signed) = block_on(async {
         let digest = registry.push_module(&reference, wasm).await?;
         let signed = match &key {
@@ -387,19 +360,15 @@ fn push(args: &[String]) -> Result<Value, CliError> {
     }))
 }
 
-fn verify(args: &[String]) -> Result<Value, CliError> {
-    let known: Vec<&str> = REGISTRY_FLAGS.iter().copied().chain(["key"]).collect();
-    let (pos, flags) = parse_n(args, &known, &["unsigned"], &["REFERENCE"])?;
-    let reference = distribution::parse_reference(&pos[0]).map_err(failed)?;
-    let unsigned = flag(&flags, "unsigned").is_some();
-    let key_files: Vec<PathBuf> = flags_named(&flags, "key").map(PathBuf::from).collect();
-    if key_files.is_empty() && !unsigned {
-        return Err(CliError::Usage(
-            "give --key PUBLIC-PEM (or --unsigned)".into(),
-        ));
-    }
-    let keys = TrustedKeys::load(&key_files).map_err(failed)?;
-    let registry = Registry::new(&registry_options(&flags)?).map_err(failed)?;
+fn verify(
+    reference: &str,
+    key_files: &[PathBuf],
+    unsigned: bool,
+    options: &RegistryOptions,
+) -> Result<Value, CliError> {
+    let reference = distribution::parse_reference(reference).map_err(failed)?;
+    let keys = TrustedKeys::load(key_files).map_err(failed)?;
+    let registry = Registry::new(options).map_err(failed)?;
     let (digest, verified_by, pulled) = block_on(async {
         let digest = match reference.digest() {
             Some(d) => d.to_string(),

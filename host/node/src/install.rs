@@ -24,25 +24,13 @@ const DEFAULT_POLL: Duration = Duration::from_secs(5);
 const MIN_POLL: Duration = Duration::from_millis(100);
 const MAX_POLL: Duration = Duration::from_secs(60);
 
-const USAGE: &str = "usage: plexus install [--watch | --uninstall] [--bin-dir DIR] [--conf-dir DIR]
-       [--cni-bin-source FILE] [--kubeconfig-out FILE] [--cluster-network-conf NAME|PATH]
-       [--timeout DURATION] [--poll-interval DURATION] [--token-file FILE] [--ca-file FILE]
-
-Copies the plexus binary into --bin-dir (default /opt/cni/bin), writes a kubeconfig for the pod's service
-account to --kubeconfig-out (default <conf-dir>/plexus.d/plexus.kubeconfig), waits up to --timeout
-(default 300s, 0 = forever) for the cluster network's CNI conf in --conf-dir (default /etc/cni/net.d),
-then writes 00-plexus.conflist delegating to it. --watch keeps both files current, checking every
---poll-interval (default 5s, 100ms..60s). --uninstall removes the conflist and the kubeconfig.
-Durations: 30, 30s, 500ms, 5m.";
-
 /// What can go wrong installing Plexus on a node. Messages name the file or flag involved.
 #[derive(Debug, thiserror::Error)]
 pub enum InstallError {
-    #[error("{0}\n{USAGE}")]
-    Usage(String),
-    /// `--help`: not a failure, the caller prints [`usage`].
-    #[error("{USAGE}")]
-    Help,
+    /// A command line clap refused (or `--help`, which is not a failure): print it with
+    /// [`plexus_cni::cli::exit_code`].
+    #[error("{0}")]
+    Usage(clap::Error),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -108,11 +96,6 @@ impl Default for InstallOptions {
     }
 }
 
-/// The command line help.
-pub fn usage() -> &'static str {
-    USAGE
-}
-
 /// `30`, `30s`, `500ms`, `5m`.
 pub fn parse_duration(text: &str) -> Option<Duration> {
     let (digits, unit) = text
@@ -135,69 +118,103 @@ fn fmt_duration(d: Duration) -> String {
     }
 }
 
-/// Parses the arguments after `install` (a leading `install` is skipped too).
+/// `plexus install`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    about = "Put plexus on a node: the binary, a service-account kubeconfig, the CNI conflist",
+    long_about = "Copies the plexus binary into --bin-dir, writes a kubeconfig for the pod's service account to \
+                  --kubeconfig-out, waits up to --timeout (0 = forever) for the cluster network's CNI conf in \
+                  --conf-dir, then writes 00-plexus.conflist delegating to it. --watch keeps both files current, \
+                  checking every --poll-interval. --uninstall removes the conflist and the kubeconfig.",
+    after_help = "Durations: 30, 30s, 500ms, 5m."
+)]
+pub struct InstallArgs {
+    /// Keep the kubeconfig and the conflist current until stopped
+    #[arg(long, conflicts_with = "uninstall")]
+    pub watch: bool,
+    /// Remove the conflist (when it is Plexus's) and the kubeconfig; the binary stays
+    #[arg(long)]
+    pub uninstall: bool,
+    /// Where the plexus binary goes
+    #[arg(long, value_name = "DIR", default_value = DEFAULT_BIN_DIR)]
+    pub bin_dir: PathBuf,
+    #[command(flatten)]
+    pub target: plexus_cni::uninstall::UninstallArgs,
+    /// The binary to install [default: this executable]
+    #[arg(long, value_name = "FILE")]
+    pub cni_bin_source: Option<PathBuf>,
+    /// The cluster network's conf: a conf's name, a file name in --conf-dir, or an absolute path
+    /// [default: the first conf in --conf-dir that is not Plexus's]
+    #[arg(long, value_name = "NAME|PATH")]
+    pub cluster_network_conf: Option<String>,
+    /// How long to wait for the cluster network's conf (0 waits forever)
+    #[arg(long, value_name = "DURATION", default_value = "300s", value_parser = duration_arg)]
+    pub timeout: Duration,
+    /// How often --watch looks (100ms..60s)
+    #[arg(long, value_name = "DURATION", default_value = "5s", value_parser = poll_arg)]
+    pub poll_interval: Duration,
+    /// The projected service-account token
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_TOKEN_FILE)]
+    pub token_file: PathBuf,
+    /// The API server's CA certificate
+    #[arg(long, value_name = "FILE", default_value = DEFAULT_CA_FILE)]
+    pub ca_file: PathBuf,
+}
+
+impl InstallArgs {
+    pub fn options(&self) -> InstallOptions {
+        let target = self.target.options();
+        InstallOptions {
+            bin_dir: self.bin_dir.clone(),
+            conf_dir: target.conf_dir,
+            cni_bin_source: self.cni_bin_source.clone(),
+            kubeconfig_out: target.kubeconfig_out,
+            cluster_network_conf: self.cluster_network_conf.clone(),
+            timeout: self.timeout,
+            poll_interval: self.poll_interval,
+            token_file: self.token_file.clone(),
+            ca_file: self.ca_file.clone(),
+            watch: self.watch,
+            uninstall: self.uninstall,
+        }
+    }
+}
+
+fn duration_arg(text: &str) -> Result<Duration, String> {
+    parse_duration(text).ok_or_else(|| "not a duration (30, 30s, 500ms, 5m)".into())
+}
+
+fn poll_arg(text: &str) -> Result<Duration, String> {
+    let d = duration_arg(text)?;
+    if !(MIN_POLL..=MAX_POLL).contains(&d) {
+        return Err(format!(
+            "must be between {} and {}",
+            fmt_duration(MIN_POLL),
+            fmt_duration(MAX_POLL)
+        ));
+    }
+    Ok(d)
+}
+
+/// `plexus install` on its own, for [`parse_args`].
+#[derive(clap::Parser)]
+#[command(name = "plexus install")]
+struct InstallCli {
+    #[command(flatten)]
+    args: InstallArgs,
+}
+
+/// Parses install flags (a leading `install` is skipped): the flags after `plexus daemon --install`, and tests.
 pub fn parse_args(args: &[String]) -> Result<InstallOptions, InstallError> {
-    use lexopt::Arg::{Long, Short, Value as Positional};
-    let mut opts = InstallOptions::default();
-    let mut kubeconfig_out = None;
+    use clap::Parser;
     let args = match args.first() {
         Some(first) if first == "install" => &args[1..],
         _ => args,
     };
-    let usage = |e: lexopt::Error| InstallError::Usage(e.to_string());
-    let mut parser = lexopt::Parser::from_args(args);
-    while let Some(arg) = parser.next().map_err(usage)? {
-        let flag = match &arg {
-            Long(name) => format!("--{name}"),
-            Short(c) => format!("-{c}"),
-            Positional(v) => {
-                let v = v.to_string_lossy();
-                return Err(InstallError::Usage(format!("unknown argument {v:?}")));
-            }
-        };
-        let mut value = || -> Result<String, InstallError> {
-            match parser.value() {
-                Ok(v) if !v.is_empty() => Ok(v.to_string_lossy().into_owned()),
-                _ => Err(InstallError::Usage(format!("{flag} needs a value"))),
-            }
-        };
-        let duration = |v: String| {
-            parse_duration(&v)
-                .ok_or_else(|| InstallError::Usage(format!("{flag}: {v:?} is not a duration")))
-        };
-        match flag.as_str() {
-            "--bin-dir" => opts.bin_dir = value()?.into(),
-            "--conf-dir" => opts.conf_dir = value()?.into(),
-            "--cni-bin-source" => opts.cni_bin_source = Some(value()?.into()),
-            "--kubeconfig-out" => kubeconfig_out = Some(PathBuf::from(value()?)),
-            "--cluster-network-conf" => opts.cluster_network_conf = Some(value()?),
-            "--timeout" => opts.timeout = duration(value()?)?,
-            "--poll-interval" => opts.poll_interval = duration(value()?)?,
-            "--token-file" => opts.token_file = value()?.into(),
-            "--ca-file" => opts.ca_file = value()?.into(),
-            "--watch" => opts.watch = true,
-            "--uninstall" => opts.uninstall = true,
-            "-h" | "--help" => return Err(InstallError::Help),
-            other => return Err(InstallError::Usage(format!("unknown argument {other:?}"))),
-        }
-    }
-    if opts.watch && opts.uninstall {
-        return Err(InstallError::Usage(
-            "--watch and --uninstall exclude each other".into(),
-        ));
-    }
-    if !(MIN_POLL..=MAX_POLL).contains(&opts.poll_interval) {
-        return Err(InstallError::Usage(format!(
-            "--poll-interval must be between {} and {}",
-            fmt_duration(MIN_POLL),
-            fmt_duration(MAX_POLL)
-        )));
-    }
-    opts.kubeconfig_out = kubeconfig_out.unwrap_or_else(|| {
-        opts.conf_dir
-            .join(plexus_cni::uninstall::KUBECONFIG_IN_CONF_DIR)
-    });
-    Ok(opts)
+    let argv = std::iter::once("plexus install").chain(args.iter().map(String::as_str));
+    InstallCli::try_parse_from(argv)
+        .map(|c| c.args.options())
+        .map_err(InstallError::Usage)
 }
 
 /// Replaces `path` with `contents` atomically: temp file in the same directory, fsync, rename, fsync dir.
@@ -578,19 +595,8 @@ pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError
 }
 
 /// `plexus install [flags]`; `args` are the arguments after the program name.
-pub fn main(args: &[String]) -> u8 {
-    let opts = match parse_args(args) {
-        Ok(opts) => opts,
-        Err(InstallError::Help) => {
-            println!("{}", usage());
-            return 0;
-        }
-        Err(err) => {
-            eprintln!("plexus install: {err}");
-            return 2;
-        }
-    };
-    match run(&opts, &ApiServerEnv::from_process()) {
+pub fn main(args: &InstallArgs) -> u8 {
+    match run(&args.options(), &ApiServerEnv::from_process()) {
         Ok(()) => 0,
         Err(err) => {
             eprintln!("plexus install: {err}");

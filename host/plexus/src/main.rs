@@ -4,36 +4,64 @@
 // The test harness brings its own main.
 #![cfg_attr(not(test), no_main)]
 
+use clap::{CommandFactory, Parser, Subcommand};
+
 plexus_cni::c_main!(real_main);
 
-const USAGE: &str = "\
-usage: plexus                  a CNI plugin: run by a container runtime, with CNI_COMMAND set
-       plexus install ...      put plexus on a node (plexus install --help)
-       plexus hook ...         inspect, compile, run, push and verify WebAssembly hooks (plexus hook --help)
-       plexus daemon ...       the node's long-running process (plexus daemon --help)
-       plexus --version";
+/// Plexus: a CNI plugin that attaches pods to several networks (the multi-net spec), with WebAssembly hooks.
+#[derive(Debug, Parser)]
+#[command(
+    name = "plexus",
+    version,
+    after_help = "Run with no arguments and CNI_COMMAND set, plexus is the CNI plugin (as a container runtime \
+                  runs it).",
+    disable_help_subcommand = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: PlexusCommand,
+}
+
+#[derive(Debug, Subcommand)]
+enum PlexusCommand {
+    Install(plexus_node::install::InstallArgs),
+    Daemon(plexus_node::daemon::DaemonArgs),
+    /// Inspect, compile, run, push and verify WebAssembly hooks
+    Hook(plexus_node::hook_cli::HookArgs),
+    /// Print a shell completion script for plexus
+    Completions {
+        /// bash, elvish, fish, powershell or zsh
+        shell: clap_complete::Shell,
+    },
+}
 
 #[cfg_attr(test, allow(dead_code))]
 fn real_main() -> u8 {
-    let args: Vec<String> = std::env::args().collect();
-    if let Some(sub) = args.get(1) {
-        match sub.as_str() {
-            "--version" | "version" => {
-                println!("plexus {}", env!("CARGO_PKG_VERSION"));
-                return 0;
-            }
-            "-h" | "--help" | "help" => {
-                println!("{USAGE}");
-                return 0;
-            }
-            "hook" => return plexus_node::hook_cli::main(&args[2..]),
-            "install" => return plexus_node::install::main(&args[2..]),
-            "daemon" => return plexus_node::daemon::main(&args[2..]),
-            other => {
-                eprintln!("plexus: unknown subcommand {other:?}\n{USAGE}");
-                return 2;
-            }
+    // A runtime execs the plugin with no arguments; only an operator's command line is parsed.
+    if std::env::args_os().len() <= 1 {
+        return plexus_cni::entry::cni_process();
+    }
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return plexus_cni::cli::exit_code(&e),
+    };
+    match cli.command {
+        PlexusCommand::Install(args) => plexus_node::install::main(&args),
+        PlexusCommand::Daemon(args) => plexus_node::daemon::main(args),
+        PlexusCommand::Hook(args) => plexus_node::hook_cli::main(args),
+        PlexusCommand::Completions { shell } => {
+            clap_complete::generate(shell, &mut Cli::command(), "plexus", &mut std::io::stdout());
+            0
         }
     }
-    plexus_cni::entry::cni_process()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
 }

@@ -56,7 +56,7 @@ const KEY_POLL: Duration = Duration::from_secs(5);
 const RETIRE_AFTER: Duration = Duration::from_secs(60);
 
 /// Whether modules must carry a signature that verifies with one of the operator's keys.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum SignaturePolicy {
     Required,
     /// Only the digest pins the module.

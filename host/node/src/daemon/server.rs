@@ -19,42 +19,6 @@ use super::status_queue::{Key, StatusQueue};
 use super::{agent, files};
 use crate::install::{self, InstallOptions};
 
-const USAGE: &str = "usage: plexus daemon [--node-name NAME] [--kubeconfig PATH] [--socket PATH]
-                     [--max-in-flight N] [--pod-wait-ms N] [--watch-timeout-secs N]
-                     [--log-level LEVEL] [--cache-dir DIR] [--no-hooks] [--hook-key PEM|DIR]...
-                     [--hook-signatures required|off] [--insecure-registry HOST[:PORT]]...
-                     [--registry-ca PEM]... [--status-queue-dir DIR] [--install INSTALL-FLAGS...]
-       plexus daemon --health [--socket PATH]
-
-Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field selector
-spec.nodeName) and every NetworkAttachmentDefinition, keeps only what planning reads, and answers the plexus
-CNI process over a root-only unix socket, so that an ADD reads nothing from the API; it also sends the
-network-status write and the events. Without an answer in time the CNI process works without it.
-
-  --node-name NAME          the node whose pods are cached (default: $NODE_NAME)
-  --kubeconfig PATH         API credentials (default: the pod's service account)
-  --socket PATH             where to listen (default /run/plexus/daemon.sock)
-  --max-in-flight N         requests served at once; more wait up to 250 ms, then get 'busy' (default 64)
-  --pod-wait-ms N           how long a pod not yet in the cache waits for its watch event before the daemon
-                            reads it from the API (default 500)
-  --watch-timeout-secs N    how long one watch request stays open before it is renewed (default 290)
-  --log-level LEVEL         error, warn, info, debug (default info)
-  --cache-dir DIR           the plexus cacheDir: pulled hook modules, compiled hooks and the node's active
-                            hook set are kept there (default /var/lib/plexus)
-  --no-hooks                do not deliver NetworkHook resources to this node
-  --hook-key PEM|DIR        a public key (ECDSA P-256, PEM, e.g. cosign.pub) that hook module signatures may
-                            verify with, or a directory of them (*.pub, *.pem); read again every 5 s; repeatable
-  --hook-signatures POLICY  required (default): a module is used only when a cosign-format signature of its
-                            manifest digest verifies with a --hook-key; off: the digest alone pins it
-  --insecure-registry HOST  a registry spoken to over plain HTTP (host or host:port); repeatable
-  --registry-ca PEM         a CA certificate trusted for registries besides the system's; repeatable
-  --status-queue-dir DIR    where accepted network-status writes are kept until the API server takes them
-                            (default: status-queue beside the socket)
-  --health                  ask the running daemon for its health, print it as JSON and exit: 0 when it is
-                            synced and below its concurrency bound, 1 when not, 2 when it does not answer
-  --install FLAGS...        also run `plexus install FLAGS...` (usually with --watch) in this process; every
-                            argument after --install is an install flag";
-
 /// The daemon's settings, from its command line.
 #[derive(Debug, Clone)]
 pub struct DaemonSettings {
@@ -65,7 +29,7 @@ pub struct DaemonSettings {
     pub queue_wait: Duration,
     pub pod_wait: Duration,
     pub watch_timeout_secs: u32,
-    pub log_level: String,
+    pub log: plexus_cni::logging::LogArgs,
     pub install: Option<InstallOptions>,
     /// The node agent (NetworkHook delivery); `None` with --no-hooks.
     pub hooks: Option<HookAgentOptions>,
@@ -85,7 +49,10 @@ impl Default for DaemonSettings {
             queue_wait: Duration::from_millis(250),
             pod_wait: Duration::from_millis(500),
             watch_timeout_secs: 290,
-            log_level: "info".into(),
+            log: plexus_cni::logging::LogArgs {
+                log_level: "info".into(),
+                log_file: None,
+            },
             install: None,
             hooks: Some(HookAgentOptions::default()),
             health: false,
@@ -117,10 +84,9 @@ impl Default for HookAgentOptions {
 /// What went wrong starting or running the daemon.
 #[derive(Debug, thiserror::Error)]
 pub enum DaemonError {
+    /// A command line clap refused (or `--help`): print it with [`plexus_cni::cli::exit_code`].
     #[error("{0}")]
-    Usage(String),
-    #[error("help")]
-    Help,
+    Usage(clap::Error),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error("{path}: {source}")]
@@ -129,10 +95,135 @@ pub enum DaemonError {
         #[source]
         source: std::io::Error,
     },
+    #[error("no node name: give --node-name or set NODE_NAME")]
+    NoNodeName,
     #[error("another plexus daemon holds {0}")]
     AlreadyRunning(String),
     #[error("install: {0}")]
     Install(#[from] install::InstallError),
+}
+
+/// `plexus daemon`'s flags.
+#[derive(Debug, Clone, clap::Args)]
+#[command(
+    about = "The node's long-running process: watch caches, the socket the CNI process asks, the hook agent",
+    long_about = "Runs on every node (the DaemonSet's long-running container). Watches the node's pods (field \
+                  selector spec.nodeName) and every NetworkAttachmentDefinition, keeps only what planning reads, \
+                  and answers the plexus CNI process over a root-only unix socket, so that an ADD reads nothing \
+                  from the API; it also sends the network-status write and the events. Without an answer in \
+                  time the CNI process works without it."
+)]
+pub struct DaemonArgs {
+    /// The node whose pods are cached [default: $NODE_NAME]
+    #[arg(long, value_name = "NAME")]
+    pub node_name: Option<String>,
+    /// API credentials [default: the pod's service account]
+    #[arg(long, value_name = "PATH")]
+    pub kubeconfig: Option<PathBuf>,
+    /// Where to listen (an absolute path)
+    #[arg(long, value_name = "PATH", default_value = DEFAULT_SOCKET, value_parser = absolute)]
+    pub socket: PathBuf,
+    /// Requests served at once; more wait up to 250 ms, then get 'busy'
+    #[arg(long, value_name = "N", default_value_t = 64, value_parser = clap::value_parser!(u64).range(1..))]
+    pub max_in_flight: u64,
+    /// How long a pod not yet in the cache waits for its watch event before the daemon reads it from the API
+    #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
+    pub pod_wait_ms: u64,
+    /// How long one watch request stays open before it is renewed (at most 3600)
+    #[arg(long, value_name = "N", default_value_t = 290, value_parser = clap::value_parser!(u32).range(1..=3600))]
+    pub watch_timeout_secs: u32,
+    #[command(flatten)]
+    pub log: plexus_cni::logging::LogArgs,
+    /// The plexus cacheDir: pulled hook modules, compiled hooks and the node's active hook set
+    #[arg(long, value_name = "DIR", default_value = "/var/lib/plexus", value_parser = absolute)]
+    pub cache_dir: PathBuf,
+    /// Do not deliver NetworkHook resources to this node
+    #[arg(long)]
+    pub no_hooks: bool,
+    /// A public key (ECDSA P-256, PEM, e.g. cosign.pub) hook module signatures may verify with, or a directory
+    /// of them (*.pub, *.pem); read again every 5 s; repeatable
+    #[arg(long, value_name = "PEM|DIR")]
+    pub hook_key: Vec<PathBuf>,
+    /// required: a module is used only when a cosign-format signature of its manifest digest verifies with a
+    /// --hook-key; off: the digest alone pins it
+    #[arg(long, value_name = "POLICY", value_enum, default_value = "required")]
+    pub hook_signatures: agent::SignaturePolicy,
+    /// A registry spoken to over plain HTTP (host or host:port); repeatable
+    #[arg(long, value_name = "HOST[:PORT]")]
+    pub insecure_registry: Vec<String>,
+    /// A CA certificate trusted for registries besides the system's; repeatable
+    #[arg(long, value_name = "PEM")]
+    pub registry_ca: Vec<PathBuf>,
+    /// Where accepted network-status writes are kept until the API server takes them
+    /// [default: status-queue beside the socket]
+    #[arg(long, value_name = "DIR", value_parser = absolute)]
+    pub status_queue_dir: Option<PathBuf>,
+    /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
+    /// concurrency bound, 1 when not, 2 when it does not answer
+    #[arg(long)]
+    pub health: bool,
+    /// Also run `plexus install INSTALL-FLAGS...` (usually with --watch) in this process; every argument after
+    /// --install is an install flag
+    #[arg(long, value_name = "INSTALL-FLAGS", num_args = 0.., allow_hyphen_values = true)]
+    pub install: Option<Vec<String>>,
+}
+
+fn absolute(text: &str) -> Result<PathBuf, String> {
+    let path = PathBuf::from(text);
+    if path.is_absolute() {
+        Ok(path)
+    } else {
+        Err("must be an absolute path".into())
+    }
+}
+
+impl DaemonArgs {
+    /// The settings; `node_env` is `$NODE_NAME`, used when there is no --node-name.
+    pub fn settings(self, node_env: Option<String>) -> Result<DaemonSettings, DaemonError> {
+        let node = self.node_name.or(node_env).unwrap_or_default();
+        if node.is_empty() && !self.health {
+            return Err(DaemonError::NoNodeName);
+        }
+        let install = self
+            .install
+            .map(|rest| install::parse_args(&rest))
+            .transpose()?;
+        let hooks = (!self.no_hooks).then(|| HookAgentOptions {
+            cache_dir: self.cache_dir,
+            key_files: self.hook_key,
+            signatures: self.hook_signatures,
+            registry: crate::distribution::RegistryOptions {
+                insecure: self.insecure_registry,
+                ca_files: self.registry_ca,
+                ..Default::default()
+            },
+        });
+        Ok(DaemonSettings {
+            node,
+            socket: self.socket,
+            kube: KubeSettings {
+                kubeconfig: self.kubeconfig,
+                ..KubeSettings::default()
+            },
+            max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(usize::MAX),
+            pod_wait: Duration::from_millis(self.pod_wait_ms),
+            watch_timeout_secs: self.watch_timeout_secs,
+            log: self.log,
+            install,
+            hooks,
+            health: self.health,
+            status_queue_dir: self.status_queue_dir,
+            ..DaemonSettings::default()
+        })
+    }
+}
+
+/// `plexus daemon` on its own, for [`parse_args`].
+#[derive(clap::Parser)]
+#[command(name = "plexus daemon")]
+struct DaemonCli {
+    #[command(flatten)]
+    args: DaemonArgs,
 }
 
 /// Parses `plexus daemon` arguments (those after `daemon`); `node_env` is `$NODE_NAME`.
@@ -140,123 +231,30 @@ pub fn parse_args(
     args: &[String],
     node_env: Option<String>,
 ) -> Result<DaemonSettings, DaemonError> {
-    use lexopt::prelude::*;
-    let mut s = DaemonSettings {
-        node: node_env.unwrap_or_default(),
-        ..DaemonSettings::default()
-    };
-    let mut parser = lexopt::Parser::from_args(args.iter().cloned());
-    let usage = |e: lexopt::Error| DaemonError::Usage(e.to_string());
-    let number = |flag: &str, v: std::ffi::OsString| -> Result<u64, DaemonError> {
-        v.to_str()
-            .and_then(|t| t.parse::<u64>().ok())
-            .filter(|n| *n > 0)
-            .ok_or_else(|| DaemonError::Usage(format!("{flag} needs a positive whole number")))
-    };
-    let mut agent = HookAgentOptions::default();
-    let mut no_hooks = false;
-    while let Some(arg) = parser.next().map_err(usage)? {
-        match arg {
-            Long("node-name") => s.node = parser.value().map_err(usage)?.string().map_err(usage)?,
-            Long("kubeconfig") => s.kube.kubeconfig = Some(parser.value().map_err(usage)?.into()),
-            Long("socket") => s.socket = parser.value().map_err(usage)?.into(),
-            Long("max-in-flight") => {
-                s.max_in_flight =
-                    number("--max-in-flight", parser.value().map_err(usage)?)? as usize
-            }
-            Long("pod-wait-ms") => {
-                s.pod_wait =
-                    Duration::from_millis(number("--pod-wait-ms", parser.value().map_err(usage)?)?)
-            }
-            Long("watch-timeout-secs") => {
-                let n = number("--watch-timeout-secs", parser.value().map_err(usage)?)?;
-                s.watch_timeout_secs = u32::try_from(n).unwrap_or(u32::MAX).min(3600);
-            }
-            Long("log-level") => {
-                s.log_level = parser.value().map_err(usage)?.string().map_err(usage)?
-            }
-            Long("install") => {
-                let rest: Vec<String> = parser
-                    .raw_args()
-                    .map_err(usage)?
-                    .map(|a| a.to_string_lossy().into_owned())
-                    .collect();
-                s.install = Some(install::parse_args(&rest)?);
-            }
-            Long("health") => s.health = true,
-            Long("status-queue-dir") => {
-                s.status_queue_dir = Some(parser.value().map_err(usage)?.into())
-            }
-            Long("no-hooks") => no_hooks = true,
-            Long("cache-dir") => agent.cache_dir = parser.value().map_err(usage)?.into(),
-            Long("hook-key") => agent.key_files.push(parser.value().map_err(usage)?.into()),
-            Long("hook-signatures") => {
-                agent.signatures = match parser.value().map_err(usage)?.to_str() {
-                    Some("required") => agent::SignaturePolicy::Required,
-                    Some("off") => agent::SignaturePolicy::Off,
-                    _ => {
-                        return Err(DaemonError::Usage(
-                            "--hook-signatures takes required or off".into(),
-                        ))
-                    }
-                }
-            }
-            Long("insecure-registry") => agent
-                .registry
-                .insecure
-                .push(parser.value().map_err(usage)?.string().map_err(usage)?),
-            Long("registry-ca") => agent
-                .registry
-                .ca_files
-                .push(parser.value().map_err(usage)?.into()),
-            Short('h') | Long("help") => return Err(DaemonError::Help),
-            _ => return Err(usage(arg.unexpected())),
-        }
-    }
-    if s.node.is_empty() && !s.health {
-        return Err(DaemonError::Usage(
-            "no node name: give --node-name or set NODE_NAME".into(),
-        ));
-    }
-    if !agent.cache_dir.is_absolute() {
-        return Err(DaemonError::Usage(
-            "--cache-dir must be an absolute path".into(),
-        ));
-    }
-    s.hooks = (!no_hooks).then_some(agent);
-    if s.status_queue_dir
-        .as_ref()
-        .is_some_and(|d| !d.is_absolute())
-    {
-        return Err(DaemonError::Usage(
-            "--status-queue-dir must be an absolute path".into(),
-        ));
-    }
-    if !s.socket.is_absolute() {
-        return Err(DaemonError::Usage(
-            "--socket must be an absolute path".into(),
-        ));
-    }
-    Ok(s)
+    use clap::Parser;
+    let argv = std::iter::once("plexus daemon").chain(args.iter().map(String::as_str));
+    DaemonCli::try_parse_from(argv)
+        .map_err(DaemonError::Usage)?
+        .args
+        .settings(node_env)
 }
 
 /// `plexus daemon ARGS...`.
-pub fn main(args: &[String]) -> u8 {
-    let settings = match parse_args(args, std::env::var("NODE_NAME").ok()) {
+pub fn main(args: DaemonArgs) -> u8 {
+    let settings = match args.settings(std::env::var("NODE_NAME").ok()) {
         Ok(s) => s,
-        Err(DaemonError::Help) => {
-            println!("{USAGE}");
-            return 0;
+        Err(DaemonError::Usage(e)) | Err(DaemonError::Install(install::InstallError::Usage(e))) => {
+            return plexus_cni::cli::exit_code(&e)
         }
         Err(e) => {
-            eprintln!("plexus daemon: {e}\n{USAGE}");
+            eprintln!("plexus daemon: {e}");
             return 2;
         }
     };
     if settings.health {
         return print_health(&settings.socket);
     }
-    init_logging(&settings.log_level);
+    settings.log.init();
     match run(settings) {
         Ok(()) => 0,
         Err(e) => {
@@ -288,18 +286,6 @@ fn print_health(socket: &Path) -> u8 {
             2
         }
     }
-}
-
-fn init_logging(level: &str) {
-    let filter = tracing_subscriber::EnvFilter::new(format!(
-        "plexus={level},plexus_cluster={level},kube_runtime=warn"
-    ));
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_target(false)
-        .with_ansi(false)
-        .with_writer(std::io::stderr)
-        .try_init();
 }
 
 /// Maps an I/O error on `path` (a file, or what was being set up) to the daemon's error.
@@ -354,10 +340,10 @@ async fn serve(
     settings: DaemonSettings,
     install_result: tokio::sync::oneshot::Receiver<install::InstallError>,
 ) -> Result<(), DaemonError> {
-    let dir = settings
-        .socket
-        .parent()
-        .ok_or_else(|| DaemonError::Usage("--socket has no parent directory".into()))?;
+    let dir = settings.socket.parent().ok_or_else(|| DaemonError::Io {
+        path: settings.socket.display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "no parent directory"),
+    })?;
     files::private_dir(dir, 0o755).map_err(io(dir))?;
     // One daemon per socket: the lock is held for the process's life and released by the kernel at exit. Root's
     // alone (0600, never a symlink): a lock file anyone can open is one anyone can hold, and the daemon would
@@ -772,10 +758,32 @@ mod tests {
         let err = parse_args(&args(&["--max-in-flight", "0"]), Some("n".into()))
             .unwrap_err()
             .to_string();
-        assert!(err.contains("positive"), "{err}");
-        assert!(matches!(
-            parse_args(&args(&["--help"]), None),
-            Err(DaemonError::Help)
-        ));
+        assert!(
+            err.contains("'0'") && err.contains("--max-in-flight"),
+            "{err}"
+        );
+        let err = parse_args(&args(&["--hook-signatures", "maybe"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("[possible values: required, off]"), "{err}");
+        let err = parse_args(&args(&["--cache-dir", "var/lib"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("--cache-dir") && err.contains("absolute"),
+            "{err}"
+        );
+        // A mistake in the install flags after --install is named too.
+        let err = parse_args(&args(&["--install", "--bin"]), Some("n".into()))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("'--bin'"), "{err}");
+        match parse_args(&args(&["--help"]), None) {
+            Err(DaemonError::Usage(e)) => {
+                assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
+                assert!(e.to_string().contains("--pod-wait-ms <N>"), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
     }
 }
