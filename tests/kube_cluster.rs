@@ -370,7 +370,7 @@ fn forbidden_names_the_missing_permission() {
     e.server
         .inject("GET", NAD_PATH, Fault::Status(403), usize::MAX);
     let err = e.cluster.nad("team-a", "net-a").unwrap_err();
-    assert!(matches!(err, ClusterError::Forbidden(_)), "{err:?}");
+    assert!(matches!(err, ClusterError::Forbidden { .. }), "{err:?}");
     assert_eq!(
         err.to_string(),
         r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a""#

@@ -14,7 +14,7 @@ use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::{Cluster, ClusterError};
+use crate::{Cluster, ClusterError, ObjectKind};
 
 const NAD_API_GROUP: &str = "k8s.cni.cncf.io/";
 
@@ -45,12 +45,8 @@ impl FileCluster {
     /// Opens the manifest directory. It must exist; nothing is read until a lookup.
     pub fn open(root: impl AsRef<Path>) -> Result<Self, ClusterError> {
         let root = root.as_ref().to_path_buf();
-        let dir = Dir::open_ambient_dir(&root, ambient_authority()).map_err(|source| {
-            ClusterError::Io {
-                path: root.display().to_string(),
-                source,
-            }
-        })?;
+        let dir = Dir::open_ambient_dir(&root, ambient_authority())
+            .map_err(|e| ClusterError::io(root.display().to_string(), &e))?;
         Ok(Self {
             root,
             dir,
@@ -59,10 +55,7 @@ impl FileCluster {
     }
 
     fn io_err(&self, rel: &str, source: std::io::Error) -> ClusterError {
-        ClusterError::Io {
-            path: self.root.join(rel).display().to_string(),
-            source,
-        }
+        ClusterError::io(self.root.join(rel).display().to_string(), &source)
     }
 
     /// Every object in every manifest file, in file-name order, with the file it came from.
@@ -243,7 +236,7 @@ impl Cluster for FileCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         let Some((_, _, meta)) = self.find("Pod", &pod.namespace, &pod.name)? else {
             return Err(ClusterError::NotFound {
-                kind: "pod",
+                object: ObjectKind::Pod,
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
             });
@@ -274,7 +267,7 @@ impl Cluster for FileCluster {
         let Some((file, obj, meta)) = self.find("NetworkAttachmentDefinition", namespace, name)?
         else {
             return Err(ClusterError::NotFound {
-                kind: "NetworkAttachmentDefinition",
+                object: ObjectKind::NetworkAttachmentDefinition,
                 namespace: namespace.into(),
                 name: name.into(),
             });

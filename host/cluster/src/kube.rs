@@ -24,7 +24,7 @@ use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};
 
-use crate::{Cluster, ClusterError};
+use crate::{Cluster, ClusterError, ObjectKind};
 
 /// How Plexus talks to the Kubernetes API: the `cluster` object of a plexus conf with `"source": "kube"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -155,7 +155,7 @@ impl Op<'_> {
         } else {
             format!("{:?}", self.group)
         };
-        ClusterError::Forbidden(format!(
+        ClusterError::forbidden(format!(
             "missing permission to {} {} (API group {group}) in namespace {:?}",
             self.verb, self.resource, self.namespace
         ))
@@ -252,10 +252,7 @@ impl KubeCluster {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
-            .map_err(|source| ClusterError::Io {
-                path: "tokio runtime for the kube cluster source".into(),
-                source,
-            })?;
+            .map_err(|e| ClusterError::io("tokio runtime for the kube cluster source", &e))?;
         // The client spawns its request buffer onto the runtime it is built in.
         let api = runtime.block_on(KubeApi::connect(self.settings.clone()))?;
         let conn = Arc::new(Connection { runtime, api });
@@ -434,16 +431,16 @@ impl KubeApi {
     }
 
     /// The error for a failure that has no more specific meaning for the operation.
-    fn generic(op: &Op<'_>, kind: &'static str, failure: Failure) -> ClusterError {
+    fn generic(op: &Op<'_>, object: ObjectKind, failure: Failure) -> ClusterError {
         match failure {
-            Failure::Exhausted(reason) => ClusterError::Unavailable(reason),
+            Failure::Exhausted(reason) => ClusterError::unavailable(reason),
             Failure::Broken(reason) => ClusterError::Invalid {
                 what: op.describe(),
                 reason,
             },
             Failure::Api(status) => match status.code {
                 404 => ClusterError::NotFound {
-                    kind,
+                    object,
                     namespace: op.namespace.into(),
                     name: op.name.into(),
                 },
@@ -451,7 +448,7 @@ impl KubeApi {
                     tracing::warn!(request = %op.describe(), message = %status.message, "forbidden");
                     op.forbidden()
                 }
-                401 => ClusterError::Forbidden(format!(
+                401 => ClusterError::forbidden(format!(
                     "the API server rejected the credentials (401 Unauthorized) for {}",
                     op.describe()
                 )),
@@ -534,7 +531,7 @@ impl KubeApi {
         self.call(&op, self.deadline(), 0, || api.create(&params, &event))
             .await
             .map(drop)
-            .map_err(|f| Self::generic(&op, "event", f))
+            .map_err(|f| Self::generic(&op, ObjectKind::Event, f))
     }
 
     /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
@@ -552,7 +549,7 @@ impl KubeApi {
                 api.get(&pod.name)
             })
             .await
-            .map_err(|f| Self::generic(&op, "pod", f))?;
+            .map_err(|f| Self::generic(&op, ObjectKind::Pod, f))?;
         let mut found = pod_from_meta(found.metadata);
         if found.namespace.is_empty() {
             found.namespace = pod.namespace.clone();
@@ -589,7 +586,7 @@ impl KubeApi {
                 api.get(name)
             })
             .await
-            .map_err(|f| Self::generic(&op, "NetworkAttachmentDefinition", f))?;
+            .map_err(|f| Self::generic(&op, ObjectKind::NetworkAttachmentDefinition, f))?;
         let mut nad = nad_from_kube(found);
         // Answers normally carry both; the request's own names are the fallback.
         if nad.namespace.is_empty() {
@@ -641,7 +638,7 @@ impl KubeApi {
                     if conflicts > self.settings.conflict_retries
                         || Instant::now() + backoff >= deadline
                     {
-                        return Err(ClusterError::Unavailable(format!(
+                        return Err(ClusterError::unavailable(format!(
                             "{}: still conflicting after {conflicts} attempts",
                             op.describe()
                         )));
@@ -651,7 +648,7 @@ impl KubeApi {
                     backoff =
                         (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
                 }
-                Err(failure) => return Err(Self::generic(&op, "pod", failure)),
+                Err(failure) => return Err(Self::generic(&op, ObjectKind::Pod, failure)),
             }
         }
     }

@@ -42,12 +42,36 @@ pub struct CacheHealth {
     pub watch_errors: u64,
 }
 
+/// The kinds of object a cluster source reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub enum ObjectKind {
+    #[serde(rename = "pod")]
+    Pod,
+    NetworkAttachmentDefinition,
+    #[serde(rename = "event")]
+    Event,
+}
+
+impl std::fmt::Display for ObjectKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ObjectKind::Pod => "pod",
+            ObjectKind::NetworkAttachmentDefinition => "NetworkAttachmentDefinition",
+            ObjectKind::Event => "event",
+        })
+    }
+}
+
 /// What can go wrong talking to a cluster source. Messages name the object involved.
-#[derive(Debug, thiserror::Error)]
+///
+/// It is also what the node daemon answers a failed request with: one line of JSON tagged by `kind`, so the
+/// CNI process meets the same error it would have met reading the API itself.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "camelCase")]
 pub enum ClusterError {
-    #[error("{kind} {namespace}/{name} not found")]
+    #[error("{object} {namespace}/{name} not found")]
     NotFound {
-        kind: &'static str,
+        object: ObjectKind,
         namespace: String,
         name: String,
     },
@@ -57,24 +81,40 @@ pub enum ClusterError {
         expected: String,
         actual: String,
     },
-    #[error("forbidden: {0}")]
-    Forbidden(String),
-    #[error("cluster source unavailable: {0}")]
-    Unavailable(String),
+    #[error("forbidden: {message}")]
+    Forbidden { message: String },
+    #[error("cluster source unavailable: {message}")]
+    Unavailable { message: String },
     #[error("invalid {what}: {reason}")]
     Invalid { what: String, reason: String },
-    #[error("{path}: {source}")]
-    Io {
-        path: String,
-        #[source]
-        source: std::io::Error,
-    },
+    /// A local file or resource the source could not use (the files source's directory, the client's runtime).
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
 }
 
 impl ClusterError {
     /// True when retrying later could succeed (maps to CNI code 11, "try again later").
     pub fn is_transient(&self) -> bool {
-        matches!(self, ClusterError::Unavailable(_))
+        matches!(self, ClusterError::Unavailable { .. })
+    }
+
+    pub fn forbidden(message: impl Into<String>) -> Self {
+        ClusterError::Forbidden {
+            message: message.into(),
+        }
+    }
+
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        ClusterError::Unavailable {
+            message: message.into(),
+        }
+    }
+
+    pub fn io(path: impl Into<String>, source: &std::io::Error) -> Self {
+        ClusterError::Io {
+            path: path.into(),
+            message: source.to_string(),
+        }
     }
 }
 

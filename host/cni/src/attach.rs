@@ -132,10 +132,13 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
     for ip in &sel.ips {
         let addr: Option<IpAddr> = ip.split('/').next().and_then(|a| a.parse().ok());
         if !addr.is_some_and(|a| have.contains(&a)) {
-            return Err(PlexusError::Config(format!(
-                "requested ip {ip} was not assigned to {} (result has {:?})",
-                att.ifname, status.ips
-            )));
+            return Err(PlexusError::config(
+                "ips",
+                format!(
+                    "requested ip {ip} was not assigned to {} (result has {:?})",
+                    att.ifname, status.ips
+                ),
+            ));
         }
     }
     if let Some(mac) = &sel.mac {
@@ -144,11 +147,14 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
             .as_deref()
             .is_some_and(|m| m.eq_ignore_ascii_case(mac))
         {
-            return Err(PlexusError::Config(format!(
-                "requested mac {mac} was not assigned to {} (result has {})",
-                att.ifname,
-                status.mac.as_deref().unwrap_or("no mac")
-            )));
+            return Err(PlexusError::config(
+                "mac",
+                format!(
+                    "requested mac {mac} was not assigned to {} (result has {})",
+                    att.ifname,
+                    status.mac.as_deref().unwrap_or("no mac")
+                ),
+            ));
         }
     }
     Ok(())

@@ -119,10 +119,10 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     if p.is_absolute() {
         Ok(p)
     } else {
-        Err(PlexusError::Config(format!(
-            "{key} must be an absolute path, got {:?}",
-            p.display()
-        )))
+        Err(PlexusError::config(
+            key,
+            format!("must be an absolute path, got {:?}", p.display()),
+        ))
     }
 }
 
@@ -141,14 +141,15 @@ fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, P
             timeout_ms: None,
         },
         Some(v) => serde_json::from_value(v).map_err(|e| {
-            PlexusError::Config(format!("daemon: {e} (expected false or an object)"))
+            PlexusError::config("daemon", format!("{e} (expected false or an object)"))
         })?,
     };
     let timeout_ms = raw.timeout_ms.unwrap_or(DAEMON_TIMEOUT_MS);
     if !(1..=60_000).contains(&timeout_ms) {
-        return Err(PlexusError::Config(format!(
-            "daemon.timeoutMs must be between 1 and 60000, got {timeout_ms}"
-        )));
+        return Err(PlexusError::config(
+            "daemon.timeoutMs",
+            format!("must be between 1 and 60000, got {timeout_ms}"),
+        ));
     }
     Ok(Some(DaemonRef {
         socket: match raw.socket {
@@ -229,10 +230,10 @@ impl PlexusConf {
     /// `KUBERNETES_SERVICE_HOST` was set (the default source).
     pub fn from_json(value: Value, in_kubernetes: bool) -> Result<Self, PlexusError> {
         let raw: RawConf = serde_json::from_value(value)
-            .map_err(|e| PlexusError::Config(format!("plexus configuration: {e}")))?;
+            .map_err(|e| PlexusError::config("plexus configuration", e))?;
         let version_str = raw
             .cni_version
-            .ok_or_else(|| PlexusError::Config("cniVersion is missing".into()))?;
+            .ok_or_else(|| PlexusError::config("cniVersion", "is missing"))?;
         let cni_version: CniVersion =
             version_str
                 .parse()
@@ -242,7 +243,7 @@ impl PlexusConf {
         let cluster_network = raw
             .cluster_network
             .filter(|s| !s.trim().is_empty())
-            .ok_or_else(|| PlexusError::Config("clusterNetwork is required".into()))?;
+            .ok_or_else(|| PlexusError::config("clusterNetwork", "is required"))?;
         let cluster = match raw.cluster {
             None if in_kubernetes => ClusterSource::Kube(KubeSettings::default()),
             None => ClusterSource::None,
@@ -255,10 +256,10 @@ impl PlexusConf {
                         dir: Option<PathBuf>,
                     }
                     let files: Files = serde_json::from_value(Value::Object(m)).map_err(|e| {
-                        PlexusError::Config(format!("cluster (source \"files\"): {e}"))
+                        PlexusError::config("cluster", format!("source \"files\": {e}"))
                     })?;
                     let dir = files.dir.ok_or_else(|| {
-                        PlexusError::Config("cluster.dir is required for source \"files\"".into())
+                        PlexusError::config("cluster.dir", "is required for source \"files\"")
                     })?;
                     ClusterSource::Files {
                         dir: absolute("cluster.dir", dir)?,
@@ -267,20 +268,24 @@ impl PlexusConf {
                 // Typed here, so that a misspelt key is named when the conf is read, whatever the verb.
                 Some("kube") => {
                     ClusterSource::Kube(serde_json::from_value(Value::Object(m)).map_err(|e| {
-                        PlexusError::Config(format!("cluster (source \"kube\"): {e}"))
+                        PlexusError::config("cluster", format!("source \"kube\": {e}"))
                     })?)
                 }
                 other => {
-                    return Err(PlexusError::Config(format!(
-                        "cluster.source must be \"files\" or \"kube\", got {}",
-                        other.map_or("nothing".to_string(), |s| format!("{s:?}"))
-                    )))
+                    return Err(PlexusError::config(
+                        "cluster.source",
+                        format!(
+                            "must be \"files\" or \"kube\", got {}",
+                            other.map_or("nothing".to_string(), |s| format!("{s:?}"))
+                        ),
+                    ))
                 }
             },
             Some(other) => {
-                return Err(PlexusError::Config(format!(
-                    "cluster must be an object, got {other}"
-                )))
+                return Err(PlexusError::config(
+                    "cluster",
+                    format!("must be an object, got {other}"),
+                ))
             }
         };
         let run_dir = absolute(
@@ -292,30 +297,39 @@ impl PlexusConf {
             None | Some("fail") => false,
             Some("ignore") => true,
             Some(other) => {
-                return Err(PlexusError::Config(format!(
-                    "invalidSelections must be \"fail\" or \"ignore\", got {other:?}"
-                )))
+                return Err(PlexusError::config(
+                    "invalidSelections",
+                    format!("must be \"fail\" or \"ignore\", got {other:?}"),
+                ))
             }
         };
         let log_level = raw.log_level.unwrap_or_else(|| "info".into());
-        if !["error", "warn", "info", "debug", "trace"].contains(&log_level.as_str()) {
-            return Err(PlexusError::Config(format!(
-                "logLevel {log_level:?} is not one of error, warn, info, debug, trace"
-            )));
+        if !crate::logging::is_level(&log_level) {
+            return Err(PlexusError::config(
+                "logLevel",
+                format!(
+                    "{log_level:?} is not one of {}",
+                    crate::logging::LEVELS.join(", ")
+                ),
+            ));
         }
         let readiness_timeout_ms = raw.readiness_timeout_ms.unwrap_or(30_000);
         if readiness_timeout_ms > MAX_READINESS_TIMEOUT_MS {
-            return Err(PlexusError::Config(format!(
-                "readinessTimeoutMs must be at most {MAX_READINESS_TIMEOUT_MS}, got {readiness_timeout_ms}"
-            )));
+            return Err(PlexusError::config(
+                "readinessTimeoutMs",
+                format!("must be at most {MAX_READINESS_TIMEOUT_MS}, got {readiness_timeout_ms}"),
+            ));
         }
         let delegate_timeout_ms = raw.delegate_timeout_ms.unwrap_or(120_000);
         if !DELEGATE_TIMEOUT_MS.contains(&delegate_timeout_ms) {
-            return Err(PlexusError::Config(format!(
-                "delegateTimeoutMs must be between {} and {}, got {delegate_timeout_ms}",
-                DELEGATE_TIMEOUT_MS.start(),
-                DELEGATE_TIMEOUT_MS.end()
-            )));
+            return Err(PlexusError::config(
+                "delegateTimeoutMs",
+                format!(
+                    "must be between {} and {}, got {delegate_timeout_ms}",
+                    DELEGATE_TIMEOUT_MS.start(),
+                    DELEGATE_TIMEOUT_MS.end()
+                ),
+            ));
         }
         Ok(Self {
             cni_version,
@@ -401,7 +415,11 @@ mod tests {
         let e = parse(br#"{"cniVersion":"1.0.0"}"#, false).unwrap_err();
         assert_eq!(
             (e.cni_code(), e.to_string().as_str()),
-            (7, "clusterNetwork is required")
+            (7, "clusterNetwork: is required")
+        );
+        assert!(
+            matches!(&e, PlexusError::Config { field, .. } if field == "clusterNetwork"),
+            "{e:?}"
         );
     }
 
@@ -435,7 +453,7 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("unknown field `dri`"), "{e}");
         let e = parse(conf(r#"{"source":"kube","retries":"x"}"#).as_bytes(), false).unwrap_err();
-        assert!(e.to_string().contains("cluster (source \"kube\")"), "{e}");
+        assert!(e.to_string().contains("cluster: source \"kube\""), "{e}");
     }
 
     #[test]

@@ -50,8 +50,13 @@ pub enum PlexusError {
     Env(String),
     #[error("{0}")]
     Decode(String),
-    #[error("{0}")]
-    Config(String),
+    /// A value Plexus was given and cannot use: `field` names it (a conf key such as `cluster.dir`, a
+    /// network, a hook, an annotation), `reason` says why.
+    #[error("{field}: {reason}")]
+    Config { field: String, reason: String },
+    /// A delegate's `type` with no executable of that name on the CNI path.
+    #[error("plugin {plugin:?} not found in {path}")]
+    PluginNotFound { plugin: String, path: String },
     #[error("{0}")]
     Version(String),
     #[error("{path}: {source}")]
@@ -118,6 +123,14 @@ pub enum PlexusError {
 }
 
 impl PlexusError {
+    /// [`PlexusError::Config`]: `field` is what was wrong, `reason` why.
+    pub fn config(field: impl Into<String>, reason: impl std::fmt::Display) -> Self {
+        PlexusError::Config {
+            field: field.into(),
+            reason: reason.to_string(),
+        }
+    }
+
     pub fn context(self, context: impl Into<String>) -> Self {
         PlexusError::Context {
             context: context.into(),
@@ -131,7 +144,8 @@ impl PlexusError {
             PlexusError::Env(_) => ErrorCode::InvalidEnvironment.code(),
             PlexusError::Decode(_) | PlexusError::Json(_) => ErrorCode::Decoding.code(),
             // A delegate list's version is the list's content, not the runtime's request: 7, not 1.
-            PlexusError::Config(_)
+            PlexusError::Config { .. }
+            | PlexusError::PluginNotFound { .. }
             | PlexusError::Conf(_)
             | PlexusError::Selection(_)
             | PlexusError::Resolve(_)
@@ -145,10 +159,10 @@ impl PlexusError {
                 ClusterError::NotFound { .. } | ClusterError::Invalid { .. } => {
                     ErrorCode::InvalidConfig.code()
                 }
-                ClusterError::UidMismatch { .. } | ClusterError::Unavailable(_) => {
+                ClusterError::UidMismatch { .. } | ClusterError::Unavailable { .. } => {
                     ErrorCode::TryAgainLater.code()
                 }
-                ClusterError::Forbidden(_) | ClusterError::Io { .. } => ErrorCode::Io.code(),
+                ClusterError::Forbidden { .. } | ClusterError::Io { .. } => ErrorCode::Io.code(),
             },
             // A hook that cannot be loaded is a configuration problem of the node.
             PlexusError::Hook(HookError::Load { .. } | HookError::Config(_)) => {
@@ -188,6 +202,7 @@ impl PlexusError {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plexus_cluster::ObjectKind;
     use plexus_core::cni::UnsupportedVersion;
     use plexus_hooks::{Fault, HookKind};
 
@@ -212,10 +227,17 @@ mod tests {
                 },
                 5,
             ),
-            (PlexusError::Cluster(ClusterError::Forbidden(text())), 5),
+            (PlexusError::Cluster(ClusterError::forbidden(text())), 5),
             (PlexusError::Decode(text()), 6),
             (PlexusError::Json(json_error), 6),
-            (PlexusError::Config(text()), 7),
+            (PlexusError::config("cluster.dir", text()), 7),
+            (
+                PlexusError::PluginNotFound {
+                    plugin: text(),
+                    path: text(),
+                },
+                7,
+            ),
             (PlexusError::Conf(ConfError::MissingName), 7),
             (PlexusError::Naming(NamingError::EmptyContainerId), 7),
             (
@@ -227,7 +249,7 @@ mod tests {
             ),
             (
                 PlexusError::Cluster(ClusterError::NotFound {
-                    kind: "pod",
+                    object: ObjectKind::Pod,
                     namespace: text(),
                     name: text(),
                 }),
@@ -235,7 +257,7 @@ mod tests {
             ),
             (PlexusError::Hook(HookError::Config(text())), 7),
             (PlexusError::NotReady(text()), 11),
-            (PlexusError::Cluster(ClusterError::Unavailable(text())), 11),
+            (PlexusError::Cluster(ClusterError::unavailable(text())), 11),
             (PlexusError::NotAvailable(text()), 50),
             (
                 PlexusError::Delegate {
@@ -267,7 +289,7 @@ mod tests {
     fn codes_follow_the_cni_spec_and_survive_context() {
         assert_eq!(PlexusError::Env("x".into()).cni_code(), 4);
         assert_eq!(PlexusError::Decode("x".into()).cni_code(), 6);
-        assert_eq!(PlexusError::Config("x".into()).cni_code(), 7);
+        assert_eq!(PlexusError::config("x", "y").cni_code(), 7);
         assert_eq!(PlexusError::NotReady("x".into()).cni_code(), 11);
         let d = PlexusError::Delegate {
             code: 42,
@@ -279,12 +301,12 @@ mod tests {
         assert_eq!(wrapped.details(), "why");
         assert_eq!(wrapped.to_string(), "pod a/b: network a/n (net1): boom");
         let nf = PlexusError::Cluster(ClusterError::NotFound {
-            kind: "pod",
+            object: ObjectKind::Pod,
             namespace: "a".into(),
             name: "b".into(),
         });
         assert_eq!(nf.cni_code(), 7);
-        let down = PlexusError::Cluster(ClusterError::Unavailable("refused".into()));
+        let down = PlexusError::Cluster(ClusterError::unavailable("refused"));
         assert_eq!(down.cni_code(), 11);
     }
 
@@ -303,11 +325,11 @@ mod tests {
         let e = PlexusError::Many {
             summary: "2 of 3 detachments failed".into(),
             errors: vec![
-                PlexusError::Config("a".into()),
+                PlexusError::config("a", "bad"),
                 PlexusError::NotReady("b".into()),
             ],
         };
-        assert_eq!(e.to_string(), "2 of 3 detachments failed: a; b");
+        assert_eq!(e.to_string(), "2 of 3 detachments failed: a: bad; b");
         assert_eq!(e.cni_code(), 7);
     }
 

@@ -72,7 +72,7 @@ pub fn load(
         .enumerate()
         .map(|(i, v)| {
             serde_json::from_value::<HookSpec>(v.clone())
-                .map_err(|e| PlexusError::Config(format!("hooks[{i}]: {e}")))
+                .map_err(|e| PlexusError::config(format!("hooks[{i}]"), e))
         })
         .collect::<Result<Vec<_>, _>>()?;
     // The node's set after the conf's own hooks, each named after its resource so that no cluster hook can take a
@@ -119,15 +119,15 @@ impl HookSet {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => {
-                return Err(PlexusError::Config(format!(
-                    "node hook set {}: {e}",
-                    path.display()
-                )))
+                return Err(PlexusError::config(
+                    format!("node hook set {}", path.display()),
+                    e,
+                ))
             }
         };
         serde_json::from_slice(&bytes)
             .map(Some)
-            .map_err(|e| PlexusError::Config(format!("node hook set {}: {e}", path.display())))
+            .map_err(|e| PlexusError::config(format!("node hook set {}", path.display()), e))
     }
 
     /// Replaces the published set (temp file, sync, rename, sync of the directory); root's alone, like every

@@ -128,7 +128,7 @@ pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         let result = att
             .result
             .as_ref()
-            .ok_or_else(|| PlexusError::Config(format!("{label}: was never attached")))?;
+            .ok_or_else(|| PlexusError::config(label.clone(), "was never attached"))?;
         Delegator { exec: fx.exec }
             .check(
                 &att.config,
@@ -170,9 +170,9 @@ pub fn gc(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         )));
     }
     let Some(valid_attachments) = &inv.conf.valid_attachments else {
-        return Err(PlexusError::Config(
-            "GC needs cni.dev/valid-attachments (the attachments still in use); it is missing"
-                .into(),
+        return Err(PlexusError::config(
+            "cni.dev/valid-attachments",
+            "is missing; GC needs it (the attachments still in use)",
         ));
     };
     let valid: BTreeSet<&str> = valid_attachments

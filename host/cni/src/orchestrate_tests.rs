@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use plexus_cluster::{Cluster, ClusterError};
+use plexus_cluster::{Cluster, ClusterError, ObjectKind};
 
 use crate::podresources::FixedDevices;
 
@@ -163,13 +163,13 @@ impl FakeCluster {
 impl Cluster for FakeCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         if self.down {
-            return Err(ClusterError::Unavailable("connection refused".into()));
+            return Err(ClusterError::unavailable("connection refused"));
         }
         self.pods
             .get(&(pod.namespace.clone(), pod.name.clone()))
             .cloned()
             .ok_or_else(|| ClusterError::NotFound {
-                kind: "pod",
+                object: ObjectKind::Pod,
                 namespace: pod.namespace.clone(),
                 name: pod.name.clone(),
             })
@@ -181,13 +181,13 @@ impl Cluster for FakeCluster {
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError> {
         if self.down {
-            return Err(ClusterError::Unavailable("connection refused".into()));
+            return Err(ClusterError::unavailable("connection refused"));
         }
         self.nads
             .get(&(namespace.to_string(), name.to_string()))
             .cloned()
             .ok_or_else(|| ClusterError::NotFound {
-                kind: "NetworkAttachmentDefinition",
+                object: ObjectKind::NetworkAttachmentDefinition,
                 namespace: namespace.into(),
                 name: name.into(),
             })

@@ -83,14 +83,14 @@ impl<'a> Planner<'a> {
         let mut slot = self.devices.borrow_mut();
         if slot.is_none() {
             let pod = self.inv.pod.as_ref().ok_or_else(|| {
-                PlexusError::Config(format!("resource {resource}: no pod to ask devices for"))
+                PlexusError::config(format!("resource {resource}"), "no pod to ask devices for")
             })?;
             *slot = Some(DeviceAllocator::new(self.fx.devices.allocated(pod)?));
         }
         let alloc = slot.as_mut().expect("filled above");
         alloc
             .take(resource)
-            .map_err(|why| PlexusError::Config(format!("{}: {why}", self.inv.pod_label())))
+            .map_err(|why| PlexusError::config(self.inv.pod_label(), why))
     }
 
     /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
@@ -101,9 +101,9 @@ impl<'a> Planner<'a> {
 
     fn cluster(&self) -> Result<&'a dyn Cluster, PlexusError> {
         self.fx.cluster.ok_or_else(|| {
-            PlexusError::Config(
-                "a NetworkAttachmentDefinition is needed but no cluster source is configured"
-                    .into(),
+            PlexusError::config(
+                "cluster",
+                "a NetworkAttachmentDefinition is needed but no cluster source is configured",
             )
         })
     }
@@ -123,12 +123,13 @@ impl<'a> Planner<'a> {
                     source,
                 })?;
             let value: Value = serde_json::from_slice(&text).map_err(|e| {
-                PlexusError::Config(format!(
-                    "network configuration {reference}: invalid JSON: {e}"
-                ))
+                PlexusError::config(
+                    format!("network configuration {reference}"),
+                    format!("invalid JSON: {e}"),
+                )
             })?;
             let list = NetworkConfigList::parse(&value).map_err(|e| {
-                PlexusError::Config(format!("network configuration {reference}: {e}"))
+                PlexusError::config(format!("network configuration {reference}"), e)
             })?;
             return Ok((list.name.clone(), list));
         }
@@ -146,10 +147,13 @@ impl<'a> Planner<'a> {
                     return Ok((list.name.clone(), list));
                 }
                 if self.fx.cluster.is_none() {
-                    return Err(PlexusError::Config(format!(
-                        "network {reference:?} is not in {} and no cluster source is configured",
-                        self.inv.conf.conf_dir.display()
-                    )));
+                    return Err(PlexusError::config(
+                        format!("network {reference:?}"),
+                        format!(
+                            "is not in {} and no cluster source is configured",
+                            self.inv.conf.conf_dir.display()
+                        ),
+                    ));
                 }
                 (
                     self.inv.conf.plexus_namespace.clone(),
@@ -173,7 +177,10 @@ impl<'a> Planner<'a> {
         if let (false, Some(pod)) = (self.fx.hooks.is_empty(), pod) {
             let current = match &nad.config {
                 Some(text) => Some(serde_json::from_str::<Value>(text).map_err(|e| {
-                    PlexusError::Config(format!("{label}: spec.config is not valid JSON: {e}"))
+                    PlexusError::config(
+                        label.clone(),
+                        format!("spec.config is not valid JSON: {e}"),
+                    )
                 })?),
                 None => None,
             };
@@ -384,10 +391,13 @@ impl<'a> Planner<'a> {
             // The caller names the pod.
             .map_err(PlexusError::from)?;
         if parsed.selections.len() > MAX_SELECTIONS {
-            return Err(PlexusError::Config(format!(
-                "the networks annotation selects {} networks; at most {MAX_SELECTIONS} are allowed",
-                parsed.selections.len()
-            )));
+            return Err(PlexusError::config(
+                plexus_core::spec::objects::NETWORKS_ANNOTATION,
+                format!(
+                    "selects {} networks; at most {MAX_SELECTIONS} are allowed",
+                    parsed.selections.len()
+                ),
+            ));
         }
         if let Some(ignored) = &parsed.ignored {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");

@@ -92,7 +92,7 @@ impl PodNetwork for IpRoute {
                 ],
             )
             .map_err(|e| {
-                PlexusError::Config(format!("default-route gateway {gw} on {target}: {e}"))
+                PlexusError::config(format!("default-route gateway {gw} on {target}"), e)
             })?;
         }
         Ok(())

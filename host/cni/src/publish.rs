@@ -69,7 +69,7 @@ pub(crate) fn reply(inv: &Invocation, plan: &AttachmentPlan) -> Result<Value, Pl
         .attachments
         .first()
         .and_then(|a| a.result.as_ref())
-        .ok_or_else(|| PlexusError::Config("the plan has no cluster network result".into()))?;
+        .ok_or_else(|| PlexusError::config("clusterNetwork", "the plan has no result for it"))?;
     CniResult::parse(result)
         .and_then(|r| r.to_json(version))
         .map_err(|e| {

@@ -67,7 +67,9 @@ impl Delegator<'_> {
             })?;
             prev = Some(result);
         }
-        prev.ok_or_else(|| PlexusError::Config(format!("network {:?} has no plugins", list.name)))
+        prev.ok_or_else(|| {
+            PlexusError::config(format!("network {:?}", list.name), "has no plugins")
+        })
     }
 
     pub fn del(
@@ -151,7 +153,10 @@ impl Delegator<'_> {
     fn locate(&self, ty: &str, rt: &RuntimeParams<'_>) -> Result<PathBuf, PlexusError> {
         self.exec.find(ty, rt.path).ok_or_else(|| {
             let dirs: Vec<_> = rt.path.iter().map(|p| p.display().to_string()).collect();
-            PlexusError::Config(format!("plugin {ty:?} not found in {}", dirs.join(":")))
+            PlexusError::PluginNotFound {
+                plugin: ty.to_string(),
+                path: dirs.join(":"),
+            }
         })
     }
 

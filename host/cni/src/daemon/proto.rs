@@ -53,7 +53,7 @@ pub enum Answer {
     Health(DaemonHealth),
     /// The request failed the way it would have without the daemon.
     Failed {
-        error: WireError,
+        error: ClusterError,
     },
     /// The caches have not completed their first list.
     Unsynced,
@@ -118,104 +118,6 @@ impl DaemonHealth {
     }
 }
 
-/// A [`ClusterError`] on the wire.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(tag = "kind", rename_all = "camelCase")]
-pub enum WireError {
-    NotFound {
-        object: String,
-        namespace: String,
-        name: String,
-    },
-    UidMismatch {
-        pod: String,
-        expected: String,
-        actual: String,
-    },
-    Forbidden {
-        message: String,
-    },
-    Unavailable {
-        message: String,
-    },
-    Invalid {
-        what: String,
-        reason: String,
-    },
-}
-
-impl From<&ClusterError> for WireError {
-    fn from(e: &ClusterError) -> Self {
-        match e {
-            ClusterError::NotFound {
-                kind,
-                namespace,
-                name,
-            } => WireError::NotFound {
-                object: kind.to_string(),
-                namespace: namespace.clone(),
-                name: name.clone(),
-            },
-            ClusterError::UidMismatch {
-                pod,
-                expected,
-                actual,
-            } => WireError::UidMismatch {
-                pod: pod.clone(),
-                expected: expected.clone(),
-                actual: actual.clone(),
-            },
-            ClusterError::Forbidden(message) => WireError::Forbidden {
-                message: message.clone(),
-            },
-            ClusterError::Unavailable(message) => WireError::Unavailable {
-                message: message.clone(),
-            },
-            ClusterError::Invalid { what, reason } => WireError::Invalid {
-                what: what.clone(),
-                reason: reason.clone(),
-            },
-            ClusterError::Io { path, source } => WireError::Invalid {
-                what: path.clone(),
-                reason: source.to_string(),
-            },
-        }
-    }
-}
-
-impl From<WireError> for ClusterError {
-    fn from(e: WireError) -> Self {
-        match e {
-            WireError::NotFound {
-                object,
-                namespace,
-                name,
-            } => ClusterError::NotFound {
-                // The kinds the daemon answers about; anything else is named generically.
-                kind: match object.as_str() {
-                    "pod" => "pod",
-                    "NetworkAttachmentDefinition" => "NetworkAttachmentDefinition",
-                    _ => "object",
-                },
-                namespace,
-                name,
-            },
-            WireError::UidMismatch {
-                pod,
-                expected,
-                actual,
-            } => ClusterError::UidMismatch {
-                pod,
-                expected,
-                actual,
-            },
-            WireError::Forbidden { message } => ClusterError::Forbidden(message),
-            WireError::Unavailable { message } => ClusterError::Unavailable(message),
-            WireError::Invalid { what, reason } => ClusterError::Invalid { what, reason },
-        }
-    }
-}
-
 /// Why a message could not be read.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
@@ -275,6 +177,7 @@ pub fn write_message<T: Serialize>(mut writer: impl Write, message: &T) -> std::
 #[cfg(test)]
 mod tests {
     use super::*;
+    use plexus_cluster::ObjectKind;
 
     #[test]
     fn messages_round_trip_as_one_line() {
@@ -329,7 +232,7 @@ mod tests {
     fn errors_keep_their_meaning_across_the_wire() {
         for e in [
             ClusterError::NotFound {
-                kind: "NetworkAttachmentDefinition",
+                object: ObjectKind::NetworkAttachmentDefinition,
                 namespace: "a".into(),
                 name: "b".into(),
             },
@@ -338,16 +241,40 @@ mod tests {
                 expected: "1".into(),
                 actual: "2".into(),
             },
-            ClusterError::Forbidden("no".into()),
-            ClusterError::Unavailable("down".into()),
+            ClusterError::forbidden("no"),
+            ClusterError::unavailable("down"),
             ClusterError::Invalid {
                 what: "w".into(),
                 reason: "r".into(),
             },
         ] {
-            let back = ClusterError::from(WireError::from(&e));
-            assert_eq!(back.to_string(), e.to_string());
-            assert_eq!(back.is_transient(), e.is_transient());
+            let line = serde_json::to_string(&Answer::Failed { error: e.clone() }).unwrap();
+            let back: Answer = serde_json::from_str(&line).unwrap();
+            assert_eq!(back, Answer::Failed { error: e.clone() });
         }
+        // The wire form is pinned: a CNI process and a daemon of neighbouring versions meet during an upgrade.
+        let line = serde_json::to_value(Answer::Failed {
+            error: ClusterError::NotFound {
+                object: ObjectKind::NetworkAttachmentDefinition,
+                namespace: "a".into(),
+                name: "b".into(),
+            },
+        })
+        .unwrap();
+        assert_eq!(
+            line,
+            serde_json::json!({"answer": "failed", "error": {"kind": "notFound",
+                "object": "NetworkAttachmentDefinition", "namespace": "a", "name": "b"}})
+        );
+        let back: Answer = serde_json::from_str(
+            r#"{"answer":"failed","error":{"kind":"unavailable","message":"down"}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            back,
+            Answer::Failed {
+                error: ClusterError::unavailable("down")
+            }
+        );
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 use plexus_cluster::{
     run_watches, ClusterError, KubeApi, KubeSettings, Lookup, NodeCache, WatchSettings,
 };
-use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request, WireError, MAX_REQUEST_BYTES};
+use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request, MAX_REQUEST_BYTES};
 use plexus_cni::daemon::{client, proto, DEFAULT_SOCKET};
 use plexus_core::spec::PodRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
@@ -549,9 +549,7 @@ fn health(shared: &Shared) -> Answer {
 }
 
 fn failed(e: &ClusterError) -> Answer {
-    Answer::Failed {
-        error: WireError::from(e),
-    }
+    Answer::Failed { error: e.clone() }
 }
 
 async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
