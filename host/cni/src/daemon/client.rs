@@ -190,7 +190,7 @@ impl Cluster for DaemonCluster<'_> {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         match self.ask(&Request::Pod { pod: pod.clone() }, self.conf.timeout) {
             Some(Answer::Pod { pod }) => Ok(pod),
-            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(Answer::Failed { error }) => Err(error),
             Some(other) => Err(unexpected("a pod", other)),
             None => self.thin.pod(pod),
         }
@@ -207,7 +207,7 @@ impl Cluster for DaemonCluster<'_> {
         };
         match self.ask(&request, self.conf.timeout) {
             Some(Answer::Nad { nad }) => Ok(nad),
-            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(Answer::Failed { error }) => Err(error),
             Some(other) => Err(unexpected("a NetworkAttachmentDefinition", other)),
             None => self.thin.nad(namespace, name),
         }
@@ -221,7 +221,7 @@ impl Cluster for DaemonCluster<'_> {
         match self.ask(&request, self.conf.timeout) {
             // Accepted: the daemon sends it, with retries.
             Some(Answer::Done) => Ok(()),
-            Some(Answer::Failed { error }) => Err(error.into()),
+            Some(Answer::Failed { error }) => Err(error),
             Some(other) => Err(unexpected("a status write", other)),
             // The merge patch is idempotent: writing it again after a daemon died holding it is harmless.
             None => self.thin.write_status(pod, network_status),
