@@ -8,6 +8,10 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::uninstall::{self, UninstallArgs};
 
+/// What a mistake on this binary's command line is told.
+const FULL_BINARY: &str = "plexus-cni only uninstalls (install --uninstall); installing, the daemon and \
+                           the hook commands are the full plexus binary's (the image's /usr/local/bin/plexus).";
+
 /// `plexus-cni`: the plexus CNI plugin alone (installed on nodes as `plexus`).
 #[derive(Debug, Parser)]
 #[command(
@@ -60,7 +64,13 @@ pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> u8 {
         Ok(CniCli {
             command: CniCommand::Install(only),
         }) => uninstall::main(&only.target.options()),
-        Err(e) => exit_code(&e),
+        Err(e) => {
+            let code = exit_code(&e);
+            if code != 0 {
+                eprintln!("\n{FULL_BINARY}");
+            }
+            code
+        }
     }
 }
 
