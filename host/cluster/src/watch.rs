@@ -4,6 +4,14 @@
 //! `spec.nodeName=<node>`, so the cache grows with what the node runs, not with the cluster. A NAD keeps its
 //! namespace, name, config and annotations. Each list (the first one and every relist after a 410 Gone) fills a
 //! fresh table that replaces the old one whole when the list is complete, so a lookup never sees half a list.
+//!
+//! The streams are kube-runtime's watchers; the tables are not its reflector store, for what an ADD needs of
+//! them: the store keeps the kube object (`Arc<K>`, K a `kube::Resource`), so each lookup on the ADD path
+//! would convert a `PartialObjectMeta<Pod>` or a NAD object into planning's types, where these tables convert
+//! once per watch event; a lookup here answers synchronously whether the cache has listed yet
+//! ([`Lookup::Unsynced`], the store only offers an async wait), and every change bumps a signal a lookup
+//! that missed waits on. The list semantics are the store's (buffer until `InitDone`, then swap). The node
+//! agent, which reads its few NetworkHooks only when reconciling, uses the store itself.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};

@@ -32,7 +32,7 @@ use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
 use kube::core::{Selector, SelectorExt};
 use kube::runtime::watcher::{self, Event};
-use kube::runtime::WatchStreamExt;
+use kube::runtime::{reflector, WatchStreamExt};
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -118,7 +118,7 @@ pub struct NodeStatus {
     pub observed_generation: i64,
 }
 
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq)]
 struct Resource {
     spec: Result<NetworkHookSpec, String>,
     generation: i64,
@@ -126,10 +126,8 @@ struct Resource {
 
 #[derive(Default)]
 struct Inputs {
-    hooks: BTreeMap<String, Resource>,
-    /// Filled while a list is in progress.
-    listing: Option<BTreeMap<String, Resource>>,
-    hooks_synced: bool,
+    /// The resources' specs, from the reflector's store once it has listed (`None` before).
+    hooks: Option<BTreeMap<String, Resource>>,
     labels: Option<BTreeMap<String, String>>,
 }
 
@@ -196,17 +194,25 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
     let changed = Arc::new(tokio::sync::Notify::new());
     let ar = api_resource();
     let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &ar);
+    // kube-runtime's reflector keeps the resources (each list fills a buffer that replaces the store when
+    // complete); what the agent reads of them is their specs.
+    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
+    let store = writer.as_reader();
     let hook_watch = {
         let (inputs, changed) = (inputs.clone(), changed.clone());
         let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
-        let stream = watcher::watcher(hooks_api.clone(), config).default_backoff();
+        let stream = watcher::watcher(hooks_api.clone(), config)
+            .default_backoff()
+            .reflect(writer);
         async move {
             let mut stream = std::pin::pin!(stream);
+            let mut listed = false;
             while let Some(item) = stream.next().await {
                 match item {
                     Ok(event) => {
+                        listed |= matches!(event, Event::InitDone);
                         // Status writes of other nodes change the resource too; only its spec matters here.
-                        if apply_hook_event(&mut inputs.lock().expect("inputs"), event) {
+                        if listed && update_hooks(&mut inputs.lock().expect("inputs"), &store.state()) {
                             changed.notify_one();
                         }
                     }
@@ -249,8 +255,7 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
             if Instant::now() >= due {
                 let snapshot = {
                     let i = inputs.lock().expect("inputs");
-                    (i.hooks_synced && i.labels.is_some())
-                        .then(|| (i.hooks.clone(), i.labels.clone().unwrap_or_default()))
+                    i.hooks.clone().zip(i.labels.clone())
                 };
                 let next_retry = match snapshot {
                     Some((hooks, labels)) => agent.reconcile(&hooks, &labels).await,
@@ -272,7 +277,7 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
     tokio::join!(hook_watch, node_watch, reconcile);
 }
 
-fn resource_of(obj: DynamicObject) -> Option<(String, Resource)> {
+fn resource_of(obj: &DynamicObject) -> Option<(String, Resource)> {
     let name = obj.metadata.name.clone()?;
     let spec = obj
         .data
@@ -289,42 +294,18 @@ fn resource_of(obj: DynamicObject) -> Option<(String, Resource)> {
     ))
 }
 
-/// Applies a watch event; true when the resources' specs may have changed.
-fn apply_hook_event(inputs: &mut Inputs, event: Event<DynamicObject>) -> bool {
-    match event {
-        Event::Init => {
-            inputs.listing = Some(BTreeMap::new());
-            false
-        }
-        Event::InitApply(obj) => {
-            if let (Some(list), Some((name, r))) = (inputs.listing.as_mut(), resource_of(obj)) {
-                list.insert(name, r);
-            }
-            false
-        }
-        Event::InitDone => {
-            if let Some(list) = inputs.listing.take() {
-                inputs.hooks = list;
-            }
-            inputs.hooks_synced = true;
-            true
-        }
-        Event::Apply(obj) => match resource_of(obj) {
-            Some((name, r)) => {
-                let same = inputs
-                    .hooks
-                    .get(&name)
-                    .is_some_and(|old| old.generation == r.generation && old.spec == r.spec);
-                inputs.hooks.insert(name, r);
-                !same
-            }
-            None => false,
-        },
-        Event::Delete(obj) => obj
-            .metadata
-            .name
-            .is_some_and(|name| inputs.hooks.remove(&name).is_some()),
+/// Takes the resources' specs from the store's objects; true when they changed (a new generation or spec, a
+/// resource added or gone, or the first list).
+fn update_hooks(inputs: &mut Inputs, objects: &[Arc<DynamicObject>]) -> bool {
+    let hooks: BTreeMap<String, Resource> = objects
+        .iter()
+        .filter_map(|obj| resource_of(obj))
+        .collect();
+    if inputs.hooks.as_ref() == Some(&hooks) {
+        return false;
     }
+    inputs.hooks = Some(hooks);
+    true
 }
 
 /// Whether a hook's node selector picks a node with these labels (no selector: every node).
@@ -1030,30 +1011,35 @@ mod tests {
     }
 
     #[test]
-    fn a_list_replaces_the_resources_when_complete() {
-        let obj = |name: &str| -> DynamicObject {
-            serde_json::from_value(json!({
-                "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
-                "metadata": {"name": name, "generation": 2},
-                "spec": {"kind": "status", "module": "r.example/a@sha256:00"}
-            }))
-            .unwrap()
+    fn only_a_change_of_the_specs_is_a_change() {
+        let obj = |name: &str| -> Arc<DynamicObject> {
+            Arc::new(
+                serde_json::from_value(json!({
+                    "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+                    "metadata": {"name": name, "generation": 2},
+                    "spec": {"kind": "status", "module": "r.example/a@sha256:00"}
+                }))
+                .unwrap(),
+            )
         };
         let mut i = Inputs::default();
-        apply_hook_event(&mut i, Event::Init);
-        apply_hook_event(&mut i, Event::InitApply(obj("a")));
-        assert!(!i.hooks_synced && i.hooks.is_empty());
-        apply_hook_event(&mut i, Event::InitDone);
-        assert!(i.hooks_synced);
-        assert_eq!(i.hooks["a"].generation, 2);
-        assert_eq!(i.hooks["a"].spec.as_ref().unwrap().kind, HookKind::Status);
+        // The first list is a change even when it is empty.
+        assert!(update_hooks(&mut i, &[]));
+        assert!(update_hooks(&mut i, &[obj("a")]));
+        let hooks = i.hooks.clone().unwrap();
+        assert_eq!(hooks["a"].generation, 2);
+        assert_eq!(hooks["a"].spec.as_ref().unwrap().kind, HookKind::Status);
         // A status write of some node: same generation and spec, nothing to do.
-        assert!(!apply_hook_event(&mut i, Event::Apply(obj("a"))));
-        assert!(apply_hook_event(&mut i, Event::Delete(obj("a"))));
-        assert!(i.hooks.is_empty());
-        let mut bad = obj("b");
+        let mut with_status = (*obj("a")).clone();
+        with_status.data["status"] = json!({"nodes": [{"node": "n"}]});
+        assert!(!update_hooks(&mut i, &[Arc::new(with_status)]));
+        let mut bad = (*obj("b")).clone();
         bad.data["spec"]["surprise"] = json!(1);
-        apply_hook_event(&mut i, Event::Apply(bad));
-        assert!(i.hooks["b"].spec.as_ref().unwrap_err().contains("surprise"));
+        assert!(update_hooks(&mut i, &[obj("a"), Arc::new(bad)]));
+        let hooks = i.hooks.clone().unwrap();
+        assert!(hooks["b"].spec.as_ref().unwrap_err().contains("surprise"));
+        assert!(update_hooks(&mut i, &[]));
+        assert_eq!(i.hooks, Some(BTreeMap::new()));
     }
+
 }
