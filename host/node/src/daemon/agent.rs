@@ -212,7 +212,9 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
                     Ok(event) => {
                         listed |= matches!(event, Event::InitDone);
                         // Status writes of other nodes change the resource too; only its spec matters here.
-                        if listed && update_hooks(&mut inputs.lock().expect("inputs"), &store.state()) {
+                        if listed
+                            && update_hooks(&mut inputs.lock().expect("inputs"), &store.state())
+                        {
                             changed.notify_one();
                         }
                     }
@@ -297,10 +299,8 @@ fn resource_of(obj: &DynamicObject) -> Option<(String, Resource)> {
 /// Takes the resources' specs from the store's objects; true when they changed (a new generation or spec, a
 /// resource added or gone, or the first list).
 fn update_hooks(inputs: &mut Inputs, objects: &[Arc<DynamicObject>]) -> bool {
-    let hooks: BTreeMap<String, Resource> = objects
-        .iter()
-        .filter_map(|obj| resource_of(obj))
-        .collect();
+    let hooks: BTreeMap<String, Resource> =
+        objects.iter().filter_map(|obj| resource_of(obj)).collect();
     if inputs.hooks.as_ref() == Some(&hooks) {
         return false;
     }
@@ -1041,5 +1041,4 @@ mod tests {
         assert!(update_hooks(&mut i, &[]));
         assert_eq!(i.hooks, Some(BTreeMap::new()));
     }
-
 }
