@@ -14,7 +14,7 @@ use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use serde_json::{json, Value};
 
 use crate::world::{Delegates, World, POD_NS};
-use crate::{log, ms, stats, Opts};
+use crate::{log, ms, phases, stats, Opts};
 
 const NODE: &str = "bench-node";
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
@@ -230,6 +230,42 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         thin_cycle.push(cycle(&thin, &format!("thin-{i}"), 1 + i % 10)?);
         daemon_cycle.push(cycle(&served, &format!("daemon-{i}"), 1 + i % 10)?);
     }
+    // Where one ADD and one DEL of plexus-cni spend their time: the same cycles with logLevel debug, each
+    // invocation's phases read back from its log (a separate run: the log lines cost time of their own).
+    let phase_log = w.root.join("phases.log");
+    let _ = std::fs::remove_file(&phase_log);
+    let mut traced = served.clone();
+    traced["logLevel"] = json!("debug");
+    traced["logFile"] = json!(phase_log);
+    let (mut add_wall, mut del_wall) = (Vec::new(), Vec::new());
+    for i in 0..runs.min(30) {
+        let pod = 1 + i % 10;
+        let a = args(&format!("pod-{pod}"), &uids[pod]);
+        let id = format!("phases-{i}");
+        for (command, wall) in [("ADD", &mut add_wall), ("DEL", &mut del_wall)] {
+            let r = w
+                .plexus_args(&o.plexus_cni, &traced, command, &id, &a)
+                .map_err(|e| e.to_string())?;
+            if !r.success {
+                return Err(format!(
+                    "{command} {id}: {}",
+                    String::from_utf8_lossy(&r.stdout)
+                ));
+            }
+            wall.push(ms(r.elapsed));
+        }
+    }
+    let text =
+        std::fs::read_to_string(&phase_log).map_err(|e| format!("{}: {e}", phase_log.display()))?;
+    let breakdown = json!({
+        "binary": "plexus-cni",
+        "runs": add_wall.len(),
+        "add": phases::summary(&text, "ADD", &add_wall),
+        "del": phases::summary(&text, "DEL", &del_wall),
+        "floorPerDelegateExec": stats::median(&sorted(&floor)) / (2 * w.nets.len()) as f64,
+        "delegates": w.nets.len(),
+    });
+
     // Requests per ADD, by identity, over 10 ADDs in each mode.
     let per_add = |conf: &Value, tag: &str| -> Result<Value, String> {
         let before = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
@@ -255,6 +291,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "thinOverFloor": stats::median(&sorted(&thin_cycle)) / floor_median,
         "daemonOverFloor": stats::median(&sorted(&daemon_cycle)) / floor_median,
         "requestsPerAdd": requests,
+        "breakdown": breakdown,
     });
     log(&format!(
         "daemon: cycles done ({:.0}s)",

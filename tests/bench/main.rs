@@ -10,6 +10,7 @@
 mod daemon;
 mod floor;
 mod noop;
+mod phases;
 mod proc;
 mod stats;
 mod world;
@@ -656,13 +657,18 @@ fn profile(o: &Opts) -> Value {
     out
 }
 
-/// Process start and exit alone: plexus answering VERSION against the no-op delegate doing the same.
+/// Process start and exit alone: plexus and plexus-cni answering VERSION against the no-op delegate doing the
+/// same, interleaved.
 fn startup(o: &Opts) -> Result<Value, String> {
     let w = World::new(&o.work, "startup", Delegates::Noop, 1, 1, &json!({}));
     let noop = w.root.join("bin").join(noop::NAME);
-    let (mut px, mut np, mut rss) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut px, mut cni, mut np, mut rss) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     for i in 0..=o.runs {
-        for (bin, samples) in [(&o.plexus, &mut px), (&noop, &mut np)] {
+        for (bin, samples) in [
+            (&o.plexus, &mut px),
+            (&o.plexus_cni, &mut cni),
+            (&noop, &mut np),
+        ] {
             let mut cmd = Command::new(bin);
             cmd.env_clear()
                 .env("CNI_COMMAND", "VERSION")
@@ -682,7 +688,8 @@ fn startup(o: &Opts) -> Result<Value, String> {
         }
     }
     Ok(
-        json!({"plexusVersion": stats::summary(&px), "noopVersion": stats::summary(&np), "plexusVersionMaxRssKiB": rss.iter().max()}),
+        json!({"plexusVersion": stats::summary(&px), "plexusCniVersion": stats::summary(&cni),
+               "noopVersion": stats::summary(&np), "plexusVersionMaxRssKiB": rss.iter().max()}),
     )
 }
 

@@ -270,7 +270,49 @@ def main():
           f"{f(st['plexusVersion']['median'] - st['noopVersion']['median'])} ms of every plexus invocation is what "
           f"starting the larger, wasmtime-carrying executable costs beyond starting a small one (the page faults of its "
           f"mapping; it is linked at a fixed address, so the loader has no relocations to apply). Peak RSS of that: "
-          f"{f((st['plexusVersionMaxRssKiB'] or 0) / MIB, 1)} MiB.")
+          f"{f((st['plexusVersionMaxRssKiB'] or 0) / MIB, 1)} MiB." + (
+              f" plexus-cni, the binary nodes run: {f(st['plexusCniVersion']['median'])} ms."
+              if st.get("plexusCniVersion") else ""))
+        w("")
+
+    # ---------------------------------------------------------------- breakdown
+    bd = ((r.get("daemon") or {}).get("cycles") or {}).get("breakdown")
+    if bd:
+        order = [("conf", "environment and conf read (before logging exists)"),
+                 ("setup", "cluster source, daemon client and hooks set up"),
+                 ("lock", "the per-container lock"),
+                 ("cache", "cache dir opened; stale plan / cached plan read"),
+                 ("pod", "the pod (a socket round trip to the daemon)"),
+                 ("plan", "planning: NADs (socket round trips), naming, capabilities"),
+                 ("record", "the plan written (temp file, rename)"),
+                 ("attach", "every delegate's ADD, each result journaled"),
+                 ("route", "the default route"),
+                 ("publish", "network-status and events handed to the daemon"),
+                 ("detach", "every delegate's DEL, in reverse"),
+                 ("forget", "cache entry removed, DEL recorded")]
+        add, dl = bd["add"], bd["del"]
+        w("## Where one ADD and one DEL go (daemon mode, plexus-cni)")
+        w("")
+        w(f"The daemon cycle's pod (cluster network + {bd['delegates'] - 1} NADs, no-op delegates), {bd['runs']} ADD+DEL "
+          f"cycles of `plexus-cni` with `logLevel: debug`, each invocation's phases read back from its log "
+          f"(`logging::phase`; medians). Debug logging costs time of its own, so the totals are a little above the "
+          f"cycle rows.")
+        w("")
+        w("| phase | what | ADD ms | DEL ms |")
+        w("| --- | --- | --- | --- |")
+        w(f"| process start, logging set-up, exit | the wall time outside the phases below | {f(add['outsidePhases'])} | "
+          f"{f(dl['outsidePhases'])} |")
+        for key, what in order:
+            a, d = add["phases"].get(key), dl["phases"].get(key)
+            if a is None and d is None:
+                continue
+            w(f"| {key} | {what} | {'–' if a is None else f(a)} | {'–' if d is None else f(d)} |")
+        w(f"| total | the process's wall time | {f(add['wall'])} | {f(dl['wall'])} |")
+        w("")
+        w(f"Each delegate exec inside `attach`/`detach` (spawn, the delegate's run, its output read): "
+          f"{f(add['execEach'])} ms on ADD, {f(dl['execEach'])} ms on DEL "
+          f"({f(add['execsPerInvocation'], 0)} per invocation); the floor execs the same delegates at "
+          f"{f(bd['floorPerDelegateExec'])} ms each.")
         w("")
 
     # ---------------------------------------------------------------- scaling

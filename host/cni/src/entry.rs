@@ -46,6 +46,7 @@ pub fn cni_process() -> u8 {
 /// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`). Meant for a process that
 /// exits afterwards (see the end of `run_inner`); a long-lived host drives [`orchestrate`] itself.
 pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
+    let started = std::time::Instant::now();
     let stdin = stdin_json(stdin);
     let reply_version = reply_version(
         stdin
@@ -53,7 +54,7 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
             .ok()
             .and_then(|v| v.get("cniVersion")?.as_str()),
     );
-    match run_inner(env, stdin, reply_version) {
+    match run_inner(env, stdin, reply_version, started) {
         Ok(stdout) => Outcome {
             stdout,
             success: true,
@@ -74,6 +75,7 @@ fn run_inner(
     env: &BTreeMap<String, String>,
     stdin: Result<Value, PlexusError>,
     reply_version: CniVersion,
+    started: std::time::Instant,
 ) -> Result<Option<String>, PlexusError> {
     let command = command_of(env)?;
     if command == Command::Version {
@@ -85,7 +87,15 @@ fn run_inner(
     }
     let inv = Invocation::from_env(env, stdin)?;
     init_logging(&inv.conf);
-    tracing::debug!(command = command.as_str(), container = %inv.container_id, "invoked");
+    // Reading the environment and the conf happens before logging is set up: its time is logged after.
+    tracing::debug!(
+        name = "conf",
+        busy_us = started.elapsed().as_micros() as u64,
+        command = command.as_str(),
+        container = %inv.container_id,
+        "phase"
+    );
+    let setup = crate::logging::phase("setup");
 
     let file_cluster;
     let kube_cluster;
@@ -137,6 +147,7 @@ fn run_inner(
         socket: inv.conf.pod_resources_socket.clone(),
         timeout: POD_RESOURCES_TIMEOUT,
     };
+    drop(setup);
     let fx = Effects {
         exec: &ProcessExec,
         cluster,

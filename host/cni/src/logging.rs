@@ -15,12 +15,19 @@ pub fn is_level(level: &str) -> bool {
 
 /// Sends Plexus's own events at `level` and above (and other crates' warnings and errors) to `file`, appended,
 /// or to stderr when there is none or it cannot be opened. Lines carry no ANSI colour and no module path, so
-/// a log file and the runtime's capture of stderr read the same. A second call in one process does nothing.
+/// a log file and the runtime's capture of stderr read the same. At `debug` and `trace` every [`phase`] also
+/// logs its time when it ends. A second call in one process does nothing.
 pub fn init(level: &str, file: Option<&Path>) {
     let level = if is_level(level) { level } else { "info" };
     let filter = tracing_subscriber::EnvFilter::new(format!("warn,plexus={level}"));
+    let spans = if matches!(level, "debug" | "trace") {
+        tracing_subscriber::fmt::format::FmtSpan::CLOSE
+    } else {
+        tracing_subscriber::fmt::format::FmtSpan::NONE
+    };
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_span_events(spans)
         .with_target(false)
         .with_ansi(false);
     let file = file.and_then(|p| OpenOptions::new().create(true).append(true).open(p).ok());
@@ -28,6 +35,12 @@ pub fn init(level: &str, file: Option<&Path>) {
         Some(f) => builder.with_writer(Mutex::new(f)).try_init(),
         None => builder.with_writer(std::io::stderr).try_init(),
     };
+}
+
+/// A step of an invocation, timed at `debug`: `phase{name="lock"}: close time.busy=.. time.idle=..` when the
+/// returned guard drops. Below `debug` the span is disabled and costs a level check.
+pub fn phase(name: &'static str) -> tracing::span::EnteredSpan {
+    tracing::debug_span!("phase", name).entered()
 }
 
 /// `--log-level` and `--log-file`, for every subcommand that logs.

@@ -20,6 +20,7 @@ use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
 use crate::lock::ContainerLock;
+use crate::logging::phase;
 use crate::plan::{Planner, Unplannable};
 use crate::publish::{publish_status, reply};
 use crate::runner::{Delegator, RuntimeParams};
@@ -28,27 +29,53 @@ use crate::teardown::Teardown;
 /// ADD: returns the cluster network's result in the requested cniVersion.
 pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     wait_ready(inv)?;
-    let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
-    DeletedLog::new(&inv.conf.run_dir).forget(&inv.container_id);
-    let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
-    let teardown = Teardown::of_invocation(inv, fx);
-    replace_stale_plan(inv, &cache, &teardown)?;
+    let _lock = {
+        let _p = phase("lock");
+        ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?
+    };
+    let (cache, teardown) = {
+        let _p = phase("cache");
+        DeletedLog::new(&inv.conf.run_dir).forget(&inv.container_id);
+        let cache = AttachmentCache::open(&inv.conf.cache_dir)?;
+        let teardown = Teardown::of_invocation(inv, fx);
+        replace_stale_plan(inv, &cache, &teardown)?;
+        (cache, teardown)
+    };
     let pod = match (&inv.pod, fx.cluster) {
-        (Some(pod_ref), Some(cluster)) => Some(cluster.pod(pod_ref)?),
+        (Some(pod_ref), Some(cluster)) => {
+            let _p = phase("pod");
+            Some(cluster.pod(pod_ref)?)
+        }
         _ => None,
     };
-    let mut plan = Planner::new(inv, fx)
-        .plan(pod.as_ref(), Unplannable::Fail)
-        .map_err(|e| e.context(inv.pod_label()))?;
-    cache.store(&plan)?;
+    let mut plan = {
+        let _p = phase("plan");
+        Planner::new(inv, fx)
+            .plan(pod.as_ref(), Unplannable::Fail)
+            .map_err(|e| e.context(inv.pod_label()))?
+    };
+    {
+        let _p = phase("record");
+        cache.store(&plan)?;
+    }
     let mut journal = cache.journal(&inv.container_id);
-    if let Err((upto, e)) = attach_all(inv, fx, &mut plan, &mut journal) {
+    let attached = {
+        let _p = phase("attach");
+        attach_all(inv, fx, &mut plan, &mut journal)
+    };
+    if let Err((upto, e)) = attached {
         return Err(rollback(&cache, &teardown, &plan, upto, e));
     }
-    let finished = route_default(inv, fx, &mut plan, &mut journal)
-        .and_then(|()| publish_status(inv, fx, &plan, pod.as_ref()))
-        .map_err(|e| e.context(inv.pod_label()))
-        .and_then(|()| reply(inv, &plan));
+    let finished = {
+        let _p = phase("route");
+        route_default(inv, fx, &mut plan, &mut journal)
+    }
+    .and_then(|()| {
+        let _p = phase("publish");
+        publish_status(inv, fx, &plan, pod.as_ref())
+    })
+    .map_err(|e| e.context(inv.pod_label()))
+    .and_then(|()| reply(inv, &plan));
     finished.map_err(|e| rollback(&cache, &teardown, &plan, plan.attachments.len(), e))
 }
 
@@ -58,12 +85,19 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
 /// request); otherwise plexus re-plans what still resolves. A DEL with nothing to tear down succeeds whatever
 /// the state of the disk.
 pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
-    let _lock = ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?;
+    let _lock = {
+        let _p = phase("lock");
+        ContainerLock::acquire(&inv.conf.run_dir, &inv.container_id)?
+    };
     let deleted = DeletedLog::new(&inv.conf.run_dir);
-    let cache = AttachmentCache::open_existing(&inv.conf.cache_dir)?;
-    let cached = match &cache {
-        Some(cache) => cache.load(&inv.container_id)?,
-        None => None,
+    let (cache, cached) = {
+        let _p = phase("cache");
+        let cache = AttachmentCache::open_existing(&inv.conf.cache_dir)?;
+        let cached = match &cache {
+            Some(cache) => cache.load(&inv.container_id)?,
+            None => None,
+        };
+        (cache, cached)
     };
     let from_cache = cached.is_some();
     let (plan, complete) = match cached {
@@ -74,7 +108,10 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         }
         None => Planner::new(inv, fx).replan_for_del(),
     };
-    let errors = Teardown::of_invocation(inv, fx).run(&plan, plan.attachments.len());
+    let errors = {
+        let _p = phase("detach");
+        Teardown::of_invocation(inv, fx).run(&plan, plan.attachments.len())
+    };
     if !errors.is_empty() {
         return Err(PlexusError::Many {
             summary: format!(
@@ -86,6 +123,7 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             errors,
         });
     }
+    let _p = phase("forget");
     if let Some(cache) = &cache {
         match cache.remove(&inv.container_id) {
             Ok(()) => {}
