@@ -40,13 +40,13 @@ fn field<'a>(line: &'a str, key: &str) -> Option<&'a str> {
 fn parse(text: &str) -> Vec<Invocation> {
     let mut out: Vec<Invocation> = Vec::new();
     for line in text.lines() {
-        if line.contains(" phase name=\"conf\"") {
+        if line.contains(" invoked command=") {
             // The first line of an invocation: its conf was read (before logging existed).
             let mut inv = Invocation {
                 command: field(line, "command").unwrap_or_default().to_string(),
                 ..Invocation::default()
             };
-            if let Some(us) = field(line, "busy_us").and_then(|v| v.parse::<f64>().ok()) {
+            if let Some(us) = field(line, "conf_us").and_then(|v| v.parse::<f64>().ok()) {
                 inv.phases.insert("conf".into(), us / 1e3);
             }
             out.push(inv);
@@ -123,12 +123,12 @@ mod tests {
     #[test]
     fn reads_phases_of_each_invocation() {
         let log = "\
-2026-11-25T05:00:00Z DEBUG phase name=\"conf\" busy_us=200 command=\"ADD\" container=\"c\"
+2026-11-25T05:00:00Z DEBUG invoked command=\"ADD\" container=c conf_us=200
 2026-11-25T05:00:00Z DEBUG phase{name=\"lock\"}: close time.busy=40.0µs time.idle=10.0µs
 2026-11-25T05:00:00Z DEBUG phase{name=\"attach\"}:phase{name=\"exec\" plugin=noop command=\"ADD\"}: close time.busy=1.00ms time.idle=0.0ns
 2026-11-25T05:00:00Z DEBUG phase{name=\"attach\"}:phase{name=\"exec\" plugin=noop command=\"ADD\"}: close time.busy=3.00ms time.idle=0.0ns
 2026-11-25T05:00:00Z DEBUG phase{name=\"attach\"}: close time.busy=4.5ms time.idle=0.0ns
-2026-11-25T05:00:01Z DEBUG phase name=\"conf\" busy_us=100 command=\"DEL\" container=\"c\"
+2026-11-25T05:00:01Z DEBUG invoked command=\"DEL\" container=c conf_us=100
 2026-11-25T05:00:01Z DEBUG phase{name=\"lock\"}: close time.busy=20.0µs time.idle=0.0ns
 ";
         let add = summary(log, "ADD", &[6.0]);

@@ -89,11 +89,10 @@ fn run_inner(
     init_logging(&inv.conf);
     // Reading the environment and the conf happens before logging is set up: its time is logged after.
     tracing::debug!(
-        name = "conf",
-        busy_us = started.elapsed().as_micros() as u64,
         command = command.as_str(),
         container = %inv.container_id,
-        "phase"
+        conf_us = started.elapsed().as_micros() as u64,
+        "invoked"
     );
     let setup = crate::logging::phase("setup");
 
