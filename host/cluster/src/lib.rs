@@ -133,6 +133,21 @@ pub trait Cluster {
     fn record_attachment(&self, _pod: &PodRef, _message: &str) -> Result<(), ClusterError> {
         Ok(())
     }
+    /// What an ADD publishes at its end: the network-status value and one AddedInterface record per
+    /// secondary network. Events are best effort; the status write's outcome is returned. A source that can
+    /// send them together does so (the node daemon's client sends every request, then reads the answers).
+    fn publish(
+        &self,
+        pod: &PodRef,
+        network_status: &str,
+        attachments: &[String],
+    ) -> Result<(), ClusterError> {
+        let status = self.write_status(pod, network_status);
+        for message in attachments {
+            let _ = self.record_attachment(pod, message);
+        }
+        status
+    }
     /// Records a problem an operator should see on the pod (a Warning event where the source supports it).
     fn record_warning(
         &self,

@@ -42,21 +42,17 @@ pub(crate) fn publish_status(
     }
     let value = serde_json::to_string(&entries).map_err(PlexusError::from)?;
     if let Some(cluster) = fx.cluster {
-        // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
-        // fail a pod whose networks are all attached.
-        if let Err(e) = cluster.write_status(pod_ref, &value) {
-            tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
-        }
-        for (a, st) in plan
+        let added: Vec<String> = plan
             .attachments
             .iter()
             .zip(&statuses)
             .filter(|(a, _)| !a.is_default)
-        {
-            let _ = cluster.record_attachment(
-                pod_ref,
-                &format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network),
-            );
+            .map(|(a, st)| format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network))
+            .collect();
+        // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
+        // fail a pod whose networks are all attached.
+        if let Err(e) = cluster.publish(pod_ref, &value, &added) {
+            tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
         }
     }
     Ok(())

@@ -187,6 +187,9 @@ impl Delegator<'_> {
         rt: &RuntimeParams<'_>,
     ) -> Result<Option<Value>, PlexusError> {
         let ty = plugin_type(list, index);
+        let _p =
+            tracing::debug_span!("phase", name = "exec", plugin = %ty, command = command.as_str())
+                .entered();
         let mut env: Vec<(String, String)> = rt.base_env.to_vec();
         env.push(("CNI_COMMAND".into(), command.as_str().into()));
         let path = std::env::join_paths(rt.path)

@@ -78,13 +78,24 @@ impl<'a> DaemonCluster<'a> {
     /// One question on the shared connection; a connection that served earlier questions and fails now (the
     /// daemon closed it while the delegates ran, or restarted) is replaced once.
     fn exchange(&self, request: &Request, timeout: Duration) -> Result<Answer, AskError> {
+        let mut answers = self.exchange_all(std::slice::from_ref(request), timeout)?;
+        Ok(answers.remove(0))
+    }
+
+    /// Several questions on the shared connection: every request is written, then the answers are read in
+    /// turn (the daemon answers the requests of a connection in order), so they cost one round trip.
+    fn exchange_all(
+        &self,
+        requests: &[Request],
+        timeout: Duration,
+    ) -> Result<Vec<Answer>, AskError> {
         let mut slot = self.conn.borrow_mut();
         let reused = slot.is_some();
         if slot.is_none() {
             *slot = Some(BufReader::new(connect(&self.conf.socket)?));
         }
         let conn = slot.as_mut().expect("filled above");
-        match exchange(conn, request, timeout) {
+        match exchange(conn, requests, timeout) {
             Ok(a) => Ok(a),
             Err(e) => {
                 *slot = None;
@@ -92,9 +103,9 @@ impl<'a> DaemonCluster<'a> {
                     return Err(e);
                 }
                 let mut fresh = BufReader::new(connect(&self.conf.socket)?);
-                let answer = exchange(&mut fresh, request, timeout)?;
+                let answers = exchange(&mut fresh, requests, timeout)?;
                 *slot = Some(fresh);
-                Ok(answer)
+                Ok(answers)
             }
         }
     }
@@ -127,7 +138,12 @@ pub fn ask(
     request: &Request,
     timeout: Duration,
 ) -> Result<Answer, AskError> {
-    exchange(&mut BufReader::new(connect(socket)?), request, timeout)
+    let mut answers = exchange(
+        &mut BufReader::new(connect(socket)?),
+        std::slice::from_ref(request),
+        timeout,
+    )?;
+    Ok(answers.remove(0))
 }
 
 /// A connection to the daemon. The socket must belong to root (or to this process's user): anything else could
@@ -144,12 +160,12 @@ fn connect(socket: &std::path::Path) -> Result<UnixStream, AskError> {
     UnixStream::connect(socket).map_err(AskError::Connect)
 }
 
-/// Sends `request` and reads its answer, all within `timeout`.
+/// Sends every request, then reads one answer per request, all within `timeout`.
 fn exchange(
     conn: &mut BufReader<UnixStream>,
-    request: &Request,
+    requests: &[Request],
     timeout: Duration,
-) -> Result<Answer, AskError> {
+) -> Result<Vec<Answer>, AskError> {
     let deadline = std::time::Instant::now() + timeout;
     let left = || {
         deadline
@@ -160,12 +176,21 @@ fn exchange(
     stream
         .set_write_timeout(Some(left()))
         .map_err(AskError::Send)?;
-    write_message(&mut *stream, request).map_err(AskError::Send)?;
+    // One write: the requests are small (a status write is the largest, bounded by MAX_REQUEST_BYTES).
+    let mut out = Vec::new();
+    for request in requests {
+        write_message(&mut out, request).map_err(AskError::Send)?;
+    }
+    stream.write_all(&out).map_err(AskError::Send)?;
     let _ = stream.flush();
-    stream
-        .set_read_timeout(Some(left()))
-        .map_err(|e| AskError::Answer(e.into()))?;
-    read_message(conn, MAX_ANSWER_BYTES).map_err(AskError::Answer)
+    let mut answers = Vec::with_capacity(requests.len());
+    for _ in requests {
+        conn.get_mut()
+            .set_read_timeout(Some(left()))
+            .map_err(|e| AskError::Answer(e.into()))?;
+        answers.push(read_message(conn, MAX_ANSWER_BYTES).map_err(AskError::Answer)?);
+    }
+    Ok(answers)
 }
 
 /// CNI STATUS with a daemon configured: not available while a daemon that answers says it should not be sent
@@ -232,6 +257,52 @@ impl Cluster for DaemonCluster<'_> {
         self.event(pod, false, plexus_cluster::ADDED_INTERFACE, message)
     }
 
+    /// The status write and the AddedInterface events in one round trip; what the daemon does not take goes
+    /// to the API directly, as each would alone.
+    fn publish(
+        &self,
+        pod: &PodRef,
+        network_status: &str,
+        attachments: &[String],
+    ) -> Result<(), ClusterError> {
+        if self.gone.get() {
+            return self.thin.publish(pod, network_status, attachments);
+        }
+        let mut requests = vec![Request::Status {
+            pod: pod.clone(),
+            network_status: network_status.into(),
+        }];
+        if self.conf.events {
+            requests.extend(attachments.iter().map(|message| Request::Event {
+                pod: pod.clone(),
+                warning: false,
+                reason: plexus_cluster::ADDED_INTERFACE.into(),
+                message: message.clone(),
+            }));
+        }
+        let answers = match self.exchange_all(&requests, self.conf.timeout) {
+            Ok(answers) => answers,
+            Err(reason) => {
+                self.gone.set(true);
+                tracing::debug!(socket = %self.conf.socket.display(), %reason, "node daemon cannot answer; asking the API directly");
+                return self.thin.publish(pod, network_status, attachments);
+            }
+        };
+        let mut answers = answers.into_iter();
+        let status = match answers.next() {
+            Some(Answer::Done) => Ok(()),
+            Some(Answer::Failed { error }) => Err(error),
+            // Unsynced, busy, or anything else: the merge patch is idempotent, so writing it directly is safe.
+            _ => self.thin.write_status(pod, network_status),
+        };
+        for (message, answer) in attachments.iter().zip(answers) {
+            if matches!(answer, Answer::Unsynced | Answer::Busy) {
+                let _ = self.thin.record_attachment(pod, message);
+            }
+        }
+        status
+    }
+
     fn record_warning(
         &self,
         pod: &PodRef,
@@ -264,5 +335,134 @@ impl DaemonCluster<'_> {
             None if warning => self.thin.record_warning(pod, reason, message),
             None => self.thin.record_attachment(pod, message),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::os::unix::net::UnixListener;
+    use std::sync::Mutex;
+
+    /// The thin path's calls, by kind.
+    #[derive(Default)]
+    struct Thin {
+        calls: Mutex<Vec<String>>,
+    }
+
+    impl Cluster for Thin {
+        fn pod(&self, _: &PodRef) -> Result<Pod, ClusterError> {
+            Err(ClusterError::unavailable("thin"))
+        }
+        fn nad(&self, _: &str, _: &str) -> Result<NetworkAttachmentDefinition, ClusterError> {
+            Err(ClusterError::unavailable("thin"))
+        }
+        fn write_status(&self, _: &PodRef, _: &str) -> Result<(), ClusterError> {
+            self.calls.lock().unwrap().push("status".into());
+            Ok(())
+        }
+        fn record_attachment(&self, _: &PodRef, message: &str) -> Result<(), ClusterError> {
+            self.calls.lock().unwrap().push(format!("event {message}"));
+            Ok(())
+        }
+    }
+
+    /// A daemon that reads `expect` requests before it answers any, then answers with `answers` in turn.
+    fn daemon(
+        dir: &std::path::Path,
+        expect: usize,
+        answers: Vec<Answer>,
+    ) -> (PathBuf, std::thread::JoinHandle<Vec<Request>>) {
+        let socket = dir.join("daemon.sock");
+        let listener = UnixListener::bind(&socket).unwrap();
+        let server = std::thread::spawn(move || {
+            let (conn, _) = listener.accept().unwrap();
+            conn.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+            let mut reader = BufReader::new(conn.try_clone().unwrap());
+            let mut seen = Vec::new();
+            for _ in 0..expect {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                    break;
+                }
+                seen.push(serde_json::from_str::<Request>(&line).unwrap());
+            }
+            let mut conn = conn;
+            for a in &answers {
+                let _ = write_message(&mut conn, a);
+            }
+            seen
+        });
+        (socket, server)
+    }
+
+    fn pod() -> PodRef {
+        PodRef {
+            namespace: "ns".into(),
+            name: "p".into(),
+            uid: None,
+        }
+    }
+
+    #[test]
+    fn publish_sends_the_status_and_events_before_reading_answers() {
+        let dir = tempfile::tempdir().unwrap();
+        // This daemon answers nothing until it has all four requests: a client that waited for each answer
+        // would time out and go to the API instead.
+        let (socket, server) = daemon(dir.path(), 4, vec![Answer::Done; 4]);
+        let thin = Thin::default();
+        let conf = DaemonConf {
+            socket,
+            timeout: Duration::from_secs(2),
+            events: true,
+        };
+        let added = ["Add net1".to_string(), "Add net2".into(), "Add net3".into()];
+        DaemonCluster::new(conf, &thin)
+            .publish(&pod(), "[]", &added)
+            .unwrap();
+        let seen = server.join().unwrap();
+        assert!(
+            matches!(&seen[0], Request::Status { network_status, .. } if network_status == "[]"),
+            "{seen:?}"
+        );
+        let events: Vec<&str> = seen[1..]
+            .iter()
+            .filter_map(|r| match r {
+                Request::Event { message, .. } => Some(message.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(events, ["Add net1", "Add net2", "Add net3"]);
+        assert!(thin.calls.lock().unwrap().is_empty(), "nothing went thin");
+    }
+
+    #[test]
+    fn what_the_daemon_does_not_take_goes_to_the_api() {
+        let dir = tempfile::tempdir().unwrap();
+        let (socket, server) = daemon(dir.path(), 2, vec![Answer::Busy, Answer::Unsynced]);
+        let thin = Thin::default();
+        let conf = DaemonConf {
+            socket,
+            timeout: Duration::from_secs(2),
+            events: true,
+        };
+        DaemonCluster::new(conf, &thin)
+            .publish(&pod(), "[]", &["Add net1".to_string()])
+            .unwrap();
+        server.join().unwrap();
+        assert_eq!(*thin.calls.lock().unwrap(), ["status", "event Add net1"]);
+
+        // No daemon at all: everything goes thin, events only when they are on.
+        let thin = Thin::default();
+        let conf = DaemonConf {
+            socket: dir.path().join("none.sock"),
+            timeout: Duration::from_secs(1),
+            events: false,
+        };
+        DaemonCluster::new(conf, &thin)
+            .publish(&pod(), "[]", &[])
+            .unwrap();
+        assert_eq!(*thin.calls.lock().unwrap(), ["status"]);
     }
 }
