@@ -168,11 +168,7 @@ impl Delegator<'_> {
         conf: &Value,
         rt: &RuntimeParams<'_>,
     ) -> Result<Option<Value>, PlexusError> {
-        let ty = plugin_type(list, index);
-        let _p =
-            tracing::debug_span!("phase", name = "exec", plugin = %ty, command = command.as_str())
-                .entered();
-        let plugin = self.locate(&ty, rt)?;
+        let plugin = self.locate(&plugin_type(list, index), rt)?;
         self.run_plugin(&plugin, command, list, index, conf, rt)
     }
 
