@@ -178,7 +178,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
     api.write_kubeconfig(&cni_kubeconfig, "cni-token");
     api.write_kubeconfig(&daemon_kubeconfig, "plexus-token");
-    let socket = w.root.join("run/daemon.sock");
+    let socket = w.run.join("daemon.sock");
     let thin = w.kube_conf(&cni_kubeconfig, json!(false));
     let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
 

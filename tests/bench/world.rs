@@ -42,12 +42,30 @@ pub struct Net {
 
 pub struct World {
     pub root: PathBuf,
+    /// plexus's runDir (locks, the daemon's socket and status queue), on tmpfs as a node's /run is.
+    pub run: PathBuf,
+    /// Made by [`World::new`] (not re-opened by a child process): its run dir goes with it.
+    owned: bool,
     pub delegates: Delegates,
     pub nets: Vec<Net>,
     pub cni_path: String,
     stderr_log: PathBuf,
     _bridges: Vec<HostBridge>,
     _ipam: Option<IpamDir>,
+}
+
+/// A world's runDir: on tmpfs (/dev/shm), as /run is on a node, so that locks and the daemon's status queue
+/// cost what they cost there.
+fn run_dir(tag: &str) -> PathBuf {
+    Path::new("/dev/shm").join(format!("plexus-bench-{tag}"))
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        if self.owned {
+            let _ = std::fs::remove_dir_all(&self.run);
+        }
+    }
 }
 
 /// Where the guests are (`guests/build.sh` output).
@@ -69,9 +87,12 @@ impl World {
     ) -> World {
         let root = base.join(tag);
         let _ = std::fs::remove_dir_all(&root);
-        for d in ["bin", "net.d", "cluster", "cache", "run"] {
+        for d in ["bin", "net.d", "cluster", "cache"] {
             std::fs::create_dir_all(root.join(d)).expect("create bench dirs");
         }
+        let run = run_dir(tag);
+        let _ = std::fs::remove_dir_all(&run);
+        std::fs::create_dir_all(&run).expect("create the bench run dir");
         let mut bridges = Vec::new();
         let ipam = (delegates == Delegates::Real).then(IpamDir::new);
         let cni_path = match delegates {
@@ -136,6 +157,8 @@ impl World {
         World {
             stderr_log: root.join("plexus-stderr.log"),
             root,
+            run,
+            owned: true,
             delegates,
             nets,
             cni_path,
@@ -151,6 +174,8 @@ impl World {
             stderr_log: root.join("plexus-stderr.log"),
             cni_path: root.join("bin").display().to_string(),
             root,
+            run: run_dir(tag),
+            owned: false,
             delegates: Delegates::Noop,
             nets: Vec::new(),
             _bridges: Vec::new(),
@@ -167,7 +192,7 @@ impl World {
             "clusterNetwork": "cluster-net",
             "confDir": self.root.join("net.d"),
             "cacheDir": self.root.join("cache"),
-            "runDir": self.root.join("run"),
+            "runDir": self.run,
             "cluster": {"source": "files", "dir": self.root.join("cluster")},
         });
         if hooks {
