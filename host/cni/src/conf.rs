@@ -114,6 +114,8 @@ pub const DELEGATE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 
 /// The longest an ADD may wait for the readiness indicator (a runtime gives up on the sandbox long before).
 pub const MAX_READINESS_TIMEOUT_MS: u64 = 3_600_000;
+/// `cacheDir` when the conf does not set it; also where the node agent keeps the hooks it delivers.
+pub const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
 
 fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     if p.is_absolute() {
@@ -344,7 +346,7 @@ impl PlexusConf {
             bin_dir: raw.bin_dir.map(|p| absolute("binDir", p)).transpose()?,
             cache_dir: absolute(
                 "cacheDir",
-                raw.cache_dir.unwrap_or_else(|| "/var/lib/plexus".into()),
+                raw.cache_dir.unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),
             )?,
             run_dir,
             cluster,

@@ -16,7 +16,7 @@ const RUN_INPUT: &str = "\
   POD       {\"namespace\": .., \"name\": .., \"uid\"?: .., \"labels\"?: {..}, \"annotations\"?: {..}}
 JSON arguments are inline or @FILE.";
 
-const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
+use plexus_cni::conf::DEFAULT_CACHE_DIR;
 
 /// `plexus hook ...`: inspect, compile, run, push and verify WebAssembly hooks. Each prints JSON on stdout.
 #[derive(Debug, clap::Args)]

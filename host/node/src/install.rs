@@ -19,8 +19,6 @@ pub const BINARY_NAME: &str = "plexus";
 pub const DEFAULT_BIN_DIR: &str = "/opt/cni/bin";
 pub const DEFAULT_TOKEN_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/token";
 pub const DEFAULT_CA_FILE: &str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt";
-const DEFAULT_TIMEOUT: Duration = Duration::from_secs(300);
-const DEFAULT_POLL: Duration = Duration::from_secs(5);
 const MIN_POLL: Duration = Duration::from_millis(100);
 const MAX_POLL: Duration = Duration::from_secs(60);
 
@@ -78,21 +76,9 @@ pub struct InstallOptions {
 }
 
 impl Default for InstallOptions {
+    /// What `plexus install` does with no flags: the defaults are written once, on [`InstallArgs`].
     fn default() -> Self {
-        Self {
-            bin_dir: DEFAULT_BIN_DIR.into(),
-            conf_dir: DEFAULT_CONF_DIR.into(),
-            cni_bin_source: None,
-            kubeconfig_out: Path::new(DEFAULT_CONF_DIR)
-                .join(plexus_cni::uninstall::KUBECONFIG_IN_CONF_DIR),
-            cluster_network_conf: None,
-            timeout: DEFAULT_TIMEOUT,
-            poll_interval: DEFAULT_POLL,
-            token_file: DEFAULT_TOKEN_FILE.into(),
-            ca_file: DEFAULT_CA_FILE.into(),
-            watch: false,
-            uninstall: false,
-        }
+        parse_args(&[]).expect("the install defaults parse")
     }
 }
 

@@ -75,15 +75,10 @@ impl<'a> DaemonCluster<'a> {
         }
     }
 
-    /// One question on the shared connection; a connection that served earlier questions and fails now (the
-    /// daemon closed it while the delegates ran, or restarted) is replaced once.
-    fn exchange(&self, request: &Request, timeout: Duration) -> Result<Answer, AskError> {
-        let mut answers = self.exchange_all(std::slice::from_ref(request), timeout)?;
-        Ok(answers.remove(0))
-    }
-
-    /// Several questions on the shared connection: every request is written, then the answers are read in
-    /// turn (the daemon answers the requests of a connection in order), so they cost one round trip.
+    /// Questions on the shared connection: every request is written, then the answers are read in turn (the
+    /// daemon answers the requests of a connection in order), so they cost one round trip. A connection that
+    /// served earlier questions and fails now (the daemon closed it while the delegates ran, or restarted) is
+    /// replaced once.
     fn exchange_all(
         &self,
         requests: &[Request],
@@ -110,25 +105,71 @@ impl<'a> DaemonCluster<'a> {
         }
     }
 
-    /// The daemon's answer, or `None` (after which this invocation stops asking).
+    /// The daemon's answer, or `None` (after which this invocation stops asking): it does not answer, or is
+    /// unsynced or busy.
     fn ask(&self, request: &Request, timeout: Duration) -> Option<Answer> {
+        match self
+            .ask_all(std::slice::from_ref(request), timeout)?
+            .remove(0)
+        {
+            Answer::Unsynced => self.give_up(AskError::Unsynced),
+            Answer::Busy => self.give_up(AskError::Busy),
+            answer => Some(answer),
+        }
+    }
+
+    /// One answer per request, or `None` when the daemon does not answer (after which this invocation stops
+    /// asking).
+    fn ask_all(&self, requests: &[Request], timeout: Duration) -> Option<Vec<Answer>> {
         if self.gone.get() {
             return None;
         }
-        let answer = match self.exchange(request, timeout) {
-            Ok(Answer::Unsynced) => Err(AskError::Unsynced),
-            Ok(Answer::Busy) => Err(AskError::Busy),
-            Ok(answer) => Ok(answer),
-            Err(e) => Err(e),
-        };
+        self.exchange_all(requests, timeout)
+            .map_err(|reason| self.give_up::<()>(reason))
+            .ok()
+    }
+
+    /// Stops asking the daemon for the rest of this invocation.
+    fn give_up<T>(&self, reason: AskError) -> Option<T> {
+        self.gone.set(true);
+        tracing::debug!(socket = %self.conf.socket.display(), %reason, "node daemon cannot answer; asking the API directly");
+        None
+    }
+
+    /// A status write's outcome from the daemon's answer; without one (no answer, unsynced, busy) it is written
+    /// to the API directly: the merge patch is idempotent, so writing it again after a daemon died holding it
+    /// is harmless.
+    fn status_written(
+        &self,
+        answer: Option<Answer>,
+        pod: &PodRef,
+        network_status: &str,
+    ) -> Result<(), ClusterError> {
         match answer {
-            Ok(a) => Some(a),
-            Err(reason) => {
-                self.gone.set(true);
-                tracing::debug!(socket = %self.conf.socket.display(), %reason, "node daemon cannot answer; asking the API directly");
-                None
+            // Accepted: the daemon sends it, with retries.
+            Some(Answer::Done) => Ok(()),
+            Some(Answer::Failed { error }) => Err(error),
+            None | Some(Answer::Unsynced | Answer::Busy) => {
+                self.thin.write_status(pod, network_status)
             }
+            Some(other) => Err(unexpected("a status write", other)),
         }
+    }
+}
+
+fn status_request(pod: &PodRef, network_status: &str) -> Request {
+    Request::Status {
+        pod: pod.clone(),
+        network_status: network_status.into(),
+    }
+}
+
+fn event_request(pod: &PodRef, warning: bool, reason: &str, message: &str) -> Request {
+    Request::Event {
+        pod: pod.clone(),
+        warning,
+        reason: reason.into(),
+        message: message.into(),
     }
 }
 
@@ -239,18 +280,8 @@ impl Cluster for DaemonCluster<'_> {
     }
 
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
-        let request = Request::Status {
-            pod: pod.clone(),
-            network_status: network_status.into(),
-        };
-        match self.ask(&request, self.conf.timeout) {
-            // Accepted: the daemon sends it, with retries.
-            Some(Answer::Done) => Ok(()),
-            Some(Answer::Failed { error }) => Err(error),
-            Some(other) => Err(unexpected("a status write", other)),
-            // The merge patch is idempotent: writing it again after a daemon died holding it is harmless.
-            None => self.thin.write_status(pod, network_status),
-        }
+        let answer = self.ask(&status_request(pod, network_status), self.conf.timeout);
+        self.status_written(answer, pod, network_status)
     }
 
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
@@ -265,36 +296,17 @@ impl Cluster for DaemonCluster<'_> {
         network_status: &str,
         attachments: &[String],
     ) -> Result<(), ClusterError> {
-        if self.gone.get() {
-            return self.thin.publish(pod, network_status, attachments);
-        }
-        let mut requests = vec![Request::Status {
-            pod: pod.clone(),
-            network_status: network_status.into(),
-        }];
+        let mut requests = vec![status_request(pod, network_status)];
         if self.conf.events {
-            requests.extend(attachments.iter().map(|message| Request::Event {
-                pod: pod.clone(),
-                warning: false,
-                reason: plexus_cluster::ADDED_INTERFACE.into(),
-                message: message.clone(),
+            requests.extend(attachments.iter().map(|message| {
+                event_request(pod, false, plexus_cluster::ADDED_INTERFACE, message)
             }));
         }
-        let answers = match self.exchange_all(&requests, self.conf.timeout) {
-            Ok(answers) => answers,
-            Err(reason) => {
-                self.gone.set(true);
-                tracing::debug!(socket = %self.conf.socket.display(), %reason, "node daemon cannot answer; asking the API directly");
-                return self.thin.publish(pod, network_status, attachments);
-            }
+        let Some(answers) = self.ask_all(&requests, self.conf.timeout) else {
+            return self.thin.publish(pod, network_status, attachments);
         };
         let mut answers = answers.into_iter();
-        let status = match answers.next() {
-            Some(Answer::Done) => Ok(()),
-            Some(Answer::Failed { error }) => Err(error),
-            // Unsynced, busy, or anything else: the merge patch is idempotent, so writing it directly is safe.
-            _ => self.thin.write_status(pod, network_status),
-        };
+        let status = self.status_written(answers.next(), pod, network_status);
         for (message, answer) in attachments.iter().zip(answers) {
             if matches!(answer, Answer::Unsynced | Answer::Busy) {
                 let _ = self.thin.record_attachment(pod, message);
@@ -324,13 +336,10 @@ impl DaemonCluster<'_> {
         if !self.conf.events {
             return Ok(());
         }
-        let request = Request::Event {
-            pod: pod.clone(),
-            warning,
-            reason: reason.into(),
-            message: message.into(),
-        };
-        match self.ask(&request, self.conf.timeout) {
+        match self.ask(
+            &event_request(pod, warning, reason, message),
+            self.conf.timeout,
+        ) {
             Some(_) => Ok(()),
             None if warning => self.thin.record_warning(pod, reason, message),
             None => self.thin.record_attachment(pod, message),

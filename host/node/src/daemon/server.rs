@@ -19,6 +19,9 @@ use super::status_queue::{Key, StatusQueue};
 use super::{agent, files};
 use crate::install::{self, InstallOptions};
 
+/// How long a request waits for a slot when `--max-in-flight` are being served, before it is answered `busy`.
+const QUEUE_WAIT: Duration = Duration::from_millis(250);
+
 /// The daemon's settings, from its command line.
 #[derive(Debug, Clone)]
 pub struct DaemonSettings {
@@ -39,28 +42,6 @@ pub struct DaemonSettings {
     pub status_queue_dir: Option<PathBuf>,
 }
 
-impl Default for DaemonSettings {
-    fn default() -> Self {
-        DaemonSettings {
-            node: String::new(),
-            socket: DEFAULT_SOCKET.into(),
-            kube: KubeSettings::default(),
-            max_in_flight: 64,
-            queue_wait: Duration::from_millis(250),
-            pod_wait: Duration::from_millis(500),
-            watch_timeout_secs: 290,
-            log: plexus_cni::logging::LogArgs {
-                log_level: "info".into(),
-                log_file: None,
-            },
-            install: None,
-            hooks: Some(HookAgentOptions::default()),
-            health: false,
-            status_queue_dir: None,
-        }
-    }
-}
-
 /// The node agent's settings (see [`agent`]).
 #[derive(Debug, Clone)]
 pub struct HookAgentOptions {
@@ -68,17 +49,6 @@ pub struct HookAgentOptions {
     pub key_files: Vec<PathBuf>,
     pub signatures: agent::SignaturePolicy,
     pub registry: crate::distribution::RegistryOptions,
-}
-
-impl Default for HookAgentOptions {
-    fn default() -> Self {
-        HookAgentOptions {
-            cache_dir: "/var/lib/plexus".into(),
-            key_files: Vec::new(),
-            signatures: agent::SignaturePolicy::Required,
-            registry: crate::distribution::RegistryOptions::default(),
-        }
-    }
 }
 
 /// What went wrong starting or running the daemon.
@@ -135,7 +105,7 @@ pub struct DaemonArgs {
     #[command(flatten)]
     pub log: plexus_cni::logging::LogArgs,
     /// The plexus cacheDir: pulled hook modules, compiled hooks and the node's active hook set
-    #[arg(long, value_name = "DIR", default_value = "/var/lib/plexus", value_parser = absolute)]
+    #[arg(long, value_name = "DIR", default_value = plexus_cni::conf::DEFAULT_CACHE_DIR, value_parser = absolute)]
     pub cache_dir: PathBuf,
     /// Do not deliver NetworkHook resources to this node
     #[arg(long)]
@@ -213,7 +183,7 @@ impl DaemonArgs {
             hooks,
             health: self.health,
             status_queue_dir: self.status_queue_dir,
-            ..DaemonSettings::default()
+            queue_wait: QUEUE_WAIT,
         })
     }
 }
@@ -749,33 +719,22 @@ mod tests {
     fn refuses_what_it_cannot_use() {
         let err = parse_args(&args(&[]), None).unwrap_err().to_string();
         assert!(err.contains("NODE_NAME"), "{err}");
-        let err = parse_args(&args(&["--socket", "rel.sock"]), Some("n".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("absolute"), "{err}");
-        let err = parse_args(&args(&["--max-in-flight", "0"]), Some("n".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("'0'") && err.contains("--max-in-flight"),
-            "{err}"
-        );
-        let err = parse_args(&args(&["--hook-signatures", "maybe"]), Some("n".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("[possible values: required, off]"), "{err}");
-        let err = parse_args(&args(&["--cache-dir", "var/lib"]), Some("n".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("--cache-dir") && err.contains("absolute"),
-            "{err}"
-        );
+        let err = |a: &[&str]| {
+            parse_args(&args(a), Some("n".into()))
+                .unwrap_err()
+                .to_string()
+        };
+        let e = err(&["--socket", "rel.sock"]);
+        assert!(e.contains("absolute"), "{e}");
+        let e = err(&["--max-in-flight", "0"]);
+        assert!(e.contains("'0'") && e.contains("--max-in-flight"), "{e}");
+        let e = err(&["--hook-signatures", "maybe"]);
+        assert!(e.contains("[possible values: required, off]"), "{e}");
+        let e = err(&["--cache-dir", "var/lib"]);
+        assert!(e.contains("--cache-dir") && e.contains("absolute"), "{e}");
         // A mistake in the install flags after --install is named too.
-        let err = parse_args(&args(&["--install", "--bin"]), Some("n".into()))
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("'--bin'"), "{err}");
+        let e = err(&["--install", "--bin"]);
+        assert!(e.contains("'--bin'"), "{e}");
         match parse_args(&args(&["--help"]), None) {
             Err(DaemonError::Usage(e)) => {
                 assert_eq!(e.kind(), clap::error::ErrorKind::DisplayHelp);
