@@ -4,15 +4,14 @@
 //! stdout and keeps running is killed at the deadline like one that never answers), and at most
 //! [`STDOUT_CAP`] bytes of stdout and [`STDERR_CAP`] bytes of stderr are kept.
 
+use std::fs::File;
 use std::io::{Read, Write};
 use std::os::fd::AsFd;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use rustix::event::{PollFd, PollFlags};
-use rustix::process::{Pid, Signal};
+use rustix::process::{Pid, Signal, WaitOptions, WaitStatus};
 
 /// The most a delegate may print on stdout. A CNI result or error object is a few KiB; past this the delegate
 /// is killed and the call fails.
@@ -80,19 +79,12 @@ pub struct ProcessExec;
 impl Exec for ProcessExec {
     fn run(&self, req: &ExecRequest<'_>) -> std::io::Result<ExecOutput> {
         let start = Instant::now();
-        let mut cmd = Command::new(req.plugin);
-        cmd.env_clear()
-            .envs(req.env.iter().map(|(k, v)| (k, v)))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .process_group(0);
-        die_with_parent(&mut cmd);
-        let mut child = cmd.spawn()?;
-        let pid = child.id();
-        let mut stdin = child.stdin.take().expect("stdin piped");
-        let stdout = child.stdout.take().expect("stdout piped");
-        let stderr = child.stderr.take().expect("stderr piped");
+        let crate::spawn::Spawned {
+            pid,
+            mut stdin,
+            stdout,
+            stderr,
+        } = crate::spawn::spawn(req.plugin, req.env)?;
         // Every hand-off between threads waits for a core on a busy node, so the common path has none: small
         // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), and stdout and stderr
         // are read here under the deadline.
@@ -108,13 +100,9 @@ impl Exec for ProcessExec {
                 let _ = stdin.write_all(&input);
             }))
         };
-        let pid = Pid::from_raw(pid as i32);
         let mut watch = Watch {
-            child: &mut child,
-            pgid: pid,
-            pidfd: pid.and_then(|p| {
-                rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
-            }),
+            pid,
+            pidfd: rustix::process::pidfd_open(pid, rustix::process::PidfdFlags::empty()).ok(),
             deadline: start + req.timeout,
             kill_end: None,
             timed_out: false,
@@ -128,36 +116,13 @@ impl Exec for ProcessExec {
             let _ = w.join();
         }
         Ok(ExecOutput {
-            code: status.and_then(|s| s.code()),
+            code: status.and_then(|s| s.exit_status()),
             stdout,
             stderr,
             timed_out,
             overflowed,
             elapsed: start.elapsed(),
         })
-    }
-}
-
-/// Makes the delegate get SIGKILL when plexus dies. The runtime kills plexus when its own timeout passes and
-/// then calls DEL at once: a delegate left running would race that DEL and could attach after it (an
-/// interface or an address nobody releases). Killed instead, whatever it had done is in the plan DEL tears
-/// down.
-fn die_with_parent(cmd: &mut Command) {
-    let parent = rustix::process::getpid();
-    #[allow(unsafe_code)]
-    // SAFETY: the closure runs in the forked child before exec and only makes async-signal-safe system calls
-    // (prctl, getppid, kill of itself), touching no memory of the parent.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // Plexus may have died between fork and prctl: then no signal is coming.
-            if rustix::process::getppid() != Some(parent) {
-                libc::kill(libc::getpid(), libc::SIGKILL);
-            }
-            Ok(())
-        });
     }
 }
 
@@ -188,9 +153,9 @@ fn read_capped(pipe: &mut impl Read, buf: &mut [u8], kept: &mut Vec<u8>) -> bool
 }
 
 /// One running delegate and its deadline.
-struct Watch<'a> {
-    child: &'a mut Child,
-    pgid: Option<Pid>,
+struct Watch {
+    /// The delegate, also its process group.
+    pid: Pid,
     /// Readable once the child exits; `None` where the kernel has no pidfds.
     pidfd: Option<rustix::fd::OwnedFd>,
     deadline: Instant,
@@ -200,14 +165,17 @@ struct Watch<'a> {
     overflowed: bool,
 }
 
-impl Watch<'_> {
+impl Watch {
     fn kill(&mut self) {
         if self.kill_end.is_none() {
-            if let Some(pgid) = self.pgid {
-                let _ = rustix::process::kill_process_group(pgid, Signal::KILL);
-            }
+            let _ = rustix::process::kill_process_group(self.pid, Signal::KILL);
             self.kill_end = Some(Instant::now() + KILL_GRACE);
         }
+    }
+
+    /// The delegate's exit status, if it has exited (it is reaped then).
+    fn try_wait(&self) -> std::io::Result<Option<WaitStatus>> {
+        Ok(rustix::process::waitpid(Some(self.pid), WaitOptions::NOHANG)?.map(|(_, s)| s))
     }
 
     /// Reads stdout (up to its cap) and stderr (keeping its first STDERR_CAP bytes) and waits for the exit, all
@@ -216,9 +184,9 @@ impl Watch<'_> {
     /// is still not gone). stderr is not waited for: a process the delegate left behind may hold it open.
     fn run(
         &mut self,
-        mut stdout: std::process::ChildStdout,
-        mut stderr: std::process::ChildStderr,
-    ) -> std::io::Result<(Option<ExitStatus>, Vec<u8>, Vec<u8>)> {
+        mut stdout: File,
+        mut stderr: File,
+    ) -> std::io::Result<(Option<WaitStatus>, Vec<u8>, Vec<u8>)> {
         let mut out = Vec::new();
         let mut err = Vec::new();
         let (mut out_open, mut err_open) = (true, true);
@@ -282,11 +250,11 @@ impl Watch<'_> {
                 err_open = read_capped(&mut stderr, &mut buf, &mut err);
             }
             if exited && status.is_none() {
-                status = self.child.try_wait()?;
+                status = self.try_wait()?;
             }
         }
         if status.is_none() {
-            status = self.child.try_wait()?;
+            status = self.try_wait()?;
         }
         // What is already in the stderr pipe, without waiting for a writer that may never close it.
         if err_open {

@@ -25,6 +25,7 @@ pub mod podnet;
 pub mod podresources;
 pub mod publish;
 pub mod runner;
+pub mod spawn;
 pub mod teardown;
 pub mod uninstall;
 
