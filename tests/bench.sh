@@ -6,6 +6,11 @@
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).
+#
+# PLEXUS_BENCH_MULTUS=DIR (optional): a directory holding Multus's thick plugin (multus-shim and
+# multus-daemon, built by you; the project neither builds nor ships Multus). The daemon section then runs the
+# same pods, NADs and delegates through Multus in the same run (tests/bench/multus.rs); without it that row
+# says "not measured".
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)

@@ -14,13 +14,16 @@ use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use serde_json::{json, Value};
 
 use crate::world::{Delegates, World, POD_NS};
-use crate::{log, ms, phases, stats, Opts};
+use crate::{log, ms, multus, phases, stats, Opts};
 
 const NODE: &str = "bench-node";
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
 const PODS: usize = 500;
 const NADS: usize = 10_000;
 const BURST: usize = 200;
+/// The namespace of the pods that select 10 NADs, and how many there are.
+const NS_10: &str = "bench-10";
+const PODS_10: usize = 10;
 
 struct Daemon {
     child: Child,
@@ -104,7 +107,83 @@ impl Drop for Daemon {
 }
 
 fn args(pod: &str, uid: &str) -> String {
-    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={POD_NS};K8S_POD_NAME={pod};K8S_POD_UID={uid}")
+    args_in(POD_NS, pod, uid)
+}
+
+fn args_in(ns: &str, pod: &str, uid: &str) -> String {
+    format!("IgnoreUnknown=1;K8S_POD_NAMESPACE={ns};K8S_POD_NAME={pod};K8S_POD_UID={uid}")
+}
+
+/// Creates pods `pod-0..count` in `ns`, on the bench node, selecting `selection`; their UIDs by index.
+fn create_pods(
+    api: &KubeApiServer,
+    ns: &str,
+    count: usize,
+    selection: &[String],
+) -> Result<Vec<String>, String> {
+    let pods: Vec<Value> = (0..count)
+        .map(|p| {
+            json!({"apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": format!("pod-{p}"), "namespace": ns,
+                    "annotations": {"k8s.v1.cni.cncf.io/networks": selection.join(",")}},
+                "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                    "containers": [{"name": "c", "image": "pause"}]}})
+        })
+        .collect();
+    let failed = api.create_many(&pods);
+    if failed > 0 {
+        return Err(format!(
+            "{failed} of {count} pods in {ns} could not be created"
+        ));
+    }
+    let list = api.must("GET", &format!("/api/v1/namespaces/{ns}/pods"), None);
+    let mut uids = vec![String::new(); count];
+    for item in list["items"].as_array().into_iter().flatten() {
+        let name = item["metadata"]["name"].as_str().unwrap_or_default();
+        if let Some(p) = name
+            .strip_prefix("pod-")
+            .and_then(|n| n.parse::<usize>().ok())
+            .filter(|p| *p < count)
+        {
+            uids[p] = item["metadata"]["uid"]
+                .as_str()
+                .unwrap_or_default()
+                .to_string();
+        }
+    }
+    Ok(uids)
+}
+
+/// One ADD then one DEL of `conf` for a pod: their wall times, ms.
+fn cycle(
+    plexus: &Path,
+    w: &World,
+    conf: &Value,
+    id: &str,
+    pod_args: &str,
+) -> Result<(f64, f64), String> {
+    let mut times = [0.0; 2];
+    for (i, command) in ["ADD", "DEL"].into_iter().enumerate() {
+        let r = w
+            .plexus_args(plexus, conf, command, id, pod_args)
+            .map_err(|e| e.to_string())?;
+        if !r.success {
+            return Err(format!(
+                "{command} {id}: {}",
+                String::from_utf8_lossy(&r.stdout)
+            ));
+        }
+        times[i] = ms(r.elapsed);
+    }
+    Ok((times[0], times[1]))
+}
+
+/// ADD and DEL of the delegates exec'd directly, in a world's order: their wall times, ms.
+fn floor_cycle(w: &World, id: &str) -> Result<(f64, f64), String> {
+    let netns = "/var/run/netns/bench-noop";
+    let (add, results) = w.floor_add(id, netns, 0)?;
+    let del = w.floor_del(id, netns, 0, &results)?;
+    Ok((ms(add), ms(del)))
 }
 
 /// Requests of one identity, without the daemon's list and watch: `[reads, status writes, events]`.
@@ -127,7 +206,12 @@ fn counts(api: &KubeApiServer, user: &str) -> [usize; 3] {
 pub fn daemon(o: &Opts) -> Result<Value, String> {
     let t0 = Instant::now();
     let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
-    let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], &[]);
+    let multus_bins = multus::provided();
+    let mut users = vec![("cni-token", "kube-system/plexus-cni")];
+    if multus_bins.is_some() {
+        users.push(multus::TOKEN);
+    }
+    let api = KubeApiServer::start(&users, &[]);
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
     api.apply_file(&deploy.join("crds.yaml"));
     api.apply_file(&deploy.join("rbac.yaml"));
@@ -142,33 +226,15 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     for (i, net) in w.nets.iter().enumerate().skip(1) {
         api.nad(POD_NS, &format!("net{i}"), &net.list);
     }
-    let pods: Vec<Value> = (0..PODS)
-        .map(|p| {
-            json!({"apiVersion": "v1", "kind": "Pod",
-                "metadata": {"name": format!("pod-{p}"), "namespace": POD_NS,
-                    "annotations": {"k8s.v1.cni.cncf.io/networks": selection.join(",")}},
-                "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
-                    "containers": [{"name": "c", "image": "pause"}]}})
-        })
-        .collect();
-    let failed = api.create_many(&pods);
-    if failed > 0 {
-        return Err(format!("{failed} of {PODS} pods could not be created"));
+    let uids = create_pods(&api, POD_NS, PODS, &selection)?;
+    // Pods that select 10 NADs, in a namespace of their own (the worlds name their networks alike).
+    let w10 = World::new(&o.work, "daemon-10", Delegates::Noop, 11, 0, &json!({}));
+    api.namespace(NS_10);
+    let selection10: Vec<String> = (1..w10.nets.len()).map(|i| format!("net{i}")).collect();
+    for (i, net) in w10.nets.iter().enumerate().skip(1) {
+        api.nad(NS_10, &format!("net{i}"), &net.list);
     }
-    let list = api.must("GET", &format!("/api/v1/namespaces/{POD_NS}/pods"), None);
-    let mut uids = vec![String::new(); PODS];
-    for item in list["items"].as_array().into_iter().flatten() {
-        let name = item["metadata"]["name"].as_str().unwrap_or_default();
-        if let Some(p) = name
-            .strip_prefix("pod-")
-            .and_then(|n| n.parse::<usize>().ok())
-        {
-            uids[p] = item["metadata"]["uid"]
-                .as_str()
-                .unwrap_or_default()
-                .to_string();
-        }
-    }
+    let uids10 = create_pods(&api, NS_10, PODS_10, &selection10)?;
     log(&format!(
         "daemon: API server with {PODS} pods in {:.1}s",
         t0.elapsed().as_secs_f64()
@@ -181,8 +247,12 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let socket = w.run.join("daemon.sock");
     let thin = w.kube_conf(&cni_kubeconfig, json!(false));
     let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+    // One node, one runDir: the daemon's socket is there.
+    let mut served10 = w10.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+    served10["runDir"] = json!(w.run);
 
-    // 1. Per-cycle cost, interleaved run by run.
+    // 1. Per-cycle cost, interleaved run by run: 4 attachments (floor, thin, daemon through plexus and through
+    // plexus-cni) and 11 (floor, daemon).
     let d = Daemon::start(
         &o.plexus,
         &daemon_kubeconfig,
@@ -190,87 +260,173 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         &w.root.join("daemon-1.log"),
     )?;
     d.wait("synced", Duration::from_secs(60), |h| {
-        h.synced() && h.cache.pods == PODS
+        h.synced() && h.cache.pods == PODS + PODS_10
     })?;
-    let runs = if o.quick { 5 } else { o.runs.min(40) };
-    let (mut floor, mut thin_cycle, mut daemon_cycle) = (Vec::new(), Vec::new(), Vec::new());
-    let cycle = |conf: &Value, id: &str, pod: usize| -> Result<f64, String> {
-        let a = args(&format!("pod-{pod}"), &uids[pod]);
-        let add = w
-            .plexus_args(&o.plexus, conf, "ADD", id, &a)
-            .map_err(|e| e.to_string())?;
-        if !add.success {
-            return Err(format!(
-                "ADD {id}: {}",
-                String::from_utf8_lossy(&add.stdout)
-            ));
+    // Multus's thick plugin on the same node, pods and NADs, when one is provided.
+    let multus = match &multus_bins {
+        Some(bins) => {
+            multus::rbac(&api);
+            let m = multus::Multus::start(bins, &api, &w, NODE)?;
+            m.warm(&w, &args("pod-0", &uids[0]))?;
+            log(&format!("daemon: Multus {} answers", m.version));
+            Some(m)
         }
-        let del = w
-            .plexus_args(&o.plexus, conf, "DEL", id, &a)
-            .map_err(|e| e.to_string())?;
-        if !del.success {
-            return Err(format!(
-                "DEL {id}: {}",
-                String::from_utf8_lossy(&del.stdout)
-            ));
-        }
-        Ok(ms(add.elapsed + del.elapsed))
+        None => None,
     };
-    cycle(&thin, "warm-thin", 0)?;
-    cycle(&served, "warm-daemon", 0)?;
+    let runs = if o.quick { 5 } else { o.runs.min(40) };
+    let mut samples: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> = Default::default();
+    let mut push = |key: &'static str, (add, del): (f64, f64)| {
+        let e = samples.entry(key).or_default();
+        e.0.push(add);
+        e.1.push(del);
+    };
+    let pod_args = |pod: usize| args(&format!("pod-{pod}"), &uids[pod]);
+    let pod_args10 = |pod: usize| args_in(NS_10, &format!("pod-{pod}"), &uids10[pod]);
+    cycle(&o.plexus, &w, &thin, "warm-thin", &pod_args(0))?;
+    cycle(&o.plexus, &w, &served, "warm-daemon", &pod_args(0))?;
+    cycle(
+        &o.plexus_cni,
+        &w10,
+        &served10,
+        "warm-daemon",
+        &pod_args10(0),
+    )?;
     for i in 0..runs {
-        let (t, results) = w.floor_add(&format!("floor-{i}"), "/var/run/netns/bench-noop", 0)?;
-        let del = w.floor_del(
-            &format!("floor-{i}"),
-            "/var/run/netns/bench-noop",
-            0,
-            &results,
-        )?;
-        floor.push(ms(t + del));
-        thin_cycle.push(cycle(&thin, &format!("thin-{i}"), 1 + i % 10)?);
-        daemon_cycle.push(cycle(&served, &format!("daemon-{i}"), 1 + i % 10)?);
-    }
-    // Where one ADD and one DEL of plexus-cni spend their time: the same cycles with logLevel debug, each
-    // invocation's phases read back from its log (a separate run: the log lines cost time of their own).
-    let phase_log = w.root.join("phases.log");
-    let _ = std::fs::remove_file(&phase_log);
-    let mut traced = served.clone();
-    traced["logLevel"] = json!("debug");
-    traced["logFile"] = json!(phase_log);
-    let (mut add_wall, mut del_wall) = (Vec::new(), Vec::new());
-    for i in 0..runs.min(30) {
         let pod = 1 + i % 10;
-        let a = args(&format!("pod-{pod}"), &uids[pod]);
-        let id = format!("phases-{i}");
-        for (command, wall) in [("ADD", &mut add_wall), ("DEL", &mut del_wall)] {
-            let r = w
-                .plexus_args(&o.plexus_cni, &traced, command, &id, &a)
+        push("floor", floor_cycle(&w, &format!("floor-{i}"))?);
+        push(
+            "thin",
+            cycle(&o.plexus, &w, &thin, &format!("thin-{i}"), &pod_args(pod))?,
+        );
+        push(
+            "daemon",
+            cycle(
+                &o.plexus,
+                &w,
+                &served,
+                &format!("daemon-{i}"),
+                &pod_args(pod),
+            )?,
+        );
+        push(
+            "daemonCni",
+            cycle(
+                &o.plexus_cni,
+                &w,
+                &served,
+                &format!("cni-{i}"),
+                &pod_args(pod),
+            )?,
+        );
+        if let Some(m) = &multus {
+            push(
+                "multus",
+                m.cycle(&w, &format!("multus-{i}"), &pod_args(pod))?,
+            );
+        }
+        push("floor10", floor_cycle(&w10, &format!("floor-{i}"))?);
+        push(
+            "daemon10",
+            cycle(
+                &o.plexus_cni,
+                &w10,
+                &served10,
+                &format!("daemon-{i}"),
+                &pod_args10(i % PODS_10),
+            )?,
+        );
+    }
+    // DEL while the API server hangs (SIGSTOP): ADDs with it up, then their DELs with it stopped, in thin and
+    // daemon mode, against the floor's DELs of the same run.
+    let hung_runs = runs.min(20);
+    let mut hung: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for (key, conf) in [("thin", &thin), ("daemon", &served)] {
+        for i in 0..hung_runs {
+            let pod = 1 + i % 10;
+            let id = format!("hung-{key}-{i}");
+            let add = w
+                .plexus_args(&o.plexus_cni, conf, "ADD", &id, &pod_args(pod))
                 .map_err(|e| e.to_string())?;
-            if !r.success {
+            if !add.success {
                 return Err(format!(
-                    "{command} {id}: {}",
-                    String::from_utf8_lossy(&r.stdout)
+                    "ADD {id}: {}",
+                    String::from_utf8_lossy(&add.stdout)
                 ));
             }
-            wall.push(ms(r.elapsed));
         }
+        api.pause();
+        let mut dels = Vec::new();
+        let mut failed = None;
+        for i in 0..hung_runs {
+            let pod = 1 + i % 10;
+            let id = format!("hung-{key}-{i}");
+            match w.plexus_args(&o.plexus_cni, conf, "DEL", &id, &pod_args(pod)) {
+                Ok(r) if r.success => dels.push(ms(r.elapsed)),
+                Ok(r) => failed = Some(format!("DEL {id}: {}", String::from_utf8_lossy(&r.stdout))),
+                Err(e) => failed = Some(e.to_string()),
+            }
+            let floor = floor_cycle(&w, &format!("hung-floor-{key}-{i}"))?;
+            hung.entry("floor").or_default().push(floor.1);
+        }
+        api.resume();
+        if let Some(e) = failed {
+            return Err(format!("with the API server stopped: {e}"));
+        }
+        hung.insert(key, dels);
     }
-    let text =
-        std::fs::read_to_string(&phase_log).map_err(|e| format!("{}: {e}", phase_log.display()))?;
-    let breakdown = json!({
-        "binary": "plexus-cni",
-        "runs": add_wall.len(),
-        "add": phases::summary(&text, "ADD", &add_wall),
-        "del": phases::summary(&text, "DEL", &del_wall),
-        "floorPerDelegateExec": stats::median(&sorted(&floor)) / (2 * w.nets.len()) as f64,
-        "delegates": w.nets.len(),
-    });
+    // Where one ADD and one DEL of plexus-cni spend their time: the same cycles with logLevel debug, each
+    // invocation's phases read back from its log (a separate run: the log lines cost time of their own). Daemon
+    // mode, and thin mode (where the pod, the NADs and the status are API requests of the CNI process).
+    let traced_phases = |conf: &Value, tag: &str, runs: usize| -> Result<Value, String> {
+        let phase_log = w.root.join(format!("phases-{tag}.log"));
+        let _ = std::fs::remove_file(&phase_log);
+        let mut traced = conf.clone();
+        traced["logLevel"] = json!("debug");
+        traced["logFile"] = json!(phase_log);
+        let (mut add_wall, mut del_wall) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            let a = pod_args(1 + i % 10);
+            let id = format!("phases-{tag}-{i}");
+            for (command, wall) in [("ADD", &mut add_wall), ("DEL", &mut del_wall)] {
+                let r = w
+                    .plexus_args(&o.plexus_cni, &traced, command, &id, &a)
+                    .map_err(|e| e.to_string())?;
+                if !r.success {
+                    return Err(format!(
+                        "{command} {id}: {}",
+                        String::from_utf8_lossy(&r.stdout)
+                    ));
+                }
+                wall.push(ms(r.elapsed));
+            }
+        }
+        let text = std::fs::read_to_string(&phase_log)
+            .map_err(|e| format!("{}: {e}", phase_log.display()))?;
+        Ok(json!({
+            "binary": "plexus-cni",
+            "runs": add_wall.len(),
+            "add": phases::summary(&text, "ADD", &add_wall),
+            "del": phases::summary(&text, "DEL", &del_wall),
+            "floorPerDelegateExec": (stats::median(&sorted(&samples["floor"].0))
+                + stats::median(&sorted(&samples["floor"].1)))
+                / (2 * w.nets.len()) as f64,
+            "delegates": w.nets.len(),
+        }))
+    };
+    let breakdown = traced_phases(&served, "daemon", runs.min(30))?;
+    let breakdown_thin = traced_phases(&thin, "thin", runs.min(10))?;
 
     // Requests per ADD, by identity, over 10 ADDs in each mode.
     let per_add = |conf: &Value, tag: &str| -> Result<Value, String> {
         let before = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
         for i in 0..10 {
-            cycle(conf, &format!("count-{tag}-{i}"), 20 + i)?;
+            cycle(
+                &o.plexus,
+                &w,
+                conf,
+                &format!("count-{tag}-{i}"),
+                &pod_args(20 + i),
+            )?;
         }
         // Events are posted by the daemon after it answered: let them land in the audit log.
         std::thread::sleep(Duration::from_millis(500));
@@ -282,17 +438,65 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         Ok(json!({"cni": per(before.0, after.0), "daemon": per(before.1, after.1)}))
     };
     let requests = json!({"thin": per_add(&thin, "thin")?, "daemon": per_add(&served, "daemon")?});
-    let floor_median = stats::median(&sorted(&floor));
+    let total = |key: &str| -> Vec<f64> {
+        let (add, del) = &samples[key];
+        add.iter().zip(del).map(|(a, d)| a + d).collect()
+    };
+    let over = |key: &str, floor: &str| {
+        stats::median(&sorted(&total(key))) / stats::median(&sorted(&total(floor)))
+    };
+    let del_over =
+        |v: &[f64], floor: &[f64]| stats::median(&sorted(v)) / stats::median(&sorted(floor));
     let cycles = json!({
         "runs": runs,
-        "floor": stats::summary(&floor),
-        "thin": stats::summary(&thin_cycle),
-        "daemon": stats::summary(&daemon_cycle),
-        "thinOverFloor": stats::median(&sorted(&thin_cycle)) / floor_median,
-        "daemonOverFloor": stats::median(&sorted(&daemon_cycle)) / floor_median,
+        "floor": stats::summary(&total("floor")),
+        "thin": stats::summary(&total("thin")),
+        "daemon": stats::summary(&total("daemon")),
+        "daemonCni": stats::summary(&total("daemonCni")),
+        "thinOverFloor": over("thin", "floor"),
+        "daemonOverFloor": over("daemon", "floor"),
+        "daemonCniOverFloor": over("daemonCni", "floor"),
+        "ten": {
+            "attachments": w10.nets.len(),
+            "floor": stats::summary(&total("floor10")),
+            "daemon": stats::summary(&total("daemon10")),
+            "daemonOverFloor": over("daemon10", "floor10"),
+        },
+        "del": {
+            "floor": stats::summary(&samples["floor"].1),
+            "thin": stats::summary(&samples["thin"].1),
+            "daemon": stats::summary(&samples["daemon"].1),
+            "daemonCni": stats::summary(&samples["daemonCni"].1),
+            "daemonCniOverFloor": del_over(&samples["daemonCni"].1, &samples["floor"].1),
+            "thinOverFloor": del_over(&samples["thin"].1, &samples["floor"].1),
+            "apiStopped": {
+                "runs": hung_runs,
+                "floor": stats::summary(&hung["floor"]),
+                "thin": stats::summary(&hung["thin"]),
+                "daemon": stats::summary(&hung["daemon"]),
+                "thinOverFloor": del_over(&hung["thin"], &hung["floor"]),
+                "daemonOverFloor": del_over(&hung["daemon"], &hung["floor"]),
+            },
+        },
         "requestsPerAdd": requests,
         "breakdown": breakdown,
+        "breakdownThin": breakdown_thin,
+        "multus": match &multus {
+            Some(m) => json!({
+                "version": m.version,
+                "shimBytes": m.shim_bytes(),
+                "cycle": stats::summary(&total("multus")),
+                "add": stats::summary(&samples["multus"].0),
+                "del": stats::summary(&samples["multus"].1),
+                "overFloor": over("multus", "floor"),
+                "plexusCniOverMultus": stats::median(&sorted(&total("daemonCni")))
+                    / stats::median(&sorted(&total("multus"))),
+                "delOverFloor": del_over(&samples["multus"].1, &samples["floor"].1),
+            }),
+            None => json!({"skipped": format!("{} not set", multus::ENV)}),
+        },
     });
+    drop(multus);
     log(&format!(
         "daemon: cycles done ({:.0}s)",
         t0.elapsed().as_secs_f64()
@@ -329,12 +533,12 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let started = Instant::now();
     d.wait("synced with everything", Duration::from_secs(120), |h| {
-        h.synced() && h.cache.pods == PODS && h.cache.nads == NADS + 3
+        h.synced() && h.cache.pods == PODS + PODS_10 && h.cache.nads == NADS + 3 + 10
     })?;
     let sync_seconds = started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
     let (rss, hwm) = d.memory_kib();
-    let memory = json!({"pods": PODS, "nads": NADS + 3, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
+    let memory = json!({"pods": PODS + PODS_10, "nads": NADS + 13, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
     log(&format!(
         "daemon: {rss} KiB resident with {PODS} pods and {NADS} NADs"
     ));

@@ -9,6 +9,7 @@
 
 mod daemon;
 mod floor;
+mod multus;
 mod noop;
 mod phases;
 mod proc;
@@ -899,7 +900,9 @@ fn run() -> Result<(), String> {
         serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?,
     )
     .map_err(|e| format!("write {}: {e}", o.out.display()))?;
-    let _ = std::fs::remove_dir_all(&o.work);
+    if std::env::var_os("PLEXUS_BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&o.work);
+    }
     log(&format!(
         "wrote {} in {:.0}s",
         o.out.display(),

@@ -287,7 +287,7 @@ impl World {
         self.cni_env_args(command, container, netns, &pod_args(pod))
     }
 
-    fn cni_env_args(
+    pub fn cni_env_args(
         &self,
         command: &str,
         container: &str,

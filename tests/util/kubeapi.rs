@@ -186,9 +186,19 @@ impl KubeApiServer {
         format!("https://127.0.0.1:{}", self.port)
     }
 
+    /// The port the API server listens on (127.0.0.1, TLS).
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's self-signed certificate, the CA a client trusts.
+    pub fn ca_cert(&self) -> PathBuf {
+        self.dir.path().join("certs/apiserver.crt")
+    }
+
     /// A kubeconfig for a token user, trusting the server's self-signed certificate.
     pub fn write_kubeconfig(&self, path: &Path, token: &str) {
-        let ca = self.dir.path().join("certs/apiserver.crt");
+        let ca = self.ca_cert();
         let text = format!(
             "apiVersion: v1\nkind: Config\nclusters:\n- name: c\n  cluster:\n    server: {}\n    certificate-authority: {}\nusers:\n- name: u\n  user:\n    token: {token}\ncontexts:\n- name: x\n  context:\n    cluster: c\n    user: u\ncurrent-context: x\n",
             self.url(),
