@@ -83,6 +83,7 @@ fn main() {
     let daemon = daemon_rows(daemon_pods, Duration::from_secs(outage as u64));
     print_report(&rows, &latency, started.elapsed(), iterations);
     print_daemon_rows(&daemon);
+    print_writes();
 }
 
 /// One row of the report.
@@ -1154,5 +1155,81 @@ fn print_daemon_rows(rows: &[DaemonRow]) {
     let notes: Vec<&String> = rows.iter().flat_map(|r| &r.leaks.notes).collect();
     for n in notes {
         println!("- {n}");
+    }
+}
+
+/// What an ADD and a DEL write to disk, and which of those writes are synced and why. Not measured by this
+/// command: the list of the code's writes (crates/modules named), kept here so that the report that counts
+/// leaks also says what a crash or a power loss can leave.
+fn print_writes() {
+    println!("\n## What is written, and what is synced\n");
+    println!(
+        "Every file an ADD or a DEL writes on a node, with what a crash (plexus killed, the node daemon \
+         killed) and a power loss leave of it. The rule: a write is synced only where a lost write would break a \
+         promise that outlives the process that made it; everything else survives a crash in the page cache, \
+         and a power loss also ends every pod network namespace, so the node's own restart repairs it. The rows \
+         above are what tests that rule by killing processes.\n"
+    );
+    println!("| file | written by | when | synced | why |");
+    println!("| --- | --- | --- | --- | --- |");
+    for (file, by, when, synced, why) in [
+        (
+            "`runDir/locks/<id>`",
+            "ADD, DEL, CHECK (plexus-cni `lock`)",
+            "created and flocked at the start, unlinked before the lock is let go",
+            "no",
+            "a flock lives only as long as its holder; the kernel drops it when the process dies, and `runDir` is a tmpfs",
+        ),
+        (
+            "`cacheDir/attachments/<id>.json` (the plan)",
+            "ADD (`cache::store`)",
+            "once, before the first delegate runs: a temp file renamed over the name (one write, one rename)",
+            "no",
+            "what it must survive is plexus killed or crashing, which the page cache does. After a power loss within \
+             the kernel's writeback delay an empty or missing plan counts as no plan, and DEL re-plans from the \
+             cluster. Syncing file and directory cost 0.3–1.3 ms of every ADD (docs/benchmarks.md); libcni's and \
+             Multus's caches are not synced either",
+        ),
+        (
+            "`cacheDir/attachments/<id>.results` (the results journal)",
+            "ADD (`cache::Journal::record`)",
+            "one appended line per attachment that succeeded (one `write` each)",
+            "no",
+            "as the plan; a line torn by a kill is ignored on load, so DEL passes each delegate the results recorded \
+             whole, and a delegate whose result was not recorded gets DEL without a prevResult, as the CNI spec allows",
+        ),
+        (
+            "`runDir/deleted/<id>`",
+            "DEL (`deleted::record`); ADD removes it",
+            "an empty file after a completed DEL; pruned by age and count",
+            "no",
+            "a shortcut for repeated DELs only: without it a DEL re-plans, which is correct, only slower",
+        ),
+        (
+            "`runDir/status-queue/<pod>` (the daemon's kept status writes)",
+            "the node daemon, for an ADD's status hand-off",
+            "before the daemon answers `done` to the CNI process: temp file, sync, rename, sync of the directory",
+            "yes",
+            "the one promise that outlives the CNI process: once the daemon answered, nobody else will write that \
+             status, so it must survive the daemon's kill -9 (row above: status writes pending at a kill). On the \
+             tmpfs `/run` the sync costs nothing measurable; a reboot ends the pods it is about",
+        ),
+        (
+            "device-info files (`deviceInfoDir`, `/var/run/k8s.cni.cncf.io/devinfo/cni`)",
+            "ADD, for a delegate offered one whose device came from a device plugin; then the delegate; DEL removes it",
+            "before the delegate runs: a copy of the device plugin's file (Device Information Specification 4.2.1)",
+            "no",
+            "read back by the same ADD for the network-status; under `/var/run`, a tmpfs that ends with the pods",
+        ),
+        (
+            "`cacheDir/hooks/` (compiled hooks)",
+            "the node agent; an ADD only when it must compile a hook itself",
+            "a temp file without a name, synced, renamed, the directory synced",
+            "yes",
+            "a compiled module is loaded as machine code without re-validation: it must be whole or absent (a \
+             trailer also catches truncation); written once per hook and engine, never on the daemon-mode ADD path",
+        ),
+    ] {
+        println!("| {file} | {by} | {when} | {synced} | {why} |");
     }
 }
