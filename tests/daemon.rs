@@ -95,6 +95,13 @@ impl Cluster {
             .arg(self.socket())
             .arg("--cache-dir")
             .arg(self.sb.path("cache"))
+            // Tests run daemons side by side: no metrics endpoint unless the test asks for one.
+            .args(
+                (!extra.contains(&"--metrics-bind-address"))
+                    .then_some(["--metrics-bind-address", "0"])
+                    .into_iter()
+                    .flatten(),
+            )
             .args(extra)
             .stdout(Stdio::null())
             .stderr(std::fs::File::create(&log).unwrap())
@@ -916,4 +923,220 @@ fn a_node_left_by_a_deleted_daemonset_fails_new_pods_naming_why() {
         "no delegate ran: {:?}",
         c.sb.call_summary()
     );
+}
+
+/// One HTTP GET to `127.0.0.1:port` (bounded): the status line, the headers and the body.
+fn http_get(port: u16, path: &str, accept: Option<&str>) -> (String, String, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let accept = accept
+        .map(|a| format!("Accept: {a}\r\n"))
+        .unwrap_or_default();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: node\r\n{accept}Connection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.take(16 << 20).read_to_string(&mut text).unwrap();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap();
+    let (status, headers) = head.split_once("\r\n").unwrap();
+    (
+        status.to_string(),
+        headers.to_ascii_lowercase(),
+        body.to_string(),
+    )
+}
+
+/// The value of the sample whose line starts with `series` (name and labels, as written).
+fn sample(text: &str, series: &str) -> Option<f64> {
+    text.lines()
+        .find(|l| l.starts_with(series) && l[series.len()..].starts_with(' '))
+        .and_then(|l| l.rsplit_once(' '))
+        .and_then(|(_, v)| v.parse().ok())
+}
+
+#[test]
+fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
+    let c = cluster(&[]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
+    d.wait("synced", DaemonHealth::synced);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let uid = c.selecting_pod("web", "net-a");
+    d.wait("pod and NAD cached", |h| {
+        h.cache.pods == 1 && h.cache.nads == 1
+    });
+
+    let (status, headers, before) = http_get(port, "/metrics", None);
+    assert_eq!(status, "HTTP/1.1 200 OK");
+    assert!(
+        headers.contains("content-type: text/plain; version=0.0.4"),
+        "{headers}"
+    );
+    assert_eq!(
+        sample(&before, "plexus_status_writes_total{result=\"success\"}").unwrap_or(0.0),
+        0.0
+    );
+
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    c.add("c1", "web", &uid, &conf).ok();
+    d.wait("status written", |h| h.status_writes == 1);
+    // A failed ADD (its NAD does not exist) and a DEL: each CNI process reports after answering.
+    let uid2 = c.selecting_pod("broken", "missing-net");
+    let failed = c.add("c2", "broken", &uid2, &conf);
+    let code = failed.code();
+    c.sb.run("DEL", "c1", &pod_args("web", &uid), &conf).ok();
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let text = loop {
+        let (_, _, text) = http_get(port, "/metrics", None);
+        if sample(
+            &text,
+            "plexus_cni_operations_total{command=\"DEL\",result=\"success\"}",
+        )
+        .is_some()
+            || std::time::Instant::now() > deadline
+        {
+            break text;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let get =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+    assert_eq!(
+        get("plexus_cni_operations_total{command=\"ADD\",result=\"success\"}"),
+        1.0
+    );
+    assert_eq!(
+        get(&format!(
+            "plexus_cni_operations_total{{command=\"ADD\",result=\"{code}\"}}"
+        )),
+        1.0
+    );
+    assert_eq!(
+        get("plexus_cni_operations_total{command=\"DEL\",result=\"success\"}"),
+        1.0
+    );
+    assert_eq!(
+        get("plexus_cni_operation_duration_seconds_count{command=\"ADD\"}"),
+        2.0
+    );
+    // The successful ADD ran the cluster network's plugin and the NAD's; the DEL ran both again. The failed
+    // ADD failed while planning, before any delegate ran.
+    for (plugin, command) in [
+        ("cluster-plugin", "ADD"),
+        ("secondary-plugin", "ADD"),
+        ("cluster-plugin", "DEL"),
+        ("secondary-plugin", "DEL"),
+    ] {
+        assert_eq!(
+            get(&format!("plexus_delegate_operations_total{{plugin=\"{plugin}\",command=\"{command}\",result=\"success\"}}")),
+            1.0
+        );
+    }
+    let get =
+        |series: &str| sample(&text, series).unwrap_or_else(|| panic!("no {series} in:\n{text}"));
+    assert_eq!(get("plexus_status_writes_total{result=\"success\"}"), 1.0);
+    assert_eq!(get("plexus_status_writes_pending"), 0.0);
+    assert_eq!(
+        get("plexus_cache_objects{resource=\"pods\"}"),
+        2.0,
+        "web and broken"
+    );
+    assert_eq!(
+        get("plexus_cache_objects{resource=\"networkattachmentdefinitions\"}"),
+        1.0
+    );
+    assert_eq!(get("plexus_watch_restarts_total{resource=\"pods\"}"), 0.0);
+    assert_eq!(get("plexus_daemon_requests_shed_total"), 0.0);
+    // The daemon's own API requests, by verb, resource and code: the lists and watches of its caches, the
+    // status write, the AddedInterface event.
+    assert!(get("plexus_api_requests_total{verb=\"list\",resource=\"pods\",code=\"200\"}") >= 1.0);
+    assert!(get("plexus_api_requests_total{verb=\"watch\",resource=\"network-attachment-definitions\",code=\"200\"}") >= 1.0);
+    assert_eq!(
+        get("plexus_api_requests_total{verb=\"patch\",resource=\"pods/status\",code=\"200\"}"),
+        1.0
+    );
+    assert!(get("process_resident_memory_bytes") > 1e6);
+    assert!(get("process_open_fds") > 3.0);
+    // The audit log agrees with the daemon about its status writes.
+    let patches = c
+        .requests_of(PLEXUS_USER)
+        .iter()
+        .filter(|(verb, uri)| verb == "patch" && uri.contains("/pods/web/status"))
+        .count();
+    assert_eq!(patches, 1);
+
+    // Prometheus's own checker takes the classic format as served.
+    let mut promtool = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("promtool (Debian's prometheus package) must be installed: tests/setup.sh");
+    use std::io::Write;
+    promtool
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(text.as_bytes())
+        .unwrap();
+    let out = promtool.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "promtool check metrics: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+
+    // OpenMetrics for a scraper that asks for it; nothing but /metrics.
+    let (_, headers, om) = http_get(
+        port,
+        "/metrics",
+        Some("application/openmetrics-text; version=1.0.0"),
+    );
+    assert!(
+        headers.contains("content-type: application/openmetrics-text; version=1.0.0"),
+        "{headers}"
+    );
+    assert!(om.ends_with("# EOF\n"), "{om}");
+    assert!(om.contains("# TYPE plexus_status_writes counter\n"), "{om}");
+    let (status, _, _) = http_get(port, "/", None);
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
+}
+
+#[test]
+fn a_metrics_address_in_use_does_not_stop_the_daemon() {
+    let c = cluster(&[]);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port();
+    let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
+    // It serves the CNI process all the same, and says why there are no metrics.
+    d.wait("synced", DaemonHealth::synced);
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    assert!(
+        log.contains(&format!("127.0.0.1:{port}")) && log.contains("metrics"),
+        "{log}"
+    );
+    // Once the address is free, the endpoint comes up (the daemon tries again).
+    drop(taken);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    loop {
+        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no metrics endpoint after the address was freed"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let (status, _, _) = http_get(port, "/metrics", None);
+    assert_eq!(status, "HTTP/1.1 200 OK");
 }

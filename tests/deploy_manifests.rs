@@ -85,6 +85,8 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     accounts: Vec<ServiceAccount>,
     daemonsets: Vec<DaemonSet>,
+    /// PrometheusRule objects (prometheus-operator's CRD; no typed model here).
+    alerts: Vec<Value>,
 }
 
 fn manifests() -> Manifests {
@@ -97,6 +99,10 @@ fn manifests() -> Manifests {
             "ClusterRoleBinding" => strict(&file, &doc).map(|o| m.bindings.push(o)),
             "ServiceAccount" => strict(&file, &doc).map(|o| m.accounts.push(o)),
             "DaemonSet" => strict(&file, &doc).map(|o| m.daemonsets.push(o)),
+            "PrometheusRule" if doc["apiVersion"] == "monitoring.coreos.com/v1" => {
+                m.alerts.push(doc);
+                Ok(())
+            }
             other => Err(format!("{file}: unexpected kind {other:?}")),
         };
         r.unwrap_or_else(|e| panic!("{e}"));
@@ -113,9 +119,70 @@ fn every_manifest_is_a_typed_object_without_stray_keys() {
             m.roles.len(),
             m.bindings.len(),
             m.accounts.len(),
-            m.daemonsets.len()
+            m.daemonsets.len(),
+            m.alerts.len()
         ),
-        (3, 1, 1, 1, 1)
+        (3, 1, 1, 1, 1, 1)
+    );
+}
+
+#[test]
+fn alerts_name_metrics_the_daemon_exports_and_promtool_accepts_them() {
+    let m = manifests();
+    let rule = &m.alerts[0];
+    // The families the daemon's /metrics has, by their names in the classic format.
+    // The series the daemon's /metrics can have (a histogram's are its _bucket, _sum and _count).
+    let exported: BTreeSet<String> = plexus_node::daemon::metrics::Metrics::new()
+        .families()
+        .iter()
+        .flat_map(|(name, kind)| match *kind {
+            "histogram" => ["_bucket", "_sum", "_count"]
+                .iter()
+                .map(|s| format!("{name}{s}"))
+                .collect::<Vec<_>>(),
+            _ => vec![name.clone()],
+        })
+        .collect();
+    let mut alerts = 0;
+    for group in rule["spec"]["groups"].as_array().unwrap() {
+        for r in group["rules"].as_array().unwrap() {
+            alerts += 1;
+            let name = r["alert"].as_str().unwrap();
+            let expr = r["expr"].as_str().unwrap();
+            assert!(r["labels"]["severity"].is_string(), "{name}: no severity");
+            assert!(
+                r["annotations"]["summary"].is_string(),
+                "{name}: no summary"
+            );
+            // Every metric an alert reads exists: one misspelt name and the alert can never fire.
+            let names: Vec<&str> = expr
+                .split(|c: char| !(c.is_ascii_alphanumeric() || c == '_'))
+                .filter(|w| w.starts_with("plexus_") || w.starts_with("process_"))
+                .collect();
+            assert!(!names.is_empty(), "{name}: reads no Plexus metric");
+            for n in names {
+                assert!(
+                    exported.contains(n),
+                    "{name}: {n} is not exported ({exported:?})"
+                );
+            }
+        }
+    }
+    assert!(alerts >= 5, "{alerts}");
+    // Prometheus's own checker on the rule groups (a rules file is the spec's `groups`).
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("rules.json");
+    std::fs::write(&file, serde_json::to_string(&rule["spec"]).unwrap()).unwrap();
+    let out = std::process::Command::new("promtool")
+        .args(["check", "rules"])
+        .arg(&file)
+        .output()
+        .expect("promtool (Debian's prometheus package) must be installed: tests/setup.sh");
+    assert!(
+        out.status.success(),
+        "promtool check rules: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -202,6 +269,33 @@ fn binding_ties_the_role_to_the_daemonsets_service_account() {
     assert_eq!(ds.metadata.namespace, account.metadata.namespace);
 }
 
+/// `$(NAME)` in an argument, as kubelet expands it from the container's environment: each variable must be
+/// declared there (a literal value, or a field reference: `status.podIP` gets `pod_ip`).
+fn expand_env(
+    arg: &str,
+    container: &k8s_openapi::api::core::v1::Container,
+    pod_ip: &str,
+) -> String {
+    let mut out = arg.to_string();
+    for var in container.env.as_deref().unwrap_or_default() {
+        let value = match (
+            &var.value,
+            var.value_from.as_ref().and_then(|f| f.field_ref.as_ref()),
+        ) {
+            (Some(v), _) => v.clone(),
+            (None, Some(f)) if f.field_path == "status.podIP" => pod_ip.to_string(),
+            (None, Some(f)) if f.field_path == "spec.nodeName" => "node".to_string(),
+            _ => continue,
+        };
+        out = out.replace(&format!("$({})", var.name), &value);
+    }
+    assert!(
+        !out.contains("$("),
+        "{arg}: a variable the container does not declare"
+    );
+    out
+}
+
 #[test]
 fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
     let m = manifests();
@@ -240,7 +334,40 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
         let mut agent_dirs = Vec::new();
         let opts = if long_running {
             assert_eq!(command.get(1).map(String::as_str), Some("daemon"));
-            let settings = plexus_node::daemon::parse_args(&command[2..], Some("node".into()))
+            // `$(NAME)` is expanded by kubelet from the container's environment: here from its field
+            // references, with values such a pod gets (an IPv6 pod's address has no brackets).
+            for pod_ip in ["192.0.2.7", "fd00::7"] {
+                let expanded: Vec<String> = command[2..]
+                    .iter()
+                    .map(|a| expand_env(a, &container, pod_ip))
+                    .collect();
+                let settings = plexus_node::daemon::parse_args(&expanded, Some("node".into()))
+                    .unwrap_or_else(|e| panic!("{}: {e}", container.name));
+                // Scraped on the node's address, on the port the pod declares and the annotations name.
+                let bind = settings.metrics_bind.expect("the daemon serves metrics");
+                assert_eq!(bind.ip(), pod_ip.parse::<std::net::IpAddr>().unwrap());
+                let declared = container
+                    .ports
+                    .as_deref()
+                    .unwrap_or_default()
+                    .iter()
+                    .find(|p| p.name.as_deref() == Some("metrics"))
+                    .map(|p| p.container_port);
+                assert_eq!(declared, Some(i32::from(bind.port())));
+                let annotations = spec.template.metadata.as_ref().unwrap().annotations.clone();
+                let annotation = |k: &str| annotations.as_ref().and_then(|a| a.get(k).cloned());
+                assert_eq!(
+                    annotation("prometheus.io/port"),
+                    Some(bind.port().to_string())
+                );
+                assert_eq!(annotation("prometheus.io/scrape"), Some("true".into()));
+                assert_eq!(annotation("prometheus.io/path"), Some("/metrics".into()));
+            }
+            let expanded: Vec<String> = command[2..]
+                .iter()
+                .map(|a| expand_env(a, &container, "192.0.2.7"))
+                .collect();
+            let settings = plexus_node::daemon::parse_args(&expanded, Some("node".into()))
                 .unwrap_or_else(|e| panic!("{}: {e}", container.name));
             // The CNI binary's default (runDir /run/plexus) finds this socket.
             assert_eq!(settings.socket, Path::new("/run/plexus/daemon.sock"));

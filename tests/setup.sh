@@ -20,6 +20,9 @@ PKGS=(
   etcd-server openssl curl
   # hook distribution: the CNCF distribution registry (docker-registry) as the OCI registry, on loopback
   docker-registry
+  # promtool (Prometheus's checker) for the metrics endpoint's output and the example alert rules; the
+  # package's server is not started
+  prometheus
   # benchmarks: plots and profiles
   python3-matplotlib valgrind
   jq

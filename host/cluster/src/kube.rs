@@ -315,9 +315,17 @@ pub struct KubeApi {
 impl KubeApi {
     /// Reads the configuration (kubeconfig or in-cluster) and builds the client; sends nothing yet.
     pub async fn connect(settings: KubeSettings) -> Result<KubeApi, ClusterError> {
+        Self::connect_observed(settings, None).await
+    }
+
+    /// The same, with every request's verb, resource and answer told to `observer` (the daemon's metrics).
+    pub async fn connect_observed(
+        settings: KubeSettings,
+        observer: Option<crate::observe::RequestObserver>,
+    ) -> Result<KubeApi, ClusterError> {
         settings.validate()?;
         let config = Self::config(&settings).await?;
-        let client = Self::client_of(config).map_err(|e| ClusterError::Invalid {
+        let client = Self::client_of(config, observer).map_err(|e| ClusterError::Invalid {
             what: "kube client configuration".into(),
             reason: error_chain(&e),
         })?;
@@ -332,7 +340,10 @@ impl KubeApi {
     /// head and its body): 40 ms on Linux. A CNI process in thin mode opens a new connection for every ADD, so
     /// that was 40 ms of each (docs/benchmarks.md). The stack is otherwise what the builder makes with this
     /// configuration (rustls, the connect/read/write timeouts; no retry layer, as `default_retry` is off).
-    fn client_of(config: kube::Config) -> Result<Client, kube::Error> {
+    fn client_of(
+        config: kube::Config,
+        observer: Option<crate::observe::RequestObserver>,
+    ) -> Result<Client, kube::Error> {
         use kube::client::ConfigExt;
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
         http.enforce_http(false);
@@ -366,6 +377,8 @@ impl KubeApi {
                 },
             ))
             .map_err(tower::BoxError::from)
+            // Innermost: every attempt is counted once, retries included, with its own answer.
+            .option_layer(observer.map(crate::observe::ObserveLayer))
             .service(hyper);
         Ok(Client::new(service, config.default_namespace))
     }
@@ -838,7 +851,7 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let client = KubeApi::client_of(config).unwrap();
+            let client = KubeApi::client_of(config, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
                 .await

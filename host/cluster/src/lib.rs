@@ -5,6 +5,7 @@
 
 mod file;
 mod kube;
+pub mod observe;
 #[cfg(feature = "watch")]
 mod watch;
 

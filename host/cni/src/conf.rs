@@ -68,6 +68,8 @@ pub enum ClusterSource {
 pub struct DaemonRef {
     pub socket: PathBuf,
     pub timeout: Duration,
+    /// Each invocation hands the daemon a report for its metrics after answering (`"report": false`: none).
+    pub report: bool,
 }
 
 /// The default wait for the daemon: long enough for a pod the watch has not delivered yet, short against the
@@ -128,19 +130,21 @@ fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     }
 }
 
-/// The `daemon` key: `false` switches the daemon off; an object may set `socket` and `timeoutMs`.
+/// The `daemon` key: `false` switches the daemon off; an object may set `socket`, `timeoutMs` and `report`.
 fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, PlexusError> {
     #[derive(Deserialize)]
     #[serde(rename_all = "camelCase", deny_unknown_fields)]
     struct Raw {
         socket: Option<PathBuf>,
         timeout_ms: Option<u64>,
+        report: Option<bool>,
     }
     let raw = match raw {
         Some(Value::Bool(false)) => return Ok(None),
         None | Some(Value::Bool(true)) => Raw {
             socket: None,
             timeout_ms: None,
+            report: None,
         },
         Some(v) => serde_json::from_value(v).map_err(|e| {
             PlexusError::config("daemon", format!("{e} (expected false or an object)"))
@@ -159,6 +163,7 @@ fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, P
             None => run_dir.join("daemon.sock"),
         },
         timeout: Duration::from_millis(timeout_ms),
+        report: raw.report.unwrap_or(true),
     }))
 }
 

@@ -8,9 +8,10 @@ use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
 use crate::daemon::client::{DaemonCluster, DaemonConf};
+use crate::daemon::proto::Report;
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
-use crate::exec::ProcessExec;
+use crate::exec::{ProcessExec, RecordingExec};
 use crate::hooks::{HookRunner, HookSet, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
 use crate::orchestrate;
@@ -22,6 +23,8 @@ use crate::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 pub struct Outcome {
     pub stdout: Option<String>,
     pub success: bool,
+    /// What to hand the node daemon once the runtime has its answer, and where (daemon mode only).
+    pub report: Option<(std::path::PathBuf, Report)>,
 }
 
 /// The CNI plugin process: the environment and stdin (at most [`crate::conf::STDIN_CAP`] bytes plus one, so an
@@ -40,6 +43,10 @@ pub fn cni_process() -> u8 {
         let _ = writeln!(out, "{text}");
         let _ = out.flush();
     }
+    // After the answer: the report never delays what the runtime reads (and is never waited for).
+    if let Some((socket, report)) = &outcome.report {
+        crate::daemon::client::report(socket, report);
+    }
     u8::from(!outcome.success)
 }
 
@@ -54,21 +61,42 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
             .ok()
             .and_then(|v| v.get("cniVersion")?.as_str()),
     );
-    match run_inner(env, stdin, reply_version, started) {
-        Ok(stdout) => Outcome {
-            stdout,
-            success: true,
-        },
-        Err(e) => {
-            let msg = bounded(e.to_string());
-            tracing::error!(code = e.cni_code(), "{msg}");
-            let err = CniError::new(reply_version, e.cni_code(), msg, bounded(e.details()));
-            Outcome {
-                stdout: Some(err.to_json().to_string()),
-                success: false,
+    let exec = RecordingExec::new(&ProcessExec);
+    let mut report_to = None;
+    let (outcome, result) =
+        match run_inner(env, stdin, reply_version, started, &exec, &mut report_to) {
+            Ok(stdout) => (
+                Outcome {
+                    stdout,
+                    success: true,
+                    report: None,
+                },
+                "success".to_string(),
+            ),
+            Err(e) => {
+                let msg = bounded(e.to_string());
+                tracing::error!(code = e.cni_code(), "{msg}");
+                let err = CniError::new(reply_version, e.cni_code(), msg, bounded(e.details()));
+                (
+                    Outcome {
+                        stdout: Some(err.to_json().to_string()),
+                        success: false,
+                        report: None,
+                    },
+                    e.cni_code().to_string(),
+                )
             }
-        }
-    }
+        };
+    let report = report_to.map(|(socket, command)| {
+        let report = Report {
+            command,
+            result,
+            seconds: started.elapsed().as_secs_f64(),
+            delegates: exec.calls(),
+        };
+        (socket, report)
+    });
+    Outcome { report, ..outcome }
 }
 
 fn run_inner(
@@ -76,6 +104,8 @@ fn run_inner(
     stdin: Result<Value, PlexusError>,
     reply_version: CniVersion,
     started: std::time::Instant,
+    exec: &dyn crate::exec::Exec,
+    report_to: &mut Option<(std::path::PathBuf, String)>,
 ) -> Result<Option<String>, PlexusError> {
     let command = command_of(env)?;
     if command == Command::Version {
@@ -87,6 +117,12 @@ fn run_inner(
     }
     let inv = Invocation::from_env(env, stdin)?;
     init_logging(&inv.conf);
+    // In daemon mode every verb is reported to the daemon for its metrics, failures included.
+    if let (ClusterSource::Kube(_), Some(d)) = (&inv.conf.cluster, &inv.conf.daemon) {
+        if d.report {
+            *report_to = Some((d.socket.clone(), command.as_str().to_string()));
+        }
+    }
     // Reading the environment and the conf happens before logging is set up: its time is logged after.
     tracing::debug!(
         command = command.as_str(),
@@ -148,7 +184,7 @@ fn run_inner(
     };
     drop(setup);
     let fx = Effects {
-        exec: &ProcessExec,
+        exec,
         cluster,
         podnet: &IpRoute,
         hooks: hooks.as_ref(),

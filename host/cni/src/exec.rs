@@ -62,6 +62,66 @@ fn is_executable(p: &Path) -> bool {
         .unwrap_or(false)
 }
 
+/// Runs another [`Exec`] and keeps what each run was, for the invocation's report to the daemon.
+pub struct RecordingExec<'a> {
+    inner: &'a dyn Exec,
+    calls: std::cell::RefCell<Vec<crate::daemon::proto::DelegateCall>>,
+}
+
+impl<'a> RecordingExec<'a> {
+    pub fn new(inner: &'a dyn Exec) -> Self {
+        RecordingExec {
+            inner,
+            calls: Default::default(),
+        }
+    }
+
+    pub fn calls(&self) -> Vec<crate::daemon::proto::DelegateCall> {
+        self.calls.borrow().clone()
+    }
+}
+
+impl Exec for RecordingExec<'_> {
+    fn run(&self, req: &ExecRequest<'_>) -> std::io::Result<ExecOutput> {
+        let start = Instant::now();
+        let out = self.inner.run(req);
+        let result = match &out {
+            Ok(o) if o.timed_out => "timeout".to_string(),
+            Ok(o) if o.overflowed => "overflow".to_string(),
+            Ok(o) if o.code == Some(0) => "success".to_string(),
+            // A CNI error object's code, when the plugin printed one.
+            Ok(o) => serde_json::from_slice::<serde_json::Value>(&o.stdout)
+                .ok()
+                .and_then(|v| v.get("code")?.as_u64())
+                .map_or_else(|| "error".to_string(), |c| c.to_string()),
+            Err(_) => "error".to_string(),
+        };
+        let command = req
+            .env
+            .iter()
+            .find(|(k, _)| k == "CNI_COMMAND")
+            .map(|(_, v)| v.clone())
+            .unwrap_or_default();
+        self.calls
+            .borrow_mut()
+            .push(crate::daemon::proto::DelegateCall {
+                plugin: req
+                    .plugin
+                    .file_name()
+                    .map(|n| n.to_string_lossy().into_owned())
+                    .unwrap_or_default(),
+                command,
+                result,
+                seconds: start.elapsed().as_secs_f64(),
+            });
+        out
+    }
+
+    fn find(&self, plugin: &str, dirs: &[PathBuf]) -> Option<PathBuf> {
+        self.inner.find(plugin, dirs)
+    }
+}
+
 /// How long plexus still waits for a killed delegate to exit (and for its stdout to close).
 const KILL_GRACE: Duration = Duration::from_secs(2);
 

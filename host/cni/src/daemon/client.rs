@@ -173,6 +173,36 @@ fn event_request(pod: &PodRef, warning: bool, reason: &str, message: &str) -> Re
     }
 }
 
+/// Hands the daemon an invocation's report without waiting for anything: a non-blocking connect and one
+/// non-blocking write, given up at the first sign of a daemon that is not there or not taking it (no socket,
+/// its backlog or buffer full). No answer is read. Costs a connect and a write on the way out of the process.
+pub fn report(socket: &std::path::Path, report: &super::proto::Report) {
+    let sent = (|| -> Result<(), String> {
+        check_socket(socket).map_err(|e| e.to_string())?;
+        let mut line = Vec::new();
+        write_message(
+            &mut line,
+            &Request::Report {
+                report: report.clone(),
+            },
+        )
+        .map_err(|e| e.to_string())?;
+        let conn = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+            .map_err(|e| e.to_string())?;
+        conn.set_nonblocking(true).map_err(|e| e.to_string())?;
+        conn.connect(&socket2::SockAddr::unix(socket).map_err(|e| e.to_string())?)
+            .map_err(|e| e.to_string())?;
+        let n = conn.send(&line).map_err(|e| e.to_string())?;
+        if n < line.len() {
+            return Err(format!("wrote {n} of {} bytes", line.len()));
+        }
+        Ok(())
+    })();
+    if let Err(e) = sent {
+        tracing::debug!(socket = %socket.display(), "report not handed to the daemon: {e}");
+    }
+}
+
 /// One request and its answer over a fresh connection, all within `timeout`.
 pub fn ask(
     socket: &std::path::Path,
@@ -190,6 +220,12 @@ pub fn ask(
 /// A connection to the daemon. The socket must belong to root (or to this process's user): anything else could
 /// hand out plans.
 fn connect(socket: &std::path::Path) -> Result<UnixStream, AskError> {
+    check_socket(socket)?;
+    UnixStream::connect(socket).map_err(AskError::Connect)
+}
+
+/// The socket exists and is root's (or this process's user's).
+fn check_socket(socket: &std::path::Path) -> Result<(), AskError> {
     let meta = std::fs::metadata(socket).map_err(|source| AskError::NoSocket {
         path: socket.to_path_buf(),
         source,
@@ -198,7 +234,7 @@ fn connect(socket: &std::path::Path) -> Result<UnixStream, AskError> {
     if !meta.file_type().is_socket() || (meta.uid() != 0 && meta.uid() != euid) {
         return Err(AskError::NotRootSocket(socket.to_path_buf()));
     }
-    UnixStream::connect(socket).map_err(AskError::Connect)
+    Ok(())
 }
 
 /// Sends every request, then reads one answer per request, all within `timeout`.

@@ -38,6 +38,39 @@ pub enum Request {
         message: String,
     },
     Health,
+    /// What one CNI invocation did, for the daemon's metrics. Sent after the runtime has its answer and never
+    /// waited for: the CNI process reads no answer.
+    Report {
+        report: Report,
+    },
+}
+
+/// One CNI invocation as the daemon's metrics count it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    /// `ADD`, `DEL`, `CHECK`, `GC` or `STATUS`.
+    pub command: String,
+    /// `success`, or the CNI error code the invocation answered with.
+    pub result: String,
+    /// From the process's start to its answer.
+    pub seconds: f64,
+    /// Every delegate plugin it ran, in order.
+    #[serde(default)]
+    pub delegates: Vec<DelegateCall>,
+}
+
+/// One delegate plugin execution.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DelegateCall {
+    /// The plugin's type (its executable's name).
+    pub plugin: String,
+    pub command: String,
+    /// `success`, the CNI error code the plugin answered with, `timeout` (killed at `delegateTimeoutMs`),
+    /// `overflow` (killed for printing too much) or `error` (it did not start, or exited without a CNI error).
+    pub result: String,
+    pub seconds: f64,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

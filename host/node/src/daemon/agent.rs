@@ -67,6 +67,8 @@ pub enum SignaturePolicy {
 #[derive(Debug, Clone)]
 pub struct AgentSettings {
     pub node: String,
+    /// Where the agent leaves each hook's state on this node, for the metrics.
+    pub states: super::metrics::HookStates,
     pub cache_dir: PathBuf,
     pub key_files: Vec<PathBuf>,
     pub signatures: SignaturePolicy,
@@ -776,6 +778,20 @@ impl Agent {
     /// Applies this node's entry of each resource's `status.nodes` (server-side apply, one field manager per
     /// node, so nodes never overwrite each other); `None` removes the entry. Only changes are sent.
     async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>) {
+        // What the node knows, whether or not the API server takes it.
+        *self
+            .settings
+            .states
+            .lock()
+            .unwrap_or_else(|e| e.into_inner()) = reports
+            .iter()
+            .filter_map(|(name, s)| {
+                Some((
+                    name.clone(),
+                    (s.as_ref()?.active, s.as_ref()?.reason.clone()),
+                ))
+            })
+            .collect();
         let manager = format!("plexus-agent-{}", self.settings.node);
         // Resources gone: forget what was reported.
         self.reported.retain(|name, _| reports.contains_key(name));

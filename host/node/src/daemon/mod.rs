@@ -8,6 +8,7 @@
 
 pub mod agent;
 pub mod files;
+pub mod metrics;
 mod server;
 pub mod status_queue;
 

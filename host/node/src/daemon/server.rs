@@ -15,6 +15,7 @@ use plexus_core::spec::PodRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+use super::metrics::{self, HookStates, Metrics, ResultLabel, Snapshot};
 use super::status_queue::{Key, StatusQueue};
 use super::{agent, files};
 use crate::install::{self, InstallOptions};
@@ -40,6 +41,8 @@ pub struct DaemonSettings {
     pub health: bool,
     /// Where accepted status writes are kept until sent (`None`: `status-queue` beside the socket).
     pub status_queue_dir: Option<PathBuf>,
+    /// Where `GET /metrics` is served (`None`: not at all).
+    pub metrics_bind: Option<std::net::SocketAddr>,
 }
 
 /// The node agent's settings (see [`agent`]).
@@ -128,6 +131,10 @@ pub struct DaemonArgs {
     /// [default: status-queue beside the socket]
     #[arg(long, value_name = "DIR", value_parser = absolute)]
     pub status_queue_dir: Option<PathBuf>,
+    /// Where GET /metrics is served: HOST:PORT (the Prometheus text format; OpenMetrics when asked for), or 0
+    /// for nowhere
+    #[arg(long, value_name = "HOST:PORT", default_value = metrics::DEFAULT_BIND, value_parser = metrics_bind)]
+    pub metrics_bind_address: MetricsBind,
     /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
     /// concurrency bound, 1 when not, 2 when it does not answer
     #[arg(long)]
@@ -136,6 +143,26 @@ pub struct DaemonArgs {
     /// --install is an install flag
     #[arg(long, value_name = "INSTALL-FLAGS", num_args = 0.., allow_hyphen_values = true)]
     pub install: Option<Vec<String>>,
+}
+
+/// `--metrics-bind-address`: an address, or `0` for none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MetricsBind(pub Option<std::net::SocketAddr>);
+
+fn metrics_bind(text: &str) -> Result<MetricsBind, String> {
+    if text == "0" {
+        return Ok(MetricsBind(None));
+    }
+    // HOST:PORT, HOST an IP address; an IPv6 address with or without brackets (what $(POD_IP) expands to).
+    let wrong = || "must be IP:PORT (127.0.0.1:9471, [::1]:9471), or 0 for none".to_string();
+    let (host, port) = text.rsplit_once(':').ok_or_else(wrong)?;
+    let host = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    let ip: std::net::IpAddr = host.parse().map_err(|_| wrong())?;
+    let port: u16 = port.parse().map_err(|_| wrong())?;
+    Ok(MetricsBind(Some(std::net::SocketAddr::new(ip, port))))
 }
 
 fn absolute(text: &str) -> Result<PathBuf, String> {
@@ -184,6 +211,7 @@ impl DaemonArgs {
             health: self.health,
             status_queue_dir: self.status_queue_dir,
             queue_wait: QUEUE_WAIT,
+            metrics_bind: self.metrics_bind_address.0,
         })
     }
 }
@@ -297,10 +325,9 @@ struct Shared {
     max_in_flight: usize,
     queue_wait: Duration,
     pod_wait: Duration,
-    shed: AtomicU64,
     api_reads: AtomicU64,
-    status_writes: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
+    metrics: Arc<Metrics>,
 }
 
 /// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
@@ -345,7 +372,18 @@ async fn serve(
     if !kept.is_empty() {
         tracing::info!(writes = kept.len(), dir = %queue_dir.display(), "sending status writes kept by an earlier run");
     }
-    let api = KubeApi::connect(settings.kube.clone()).await?;
+    let metrics = Arc::new(Metrics::new());
+    let counted = metrics.clone();
+    let api = KubeApi::connect_observed(
+        settings.kube.clone(),
+        Some(Arc::new(
+            move |verb: &str, resource: &str, code: Option<u16>| {
+                counted.api_request(verb, resource, code)
+            },
+        )),
+    )
+    .await?;
+    let hook_states = HookStates::default();
     let cache = NodeCache::new();
     let watches = tokio::spawn(run_watches(
         api.client().clone(),
@@ -365,6 +403,7 @@ async fn serve(
                 signatures: h.signatures,
                 registry: h.registry,
                 watch_timeout_secs: settings.watch_timeout_secs,
+                states: hook_states.clone(),
             },
         ))
     });
@@ -385,10 +424,20 @@ async fn serve(
         max_in_flight: settings.max_in_flight,
         queue_wait: settings.queue_wait,
         pod_wait: settings.pod_wait,
-        shed: AtomicU64::new(0),
         api_reads: AtomicU64::new(0),
-        status_writes: AtomicU64::new(0),
         events_in_flight: Arc::new(AtomicUsize::new(0)),
+        metrics: metrics.clone(),
+    });
+    // The metrics endpoint (it binds and serves in the background; see metrics::serve).
+    let metrics_server = settings.metrics_bind.map(|addr| {
+        let seen = shared.clone();
+        let hooks = hook_states.clone();
+        tokio::spawn(async move {
+            let snapshot = move || seen.snapshot(&hooks);
+            if let Err(e) = metrics::serve(addr, metrics, snapshot).await {
+                tracing::warn!(error = %e, "metrics endpoint stopped");
+            }
+        })
     });
     for key in kept {
         start_writer(&shared, key);
@@ -430,6 +479,9 @@ async fn serve(
     }
     tracing::info!("stopping");
     watches.abort();
+    if let Some(m) = metrics_server {
+        m.abort();
+    }
     if let Some(a) = agent {
         a.abort();
     }
@@ -480,11 +532,16 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>, our_uid: u32) -> st
         let answer = match request {
             // Health never waits for a permit: it is how an operator sees a daemon under load.
             Request::Health => health(&shared),
+            // Nor does a report: it is counted and answered (the CNI process has usually gone already).
+            Request::Report { report } => {
+                shared.metrics.record(&report);
+                Answer::Done
+            }
             request => {
                 match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
                     Ok(Ok(_permit)) => answer(&shared, request).await,
                     _ => {
-                        shared.shed.fetch_add(1, Ordering::Relaxed);
+                        shared.metrics.requests_shed.inc();
                         Answer::Busy
                     }
                 }
@@ -511,9 +568,9 @@ fn health(shared: &Shared) -> Answer {
     let mut h = DaemonHealth::new(&shared.node, shared.cache.health());
     h.in_flight = shared.max_in_flight - shared.permits.available_permits();
     h.max_in_flight = shared.max_in_flight;
-    h.shed = shared.shed.load(Ordering::Relaxed);
+    h.shed = shared.metrics.requests_shed.get();
     h.api_reads = shared.api_reads.load(Ordering::Relaxed);
-    h.status_writes = shared.status_writes.load(Ordering::Relaxed);
+    h.status_writes = shared.metrics.status_writes.get_or_create(&success()).get();
     h.pending_writes = shared.pending_writes();
     Answer::Health(h)
 }
@@ -526,6 +583,10 @@ async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
     let shared = shared_arc.as_ref();
     match request {
         Request::Health => health(shared),
+        Request::Report { report } => {
+            shared.metrics.record(&report);
+            Answer::Done
+        }
         Request::Pod { pod } => match pod_of(shared, &pod).await {
             Some(Ok(p)) => Answer::Pod { pod: p },
             Some(Err(e)) => failed(&e),
@@ -577,6 +638,26 @@ impl Shared {
     fn pending_writes(&self) -> usize {
         self.writes.len()
     }
+
+    /// What the scrape-time gauges mirror.
+    fn snapshot(&self, hooks: &HookStates) -> Snapshot {
+        let cache = self.cache.health();
+        Snapshot {
+            in_flight: self.max_in_flight - self.permits.available_permits(),
+            pending_writes: self.pending_writes(),
+            pods: cache.pods,
+            nads: cache.nads,
+            pod_lists: cache.pod_lists,
+            nad_lists: cache.nad_lists,
+            hooks: hooks.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        }
+    }
+}
+
+fn success() -> ResultLabel {
+    ResultLabel {
+        result: "success".into(),
+    }
 }
 
 /// How long a status write that failed waits at most before it is tried again.
@@ -622,10 +703,17 @@ fn start_writer(shared: &Arc<Shared>, key: Key) {
                     .await
                 {
                     Ok(()) => {
-                        shared.status_writes.fetch_add(1, Ordering::Relaxed);
+                        shared.metrics.status_writes.get_or_create(&success()).inc();
                         break;
                     }
                     Err(e) => {
+                        shared
+                            .metrics
+                            .status_writes
+                            .get_or_create(&ResultLabel {
+                                result: "error".into(),
+                            })
+                            .inc();
                         let wait = super::jitter(delay);
                         tracing::warn!(pod = %kept.pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
                         tokio::time::sleep(wait).await;
@@ -710,9 +798,33 @@ mod tests {
         assert_eq!(s.node, "node1");
         assert_eq!(s.socket, PathBuf::from("/run/x.sock"));
         assert_eq!(s.pod_wait, Duration::from_millis(20));
+        assert_eq!(s.metrics_bind, Some("127.0.0.1:9471".parse().unwrap()));
         let install = s.install.unwrap();
         assert!(install.watch);
         assert_eq!(install.bin_dir, PathBuf::from("/b"));
+    }
+
+    #[test]
+    fn the_metrics_address_takes_what_pod_ip_expands_to() {
+        let bind = |a: &str| {
+            parse_args(&args(&["--metrics-bind-address", a]), Some("n".into()))
+                .unwrap()
+                .metrics_bind
+        };
+        assert_eq!(bind("0"), None);
+        assert_eq!(
+            bind("192.0.2.7:9471"),
+            Some("192.0.2.7:9471".parse().unwrap())
+        );
+        // $(POD_IP) of an IPv6 pod has no brackets.
+        assert_eq!(
+            bind("fd00::7:9471"),
+            Some("[fd00::7]:9471".parse().unwrap())
+        );
+        assert_eq!(
+            bind("[fd00::7]:9471"),
+            Some("[fd00::7]:9471".parse().unwrap())
+        );
     }
 
     #[test]
@@ -730,6 +842,11 @@ mod tests {
         assert!(e.contains("'0'") && e.contains("--max-in-flight"), "{e}");
         let e = err(&["--hook-signatures", "maybe"]);
         assert!(e.contains("[possible values: required, off]"), "{e}");
+        let e = err(&["--metrics-bind-address", "localhost:9471"]);
+        assert!(
+            e.contains("--metrics-bind-address") && e.contains("IP:PORT"),
+            "{e}"
+        );
         let e = err(&["--cache-dir", "var/lib"]);
         assert!(e.contains("--cache-dir") && e.contains("absolute"), "{e}");
         // A mistake in the install flags after --install is named too.
