@@ -502,17 +502,41 @@ fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
     c.add("c2", "web", &uid, &conf).ok();
     assert!(started.elapsed() >= Duration::from_millis(300));
     assert_eq!(reads(&c), 4);
-    let mut accepted = 0;
-    while listener.accept().is_ok() {
-        accepted += 1;
-    }
-    assert_eq!(accepted, 1, "one wait per ADD, not one per object");
+    // What reached the hung daemon's socket, by connection: the ADD's questions (one connection: one wait),
+    // and the report it left after answering, which it did not wait for.
+    let taken = |listener: &std::os::unix::net::UnixListener| -> Vec<String> {
+        let mut sent = Vec::new();
+        while let Ok((mut conn, _)) = listener.accept() {
+            use std::io::Read;
+            conn.set_nonblocking(true).unwrap();
+            let mut text = String::new();
+            let _ = conn.read_to_string(&mut text);
+            sent.push(text);
+        }
+        sent
+    };
+    let sent = taken(&listener);
+    assert_eq!(
+        sent.len(),
+        2,
+        "one wait per ADD, not one per object: {sent:?}"
+    );
+    assert!(sent[0].contains("\"op\":\"pod\""), "{sent:?}");
+    assert!(
+        sent[1].starts_with("{\"op\":\"report\"") && sent[1].contains("\"command\":\"ADD\""),
+        "{sent:?}"
+    );
 
-    // DEL does not even connect.
+    // DEL asks the daemon nothing; it only leaves its report, without waiting for the daemon to take it.
     let args =
         format!("IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME=web;K8S_POD_UID={uid}");
     c.sb.run("DEL", "c2", &args, &conf).ok();
-    assert!(listener.accept().is_err(), "DEL connected to the daemon");
+    let sent = taken(&listener);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert!(
+        sent[0].starts_with("{\"op\":\"report\"") && sent[0].contains("\"command\":\"DEL\""),
+        "{sent:?}"
+    );
     drop(listener);
     std::fs::remove_file(c.socket()).unwrap();
 
@@ -779,6 +803,21 @@ fn the_nad_cache_keeps_only_what_planning_reads() {
 }
 
 /// The files of the daemon's status queue (beside the socket).
+/// `plexus status ARGS...` for the cluster's node files and daemon socket: its stdout.
+fn node_status(c: &Cluster, args: &[&str]) -> String {
+    let out = Command::new(plexus_bin())
+        .arg("status")
+        .arg("--socket")
+        .arg(c.socket())
+        .arg("--cache-dir")
+        .arg(c.sb.path("cache"))
+        .args(args)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    String::from_utf8(out.stdout).unwrap()
+}
+
 fn queued(c: &Cluster) -> Vec<PathBuf> {
     std::fs::read_dir(c.sb.path("run/status-queue"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
@@ -807,6 +846,45 @@ fn a_status_write_accepted_during_a_long_api_outage_is_written_when_it_ends() {
     // Root's alone: an unprivileged user cannot read what the queue holds.
     let read = as_nobody("cat").arg(&files[0]).output().unwrap();
     assert!(!read.status.success(), "{read:?}");
+
+    // `plexus status` shows the node from its own files and the daemon, the API server being down.
+    let status = node_status(&c, &["--json"]);
+    let s: Value = serde_json::from_str(&status).unwrap();
+    assert_eq!(s["daemon"]["answering"], true, "{s}");
+    assert_eq!(s["daemon"]["health"]["pendingWrites"], 1, "{s}");
+    assert_eq!(s["pendingWrites"][0]["pod"], "team-a/web", "{s}");
+    let sandbox = &s["sandboxes"][0];
+    assert_eq!(
+        (&sandbox["containerId"], &sandbox["pod"]),
+        (&json!("c1"), &json!("team-a/web")),
+        "{s}"
+    );
+    let interfaces: Vec<(String, String, bool)> = sandbox["interfaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|i| {
+            (
+                i["name"].as_str().unwrap().to_string(),
+                i["network"].as_str().unwrap().to_string(),
+                i["attached"].as_bool().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        interfaces,
+        vec![
+            ("eth0".to_string(), "cluster-net".to_string(), true),
+            ("net1".to_string(), "team-a/net-a".to_string(), true)
+        ]
+    );
+    assert_eq!(s["problems"], json!([]), "{s}");
+    let text = node_status(&c, &[]);
+    assert!(
+        text.contains("pending status writes: 1\n  team-a/web"),
+        "{text}"
+    );
+    assert!(text.contains("sandboxes: 1\n  team-a/web c1"), "{text}");
 
     c.api.resume();
     d.wait("written after the outage", |h| {
@@ -984,13 +1062,19 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
         0.0
     );
 
-    let conf = c.conf(json!({"timeoutMs": 5000}));
+    let mut conf = c.conf(json!({"timeoutMs": 5000}));
+    conf["hooks"] = json!([{"name": "isolation", "kind": "policy",
+        "module": plexus_tests::plexus::guest_wasm("namespace-isolation")}]);
     c.add("c1", "web", &uid, &conf).ok();
     d.wait("status written", |h| h.status_writes == 1);
-    // A failed ADD (its NAD does not exist) and a DEL: each CNI process reports after answering.
+    // Two failed ADDs (a NAD that does not exist; a selection the policy hook denies) and a DEL: each CNI
+    // process reports after answering.
     let uid2 = c.selecting_pod("broken", "missing-net");
-    let failed = c.add("c2", "broken", &uid2, &conf);
-    let code = failed.code();
+    let missing = c.add("c2", "broken", &uid2, &conf).code();
+    let uid3 = c.selecting_pod("intruder", "team-b/foreign");
+    let denied = c.add("c3", "intruder", &uid3, &conf);
+    assert!(denied.msg().contains("\"isolation\""), "{}", denied.msg());
+    let denied = denied.code();
     c.sb.run("DEL", "c1", &pod_args("web", &uid), &conf).ok();
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let text = loop {
@@ -1012,10 +1096,24 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
         get("plexus_cni_operations_total{command=\"ADD\",result=\"success\"}"),
         1.0
     );
-    assert_eq!(
+    let failed = |code: u64| {
         get(&format!(
             "plexus_cni_operations_total{{command=\"ADD\",result=\"{code}\"}}"
-        )),
+        ))
+    };
+    let failures = if missing == denied {
+        failed(missing)
+    } else {
+        failed(missing) + failed(denied)
+    };
+    assert_eq!(failures, 2.0);
+    // The policy hook admitted web's and broken's selections and denied intruder's.
+    assert_eq!(
+        get("plexus_hook_calls_total{hook=\"isolation\",kind=\"policy\",outcome=\"allow\"}"),
+        2.0
+    );
+    assert_eq!(
+        get("plexus_hook_calls_total{hook=\"isolation\",kind=\"policy\",outcome=\"deny\"}"),
         1.0
     );
     assert_eq!(
@@ -1024,7 +1122,7 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
     );
     assert_eq!(
         get("plexus_cni_operation_duration_seconds_count{command=\"ADD\"}"),
-        2.0
+        3.0
     );
     // The successful ADD ran the cluster network's plugin and the NAD's; the DEL ran both again. The failed
     // ADD failed while planning, before any delegate ran.
@@ -1045,8 +1143,8 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
     assert_eq!(get("plexus_status_writes_pending"), 0.0);
     assert_eq!(
         get("plexus_cache_objects{resource=\"pods\"}"),
-        2.0,
-        "web and broken"
+        3.0,
+        "web, broken, intruder"
     );
     assert_eq!(
         get("plexus_cache_objects{resource=\"networkattachmentdefinitions\"}"),

@@ -305,6 +305,23 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     assert_eq!(set.hooks.len(), 1);
     let entry = &set.hooks[0];
     assert!(entry.precompiled && entry.sha256.is_some());
+    // `plexus status` lists it: published in the node's set, and Active by the node agent's account.
+    let out = Command::new(plexus_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(w.sb.path("run/daemon.sock"))
+        .arg("--cache-dir")
+        .arg(w.sb.path("cache"))
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let hooks = s["hooks"].as_array().unwrap();
+    assert_eq!(hooks.len(), 1, "{s}");
+    assert_eq!(hooks[0]["name"], "networkhook/labels", "{s}");
+    assert_eq!(hooks[0]["kind"], "status", "{s}");
+    assert_eq!(hooks[0]["published"], true, "{s}");
+    assert_eq!(hooks[0]["state"], "Active", "{s}");
+    assert_eq!(hooks[0]["digest"].as_str(), entry.sha256.as_deref(), "{s}");
     assert_eq!(entry.namespaces, Some(vec!["team-a".to_string()]));
 
     // The ADD reads neither the registry nor the component: with the pulled component gone it still runs

@@ -248,6 +248,8 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let thin = w.kube_conf(&cni_kubeconfig, json!(false));
     let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
     // One node, one runDir: the daemon's socket is there.
+    // The same without the report each CNI process hands the daemon for its metrics: what reporting costs.
+    let unreported = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000, "report": false}));
     let mut served10 = w10.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
     served10["runDir"] = json!(w.run);
 
@@ -315,6 +317,16 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
                 &w,
                 &served,
                 &format!("cni-{i}"),
+                &pod_args(pod),
+            )?,
+        );
+        push(
+            "daemonCniUnreported",
+            cycle(
+                &o.plexus_cni,
+                &w,
+                &unreported,
+                &format!("unreported-{i}"),
                 &pod_args(pod),
             )?,
         );
@@ -456,6 +468,13 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "thinOverFloor": over("thin", "floor"),
         "daemonOverFloor": over("daemon", "floor"),
         "daemonCniOverFloor": over("daemonCni", "floor"),
+        "report": {
+            "on": stats::summary(&total("daemonCni")),
+            "off": stats::summary(&total("daemonCniUnreported")),
+            "onOverOff": over("daemonCni", "daemonCniUnreported"),
+            "addOn": stats::summary(&samples["daemonCni"].0),
+            "addOff": stats::summary(&samples["daemonCniUnreported"].0),
+        },
         "ten": {
             "attachments": w10.nets.len(),
             "floor": stats::summary(&total("floor10")),

@@ -461,6 +461,10 @@ def main():
                            ("daemon", "plexus, daemon mode"), ("daemonCni", "plexus-cni, daemon mode")):
             if key in cy:
                 w(f"| {label} | {f(cy[key]['median'])} | {f(cy[key]['p95'])} | {f(cy[key]['median'] / fm)} |")
+        rp = cy.get("report")
+        if rp:
+            w(f"| plexus-cni, daemon mode, without the metrics report (`\"report\": false`) | {f(rp['off']['median'])} | "
+              f"{f(rp['off']['p95'])} | {f(rp['off']['median'] / fm)} |")
         if "cycle" in mu:
             w(f"| Multus {mu['version']} thick (multus-shim, {f(mu['shimBytes'] / 1e6, 1)} MB, and multus-daemon) | "
               f"{f(mu['cycle']['median'])} | {f(mu['cycle']['p95'])} | {f(mu['overFloor'])} |")
@@ -475,6 +479,12 @@ def main():
             w(f"| for comparison: plexus with `FileCluster` (no API at all), from the no-op matrix above | "
               f"{f(files_cycle)} | | {f(files_cycle / floor_cycle)} (against that matrix's floor) |")
         w("")
+        if rp:
+            w(f"The report each CNI process hands the daemon for its metrics (after answering; see docs/operations.md, "
+              f"\"Metrics\"), measured by the same cycles with `\"report\": false`, interleaved: "
+              f"{f(rp['on']['median'])} against {f(rp['off']['median'])} ms per ADD+DEL cycle ({f(rp['onOverOff'])}×), "
+              f"ADD {f(rp['addOn']['median'])} against {f(rp['addOff']['median'])} ms.")
+            w("")
         if cdel:
             w("DEL alone: the DELs of the cycles above, and DELs run while the API server is stopped (SIGSTOP: "
               "its requests hang) after ADDs made with it up; the floor's DELs interleaved with them "

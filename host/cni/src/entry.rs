@@ -63,36 +63,46 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
     );
     let exec = RecordingExec::new(&ProcessExec);
     let mut report_to = None;
-    let (outcome, result) =
-        match run_inner(env, stdin, reply_version, started, &exec, &mut report_to) {
-            Ok(stdout) => (
+    let mut hook_calls = Vec::new();
+    let ran = run_inner(
+        env,
+        stdin,
+        reply_version,
+        started,
+        &exec,
+        &mut report_to,
+        &mut hook_calls,
+    );
+    let (outcome, result) = match ran {
+        Ok(stdout) => (
+            Outcome {
+                stdout,
+                success: true,
+                report: None,
+            },
+            "success".to_string(),
+        ),
+        Err(e) => {
+            let msg = bounded(e.to_string());
+            tracing::error!(code = e.cni_code(), "{msg}");
+            let err = CniError::new(reply_version, e.cni_code(), msg, bounded(e.details()));
+            (
                 Outcome {
-                    stdout,
-                    success: true,
+                    stdout: Some(err.to_json().to_string()),
+                    success: false,
                     report: None,
                 },
-                "success".to_string(),
-            ),
-            Err(e) => {
-                let msg = bounded(e.to_string());
-                tracing::error!(code = e.cni_code(), "{msg}");
-                let err = CniError::new(reply_version, e.cni_code(), msg, bounded(e.details()));
-                (
-                    Outcome {
-                        stdout: Some(err.to_json().to_string()),
-                        success: false,
-                        report: None,
-                    },
-                    e.cni_code().to_string(),
-                )
-            }
-        };
+                e.cni_code().to_string(),
+            )
+        }
+    };
     let report = report_to.map(|(socket, command)| {
         let report = Report {
             command,
             result,
             seconds: started.elapsed().as_secs_f64(),
             delegates: exec.calls(),
+            hooks: hook_calls,
         };
         (socket, report)
     });
@@ -106,6 +116,7 @@ fn run_inner(
     started: std::time::Instant,
     exec: &dyn crate::exec::Exec,
     report_to: &mut Option<(std::path::PathBuf, String)>,
+    hook_calls: &mut Vec<crate::daemon::proto::HookCall>,
 ) -> Result<Option<String>, PlexusError> {
     let command = command_of(env)?;
     if command == Command::Version {
@@ -204,6 +215,7 @@ fn run_inner(
         Command::Gc => orchestrate::gc(&inv, &fx).map(|()| None),
         Command::Version => unreachable!("handled above"),
     };
+    *hook_calls = hooks.calls();
     // The process exits right after: the hook runtime's mappings (compiled code, the instance pool) and its
     // epoch thread are left to the exit, which releases them at once, instead of being unmapped and joined one
     // by one (measurable on every ADD with hooks).

@@ -29,6 +29,10 @@ pub trait HookRunner {
     ) -> Result<Option<Value>, PlexusError>;
     /// The status entries after the status hooks; they follow the spec's rules (section 5).
     fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
+    /// Every hook call made so far, for the report to the node daemon.
+    fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {
+        Vec::new()
+    }
 }
 
 /// No hooks configured.
@@ -142,6 +146,17 @@ impl HookSet {
 impl HookRunner for Hooks {
     fn is_empty(&self) -> bool {
         Hooks::is_empty(self)
+    }
+
+    fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {
+        Hooks::calls(self)
+            .into_iter()
+            .map(|c| crate::daemon::proto::HookCall {
+                hook: c.hook,
+                kind: c.kind.as_str().to_string(),
+                outcome: c.outcome.to_string(),
+            })
+            .collect()
     }
 
     fn policy(

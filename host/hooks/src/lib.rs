@@ -112,6 +112,18 @@ pub struct Hooks {
     hooks: Vec<LoadedHook>,
     artifacts: Vec<Artifact>,
     runtime: Option<Runtime>,
+    /// Every call made, in order, with its outcome (for the node daemon's metrics).
+    calls: std::sync::Mutex<Vec<HookCall>>,
+}
+
+/// One hook call and how it ended: `allow` (admitted, rewrote, resolved or shaped), `deny` (a policy hook
+/// refused the selections), `timeout` (cut off at its deadline) or `error` (any other fault, whatever the
+/// failurePolicy made of it).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HookCall {
+    pub hook: String,
+    pub kind: HookKind,
+    pub outcome: &'static str,
 }
 
 impl std::fmt::Debug for Hooks {
@@ -216,6 +228,7 @@ impl Hooks {
     fn load_inner(specs: &[HookSpec], cache_dir: Option<&Path>) -> Result<Hooks, HookError> {
         if specs.is_empty() {
             return Ok(Hooks {
+                calls: Default::default(),
                 hooks: Vec::new(),
                 artifacts: Vec::new(),
                 runtime: None,
@@ -353,6 +366,7 @@ impl Hooks {
         }
         let ticker = engine::Ticker::start(engine.clone()).map_err(HookError::Engine)?;
         Ok(Hooks {
+            calls: Default::default(),
             hooks,
             artifacts,
             runtime: Some(Runtime { engine, ticker }),
@@ -362,6 +376,30 @@ impl Hooks {
     /// True when no hooks are configured (every call then passes its input through).
     pub fn is_empty(&self) -> bool {
         self.hooks.is_empty()
+    }
+
+    /// Every call made so far, in order, with its outcome.
+    pub fn calls(&self) -> Vec<HookCall> {
+        self.calls.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn record(&self, hook: &LoadedHook, outcome: &'static str) {
+        self.calls
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(HookCall {
+                hook: hook.name.clone(),
+                kind: hook.kind,
+                outcome,
+            });
+    }
+
+    fn record_fault(&self, hook: &LoadedHook, fault: &Fault) {
+        let outcome = match fault {
+            Fault::Timeout(_) => "timeout",
+            _ => "error",
+        };
+        self.record(hook, outcome);
     }
 
     /// How each distinct component was made ready (compiled or loaded from the cache).
@@ -397,6 +435,11 @@ impl Hooks {
                     }
                 })
             })();
+            match &step {
+                Ok(Some(Err(_))) => self.record(hook, "deny"),
+                Ok(_) => self.record(hook, "allow"),
+                Err(fault) => self.record_fault(hook, fault),
+            }
             match step {
                 Ok(None) => {}
                 Ok(Some(Ok(list))) => current = list,
@@ -456,6 +499,10 @@ impl Hooks {
                 })
                 .transpose()
             })();
+            match &step {
+                Ok(_) => self.record(hook, "allow"),
+                Err(fault) => self.record_fault(hook, fault),
+            }
             match step {
                 Ok(None) => {}
                 Ok(Some(v)) => {
@@ -489,6 +536,10 @@ impl Hooks {
                 })?;
                 convert::entries_from_wire(out).map_err(Fault::InvalidOutput)
             })();
+            match &step {
+                Ok(_) => self.record(hook, "allow"),
+                Err(fault) => self.record_fault(hook, fault),
+            }
             match step {
                 Ok(list) => current = list,
                 Err(fault) => self.fault(hook, fault)?,

@@ -7,3 +7,4 @@ pub mod daemon;
 pub mod distribution;
 pub mod hook_cli;
 pub mod install;
+pub mod status;

@@ -28,6 +28,7 @@ enum PlexusCommand {
     Daemon(plexus_node::daemon::DaemonArgs),
     /// Inspect, compile, run, push and verify WebAssembly hooks
     Hook(plexus_node::hook_cli::HookArgs),
+    Status(plexus_node::status::StatusArgs),
     /// Print a shell completion script for plexus
     Completions {
         /// bash, elvish, fish, powershell or zsh
@@ -49,6 +50,7 @@ fn real_main() -> u8 {
         PlexusCommand::Install(args) => plexus_node::install::main(&args),
         PlexusCommand::Daemon(args) => plexus_node::daemon::main(args),
         PlexusCommand::Hook(args) => plexus_node::hook_cli::main(args),
+        PlexusCommand::Status(args) => plexus_node::status::main(&args),
         PlexusCommand::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "plexus", &mut std::io::stdout());
             0

@@ -58,6 +58,20 @@ pub struct Report {
     /// Every delegate plugin it ran, in order.
     #[serde(default)]
     pub delegates: Vec<DelegateCall>,
+    /// Every hook call it made, in order.
+    #[serde(default)]
+    pub hooks: Vec<HookCall>,
+}
+
+/// One hook call.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookCall {
+    pub hook: String,
+    /// `policy`, `resolver` or `status`.
+    pub kind: String,
+    /// `allow`, `deny`, `error` or `timeout`.
+    pub outcome: String,
 }
 
 /// One delegate plugin execution.
@@ -111,6 +125,22 @@ pub struct DaemonHealth {
     /// Network-status writes sent, and those accepted and not yet sent.
     pub status_writes: u64,
     pub pending_writes: usize,
+    /// Each NetworkHook's state on this node, as the node agent last knew it (absent from older daemons).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hooks: Vec<HookHealth>,
+}
+
+/// One NetworkHook's state on the node.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct HookHealth {
+    /// The NetworkHook's name.
+    pub name: String,
+    pub active: bool,
+    /// `Active`, or why not (`PullFailed`, `SignatureInvalid`, ...).
+    pub reason: String,
+    #[serde(default)]
+    pub message: String,
 }
 
 impl DaemonHealth {
@@ -124,6 +154,7 @@ impl DaemonHealth {
             api_reads: 0,
             status_writes: 0,
             pending_writes: 0,
+            hooks: Vec::new(),
         }
     }
 

@@ -786,9 +786,15 @@ impl Agent {
             .unwrap_or_else(|e| e.into_inner()) = reports
             .iter()
             .filter_map(|(name, s)| {
+                let s = s.as_ref()?;
                 Some((
                     name.clone(),
-                    (s.as_ref()?.active, s.as_ref()?.reason.clone()),
+                    plexus_cni::daemon::proto::HookHealth {
+                        name: name.clone(),
+                        active: s.active,
+                        reason: s.reason.clone(),
+                        message: s.message.clone(),
+                    },
                 ))
             })
             .collect();

@@ -73,6 +73,13 @@ fn latency_histogram() -> Histogram {
 const MAX_PLUGINS: usize = 64;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HookCallLabels {
+    pub hook: String,
+    pub kind: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ApiLabels {
     pub verb: String,
     pub resource: String,
@@ -90,9 +97,8 @@ pub struct HookStateLabels {
     pub state: String,
 }
 
-/// What the node agent last knew of each NetworkHook for this node: active, and its state (`Active` or why
-/// not).
-pub type HookStates = Arc<Mutex<BTreeMap<String, (bool, String)>>>;
+/// What the node agent last knew of each NetworkHook for this node, by name.
+pub type HookStates = Arc<Mutex<BTreeMap<String, plexus_cni::daemon::proto::HookHealth>>>;
 
 /// The state the refreshed gauges are read from at a scrape.
 #[derive(Debug, Clone, Default)]
@@ -104,7 +110,7 @@ pub struct Snapshot {
     /// Completed lists of each resource (the first one, then one per relist after a watch failed).
     pub pod_lists: u64,
     pub nad_lists: u64,
-    pub hooks: BTreeMap<String, (bool, String)>,
+    pub hooks: BTreeMap<String, plexus_cni::daemon::proto::HookHealth>,
 }
 
 /// Every metric family the daemon exports.
@@ -118,6 +124,8 @@ pub struct Metrics {
     delegate_operations: Family<PluginCommandResult, Counter>,
     delegate_duration: Histograms<PluginCommand>,
     plugins_seen: Mutex<std::collections::HashSet<String>>,
+    hook_calls: Family<HookCallLabels, Counter>,
+    hooks_seen: Mutex<std::collections::HashSet<String>>,
     pub requests_shed: Counter,
     pub requests_in_flight: Gauge,
     pub status_writes: Family<ResultLabel, Counter>,
@@ -154,6 +162,8 @@ impl Metrics {
             delegate_operations: Family::default(),
             delegate_duration: Family::new_with_constructor(latency_histogram),
             plugins_seen: Mutex::default(),
+            hook_calls: Family::default(),
+            hooks_seen: Mutex::default(),
             requests_shed: Counter::default(),
             requests_in_flight: Gauge::default(),
             status_writes: Family::default(),
@@ -226,6 +236,12 @@ impl Metrics {
             m.cache_objects.clone(),
         );
         reg.add(
+            "plexus_hook_calls",
+            "Hook calls made by CNI invocations in daemon mode, by hook, kind (policy, resolver, status) and \
+             outcome (allow, deny, error, timeout)",
+            m.hook_calls.clone(),
+        );
+        reg.add(
             "plexus_hooks_active",
             "NetworkHooks running in this node's ADDs",
             m.hooks_active.clone(),
@@ -289,6 +305,23 @@ impl Metrics {
                 command: report.command.clone(),
             })
             .observe(report.seconds);
+        for call in report.hooks.iter().take(256) {
+            let kind_ok = matches!(call.kind.as_str(), "policy" | "resolver" | "status");
+            let outcome_ok = matches!(
+                call.outcome.as_str(),
+                "allow" | "deny" | "error" | "timeout"
+            );
+            if !kind_ok || !outcome_ok {
+                continue;
+            }
+            self.hook_calls
+                .get_or_create(&HookCallLabels {
+                    hook: bounded_name(&self.hooks_seen, &call.hook),
+                    kind: call.kind.clone(),
+                    outcome: call.outcome.clone(),
+                })
+                .inc();
+        }
         for call in report.delegates.iter().take(256) {
             if !COMMANDS.contains(&call.command.as_str()) || !seconds_ok(call.seconds) {
                 continue;
@@ -311,21 +344,7 @@ impl Metrics {
     }
 
     fn plugin_label(&self, plugin: &str) -> String {
-        let valid = !plugin.is_empty()
-            && plugin.len() <= 64
-            && plugin
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
-        if !valid {
-            return "other".into();
-        }
-        let mut seen = self.plugins_seen.lock().unwrap_or_else(|e| e.into_inner());
-        if seen.contains(plugin) || seen.len() < MAX_PLUGINS {
-            seen.insert(plugin.to_string());
-            plugin.to_string()
-        } else {
-            "other".into()
-        }
+        bounded_name(&self.plugins_seen, plugin)
     }
 
     /// Counts one response of the API server (or `None`: no answer).
@@ -358,13 +377,13 @@ impl Metrics {
             }
         }
         self.hooks_active
-            .set(s.hooks.values().filter(|(active, _)| *active).count() as i64);
+            .set(s.hooks.values().filter(|h| h.active).count() as i64);
         self.hook_module_state.clear();
-        for (hook, (_, state)) in &s.hooks {
+        for (hook, h) in &s.hooks {
             self.hook_module_state
                 .get_or_create(&HookStateLabels {
                     hook: hook.clone(),
-                    state: state.clone(),
+                    state: h.reason.clone(),
                 })
                 .set(1);
         }
@@ -454,6 +473,26 @@ impl Reg {
         };
         self.families.push((classic, kind));
         self.registry.register(name, help, metric);
+    }
+}
+
+/// `name` when it is a plausible name (a plugin type, a hook's name) and one of the first [`MAX_PLUGINS`]
+/// distinct ones seen; `other` otherwise.
+fn bounded_name(seen: &Mutex<std::collections::HashSet<String>>, name: &str) -> String {
+    let valid = !name.is_empty()
+        && name.len() <= 64
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !valid {
+        return "other".into();
+    }
+    let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+    if seen.contains(name) || seen.len() < MAX_PLUGINS {
+        seen.insert(name.to_string());
+        name.to_string()
+    } else {
+        "other".into()
     }
 }
 
@@ -685,9 +724,19 @@ mod tests {
             nad_lists: 1,
             ..Snapshot::default()
         };
-        s.hooks.insert("isolation".into(), (true, "Active".into()));
+        let state =
+            |name: &str, active: bool, reason: &str| plexus_cni::daemon::proto::HookHealth {
+                name: name.into(),
+                active,
+                reason: reason.into(),
+                message: String::new(),
+            };
         s.hooks
-            .insert("templates".into(), (false, "SignatureInvalid".into()));
+            .insert("isolation".into(), state("isolation", true, "Active"));
+        s.hooks.insert(
+            "templates".into(),
+            state("templates", false, "SignatureInvalid"),
+        );
         m.refresh(&s);
         let text = to_classic(&m.openmetrics());
         assert_eq!(
@@ -719,7 +768,8 @@ mod tests {
             Some(1.0)
         );
         // A hook whose state changed is listed under its new state only.
-        s.hooks.insert("templates".into(), (true, "Active".into()));
+        s.hooks
+            .insert("templates".into(), state("templates", true, "Active"));
         s.pod_lists = 3;
         m.refresh(&s);
         let text = to_classic(&m.openmetrics());
@@ -761,7 +811,7 @@ mod tests {
 
     #[test]
     fn reports_count_invocations_and_delegates_with_bounded_labels() {
-        use plexus_cni::daemon::proto::{DelegateCall, Report};
+        use plexus_cni::daemon::proto::{DelegateCall, HookCall, Report};
         let m = Metrics::new();
         let call = |plugin: &str, result: &str| DelegateCall {
             plugin: plugin.into(),
@@ -774,12 +824,29 @@ mod tests {
             result: "success".into(),
             seconds: 0.012,
             delegates: vec![call("bridge", "success"), call("macvlan", "success")],
+            hooks: vec![
+                HookCall {
+                    hook: "isolation".into(),
+                    kind: "policy".into(),
+                    outcome: "allow".into(),
+                },
+                HookCall {
+                    hook: "isolation".into(),
+                    kind: "bogus".into(),
+                    outcome: "allow".into(),
+                },
+            ],
         });
         m.record(&Report {
             command: "ADD".into(),
             result: "7".into(),
             seconds: 0.3,
             delegates: vec![call("bridge", "success"), call("macvlan", "timeout")],
+            hooks: vec![HookCall {
+                hook: "isolation".into(),
+                kind: "policy".into(),
+                outcome: "deny".into(),
+            }],
         });
         // Dropped or folded: an unknown command, a nonsense result, a plugin name that is not one.
         m.record(&Report {
@@ -787,12 +854,14 @@ mod tests {
             result: "success".into(),
             seconds: 0.1,
             delegates: vec![],
+            hooks: vec![],
         });
         m.record(&Report {
             command: "DEL".into(),
             result: "pod-7f3a".into(),
             seconds: 0.1,
             delegates: vec![call("../../x y", "success")],
+            hooks: vec![],
         });
         let text = to_classic(&m.openmetrics());
         let get = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("{s}:\n{text}"));
@@ -826,6 +895,15 @@ mod tests {
             2.0
         );
         assert_eq!(
+            get("plexus_hook_calls_total{hook=\"isolation\",kind=\"policy\",outcome=\"allow\"}"),
+            1.0
+        );
+        assert_eq!(
+            get("plexus_hook_calls_total{hook=\"isolation\",kind=\"policy\",outcome=\"deny\"}"),
+            1.0
+        );
+        assert!(!text.contains("bogus"), "{text}");
+        assert_eq!(
             get("plexus_cni_operation_duration_seconds_bucket{le=\"0.025\",command=\"ADD\"}"),
             1.0
         );
@@ -840,6 +918,7 @@ mod tests {
                 result: "success".into(),
                 seconds: 0.1,
                 delegates: vec![call(&format!("p{i}"), "success")],
+                hooks: vec![],
             });
         }
         let text = to_classic(&m.openmetrics());

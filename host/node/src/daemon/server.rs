@@ -328,6 +328,7 @@ struct Shared {
     api_reads: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
     metrics: Arc<Metrics>,
+    hook_states: HookStates,
 }
 
 /// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
@@ -427,6 +428,7 @@ async fn serve(
         api_reads: AtomicU64::new(0),
         events_in_flight: Arc::new(AtomicUsize::new(0)),
         metrics: metrics.clone(),
+        hook_states: hook_states.clone(),
     });
     // The metrics endpoint (it binds and serves in the background; see metrics::serve).
     let metrics_server = settings.metrics_bind.map(|addr| {
@@ -572,6 +574,13 @@ fn health(shared: &Shared) -> Answer {
     h.api_reads = shared.api_reads.load(Ordering::Relaxed);
     h.status_writes = shared.metrics.status_writes.get_or_create(&success()).get();
     h.pending_writes = shared.pending_writes();
+    h.hooks = shared
+        .hook_states
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .cloned()
+        .collect();
     Answer::Health(h)
 }
 
