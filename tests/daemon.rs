@@ -1170,6 +1170,53 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
         .count();
     assert_eq!(patches, 1);
 
+    // Each failed ADD left a Warning event on its pod naming the network and the cause (sent by the daemon).
+    let warned = |pod: &str| -> Vec<String> {
+        c.api.must("GET", "/api/v1/namespaces/team-a/events", None)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["reason"] == "NetworkAttachFailed" && e["involvedObject"]["name"] == pod)
+            .map(|e| {
+                assert_eq!(e["type"], "Warning");
+                e["message"].as_str().unwrap().to_string()
+            })
+            .collect()
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while (warned("broken").is_empty() || warned("intruder").is_empty())
+        && std::time::Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(
+        warned("broken")[0].contains("team-a/missing-net"),
+        "{:?}",
+        warned("broken")
+    );
+    assert!(
+        warned("intruder")[0].contains("isolation")
+            && warned("intruder")[0].contains("team-b/foreign"),
+        "{:?}",
+        warned("intruder")
+    );
+    assert!(
+        warned("web").is_empty(),
+        "the ADD that succeeded left no warning"
+    );
+    // Thin mode too: the CNI process posts it itself.
+    let before = c.requests_of(CNI_USER).len();
+    let mut thin = c.conf(json!(false));
+    thin["hooks"] = conf["hooks"].clone();
+    c.add("c4", "intruder", &uid3, &thin).code();
+    assert!(
+        c.requests_of(CNI_USER)[before..]
+            .iter()
+            .any(|(verb, uri)| verb == "create" && uri.contains("/events")),
+        "{:?}",
+        c.requests_of(CNI_USER)
+    );
+
     // Prometheus's own checker takes the classic format as served.
     let mut promtool = Command::new("promtool")
         .args(["check", "metrics"])

@@ -26,8 +26,37 @@ use crate::publish::{publish_status, reply};
 use crate::runner::{Delegator, RuntimeParams};
 use crate::teardown::Teardown;
 
-/// ADD: returns the cluster network's result in the requested cniVersion.
+/// The reason of the Warning event a failed ADD leaves on its pod.
+pub const ADD_FAILED: &str = "NetworkAttachFailed";
+
+/// ADD: returns the cluster network's result in the requested cniVersion. A failure leaves a Warning event on
+/// the pod (see [`warn_pod`]).
 pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
+    let added = add_steps(inv, fx);
+    if let Err(e) = &added {
+        warn_pod(inv, fx, e);
+    }
+    added
+}
+
+/// A failed ADD's Warning event on its pod: the error's text, which names the network (`network ns/name
+/// (ifname)`, the NAD, the policy hook and the selection it denied) and the cause. Whatever failed: planning,
+/// a hook's fault, a policy denial, a delegate, the readiness wait. Not when the cluster source itself did not
+/// answer: the event could not be posted either, and the ADD would wait for it.
+fn warn_pod(inv: &Invocation, fx: &Effects<'_>, e: &PlexusError) {
+    let (Some(cluster), Some(pod)) = (fx.cluster, inv.pod.as_ref()) else {
+        return;
+    };
+    if crate::plan::is_unavailable(e) {
+        return;
+    }
+    let message = crate::error::bounded(e.to_string());
+    if let Err(posted) = cluster.record_warning(pod, ADD_FAILED, &message) {
+        tracing::debug!(pod = %pod, "could not post the {ADD_FAILED} event: {posted}");
+    }
+}
+
+fn add_steps(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     wait_ready(inv)?;
     let _lock = {
         let _p = phase("lock");

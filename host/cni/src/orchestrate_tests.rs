@@ -353,6 +353,40 @@ fn a_failure_in_the_nth_attachment_rolls_back_the_earlier_ones_in_reverse() {
     );
     assert!(!node.cached(), "a clean rollback removes the plan");
     assert!(cluster.statuses.borrow().is_empty());
+    // The pod carries a Warning event naming the network and the cause.
+    let warnings = cluster.warnings.borrow();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(
+        warnings[0].1.starts_with("NetworkAttachFailed: ")
+            && warnings[0].1.contains("network ns/c (net3)"),
+        "{warnings:?}"
+    );
+}
+
+#[test]
+fn every_failed_add_leaves_a_warning_but_not_when_the_cluster_did_not_answer() {
+    let node = Node::new("1.0.0");
+    // A NAD that does not exist.
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,missing"));
+    let mut cluster = cluster;
+    cluster
+        .nads
+        .remove(&("ns".to_string(), "missing".to_string()));
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap_err();
+    let warnings = cluster.warnings.borrow().clone();
+    assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert!(warnings[0].1.contains("missing"), "{warnings:?}");
+    // The cluster source down: no event (it could not go either), the ADD fails as before.
+    let down = FakeCluster {
+        down: true,
+        ..FakeCluster::with_pod("a")
+    };
+    orchestrate::add(&node.invocation("ADD", json!({})), &effects(&exec, &down)).unwrap_err();
+    assert!(down.warnings.borrow().is_empty());
 }
 
 #[test]
@@ -612,6 +646,11 @@ fn a_policy_hook_that_denies_fails_add_with_code_102_before_any_delegate_runs() 
     );
     assert!(exec.summary().is_empty(), "no delegate ran");
     assert!(!node.cached(), "nothing planned, nothing cached");
+    let warnings = cluster.warnings.borrow();
+    assert!(
+        warnings.len() == 1 && warnings[0].1.contains("policy hook \"fake\": no"),
+        "{warnings:?}"
+    );
 }
 
 #[test]

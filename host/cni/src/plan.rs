@@ -51,7 +51,7 @@ const TEARDOWN_INCOMPLETE: &str = "TeardownIncomplete";
 pub const MAX_SELECTIONS: usize = 64;
 
 /// True when `e` says the cluster source did not answer.
-fn is_unavailable(e: &PlexusError) -> bool {
+pub(crate) fn is_unavailable(e: &PlexusError) -> bool {
     match e {
         PlexusError::Cluster(c) => c.is_transient(),
         PlexusError::Context { source, .. } => is_unavailable(source),
