@@ -413,7 +413,6 @@ impl ProcessMetrics {
     /// From /proc/self: CPU time and start time (`stat`), resident memory (`statm`), open descriptors (`fd`).
     fn refresh(&self) {
         let page = rustix::param::page_size() as i64;
-        let ticks = clock_ticks();
         if let Ok(stat) = std::fs::read_to_string("/proc/self/stat") {
             // Fields after the command name (which may hold spaces), counted from field 3 (state).
             if let Some(rest) = stat.rsplit_once(')').map(|(_, r)| r) {
@@ -421,7 +420,7 @@ impl ProcessMetrics {
                 let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok());
                 // utime and stime are fields 14 and 15, starttime 22 (1-based): 11, 12 and 19 here.
                 if let (Some(u), Some(s)) = (num(11), num(12)) {
-                    let cpu = (u + s) as f64 / ticks;
+                    let cpu = (u + s) as f64 / USER_HZ;
                     let now = self.cpu_seconds.get();
                     if cpu > now {
                         self.cpu_seconds.inc_by(cpu - now);
@@ -429,7 +428,7 @@ impl ProcessMetrics {
                 }
                 if let (Some(start), Some(boot)) = (num(19), boot_time()) {
                     self.start_time_seconds
-                        .set(boot as f64 + start as f64 / ticks);
+                        .set(boot as f64 + start as f64 / USER_HZ);
                 }
             }
         }
@@ -507,11 +506,9 @@ fn result_label(result: &str) -> String {
     }
 }
 
-/// The kernel's clock ticks per second (USER_HZ), the unit of /proc's CPU times.
-fn clock_ticks() -> f64 {
-    // USER_HZ is 100 on every Linux architecture plexus builds for.
-    100.0
-}
+/// The kernel's clock ticks per second (USER_HZ), the unit of /proc's CPU times: 100 on every Linux
+/// architecture plexus builds for.
+const USER_HZ: f64 = 100.0;
 
 /// The boot time, seconds since the epoch (`btime` in /proc/stat).
 fn boot_time() -> Option<u64> {
