@@ -61,18 +61,12 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
             .ok()
             .and_then(|v| v.get("cniVersion")?.as_str()),
     );
-    let exec = RecordingExec::new(&ProcessExec);
-    let mut report_to = None;
-    let mut hook_calls = Vec::new();
-    let ran = run_inner(
-        env,
-        stdin,
-        reply_version,
-        started,
-        &exec,
-        &mut report_to,
-        &mut hook_calls,
-    );
+    let mut trace = Trace {
+        exec: RecordingExec::new(&ProcessExec),
+        report_to: None,
+        hooks: Vec::new(),
+    };
+    let ran = run_inner(env, stdin, reply_version, started, &mut trace);
     let (outcome, result) = match ran {
         Ok(stdout) => (
             Outcome {
@@ -96,17 +90,27 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
             )
         }
     };
-    let report = report_to.map(|(socket, command)| {
+    let delegates = trace.exec.calls();
+    let report = trace.report_to.map(|(socket, command)| {
         let report = Report {
             command,
             result,
             seconds: started.elapsed().as_secs_f64(),
-            delegates: exec.calls(),
-            hooks: hook_calls,
+            delegates,
+            hooks: trace.hooks,
         };
         (socket, report)
     });
     Outcome { report, ..outcome }
+}
+
+/// What one invocation did, for its report to the node daemon: each delegate run (through the recording
+/// exec), each hook call, and where to send it (daemon mode only).
+struct Trace<'a> {
+    exec: RecordingExec<'a>,
+    /// The daemon's socket and the command, once the conf says to report.
+    report_to: Option<(std::path::PathBuf, String)>,
+    hooks: Vec<crate::daemon::proto::HookCall>,
 }
 
 fn run_inner(
@@ -114,9 +118,7 @@ fn run_inner(
     stdin: Result<Value, PlexusError>,
     reply_version: CniVersion,
     started: std::time::Instant,
-    exec: &dyn crate::exec::Exec,
-    report_to: &mut Option<(std::path::PathBuf, String)>,
-    hook_calls: &mut Vec<crate::daemon::proto::HookCall>,
+    trace: &mut Trace<'_>,
 ) -> Result<Option<String>, PlexusError> {
     let command = command_of(env)?;
     if command == Command::Version {
@@ -131,7 +133,7 @@ fn run_inner(
     // In daemon mode every verb is reported to the daemon for its metrics, failures included.
     if let (ClusterSource::Kube(_), Some(d)) = (&inv.conf.cluster, &inv.conf.daemon) {
         if d.report {
-            *report_to = Some((d.socket.clone(), command.as_str().to_string()));
+            trace.report_to = Some((d.socket.clone(), command.as_str().to_string()));
         }
     }
     // Reading the environment and the conf happens before logging is set up: its time is logged after.
@@ -195,7 +197,7 @@ fn run_inner(
     };
     drop(setup);
     let fx = Effects {
-        exec,
+        exec: &trace.exec,
         cluster,
         podnet: &IpRoute,
         hooks: hooks.as_ref(),
@@ -215,7 +217,7 @@ fn run_inner(
         Command::Gc => orchestrate::gc(&inv, &fx).map(|()| None),
         Command::Version => unreachable!("handled above"),
     };
-    *hook_calls = hooks.calls();
+    trace.hooks = hooks.calls();
     // The process exits right after: the hook runtime's mappings (compiled code, the instance pool) and its
     // epoch thread are left to the exit, which releases them at once, instead of being unmapped and joined one
     // by one (measurable on every ADD with hooks).
