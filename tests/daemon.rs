@@ -1264,10 +1264,19 @@ fn a_metrics_address_in_use_does_not_stop_the_daemon() {
     let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
     // It serves the CNI process all the same, and says why there are no metrics.
     d.wait("synced", DaemonHealth::synced);
-    let log = std::fs::read_to_string(&d.log).unwrap();
+    let said = |d: &Daemon| {
+        let log = std::fs::read_to_string(&d.log).unwrap_or_default();
+        log.lines()
+            .any(|l| l.contains(&format!("127.0.0.1:{port}")) && l.contains("metrics"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !said(&d) && std::time::Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     assert!(
-        log.contains(&format!("127.0.0.1:{port}")) && log.contains("metrics"),
-        "{log}"
+        said(&d),
+        "{}",
+        std::fs::read_to_string(&d.log).unwrap_or_default()
     );
     // Once the address is free, the endpoint comes up (the daemon tries again).
     drop(taken);
