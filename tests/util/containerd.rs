@@ -227,6 +227,15 @@ impl Drop for Containerd {
 pub fn pause_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
+        // One per test process (it lives as long as the process); those of processes that are gone are removed.
+        for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
+            let name = entry.file_name().to_string_lossy().into_owned();
+            if let Some(pid) = name.strip_prefix("plx-pause-") {
+                if !Path::new("/proc").join(pid).exists() {
+                    let _ = std::fs::remove_dir_all(entry.path());
+                }
+            }
+        }
         let dir = std::env::temp_dir().join(format!("plx-pause-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let rootfs = dir.join("rootfs");
@@ -288,6 +297,10 @@ pub fn pause_image() -> &'static Path {
             .expect("tar")
             .success();
         assert!(ok, "tar the pause image layout");
+        // Only the image is kept.
+        let _ = std::fs::remove_dir_all(&rootfs);
+        let _ = std::fs::remove_file(&layer);
+        let _ = std::fs::remove_dir_all(&layout);
         tar
     })
 }
