@@ -162,11 +162,19 @@ fn cycle(
     id: &str,
     pod_args: &str,
 ) -> Result<(f64, f64), String> {
+    add_then_del(id, |command| {
+        w.plexus_args(plexus, conf, command, id, pod_args)
+    })
+}
+
+/// `run("ADD")` then `run("DEL")`, each a whole CNI invocation that must succeed: their wall times, ms.
+pub fn add_then_del(
+    id: &str,
+    mut run: impl FnMut(&str) -> std::io::Result<crate::proc::ChildRun>,
+) -> Result<(f64, f64), String> {
     let mut times = [0.0; 2];
     for (i, command) in ["ADD", "DEL"].into_iter().enumerate() {
-        let r = w
-            .plexus_args(plexus, conf, command, id, pod_args)
-            .map_err(|e| e.to_string())?;
+        let r = run(command).map_err(|e| e.to_string())?;
         if !r.success {
             return Err(format!(
                 "{command} {id}: {}",

@@ -18,8 +18,8 @@ use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::NetNs;
 use serde_json::{json, Value};
 
+use crate::proc;
 use crate::world::World;
-use crate::{ms, proc};
 
 /// The environment variable naming the directory with `multus-shim` and `multus-daemon`.
 pub const ENV: &str = "PLEXUS_BENCH_MULTUS";
@@ -178,28 +178,14 @@ impl Multus {
 
     /// One ADD then one DEL through multus-shim: their wall times, ms.
     pub fn cycle(&self, w: &World, id: &str, pod_args: &str) -> Result<(f64, f64), String> {
-        let mut times = [0.0; 2];
-        for (i, command) in ["ADD", "DEL"].into_iter().enumerate() {
+        let netns = self.netns.path().display().to_string();
+        crate::daemon::add_then_del(&format!("Multus {id}"), |command| {
             let mut cmd = Command::new(&self.shim);
             cmd.env_clear()
-                .envs(w.cni_env_args(
-                    command,
-                    id,
-                    &self.netns.path().display().to_string(),
-                    pod_args,
-                ))
+                .envs(w.cni_env_args(command, id, &netns, pod_args))
                 .stderr(Stdio::null());
-            let r = proc::run(&mut cmd, self.shim_conf.to_string().as_bytes())
-                .map_err(|e| e.to_string())?;
-            if !r.success {
-                return Err(format!(
-                    "Multus {command} {id}: {}",
-                    String::from_utf8_lossy(&r.stdout)
-                ));
-            }
-            times[i] = ms(r.elapsed);
-        }
-        Ok((times[0], times[1]))
+            proc::run(&mut cmd, self.shim_conf.to_string().as_bytes())
+        })
     }
 
     /// A first cycle, retried while the daemon's pod and NAD informers fill (bounded).

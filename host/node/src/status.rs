@@ -109,8 +109,6 @@ pub struct InterfaceEntry {
     pub mac: Option<String>,
 }
 
-/// The most bytes read of one kept status write.
-const WRITE_CAP: u64 = 2 << 20;
 /// The most sandboxes listed (a node runs far fewer).
 const MAX_SANDBOXES: usize = 10_000;
 
@@ -217,25 +215,11 @@ fn pending(queue: &Path, problems: &mut Vec<String>) -> Vec<PendingWrite> {
     let mut out = Vec::new();
     for entry in entries.flatten().take(MAX_SANDBOXES) {
         let path = entry.path();
-        let read = (|| -> Result<PendingWrite, String> {
-            use std::io::Read;
-            let mut bytes = Vec::new();
-            std::fs::File::open(&path)
-                .map_err(|e| e.to_string())?
-                .take(WRITE_CAP)
-                .read_to_end(&mut bytes)
-                .map_err(|e| e.to_string())?;
-            let kept: Value = serde_json::from_slice(&bytes).map_err(|e| e.to_string())?;
-            let pod = &kept["pod"];
-            Ok(PendingWrite {
-                pod: format!(
-                    "{}/{}",
-                    pod["namespace"].as_str().unwrap_or("?"),
-                    pod["name"].as_str().unwrap_or("?")
-                ),
-                bytes: bytes.len() as u64,
-            })
-        })();
+        let read =
+            crate::daemon::status_queue::read_kept(queue, &path).map(|(kept, size)| PendingWrite {
+                pod: format!("{}/{}", kept.pod.namespace, kept.pod.name),
+                bytes: size as u64,
+            });
         match read {
             Ok(w) => out.push(w),
             // A temp file being written, or a file that is not a write: the daemon ignores those too.

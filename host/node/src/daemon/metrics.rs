@@ -326,7 +326,7 @@ impl Metrics {
             if !COMMANDS.contains(&call.command.as_str()) || !seconds_ok(call.seconds) {
                 continue;
             }
-            let plugin = self.plugin_label(&call.plugin);
+            let plugin = bounded_name(&self.plugins_seen, &call.plugin);
             self.delegate_operations
                 .get_or_create(&PluginCommandResult {
                     plugin: plugin.clone(),
@@ -341,10 +341,6 @@ impl Metrics {
                 })
                 .observe(call.seconds);
         }
-    }
-
-    fn plugin_label(&self, plugin: &str) -> String {
-        bounded_name(&self.plugins_seen, plugin)
     }
 
     /// Counts one response of the API server (or `None`: no answer).

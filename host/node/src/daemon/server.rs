@@ -532,13 +532,9 @@ async fn connection(stream: UnixStream, shared: Arc<Shared>, our_uid: u32) -> st
             }
         };
         let answer = match request {
-            // Health never waits for a permit: it is how an operator sees a daemon under load.
-            Request::Health => health(&shared),
-            // Nor does a report: it is counted and answered (the CNI process has usually gone already).
-            Request::Report { report } => {
-                shared.metrics.record(&report);
-                Answer::Done
-            }
+            // Health never waits for a permit: it is how an operator sees a daemon under load. Nor does a
+            // report: it is counted and answered (the CNI process has usually gone already).
+            request @ (Request::Health | Request::Report { .. }) => answer(&shared, request).await,
             request => {
                 match tokio::time::timeout(shared.queue_wait, shared.permits.acquire()).await {
                     Ok(Ok(_permit)) => answer(&shared, request).await,

@@ -116,45 +116,13 @@ impl StatusQueue {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// A pod's file: named by the digest of namespace/name (bounded, and no name can climb out).
+    /// A pod's file.
     fn path_of(&self, key: &Key) -> PathBuf {
-        use sha2::Digest as _;
-        let digest = sha2::Sha256::digest(format!("{}/{}", key.0, key.1).as_bytes());
-        self.dir
-            .join(format!("{}.json", hex::encode(&digest[..16])))
+        path_in(&self.dir, key)
     }
 
-    /// A kept write and the size of its file.
     fn read_kept(&self, path: &Path) -> Result<(Kept, usize), String> {
-        use rustix::fs::{Mode, OFlags};
-        let fd: OwnedFd = rustix::fs::open(
-            path,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-            Mode::empty(),
-        )
-        .map_err(|e| format!("cannot open: {e}"))?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| e.to_string())?;
-        if !files::is_private(&st, FILE_MODE) {
-            return Err(format!(
-                "owned by uid {} with mode {:o}: not written by this daemon",
-                st.st_uid,
-                st.st_mode & 0o7777
-            ));
-        }
-        let cap = MAX_REQUEST_BYTES + 4096;
-        let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(cap as u64 + 1)
-            .read_to_end(&mut bytes)
-            .map_err(|e| e.to_string())?;
-        if bytes.len() > cap {
-            return Err(format!("larger than {cap} bytes"));
-        }
-        let kept: Kept = serde_json::from_slice(&bytes).map_err(|e| format!("not a write: {e}"))?;
-        if self.path_of(&key_of(&kept.pod)) != path {
-            return Err("not under its pod's name".into());
-        }
-        Ok((kept, bytes.len()))
+        read_kept(&self.dir, path)
     }
 
     /// Keeps a pod's write (replacing one not yet taken); true when the pod has no writer yet (the caller
@@ -233,6 +201,47 @@ impl StatusQueue {
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
+}
+
+/// A pod's file under `dir`: named by the digest of namespace/name (bounded, and no name can climb out).
+fn path_in(dir: &Path, key: &Key) -> PathBuf {
+    use sha2::Digest as _;
+    let digest = sha2::Sha256::digest(format!("{}/{}", key.0, key.1).as_bytes());
+    dir.join(format!("{}.json", hex::encode(&digest[..16])))
+}
+
+/// A write kept under `dir` at `path`, and the size of its file: root's alone, never a symlink, bounded, and
+/// under its own pod's name (for the daemon and for `plexus status`, which reads the queue without owning it).
+pub fn read_kept(dir: &Path, path: &Path) -> Result<(Kept, usize), String> {
+    use rustix::fs::{Mode, OFlags};
+    let fd: OwnedFd = rustix::fs::open(
+        path,
+        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
+        Mode::empty(),
+    )
+    .map_err(|e| format!("cannot open: {e}"))?;
+    let st = rustix::fs::fstat(&fd).map_err(|e| e.to_string())?;
+    if !files::is_private(&st, FILE_MODE) {
+        return Err(format!(
+            "owned by uid {} with mode {:o}: not written by this daemon",
+            st.st_uid,
+            st.st_mode & 0o7777
+        ));
+    }
+    let cap = MAX_REQUEST_BYTES + 4096;
+    let mut bytes = Vec::new();
+    std::fs::File::from(fd)
+        .take(cap as u64 + 1)
+        .read_to_end(&mut bytes)
+        .map_err(|e| e.to_string())?;
+    if bytes.len() > cap {
+        return Err(format!("larger than {cap} bytes"));
+    }
+    let kept: Kept = serde_json::from_slice(&bytes).map_err(|e| format!("not a write: {e}"))?;
+    if path_in(dir, &key_of(&kept.pod)) != path {
+        return Err("not under its pod's name".into());
+    }
+    Ok((kept, bytes.len()))
 }
 
 #[cfg(test)]
