@@ -1294,3 +1294,173 @@ fn a_metrics_address_in_use_does_not_stop_the_daemon() {
     let (status, _, _) = http_get(port, "/metrics", None);
     assert_eq!(status, "HTTP/1.1 200 OK");
 }
+
+/// The pod's events of `reason`, their messages.
+fn events_of(api: &KubeApiServer, pod: &str, reason: &str) -> Vec<String> {
+    api.must("GET", "/api/v1/namespaces/team-a/events", None)["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
+        .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
+
+/// Sets the pod's selection annotation (`None`: removes it), as `kubectl annotate --overwrite` does.
+fn annotate(api: &KubeApiServer, pod: &str, networks: Option<&str>) {
+    api.must(
+        "PATCH",
+        &format!("/api/v1/namespaces/team-a/pods/{pod}"),
+        Some(&json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": networks}}})),
+    );
+}
+
+/// Waits (at most 20 s) until `ok` holds; how long it took.
+#[track_caller]
+fn within_20s(what: &str, d: &Daemon, ok: impl Fn() -> bool) -> Duration {
+    let start = Instant::now();
+    while !ok() {
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "{what}: not within 20 s; daemon log:\n{}",
+            std::fs::read_to_string(&d.log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    start.elapsed()
+}
+
+#[test]
+fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace() {
+    use plexus_tests::netns::{
+        bridge_host_local, require_root_and_plugins, HostBridge, IpamDir, NetNs, CNI_BIN_DIR,
+    };
+    require_root_and_plugins();
+    let c = cluster(&[]);
+    let ns = NetNs::new("hotplug");
+    let ipam = IpamDir::new();
+    let (br_a, br_b) = (HostBridge::reserve("hpa"), HostBridge::reserve("hpb"));
+    let net_a = bridge_host_local("net-a", &br_a, &ipam);
+    let net_b = bridge_host_local("net-b", &br_b, &ipam);
+    let subnet_b = net_b["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    c.api.nad("team-a", "net-a", &net_a);
+    c.api.nad("team-a", "net-b", &net_b);
+    c.api.namespace("team-b");
+    c.api.nad("team-b", "net-c", &net_b);
+    let d = c.daemon(&["--dynamic-networks"]);
+    d.wait("synced", DaemonHealth::synced);
+    let uid = c.selecting_pod("hp", "net-a");
+    let mut conf = c.conf(json!({"timeoutMs": 5000}));
+    // The policy hook admits NADs of the pod's own namespace only.
+    conf["hooks"] = json!([{"name": "isolation", "kind": "policy",
+        "module": plexus_tests::plexus::guest_wasm("namespace-isolation")}]);
+    let cni = |command: &str, id: &str, pod: &str, uid: &str| {
+        let env: Vec<(String, String)> = [
+            ("CNI_COMMAND", command.to_string()),
+            ("CNI_CONTAINERID", id.to_string()),
+            ("CNI_NETNS", ns.path().display().to_string()),
+            ("CNI_IFNAME", "eth0".to_string()),
+            (
+                "CNI_PATH",
+                format!("{}:{CNI_BIN_DIR}", c.sb.path("bin").display()),
+            ),
+            ("CNI_ARGS", pod_args(pod, uid)),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_string(), v))
+        .collect();
+        c.sb.run_env(&env, conf.to_string().as_bytes())
+    };
+    d.wait("pod cached", |h| h.cache.pods == 1 && h.cache.nads == 3);
+    cni("ADD", "hp1", "hp", &uid).ok();
+    assert!(ns.link("net1").is_some());
+    let status = |pod: &str| status_of(&c.api, pod);
+    within_20s("the ADD's status", &d, || status("hp").len() == 2);
+
+    // Added: the interface is in the pod's namespace with a host-local address, and the status lists it.
+    annotate(&c.api, "hp", Some("net-a,net-b"));
+    let took = within_20s("net-b attached", &d, || {
+        status("hp").contains(&("team-a/net-b".into(), "net2".into()))
+    });
+    eprintln!("annotation change to network-status: {took:?}");
+    let net2 = ns.link("net2").expect("net2 in the pod's namespace");
+    let prefix = subnet_b.rsplit_once('.').unwrap().0.to_string();
+    assert!(
+        net2.cidrs()
+            .iter()
+            .any(|a| a.starts_with(&format!("{prefix}."))),
+        "{:?} not in {subnet_b}",
+        net2.cidrs()
+    );
+    assert_eq!(ipam.reserved_ips("net-b").len(), 1);
+    within_20s("the NetworksChanged event", &d, || {
+        events_of(&c.api, "hp", "NetworksChanged")
+            .iter()
+            .any(|m| m.contains("attached team-a/net-b (net2)"))
+    });
+
+    // Removed (the selection had no interface key): gone from the namespace, its address released.
+    annotate(&c.api, "hp", Some("net-a"));
+    within_20s("net-b detached", &d, || {
+        ns.link("net2").is_none() && ipam.reserved_ips("net-b").is_empty()
+    });
+    within_20s("the status without net-b", &d, || status("hp").len() == 2);
+    assert!(ns.link("net1").is_some(), "net-a was not touched");
+
+    // Denied by the policy hook: nothing changes, and a Warning names the network and the cause.
+    annotate(&c.api, "hp", Some("net-a,team-b/net-c"));
+    within_20s("the NetworkChangeFailed event", &d, || {
+        events_of(&c.api, "hp", "NetworkChangeFailed")
+            .iter()
+            .any(|m| m.contains("team-b/net-c") && m.contains("policy"))
+    });
+    let names: Vec<String> = ns.links().into_iter().map(|l| l.ifname).collect();
+    assert!(!names.iter().any(|n| n == "net2"), "{names:?}");
+    assert_eq!(status("hp").len(), 2);
+    assert!(ipam.reserved_ips("net-b").is_empty());
+
+    // A delegate that fails: what the change attached first is rolled back, nothing else moves.
+    let broken = json!({"cniVersion": "1.0.0", "name": "broken", "type": "no-such-plugin"});
+    c.api.nad("team-a", "broken", &broken);
+    annotate(&c.api, "hp", Some("net-a,net-b,broken"));
+    within_20s("the failed change's event", &d, || {
+        events_of(&c.api, "hp", "NetworkChangeFailed")
+            .iter()
+            .any(|m| m.contains("team-a/broken"))
+    });
+    assert!(ns.link("net2").is_none(), "net-b was rolled back");
+    assert!(ipam.reserved_ips("net-b").is_empty());
+    assert_eq!(status("hp").len(), 2);
+
+    // The pod's DEL tears down what is attached, hot-plugged or not; nothing is left on the node.
+    annotate(&c.api, "hp", Some("net-a,net-b"));
+    within_20s("net-b attached again", &d, || ns.link("net2").is_some());
+    within_20s("the plan records it", &d, || {
+        c.sb.cached_plan("hp1")
+            .is_some_and(|p| p["runtime"]["networks"] == "net-a,net-b")
+    });
+    cni("DEL", "hp1", "hp", &uid).ok();
+    let names: Vec<String> = ns.links().into_iter().map(|l| l.ifname).collect();
+    assert_eq!(names, vec!["lo".to_string()]);
+    assert!(ipam.reserved_ips("net-a").is_empty() && ipam.reserved_ips("net-b").is_empty());
+    assert!(c.sb.cached().is_empty(), "{:?}", c.sb.cached());
+
+    // A pod that started without a selection annotation can have one added.
+    let uid2 = {
+        let pod = c.api.pod("team-a", "bare", NODE, json!({}));
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    };
+    d.wait("second pod cached", |h| h.cache.pods == 2);
+    cni("ADD", "bare1", "bare", &uid2).ok();
+    assert!(ns.link("net1").is_none());
+    annotate(&c.api, "bare", Some("net-b"));
+    within_20s("net-b attached to the bare pod", &d, || {
+        status("bare").contains(&("team-a/net-b".into(), "net1".into()))
+    });
+    assert!(ns.link("net1").is_some());
+    cni("DEL", "bare1", "bare", &uid2).ok();
+    assert!(ipam.reserved_ips("net-b").is_empty());
+}

@@ -132,6 +132,14 @@ impl NodeCache {
         self.state().nads.get(namespace, name)
     }
 
+    /// Every pod of the node, once the pods are listed (`None` before).
+    pub fn pods(&self) -> Option<Vec<Pod>> {
+        let s = self.state();
+        s.pods
+            .synced
+            .then(|| s.pods.items.values().cloned().collect())
+    }
+
     pub fn health(&self) -> CacheHealth {
         let s = self.state();
         CacheHealth {

@@ -26,8 +26,19 @@ pub(crate) fn attach_all(
     plan: &mut AttachmentPlan,
     journal: &mut Journal<'_>,
 ) -> Result<(), (usize, PlexusError)> {
+    attach_from(inv, fx, plan, journal, 0)
+}
+
+/// [`attach_all`] from attachment `from` on (the attachments a change adds to a running pod).
+pub(crate) fn attach_from(
+    inv: &Invocation,
+    fx: &Effects<'_>,
+    plan: &mut AttachmentPlan,
+    journal: &mut Journal<'_>,
+    from: usize,
+) -> Result<(), (usize, PlexusError)> {
     let delegator = Delegator { exec: fx.exec };
-    for i in 0..plan.attachments.len() {
+    for i in from..plan.attachments.len() {
         let att = &plan.attachments[i];
         let label = attachment_label(inv, att);
         offer_device_plugin_info(inv, att);

@@ -48,6 +48,26 @@ pub struct AttachmentPlan {
     pub cni_version: String,
     pub pod: Option<PodRef>,
     pub attachments: Vec<Attachment>,
+    /// What the runtime gave the ADD that made the plan (absent in plans of earlier versions).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub runtime: Option<RuntimeContext>,
+}
+
+/// What the runtime gave the ADD that made a plan, kept so that the node daemon can change the sandbox's
+/// attachments later (networks that follow the annotation) with the conf and delegate environment that ADD had.
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct RuntimeContext {
+    /// The plexus configuration the runtime passed on stdin.
+    pub conf: Value,
+    /// `CNI_IFNAME`, `CNI_ARGS` and `CNI_PATH` as the runtime set them.
+    pub ifname: String,
+    pub args: String,
+    pub cni_path: String,
+    /// The pod's `k8s.v1.cni.cncf.io/networks` annotation the plan's selections were made from (`None`: the
+    /// pod had none).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub networks: Option<String>,
 }
 
 impl AttachmentPlan {
@@ -64,6 +84,7 @@ impl AttachmentPlan {
             cni_version: cni_version.into(),
             pod,
             attachments: Vec::new(),
+            runtime: None,
         }
     }
 }

@@ -7,6 +7,7 @@ use plexus_core::cni::CniArgs;
 use plexus_core::spec::naming::{validate_container_id, validate_ifname};
 use plexus_core::spec::PodRef;
 
+use crate::cache::{AttachmentPlan, RuntimeContext};
 use crate::conf::PlexusConf;
 use crate::error::{bounded, PlexusError};
 use serde_json::Value;
@@ -62,6 +63,8 @@ pub struct Invocation {
     pub conf: PlexusConf,
     /// The environment handed to delegates besides the `CNI_*` variables (e.g. PATH for iptables).
     pub base_env: Vec<(String, String)>,
+    /// The conf and `CNI_*` values as the runtime gave them, recorded in the plan (see [`RuntimeContext`]).
+    pub context: RuntimeContext,
 }
 
 /// The parts of the process environment Plexus reads.
@@ -138,7 +141,15 @@ impl Invocation {
                 )));
             }
         }
-        let conf = PlexusConf::from_json(stdin?, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
+        let stdin = stdin?;
+        let context = RuntimeContext {
+            conf: stdin.clone(),
+            ifname: ifname.clone(),
+            args: raw_args.to_string(),
+            cni_path: env.get("CNI_PATH").cloned().unwrap_or_default(),
+            networks: None,
+        };
+        let conf = PlexusConf::from_json(stdin, env.contains_key("KUBERNETES_SERVICE_HOST"))?;
         let mut path: Vec<PathBuf> = conf.bin_dir.iter().cloned().collect();
         path.extend(
             env.get("CNI_PATH")
@@ -175,7 +186,41 @@ impl Invocation {
             pod,
             conf,
             base_env,
+            context,
         })
+    }
+
+    /// The ADD-time invocation of a sandbox whose plan recorded its runtime context, for a change of its
+    /// attachments made later by the node daemon; `base_env` is the daemon's own environment for delegates.
+    /// Validated as the runtime's was.
+    pub fn of_plan(
+        plan: &AttachmentPlan,
+        base_env: &[(String, String)],
+    ) -> Result<Self, PlexusError> {
+        let ctx = plan.runtime.as_ref().ok_or_else(|| {
+            PlexusError::config(
+                format!("the plan of container {}", plan.container_id),
+                "was made by an earlier version, without its runtime context",
+            )
+        })?;
+        let mut env: BTreeMap<String, String> = base_env
+            .iter()
+            .filter(|(k, _)| !k.starts_with("CNI_"))
+            .cloned()
+            .collect();
+        for (k, v) in [
+            ("CNI_COMMAND", "ADD"),
+            ("CNI_CONTAINERID", plan.container_id.as_str()),
+            ("CNI_NETNS", plan.netns.as_deref().unwrap_or_default()),
+            ("CNI_IFNAME", ctx.ifname.as_str()),
+            ("CNI_ARGS", ctx.args.as_str()),
+            ("CNI_PATH", ctx.cni_path.as_str()),
+        ] {
+            env.insert(k.into(), v.into());
+        }
+        let mut inv = Self::from_env(&env, Ok(ctx.conf.clone()))?;
+        inv.context.networks = ctx.networks.clone();
+        Ok(inv)
     }
 }
 

@@ -7,6 +7,7 @@
 
 pub mod attach;
 pub mod cache;
+pub mod change;
 pub mod cli;
 pub mod conf;
 pub mod daemon;

@@ -51,7 +51,7 @@ const TEARDOWN_INCOMPLETE: &str = "TeardownIncomplete";
 pub const MAX_SELECTIONS: usize = 64;
 
 /// True when `e` says the cluster source did not answer.
-pub(crate) fn is_unavailable(e: &PlexusError) -> bool {
+pub fn is_unavailable(e: &PlexusError) -> bool {
     match e {
         PlexusError::Cluster(c) => c.is_transient(),
         PlexusError::Context { source, .. } => is_unavailable(source),
@@ -210,6 +210,10 @@ impl<'a> Planner<'a> {
             inv.conf.cni_version.as_str(),
             inv.pod.clone(),
         );
+        plan.runtime = Some(crate::cache::RuntimeContext {
+            networks: pod.and_then(|p| p.networks_annotation().map(str::to_string)),
+            ..inv.context.clone()
+        });
         let cluster = self
             .resolve_ref(&inv.conf.cluster_network, pod)
             .map_err(|e| e.context("cluster network"));
@@ -259,32 +263,19 @@ impl<'a> Planner<'a> {
         for sel in selections {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let resolved = self
-                .cluster()
-                .and_then(|c| c.nad(&sel.namespace, &sel.name).map_err(|e| ctx(e.into())))
-                .and_then(|nad| {
-                    let list = self
-                        .resolve_nad_config(&nad, Some(&sel), Some(pod))
-                        .map_err(ctx)?;
-                    Ok((list, nad.annotations.get(RESOURCE_NAME_ANNOTATION).cloned()))
-                })
-                .and_then(|(list, resource)| {
-                    check_capabilities(&sel.required_capabilities(), &list.plugins, &network)
-                        .map_err(PlexusError::from)?;
-                    Ok((list, resource))
-                });
+            let resolved = self.resolve_selection(&sel, pod);
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
                 .next(sel.interface.as_deref())
                 .map_err(|e| ctx(e.into()));
-            let Some((mut list, resource)) = unplannable.handle(resolved)? else {
+            let Some((list, resource)) = unplannable.handle(resolved)? else {
                 continue;
             };
             let Some(ifname) = unplannable.handle(ifname)? else {
                 continue;
             };
-            let device = match resource.filter(|r| !r.trim().is_empty()) {
+            let device = match resource {
                 None => None,
                 Some(resource) => match self.device(&resource) {
                     Ok(id) => Some(Device { resource, id }),
@@ -298,40 +289,106 @@ impl<'a> Planner<'a> {
                     },
                 },
             };
-            if let Some(args) = sel.delegate_cni_args() {
-                for plugin in &mut list.plugins {
-                    merge_cni_args(plugin, &args);
-                }
-            }
-            let mut capability_args = sel.runtime_config();
-            if let Some(d) = &device {
-                // As SR-IOV's plugin and Multus expect it: `deviceID` in every plugin of the list, and in
-                // runtimeConfig for plugins that declare the `deviceID` capability (host-device).
-                for plugin in &mut list.plugins {
-                    plugin.insert(DEVICE_ID.into(), json!(d.id));
-                }
-                capability_args.insert(DEVICE_ID.into(), json!(d.id));
-            }
-            if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
-                // Device Information Specification 4.2 / 5.1: a file unique per attachment.
-                let file = inv.conf.device_info_dir.join(format!(
-                    "{}-{}-{}-{}-device-info.json",
-                    sel.namespace, sel.name, inv.container_id, ifname
-                ));
-                capability_args.insert(DEVICE_INFO_CAPABILITY.into(), json!(file));
-            }
-            plan.attachments.push(Attachment {
-                network,
-                ifname,
-                is_default: false,
-                config: list,
-                capability_args,
-                selection: Some(sel),
-                device,
-                result: None,
-            });
+            plan.attachments
+                .push(self.attachment(sel, ifname, list, device));
         }
         Ok(plan)
+    }
+
+    /// A selection's NAD, resolved (resolver hooks, then spec 3.4.1) and checked against the capabilities the
+    /// selection needs; with the device-plugin resource the NAD names, if any. Errors name the network.
+    fn resolve_selection(
+        &self,
+        sel: &Selection,
+        pod: &Pod,
+    ) -> Result<(NetworkConfigList, Option<String>), PlexusError> {
+        let network = sel.namespaced_name();
+        let ctx = |e: PlexusError| e.context(format!("network {network}"));
+        let nad = self
+            .cluster()?
+            .nad(&sel.namespace, &sel.name)
+            .map_err(|e| ctx(e.into()))?;
+        let list = self
+            .resolve_nad_config(&nad, Some(sel), Some(pod))
+            .map_err(ctx)?;
+        check_capabilities(&sel.required_capabilities(), &list.plugins, &network)?;
+        let resource = nad
+            .annotations
+            .get(RESOURCE_NAME_ANNOTATION)
+            .filter(|r| !r.trim().is_empty())
+            .cloned();
+        Ok((list, resource))
+    }
+
+    /// The attachment of a resolved selection on `ifname`: its `cni-args` merged into every plugin, its
+    /// runtimeConfig, the device and the device-info file.
+    fn attachment(
+        &self,
+        sel: Selection,
+        ifname: String,
+        mut list: NetworkConfigList,
+        device: Option<Device>,
+    ) -> Attachment {
+        let inv = self.inv;
+        if let Some(args) = sel.delegate_cni_args() {
+            for plugin in &mut list.plugins {
+                merge_cni_args(plugin, &args);
+            }
+        }
+        let mut capability_args = sel.runtime_config();
+        if let Some(d) = &device {
+            // As SR-IOV's plugin and Multus expect it: `deviceID` in every plugin of the list, and in
+            // runtimeConfig for plugins that declare the `deviceID` capability (host-device).
+            for plugin in &mut list.plugins {
+                plugin.insert(DEVICE_ID.into(), json!(d.id));
+            }
+            capability_args.insert(DEVICE_ID.into(), json!(d.id));
+        }
+        if list.capabilities_declared(DEVICE_INFO_CAPABILITY) {
+            // Device Information Specification 4.2 / 5.1: a file unique per attachment.
+            let file = inv.conf.device_info_dir.join(format!(
+                "{}-{}-{}-{}-device-info.json",
+                sel.namespace, sel.name, inv.container_id, ifname
+            ));
+            capability_args.insert(DEVICE_INFO_CAPABILITY.into(), json!(file));
+        }
+        Attachment {
+            network: sel.namespaced_name(),
+            ifname,
+            is_default: false,
+            config: list,
+            capability_args,
+            selection: Some(sel),
+            device,
+            result: None,
+        }
+    }
+
+    /// The attachment of a selection added to a running pod, on the interface name the change chose. A NAD
+    /// that names a device-plugin resource is refused: kubelet allocates a pod's devices when it starts.
+    pub(crate) fn added_attachment(
+        &self,
+        sel: Selection,
+        ifname: String,
+        pod: &Pod,
+    ) -> Result<Attachment, PlexusError> {
+        let (list, resource) = self.resolve_selection(&sel, pod)?;
+        if let Some(resource) = resource {
+            return Err(PlexusError::config(
+                format!("network {}", sel.namespaced_name()),
+                format!(
+                    "uses device-plugin resource {resource}, which is allocated when the pod starts: it \
+                     cannot be added to a running pod"
+                ),
+            ));
+        }
+        Ok(self.attachment(sel, ifname, list, None))
+    }
+
+    /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4), for a change of a running
+    /// pod's attachments.
+    pub(crate) fn wanted(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+        self.selections(pod)
     }
 
     /// The plan of a DEL that found no cache entry (the cache was lost, or ADD never got as far as planning):

@@ -19,6 +19,18 @@ pub(crate) fn publish_status(
     plan: &AttachmentPlan,
     pod: Option<&Pod>,
 ) -> Result<(), PlexusError> {
+    publish_announcing(inv, fx, plan, pod, 0)
+}
+
+/// [`publish_status`], announcing in events only the attachments from index `announce_from` on (those a change
+/// of a running pod added).
+pub(crate) fn publish_announcing(
+    inv: &Invocation,
+    fx: &Effects<'_>,
+    plan: &AttachmentPlan,
+    pod: Option<&Pod>,
+    announce_from: usize,
+) -> Result<(), PlexusError> {
     let (Some(pod), Some(pod_ref)) = (pod, inv.pod.as_ref()) else {
         return Ok(());
     };
@@ -46,6 +58,7 @@ pub(crate) fn publish_status(
             .attachments
             .iter()
             .zip(&statuses)
+            .skip(announce_from)
             .filter(|(a, _)| !a.is_default)
             .map(|(a, st)| format!("Add {} [{}] from {}", a.ifname, st.ips.join(","), a.network))
             .collect();

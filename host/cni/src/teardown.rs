@@ -44,8 +44,18 @@ impl<'a> Teardown<'a> {
     /// plugin that cannot undo its own failed ADD (macvlan with a missing master) would otherwise make every
     /// DEL of the pod fail forever.
     pub(crate) fn run(&self, plan: &AttachmentPlan, upto: usize) -> Vec<PlexusError> {
+        self.run_range(plan, 0, upto)
+    }
+
+    /// DEL of attachments `from..upto` of `plan`, in reverse; all are attempted (see [`Self::run`]).
+    pub(crate) fn run_range(
+        &self,
+        plan: &AttachmentPlan,
+        from: usize,
+        upto: usize,
+    ) -> Vec<PlexusError> {
         let mut errors = Vec::new();
-        for att in plan.attachments[..upto].iter().rev() {
+        for att in plan.attachments[from..upto].iter().rev() {
             match self.detach(att) {
                 Err(e) if att.result.is_none() => {
                     tracing::warn!(container = %self.container_id, "DEL of an attachment that never finished ADD failed: {e}");
@@ -58,7 +68,7 @@ impl<'a> Teardown<'a> {
     }
 
     /// DEL of one attachment's list, with its cached result.
-    fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
+    pub(crate) fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
         let rt = RuntimeParams {
             container_id: self.container_id,
             netns: self.netns,

@@ -3,9 +3,8 @@
 //!
 //! This module is the decision alone, pure over the sandbox's cached plan and the new selections, so that it is
 //! tested without processes: which attachments stay, which go, which come and under what interface name, and
-//! which are attached again because a key other than their identity changed. Carrying a change out (the
-//! daemon's pod watch, the per-container lock, attaching, detaching and rolling back through the planner and
-//! the cache's journal) builds on it.
+//! which had a key other than their identity changed. The daemon's `dynamic` module carries a change out
+//! (`plexus_cni::change`: the per-container lock, the planner, attach with rollback, detach, the cache).
 //!
 //! The rules:
 //! - Only attachments made from a selection take part. The cluster network and the conf's `defaultNetworks`
@@ -14,14 +13,17 @@
 //!   attachment and a wanted selection with the same identity are the same attachment; they are matched in
 //!   annotation order, so two selections of one NAD without `interface` keep their interfaces.
 //! - Same identity, other keys changed (`ips`, `mac`, `cni-args`, `default-route`, `portMappings`,
-//!   `bandwidth`, `ipam-claim-reference`, extensions): the attachment is detached and attached again with
-//!   the new keys, under the same interface name. A delegate has no verb to change an attachment in place.
+//!   `bandwidth`, `ipam-claim-reference`, extensions): reported as `reattach`. A delegate has no verb to
+//!   change an attachment in place, and detaching then attaching again cannot be undone if the new attach
+//!   fails (the old address may be gone), so the daemon refuses such a change whole: remove the selection,
+//!   then add it again.
 //! - A cached attachment no wanted selection matches is detached: this works without an `interface` key in
 //!   the annotation, and when the NAD is gone, since it runs from the cache.
 //! - A wanted selection no cached attachment matches is attached, under its `interface` key or the first
 //!   `net<N>` (from 1) no attachment of the sandbox has, before or after the change, and no other selection of
-//!   the change takes. An `interface` key naming an interface the sandbox keeps is refused: never a name in
-//!   use.
+//!   the change takes. An `interface` key naming an interface the sandbox has before the change is refused,
+//!   even one the same change detaches: the change attaches first (so that a failure leaves everything as it
+//!   was), and never a name in use. The next change may take a name this one freed.
 
 use std::collections::BTreeSet;
 
@@ -51,7 +53,7 @@ impl Change {
 pub enum Refused {
     #[error(
         "selection {network} asks for interface {ifname}, which the pod's {holder} has (an interface name is \
-         never reused while in use)"
+         never reused while in use; a name a change frees can be taken by the next one)"
     )]
     InterfaceInUse {
         network: String,
@@ -96,24 +98,16 @@ pub fn diff(plan: &AttachmentPlan, wanted: &[Selection]) -> Result<Change, Refus
             change.detach.push(i);
         }
     }
-    // Names the sandbox keeps: every attachment not detached (the cluster network's included).
-    let kept: Vec<(usize, &str)> = plan
-        .attachments
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !change.detach.contains(i))
-        .map(|(i, a)| (i, a.ifname.as_str()))
-        .collect();
-    // Names no automatic choice may take: every name of the plan, before or after the change.
+    // Names no new attachment may take: every name of the plan (attachments come before detachments).
     let mut taken: BTreeSet<String> = plan.attachments.iter().map(|a| a.ifname.clone()).collect();
     let mut explicit = BTreeSet::new();
     for w in &unmatched_wanted {
         if let Some(ifname) = &w.interface {
-            if let Some((i, _)) = kept.iter().find(|(_, n)| n == ifname) {
+            if let Some(holder) = plan.attachments.iter().find(|a| &a.ifname == ifname) {
                 return Err(Refused::InterfaceInUse {
                     network: format!("{}/{}", w.namespace, w.name),
                     ifname: ifname.clone(),
-                    holder: format!("network {}", plan.attachments[*i].network),
+                    holder: format!("network {}", holder.network),
                 });
             }
             if !explicit.insert(ifname.clone()) {
@@ -274,9 +268,12 @@ mod tests {
         );
         let err = diff(&p, &sel("net-a,net-b@eth0")).unwrap_err();
         assert!(err.to_string().contains("cluster-net"), "{err}");
-        // The name of an interface that goes in the same change may be taken by a new one.
-        let c = diff(&p, &sel("net-b@net1")).unwrap();
-        assert_eq!(c.detach, vec![1]);
+        // Not even the name of an interface the same change detaches (it is attached first).
+        let err = diff(&p, &sel("net-b@net1")).unwrap_err();
+        assert!(matches!(err, Refused::InterfaceInUse { .. }), "{err}");
+        // Once it is gone, the next change may take it.
+        let after = plan(&[]);
+        let c = diff(&after, &sel("net-b@net1")).unwrap();
         assert_eq!(c.attach[0].1, "net1");
         assert_eq!(
             diff(&p, &sel("net-b@x1,net-c@x1")).unwrap_err(),

@@ -7,6 +7,7 @@
 //! published as the node's hook set) and runs `plexus install --watch`: one long-lived process per node.
 
 pub mod agent;
+pub mod dynamic;
 pub mod files;
 pub mod metrics;
 mod server;

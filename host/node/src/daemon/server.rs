@@ -43,6 +43,8 @@ pub struct DaemonSettings {
     pub status_queue_dir: Option<PathBuf>,
     /// Where `GET /metrics` is served (`None`: not at all).
     pub metrics_bind: Option<std::net::SocketAddr>,
+    /// Networks that follow the annotation (`None`: off).
+    pub dynamic: Option<super::dynamic::DynamicSettings>,
 }
 
 /// The node agent's settings (see [`agent`]).
@@ -135,6 +137,13 @@ pub struct DaemonArgs {
     /// for nowhere
     #[arg(long, value_name = "HOST:PORT", default_value = metrics::DEFAULT_BIND, value_parser = metrics_bind)]
     pub metrics_bind_address: MetricsBind,
+    /// Networks follow the annotation: when the k8s.v1.cni.cncf.io/networks annotation of a running pod of this
+    /// node changes, attach what was added and detach what was removed
+    #[arg(long)]
+    pub dynamic_networks: bool,
+    /// With --dynamic-networks: sandboxes changed at once at most
+    #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub max_network_changes: u64,
     /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
     /// concurrency bound, 1 when not, 2 when it does not answer
     #[arg(long)]
@@ -185,6 +194,12 @@ impl DaemonArgs {
             .install
             .map(|rest| install::parse_args(&rest))
             .transpose()?;
+        let dynamic = self
+            .dynamic_networks
+            .then(|| super::dynamic::DynamicSettings {
+                cache_dir: self.cache_dir.clone(),
+                max_changes: usize::try_from(self.max_network_changes).unwrap_or(4),
+            });
         let hooks = (!self.no_hooks).then(|| HookAgentOptions {
             cache_dir: self.cache_dir,
             key_files: self.hook_key,
@@ -212,6 +227,7 @@ impl DaemonArgs {
             status_queue_dir: self.status_queue_dir,
             queue_wait: QUEUE_WAIT,
             metrics_bind: self.metrics_bind_address.0,
+            dynamic,
         })
     }
 }
@@ -316,11 +332,11 @@ pub fn run(settings: DaemonSettings) -> Result<(), DaemonError> {
     runtime.block_on(serve(settings, install_result))
 }
 
-struct Shared {
+pub(crate) struct Shared {
     node: String,
     writes: StatusQueue,
-    cache: Arc<NodeCache>,
-    api: KubeApi,
+    pub(crate) cache: Arc<NodeCache>,
+    pub(crate) api: KubeApi,
     permits: tokio::sync::Semaphore,
     max_in_flight: usize,
     queue_wait: Duration,
@@ -444,6 +460,10 @@ async fn serve(
     for key in kept {
         start_writer(&shared, key);
     }
+    let dynamic = settings
+        .dynamic
+        .clone()
+        .map(|d| tokio::spawn(super::dynamic::run(shared.clone(), d)));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io(Path::new("SIGTERM handler")))?;
     let our_uid = rustix::process::geteuid().as_raw();
@@ -486,6 +506,9 @@ async fn serve(
     }
     if let Some(a) = agent {
         a.abort();
+    }
+    if let Some(d) = dynamic {
+        d.abort();
     }
     // Writes already accepted are sent before the process goes (bounded: a dead API server does not hold it).
     let flush_deadline = tokio::time::Instant::now() + Duration::from_secs(5);
@@ -625,15 +648,7 @@ async fn answer(shared_arc: &Arc<Shared>, request: Request) -> Answer {
             reason,
             message,
         } => {
-            if !shared.api.settings().events {
-                return Answer::Done;
-            }
-            if shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT {
-                tokio::spawn(post_event(shared, pod, warning, reason, message));
-            } else {
-                shared.events_in_flight.fetch_sub(1, Ordering::Relaxed);
-                tracing::warn!(pod = %pod, "too many events in flight; dropped one");
-            }
+            send_event(shared, pod, warning, reason, message);
             Answer::Done
         }
     }
@@ -672,7 +687,7 @@ const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
 /// task. The annotation is informative (spec 5) and a failed write never failed an ADD, so the ADD need not
 /// wait for the API server's commit. `false` when the queue is full or cannot be written (the CNI process then
 /// writes it itself).
-fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
+pub(crate) fn enqueue_status(shared: &Arc<Shared>, pod: PodRef, value: String) -> bool {
     let key = (pod.namespace.clone(), pod.name.clone());
     match shared.writes.accept(pod, value) {
         Ok(true) => {
@@ -732,6 +747,26 @@ fn start_writer(shared: &Arc<Shared>, key: Key) {
             shared.writes.finished(&key);
         }
     });
+}
+
+/// Posts an event on `pod` in the background, unless events are off or too many are in flight already (events
+/// are best effort, and a burst must not pile up tasks). Needs the daemon's runtime.
+pub(crate) fn send_event(
+    shared: &Shared,
+    pod: PodRef,
+    warning: bool,
+    reason: String,
+    message: String,
+) {
+    if !shared.api.settings().events {
+        return;
+    }
+    if shared.events_in_flight.fetch_add(1, Ordering::Relaxed) < MAX_EVENTS_IN_FLIGHT {
+        tokio::spawn(post_event(shared, pod, warning, reason, message));
+    } else {
+        shared.events_in_flight.fetch_sub(1, Ordering::Relaxed);
+        tracing::warn!(pod = %pod, "too many events in flight; dropped one");
+    }
 }
 
 fn post_event(

@@ -1,0 +1,418 @@
+//! Networks that follow the annotation (`plexus daemon --dynamic-networks`): when the
+//! `k8s.v1.cni.cncf.io/networks` annotation of a pod of this node changes, its running sandbox is brought to
+//! match, through the same lock, plan and delegates as the runtime's ADD and DEL (`plexus_cni::change`).
+//!
+//! Level-triggered: every plan in the attachment cache records the annotation its selections came from, and a
+//! sandbox whose pod now carries another one is changed. Checked when the pods' annotations in the watch cache
+//! change (a burst of watch events is taken as one), once when the caches first sync (what changed while the
+//! daemon was down, and what a daemon killed mid-change left), and every [`RESYNC`] (an annotation changed
+//! while the sandbox's ADD was still running). Changes of one pod are coalesced: a sandbox is changed by one
+//! worker at a time, to the annotation the pod has when the worker starts; at most `max_changes` sandboxes
+//! change at once.
+//!
+//! What is decided where: [`crate::hotplug::diff`] says what the change is; refusals and failures leave a
+//! Warning event (`NetworkChangeFailed`) naming the network and the cause, and are not tried again until the
+//! annotation changes (unless the cluster did not answer: then the next check tries again); a change made
+//! leaves a Normal event (`NetworksChanged`).
+
+use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use plexus_cluster::{Cluster, ClusterError, Lookup};
+use plexus_cni::cache::AttachmentCache;
+use plexus_cni::change::{Edit, Sandbox};
+use plexus_cni::effects::Effects;
+use plexus_cni::error::PlexusError;
+use plexus_cni::exec::ProcessExec;
+use plexus_cni::hooks::{HookRunner, HookSet, NoHooks};
+use plexus_cni::podnet::IpRoute;
+use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+
+use super::server::{enqueue_status, send_event, Shared};
+use crate::hotplug::{diff, Change};
+
+/// The event reason of a change made.
+pub const CHANGED: &str = "NetworksChanged";
+/// The event reason of a change refused or failed (nothing changed).
+pub const CHANGE_FAILED: &str = "NetworkChangeFailed";
+
+/// How often every sandbox is checked against its pod even when no annotation changed.
+pub const RESYNC: Duration = Duration::from_secs(30);
+/// How long a burst of watch events is gathered before the check.
+const SETTLE: Duration = Duration::from_millis(20);
+/// How long a change waits for the sandbox's lock (the runtime's ADD or DEL may hold it).
+const LOCK_WAIT: Duration = Duration::from_secs(60);
+
+/// The daemon's dynamic networks settings.
+#[derive(Debug, Clone)]
+pub struct DynamicSettings {
+    /// The plexus `cacheDir` (where the attachment cache is).
+    pub cache_dir: PathBuf,
+    /// Sandboxes changed at once at most.
+    pub max_changes: usize,
+}
+
+/// Each pod of the node (namespace, name) with its UID and selection annotation, as last checked.
+type Annotations = HashMap<(String, String), (Option<String>, Option<String>)>;
+
+/// A sandbox as the cache records it.
+struct Recorded {
+    container_id: String,
+    pod: PodRef,
+    networks: Option<String>,
+}
+
+/// Which sandboxes are being changed, and which annotations were refused (not tried again).
+#[derive(Default)]
+struct Book {
+    running: HashSet<String>,
+    refused: HashMap<String, Option<String>>,
+}
+
+/// Runs until the daemon stops.
+pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
+    let book = Arc::new(Mutex::new(Book::default()));
+    let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_changes.max(1)));
+    let again = Arc::new(tokio::sync::Notify::new());
+    let mut changes = shared.cache.subscribe();
+    let mut seen: Option<Annotations> = None;
+    let mut next_resync = tokio::time::Instant::now() + RESYNC;
+    loop {
+        let forced = tokio::select! {
+            changed = changes.changed() => {
+                if changed.is_err() {
+                    return;
+                }
+                false
+            }
+            () = again.notified() => true,
+            () = tokio::time::sleep_until(next_resync) => true,
+        };
+        tokio::time::sleep(SETTLE).await;
+        changes.borrow_and_update();
+        let Some(pods) = shared.cache.pods() else {
+            continue;
+        };
+        let now: Annotations = pods
+            .iter()
+            .map(|p| {
+                (
+                    (p.namespace.clone(), p.name.clone()),
+                    (p.uid.clone(), p.networks_annotation().map(str::to_string)),
+                )
+            })
+            .collect();
+        if !forced && seen.as_ref() == Some(&now) {
+            continue;
+        }
+        seen = Some(now);
+        next_resync = tokio::time::Instant::now() + RESYNC;
+        let dir = settings.cache_dir.clone();
+        let recorded = match tokio::task::spawn_blocking(move || recorded(&dir)).await {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(error = %e, "could not read the attachment cache");
+                continue;
+            }
+        };
+        let pods: HashMap<(String, String), Pod> = pods
+            .into_iter()
+            .map(|p| ((p.namespace.clone(), p.name.clone()), p))
+            .collect();
+        for sb in recorded {
+            let Some(pod) = pods.get(&(sb.pod.namespace.clone(), sb.pod.name.clone())) else {
+                continue;
+            };
+            if sb.pod.uid.is_some() && pod.uid != sb.pod.uid {
+                continue;
+            }
+            let networks = pod.networks_annotation().map(str::to_string);
+            if networks == sb.networks {
+                continue;
+            }
+            {
+                let mut b = book.lock().unwrap_or_else(|e| e.into_inner());
+                if b.refused.get(&sb.container_id) == Some(&networks)
+                    || !b.running.insert(sb.container_id.clone())
+                {
+                    continue;
+                }
+            }
+            let (shared, book, permits, again, dir) = (
+                shared.clone(),
+                book.clone(),
+                permits.clone(),
+                again.clone(),
+                settings.cache_dir.clone(),
+            );
+            tokio::spawn(async move {
+                let _permit = permits.acquire_owned().await;
+                let id = sb.container_id.clone();
+                let worker = shared.clone();
+                let outcome =
+                    tokio::task::spawn_blocking(move || change(&worker, &dir, &sb.container_id))
+                        .await
+                        .unwrap_or_else(|e| Outcome::Failed {
+                            pod: None,
+                            error: format!("the change stopped: {e}"),
+                            retry: true,
+                        });
+                let mut b = book.lock().unwrap_or_else(|e| e.into_inner());
+                b.running.remove(&id);
+                match outcome {
+                    Outcome::Failed {
+                        pod: Some((pod, networks)),
+                        error,
+                        retry,
+                    } => {
+                        tracing::warn!(pod = %pod, container = %id, "network change failed: {error}");
+                        send_event(&shared, pod, true, CHANGE_FAILED.into(), error);
+                        if !retry {
+                            b.refused.insert(id, networks);
+                        }
+                    }
+                    Outcome::Failed {
+                        pod: None, error, ..
+                    } => {
+                        tracing::warn!(container = %id, "network change failed: {error}");
+                    }
+                    Outcome::Done(pod, message) => {
+                        b.refused.remove(&id);
+                        tracing::info!(pod = %pod, container = %id, "{message}");
+                        send_event(&shared, pod, false, CHANGED.into(), message);
+                    }
+                    Outcome::Nothing => {}
+                }
+                drop(b);
+                // The pod may have changed again meanwhile: look once more.
+                again.notify_one();
+            });
+        }
+    }
+}
+
+/// Every sandbox whose plan records its runtime context (plans of earlier versions cannot be changed).
+fn recorded(cache_dir: &std::path::Path) -> Vec<Recorded> {
+    let Ok(Some(cache)) = AttachmentCache::open_existing(cache_dir) else {
+        return Vec::new();
+    };
+    let Ok(ids) = cache.container_ids() else {
+        return Vec::new();
+    };
+    ids.into_iter()
+        .filter_map(|id| {
+            let plan = cache.load(&id).ok()??;
+            let rt = plan.runtime?;
+            Some(Recorded {
+                container_id: id,
+                pod: plan.pod?,
+                networks: rt.networks,
+            })
+        })
+        .collect()
+}
+
+enum Outcome {
+    /// Nothing to do (no sandbox any more, the pod is gone, or the plan already matched).
+    Nothing,
+    Done(PodRef, String),
+    /// Refused or failed; nothing changed. `retry`: the cluster did not answer, try again at the next check.
+    Failed {
+        pod: Option<(PodRef, Option<String>)>,
+        error: String,
+        retry: bool,
+    },
+}
+
+/// One change of one sandbox, under its lock (a blocking thread of the daemon's runtime).
+fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str) -> Outcome {
+    let failed = |error: String| Outcome::Failed {
+        pod: None,
+        error,
+        retry: true,
+    };
+    let base_env: Vec<(String, String)> = std::env::vars().collect();
+    let mut sb = match Sandbox::open(cache_dir, container_id, &base_env, LOCK_WAIT) {
+        Ok(Some(sb)) => sb,
+        Ok(None) => return Outcome::Nothing,
+        Err(e) => return failed(e.to_string()),
+    };
+    let Some(pod_ref) = sb.plan.pod.clone() else {
+        return Outcome::Nothing;
+    };
+    let pod = match shared.cache.pod(&pod_ref.namespace, &pod_ref.name) {
+        Lookup::Found(p) if pod_ref.uid.is_none() || p.uid == pod_ref.uid => p,
+        _ => return Outcome::Nothing,
+    };
+    let networks = pod.networks_annotation().map(str::to_string);
+    if sb.networks() == networks.as_deref() {
+        return Outcome::Nothing;
+    }
+    let refuse = |error: String, retry: bool| Outcome::Failed {
+        pod: Some((pod_ref.clone(), networks.clone())),
+        error,
+        retry,
+    };
+    let cluster = LocalCluster {
+        shared: shared.clone(),
+        handle: tokio::runtime::Handle::current(),
+    };
+    let conf = &sb.inv.conf;
+    let hooks: Box<dyn HookRunner> = match load_hooks(conf) {
+        Ok(h) => h,
+        Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
+    };
+    let devices = KubeletPodResources {
+        socket: conf.pod_resources_socket.clone(),
+        timeout: POD_RESOURCES_TIMEOUT,
+    };
+    let fx = Effects {
+        exec: &ProcessExec,
+        cluster: Some(&cluster),
+        podnet: &IpRoute,
+        hooks: hooks.as_ref(),
+        devices: &devices,
+    };
+    let wanted = match sb.wanted(&fx, &pod) {
+        Ok(w) => w,
+        Err(e) => {
+            let retry = plexus_cni::plan::is_unavailable(&e);
+            return refuse(format!("{}: {e}", sb.inv.pod_label()), retry);
+        }
+    };
+    let Change {
+        detach,
+        reattach,
+        attach,
+    } = match diff(&sb.plan, &wanted) {
+        Ok(c) => c,
+        Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), false),
+    };
+    if let Some((i, _)) = reattach.first() {
+        let att = &sb.plan.attachments[*i];
+        return refuse(
+            format!(
+                "{}: network {} ({}) is attached and its selection's other keys changed: a running pod's \
+                 attachment is not changed in place; remove the selection, then add it again",
+                sb.inv.pod_label(),
+                att.network,
+                att.ifname
+            ),
+            false,
+        );
+    }
+    if detach.is_empty() && attach.is_empty() {
+        return match sb.settle(&pod) {
+            Ok(()) => Outcome::Nothing,
+            Err(e) => failed(e.to_string()),
+        };
+    }
+    match sb.apply(&fx, &pod, Edit { attach, detach }) {
+        Ok(applied) => {
+            let mut parts = Vec::new();
+            if !applied.attached.is_empty() {
+                parts.push(format!("attached {}", applied.attached.join(", ")));
+            }
+            if !applied.detached.is_empty() {
+                parts.push(format!("detached {}", applied.detached.join(", ")));
+            }
+            if !applied.failed.is_empty() {
+                let errors: Vec<String> = applied.failed.iter().map(ToString::to_string).collect();
+                let error = format!(
+                    "{}: could not detach (kept for the pod's DEL): {}",
+                    sb.inv.pod_label(),
+                    errors.join("; ")
+                );
+                send_event(shared, pod_ref.clone(), true, CHANGE_FAILED.into(), error);
+            }
+            Outcome::Done(pod_ref, parts.join("; "))
+        }
+        Err(e) => {
+            let retry = plexus_cni::plan::is_unavailable(&e);
+            refuse(e.to_string(), retry)
+        }
+    }
+}
+
+/// The hooks an ADD of this conf would run: the conf's own, then the node's published set.
+fn load_hooks(conf: &plexus_cni::conf::PlexusConf) -> Result<Box<dyn HookRunner>, PlexusError> {
+    let set = if conf.cluster_hooks {
+        HookSet::read(&conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
+    } else {
+        None
+    };
+    if conf.hooks.is_empty() && set.is_none() {
+        return Ok(Box::new(NoHooks));
+    }
+    Ok(Box::new(plexus_cni::hooks::load(
+        &conf.hooks,
+        set,
+        &conf.cache_dir,
+    )?))
+}
+
+/// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
+/// through the daemon's durable queue, events from the daemon.
+struct LocalCluster {
+    shared: Arc<Shared>,
+    handle: tokio::runtime::Handle,
+}
+
+impl Cluster for LocalCluster {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        match self.shared.cache.pod(&pod.namespace, &pod.name) {
+            Lookup::Found(p) if pod.uid.is_none() || p.uid == pod.uid => Ok(p),
+            _ => self.handle.block_on(self.shared.api.pod(pod)),
+        }
+    }
+
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        match self.shared.cache.nad(namespace, name) {
+            Lookup::Found(n) => Ok(n),
+            _ => self.handle.block_on(self.shared.api.nad(namespace, name)),
+        }
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        if enqueue_status(&self.shared, pod.clone(), network_status.to_string()) {
+            Ok(())
+        } else {
+            self.handle
+                .block_on(self.shared.api.write_status(pod, network_status))
+        }
+    }
+
+    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
+        send_event(
+            &self.shared,
+            pod.clone(),
+            false,
+            plexus_cluster::ADDED_INTERFACE.into(),
+            message.into(),
+        );
+        Ok(())
+    }
+
+    fn record_warning(
+        &self,
+        pod: &PodRef,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        send_event(
+            &self.shared,
+            pod.clone(),
+            true,
+            reason.into(),
+            message.into(),
+        );
+        Ok(())
+    }
+}
