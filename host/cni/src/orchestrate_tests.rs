@@ -718,3 +718,244 @@ fn default_route_moves_to_the_selected_network_and_the_cached_results_say_so() {
         json!([{"dst": "0.0.0.0/0", "gw": "10.0.0.254"}])
     );
 }
+
+// A running sandbox changed (networks that follow the annotation): `crate::change`.
+
+mod change {
+    use super::*;
+    use crate::change::{Edit, Sandbox};
+    use std::time::Duration;
+
+    /// ADD of pod `ns/web` selecting `networks`; the exec's calls are cleared afterwards.
+    fn added(node: &Node, networks: &str) {
+        let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod(networks));
+        orchestrate::add(
+            &node.invocation("ADD", json!({})),
+            &effects(&exec, &cluster),
+        )
+        .unwrap();
+    }
+
+    fn open(node: &Node) -> Sandbox {
+        Sandbox::open(&node.path("cache"), "c1", &[], Duration::from_secs(5))
+            .unwrap()
+            .expect("a plan")
+    }
+
+    fn pod(cluster: &FakeCluster) -> Pod {
+        cluster.pods[&("ns".to_string(), "web".to_string())].clone()
+    }
+
+    /// The wanted selection of NAD `name` from `cluster`'s pod (parsed as an ADD parses it).
+    fn wanted(sb: &Sandbox, exec: &FakeExec, cluster: &FakeCluster, name: &str) -> Selection {
+        sb.wanted(&effects(exec, cluster), &pod(cluster))
+            .unwrap()
+            .into_iter()
+            .find(|s| s.name == name)
+            .unwrap()
+    }
+
+    fn cached_networks(node: &Node) -> (Vec<String>, Value) {
+        let plan: Value =
+            serde_json::from_slice(&std::fs::read(node.path("cache/attachments/c1.json")).unwrap())
+                .unwrap();
+        let ifnames = plan["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a["ifname"].as_str().unwrap().to_string())
+            .collect();
+        (ifnames, plan["runtime"]["networks"].clone())
+    }
+
+    #[test]
+    fn the_plan_records_what_the_runtime_gave_and_rebuilds_the_invocation() {
+        let node = Node::new("1.0.0");
+        added(&node, "a");
+        let sb = open(&node);
+        assert_eq!(sb.networks(), Some("a"));
+        assert_eq!(sb.inv.container_id, "c1");
+        assert_eq!(sb.inv.netns.as_deref(), Some("/run/netns/x"));
+        assert_eq!(sb.inv.ifname, "eth0");
+        assert_eq!(sb.inv.path, vec![PathBuf::from("/fake")]);
+        assert_eq!(sb.inv.pod.as_ref().unwrap().to_string(), "ns/web");
+        assert_eq!(sb.inv.conf.cache_dir, node.path("cache"));
+        // A plan of an earlier version has no runtime context: refused, naming why.
+        drop(sb);
+        let path = node.path("cache/attachments/c1.json");
+        let mut plan: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        plan.as_object_mut().unwrap().remove("runtime");
+        std::fs::write(&path, plan.to_string()).unwrap();
+        let err = Sandbox::open(&node.path("cache"), "c1", &[], Duration::from_secs(5))
+            .err()
+            .unwrap();
+        assert!(err.to_string().contains("earlier version"), "{err}");
+        // No plan: no sandbox.
+        assert!(
+            Sandbox::open(&node.path("cache"), "c2", &[], Duration::from_secs(5))
+                .unwrap()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn an_added_selection_is_attached_after_the_others_and_the_final_del_tears_it_down() {
+        let node = Node::new("1.0.0");
+        added(&node, "a");
+        let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+        let mut sb = open(&node);
+        let b = wanted(&sb, &exec, &cluster, "b");
+        let applied = sb
+            .apply(
+                &effects(&exec, &cluster),
+                &pod(&cluster),
+                Edit {
+                    attach: vec![(b, "net2".into())],
+                    detach: vec![],
+                },
+            )
+            .unwrap();
+        assert_eq!(applied.attached, vec!["ns/b (net2)".to_string()]);
+        assert_eq!(exec.summary(), vec![s("b-plugin", "ADD", "net2")]);
+        assert_eq!(
+            cached_networks(&node),
+            (
+                vec!["eth0".into(), "net1".into(), "net2".into()],
+                json!("a,b")
+            )
+        );
+        let statuses = cluster.statuses.borrow();
+        let names: Vec<&Value> = statuses[0]
+            .1
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| &e["name"])
+            .collect();
+        assert_eq!(names, vec!["cluster-net", "ns/a", "ns/b"]);
+        drop(sb);
+        // The pod's DEL runs from the plan the change stored: the added attachment goes too.
+        let del_exec = FakeExec::default();
+        orchestrate::del(
+            &node.invocation("DEL", json!({})),
+            &effects(&del_exec, &cluster),
+        )
+        .unwrap();
+        assert_eq!(
+            del_exec.summary(),
+            vec![
+                s("b-plugin", "DEL", "net2"),
+                s("a-plugin", "DEL", "net1"),
+                s("cluster-plugin", "DEL", "eth0")
+            ]
+        );
+    }
+
+    #[test]
+    fn a_failing_addition_rolls_back_what_the_change_attached_and_nothing_else_moves() {
+        let node = Node::new("1.0.0");
+        added(&node, "a,b");
+        let load = || {
+            crate::cache::AttachmentCache::open(&node.path("cache"))
+                .unwrap()
+                .load("c1")
+                .unwrap()
+        };
+        let before = load();
+        let (exec, cluster) = (
+            FakeExec::failing("c-plugin", "ADD"),
+            FakeCluster::with_pod("a,c,c"),
+        );
+        let mut sb = open(&node);
+        let c = wanted(&sb, &exec, &cluster, "c");
+        let err = sb
+            .apply(
+                &effects(&exec, &cluster),
+                &pod(&cluster),
+                // b is to go, but the additions come first and fail: b stays.
+                Edit {
+                    attach: vec![(c.clone(), "net3".into()), (c, "net4".into())],
+                    detach: vec![2],
+                },
+            )
+            .unwrap_err();
+        assert!(err.to_string().contains("ns/c"), "{err}");
+        // The first c failed: its DEL (a plugin cleans up its own failed ADD), nothing of a or b.
+        assert_eq!(
+            exec.summary(),
+            vec![s("c-plugin", "ADD", "net3"), s("c-plugin", "DEL", "net3")]
+        );
+        drop(sb);
+        assert_eq!(load(), before);
+        assert!(cluster.statuses.borrow().is_empty());
+    }
+
+    #[test]
+    fn a_later_failure_rolls_back_every_earlier_addition_in_reverse() {
+        let node = Node::new("1.0.0");
+        added(&node, "a");
+        let (exec, cluster) = (
+            FakeExec::failing("c-plugin", "ADD"),
+            FakeCluster::with_pod("a,b,c"),
+        );
+        let mut sb = open(&node);
+        let (b, c) = (
+            wanted(&sb, &exec, &cluster, "b"),
+            wanted(&sb, &exec, &cluster, "c"),
+        );
+        sb.apply(
+            &effects(&exec, &cluster),
+            &pod(&cluster),
+            Edit {
+                attach: vec![(b, "net2".into()), (c, "net3".into())],
+                detach: vec![],
+            },
+        )
+        .unwrap_err();
+        assert_eq!(
+            exec.summary(),
+            vec![
+                s("b-plugin", "ADD", "net2"),
+                s("c-plugin", "ADD", "net3"),
+                s("c-plugin", "DEL", "net3"),
+                s("b-plugin", "DEL", "net2")
+            ]
+        );
+        assert_eq!(
+            cached_networks(&node),
+            (vec!["eth0".into(), "net1".into()], json!("a"))
+        );
+    }
+
+    #[test]
+    fn a_removal_runs_from_the_cache_without_the_nad_and_a_failed_del_keeps_the_attachment() {
+        let node = Node::new("1.0.0");
+        added(&node, "a,b");
+        // The NADs are gone: the plan alone says how to detach.
+        let mut cluster = FakeCluster::with_pod("a");
+        cluster.nads.clear();
+        let exec = FakeExec::failing("a-plugin", "DEL");
+        let mut sb = open(&node);
+        let applied = sb
+            .apply(
+                &effects(&exec, &cluster),
+                &pod(&cluster),
+                Edit {
+                    attach: vec![],
+                    detach: vec![1, 2],
+                },
+            )
+            .unwrap();
+        assert_eq!(applied.detached, vec!["ns/b (net2)".to_string()]);
+        assert_eq!(applied.failed.len(), 1, "{:?}", applied.failed);
+        assert_eq!(
+            exec.summary(),
+            vec![s("b-plugin", "DEL", "net2"), s("a-plugin", "DEL", "net1")]
+        );
+        // a's DEL failed: it stays for the pod's DEL; b is gone; the cluster network is never detached.
+        assert_eq!(
+            cached_networks(&node),
+            (vec!["eth0".into(), "net1".into()], json!("a"))
+        );
+    }
+}
