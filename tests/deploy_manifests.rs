@@ -379,6 +379,24 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
                 plexus_node::daemon::agent::SignaturePolicy::Required
             );
             agent_dirs.push(agent.cache_dir.clone());
+            // Dynamic networks read the attachment cache under the CNI binary's default cacheDir, and the
+            // delegates they run need the pods' namespaces (seen as the runtime creates them), host-local's
+            // store and a plugin's privileges.
+            let dynamic = settings.dynamic.clone().expect("dynamic networks are on");
+            assert_eq!(dynamic.cache_dir, Path::new("/var/lib/plexus"));
+            let mounts = container.volume_mounts.as_deref().unwrap_or_default();
+            let netns = mounts
+                .iter()
+                .find(|m| m.mount_path == "/var/run/netns")
+                .expect("/var/run/netns is mounted");
+            assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+            assert!(mounts.iter().any(|m| m.mount_path == "/var/lib/cni"));
+            assert_eq!(
+                container.security_context.as_ref().and_then(|s| s.privileged),
+                Some(true)
+            );
+            agent_dirs.push("/var/run/netns".into());
+            agent_dirs.push("/var/lib/cni".into());
             for key in &agent.key_files {
                 assert!(
                     container
