@@ -1350,7 +1350,17 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     c.api.nad("team-a", "net-b", &net_b);
     c.api.namespace("team-b");
     c.api.nad("team-b", "net-c", &net_b);
-    let d = c.daemon(&["--dynamic-networks"]);
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let metrics_at = format!("127.0.0.1:{port}");
+    let d = c.daemon(&[
+        "--dynamic-networks",
+        "--metrics-bind-address",
+        metrics_at.as_str(),
+    ]);
     d.wait("synced", DaemonHealth::synced);
     let uid = c.selecting_pod("hp", "net-a");
     let mut conf = c.conf(json!({"timeoutMs": 5000}));
@@ -1434,6 +1444,24 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     assert!(ns.link("net2").is_none(), "net-b was rolled back");
     assert!(ipam.reserved_ips("net-b").is_empty());
     assert_eq!(status("hp").len(), 2);
+
+    // Counted: the attach and the detach changed; the denial and the delegate failure did not.
+    let text = http_get(port, "/metrics", None).2;
+    let changes = |result: &str| {
+        sample(
+            &text,
+            &format!("plexus_network_changes_total{{result=\"{result}\"}}"),
+        )
+    };
+    assert_eq!(
+        (changes("changed"), changes("failed")),
+        (Some(2.0), Some(2.0)),
+        "{}",
+        text.lines()
+            .filter(|l| l.contains("network_changes"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 
     // The pod's DEL tears down what is attached, hot-plugged or not; nothing is left on the node.
     annotate(&c.api, "hp", Some("net-a,net-b"));

@@ -392,7 +392,10 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
             assert!(mounts.iter().any(|m| m.mount_path == "/var/lib/cni"));
             assert_eq!(
-                container.security_context.as_ref().and_then(|s| s.privileged),
+                container
+                    .security_context
+                    .as_ref()
+                    .and_then(|s| s.privileged),
                 Some(true)
             );
             agent_dirs.push("/var/run/netns".into());

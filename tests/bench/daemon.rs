@@ -37,11 +37,22 @@ impl Daemon {
         socket: &Path,
         log: &Path,
     ) -> Result<Daemon, String> {
+        Self::start_with(plexus, kubeconfig, socket, log, &[])
+    }
+
+    fn start_with(
+        plexus: &Path,
+        kubeconfig: &Path,
+        socket: &Path,
+        log: &Path,
+        extra: &[&std::ffi::OsStr],
+    ) -> Result<Daemon, String> {
         let child = Command::new(plexus)
             .args(["daemon", "--node-name", NODE, "--kubeconfig"])
             .arg(kubeconfig)
             .arg("--socket")
             .arg(socket)
+            .args(extra)
             .stdout(Stdio::null())
             .stderr(
                 std::fs::File::create(log)
@@ -694,12 +705,124 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     });
     log(&format!("daemon: killed mid-burst: {ok} ADDs ok, {clean} failed cleanly, {} otherwise; {del_failures} DEL failures", unclean.len()));
     drop(d);
+
+    // 5. Dynamic networks: a running pod's annotation changed, to its network-status written (the API server
+    // took the daemon's write), attaching a second network and detaching it again, one change at a time.
+    let hotplug = hotplug_latency(o, &api, &w, &daemon_kubeconfig, &socket, &served, runs)?;
     Ok(json!({
         "cycles": cycles,
         "memory": memory,
         "burst": burst_json,
         "killedDuringBurst": killed,
+        "hotplug": hotplug,
         "seconds": t0.elapsed().as_secs_f64(),
+    }))
+}
+
+/// Section 5 of [`daemon`]: hot-plug latency, ms, from the annotation patch's answer to the daemon's status write
+/// being taken by the API server, for attach and detach; the sandbox's cache is empty after its DEL.
+fn hotplug_latency(
+    o: &Opts,
+    api: &KubeApiServer,
+    w: &World,
+    kubeconfig: &Path,
+    socket: &Path,
+    served: &Value,
+    runs: usize,
+) -> Result<Value, String> {
+    let cache_dir = w.root.join("cache");
+    let d = Daemon::start_with(
+        &o.plexus,
+        kubeconfig,
+        socket,
+        &w.root.join("daemon-hotplug.log"),
+        &[
+            "--dynamic-networks".as_ref(),
+            "--cache-dir".as_ref(),
+            cache_dir.as_os_str(),
+            "--metrics-bind-address".as_ref(),
+            "0".as_ref(),
+        ],
+    )?;
+    let pod = api.pod(
+        POD_NS,
+        "hotplug",
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": "net1"}),
+    );
+    let uid = pod["metadata"]["uid"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    d.wait(
+        "synced with the hot-plug pod",
+        Duration::from_secs(120),
+        |h| h.synced() && h.cache.pods == PODS + PODS_10 + 1,
+    )?;
+    let run = w
+        .plexus_args(
+            &o.plexus,
+            served,
+            "ADD",
+            "hotplug-0",
+            &args("hotplug", &uid),
+        )
+        .map_err(|e| e.to_string())?;
+    if !run.success {
+        return Err(format!(
+            "hot-plug ADD: {}",
+            String::from_utf8_lossy(&run.stdout)
+        ));
+    }
+    let written = || d.health().map(|h| h.status_writes).unwrap_or(0);
+    let settle = |n: u64| -> Result<(), String> {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while written() < n {
+            if Instant::now() > deadline {
+                return Err(format!("hot-plug: status write {n} not taken within 20 s"));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Ok(())
+    };
+    // Writes kept by the daemon killed in section 4 are sent first, and the ADD's own: none left pending.
+    d.wait("no status write pending", Duration::from_secs(60), |h| {
+        h.pending_writes == 0
+    })?;
+    let (mut attach, mut detach) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        for (networks, into) in [("net1,net2", &mut attach), ("net1", &mut detach)] {
+            let before = written();
+            api.must(
+                "PATCH",
+                &format!("/api/v1/namespaces/{POD_NS}/pods/hotplug"),
+                Some(&json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": networks}}})),
+            );
+            let t = Instant::now();
+            settle(before + 1).map_err(|e| format!("{e} (change {i}, {networks})"))?;
+            into.push(ms(t.elapsed()));
+        }
+    }
+    let del = w
+        .plexus_args(
+            &o.plexus,
+            served,
+            "DEL",
+            "hotplug-0",
+            &args("hotplug", &uid),
+        )
+        .map_err(|e| e.to_string())?;
+    log(&format!(
+        "daemon: hot-plug attach median {:.1} ms, detach median {:.1} ms",
+        stats::summary(&attach)["median"].as_f64().unwrap_or(0.0),
+        stats::summary(&detach)["median"].as_f64().unwrap_or(0.0)
+    ));
+    Ok(json!({
+        "changes": runs,
+        "attach": stats::summary(&attach),
+        "detach": stats::summary(&detach),
+        "delOk": del.success,
+        "cacheLeftAfterDel": w.cached(),
     }))
 }
 

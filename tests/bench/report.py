@@ -261,6 +261,14 @@ def main():
                      "all", f"{kd['succeeded']} completed, {kd['failedCleanly']} failed cleanly, {len(kd['failedUncleanly'])} "
                      f"otherwise; {kd['delFailures']} DEL failures", not kd["failedUncleanly"] and kd["delFailures"] == 0
                      and not kd["cacheLeftAfterDel"]))
+        hp = dm.get("hotplug")
+        if hp:
+            at, de = hp["attach"], hp["detach"]
+            rows.append((f"Dynamic networks: annotation changed → network-status written ({hp['changes']} attaches and "
+                         "detaches of a second network, no-op delegates, real kube-apiserver)", "≤ 2 s",
+                         f"attach median {f(at['median'])} ms, max {f(at['max'])} ms; detach median {f(de['median'])} ms, "
+                         f"max {f(de['max'])} ms", max(at["max"], de["max"]) <= 2000 and hp["delOk"]
+                         and not hp["cacheLeftAfterDel"]))
 
     w("## Targets")
     w("")

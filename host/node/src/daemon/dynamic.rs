@@ -160,6 +160,20 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
                             error: format!("the change stopped: {e}"),
                             retry: true,
                         });
+                let result = match &outcome {
+                    Outcome::Done(..) => Some("changed"),
+                    Outcome::Failed { .. } => Some("failed"),
+                    Outcome::Nothing => None,
+                };
+                if let Some(result) = result {
+                    shared
+                        .metrics
+                        .network_changes
+                        .get_or_create(&super::metrics::ResultLabel {
+                            result: result.into(),
+                        })
+                        .inc();
+                }
                 let mut b = book.lock().unwrap_or_else(|e| e.into_inner());
                 b.running.remove(&id);
                 match outcome {

@@ -130,6 +130,8 @@ pub struct Metrics {
     pub requests_in_flight: Gauge,
     pub status_writes: Family<ResultLabel, Counter>,
     pub status_writes_pending: Gauge,
+    /// Changes of running pods' networks (`--dynamic-networks`), by result.
+    pub network_changes: Family<ResultLabel, Counter>,
     pub api_requests: Family<ApiLabels, Counter>,
     watch_restarts: Family<ResourceLabel, Counter>,
     cache_objects: Family<ResourceLabel, Gauge>,
@@ -168,6 +170,7 @@ impl Metrics {
             requests_in_flight: Gauge::default(),
             status_writes: Family::default(),
             status_writes_pending: Gauge::default(),
+            network_changes: Family::default(),
             api_requests: Family::default(),
             watch_restarts: Family::default(),
             cache_objects: Family::default(),
@@ -218,6 +221,12 @@ impl Metrics {
             "plexus_status_writes_pending",
             "Network-status writes accepted and kept on disk, not yet taken by the API server",
             m.status_writes_pending.clone(),
+        );
+        reg.add(
+            "plexus_network_changes",
+            "Changes of running pods' networks to follow their annotation (--dynamic-networks), by result \
+             (changed, or failed: refused or failed, nothing changed, a NetworkChangeFailed event says why)",
+            m.network_changes.clone(),
         );
         reg.add(
             "plexus_api_requests",

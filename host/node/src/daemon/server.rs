@@ -343,7 +343,7 @@ pub(crate) struct Shared {
     pod_wait: Duration,
     api_reads: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
-    metrics: Arc<Metrics>,
+    pub(crate) metrics: Arc<Metrics>,
     hook_states: HookStates,
 }
 
