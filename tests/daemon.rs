@@ -1364,9 +1364,16 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     d.wait("synced", DaemonHealth::synced);
     let uid = c.selecting_pod("hp", "net-a");
     let mut conf = c.conf(json!({"timeoutMs": 5000}));
-    // The policy hook admits NADs of the pod's own namespace only.
-    conf["hooks"] = json!([{"name": "isolation", "kind": "policy",
-        "module": plexus_tests::plexus::guest_wasm("namespace-isolation")}]);
+    // The policy hooks: NADs of the pod's own namespace only; `start-only*` networks only when a pod starts
+    // (the hook asks `host.pod-running`).
+    conf["hooks"] = json!([
+        {"name": "isolation", "kind": "policy",
+         "module": plexus_tests::plexus::guest_wasm("namespace-isolation")},
+        {"name": "start-only", "kind": "policy",
+         "module": plexus_tests::plexus::guest_wasm("test-pod-running")},
+    ]);
+    c.api
+        .nad("team-a", "start-only-x", &nad_config("start-only-x", "s"));
     let cni = |command: &str, id: &str, pod: &str, uid: &str| {
         let env: Vec<(String, String)> = [
             ("CNI_COMMAND", command.to_string()),
@@ -1384,7 +1391,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
         .collect();
         c.sb.run_env(&env, conf.to_string().as_bytes())
     };
-    d.wait("pod cached", |h| h.cache.pods == 1 && h.cache.nads == 3);
+    d.wait("pod cached", |h| h.cache.pods == 1 && h.cache.nads == 4);
     cni("ADD", "hp1", "hp", &uid).ok();
     assert!(ns.link("net1").is_some());
     let status = |pod: &str| status_of(&c.api, pod);
@@ -1432,6 +1439,15 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     assert_eq!(status("hp").len(), 2);
     assert!(ipam.reserved_ips("net-b").is_empty());
 
+    // Hooks know a change of a running pod from its ADD: the start-only network is refused now...
+    annotate(&c.api, "hp", Some("net-a,start-only-x"));
+    within_20s("the start-only refusal", &d, || {
+        events_of(&c.api, "hp", "NetworkChangeFailed")
+            .iter()
+            .any(|m| m.contains("team-a/start-only-x") && m.contains("is running"))
+    });
+    assert_eq!(status("hp").len(), 2);
+
     // A delegate that fails: what the change attached first is rolled back, nothing else moves.
     let broken = json!({"cniVersion": "1.0.0", "name": "broken", "type": "no-such-plugin"});
     c.api.nad("team-a", "broken", &broken);
@@ -1445,7 +1461,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     assert!(ipam.reserved_ips("net-b").is_empty());
     assert_eq!(status("hp").len(), 2);
 
-    // Counted: the attach and the detach changed; the denial and the delegate failure did not.
+    // Counted: the attach and the detach changed; the two denials and the delegate failure did not.
     let text = http_get(port, "/metrics", None).2;
     let changes = |result: &str| {
         sample(
@@ -1455,7 +1471,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     };
     assert_eq!(
         (changes("changed"), changes("failed")),
-        (Some(2.0), Some(2.0)),
+        (Some(2.0), Some(3.0)),
         "{}",
         text.lines()
             .filter(|l| l.contains("network_changes"))
@@ -1476,12 +1492,18 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     assert!(ipam.reserved_ips("net-a").is_empty() && ipam.reserved_ips("net-b").is_empty());
     assert!(c.sb.cached().is_empty(), "{:?}", c.sb.cached());
 
+    // ... and admitted in the ADD of a pod that starts with it.
+    let uid3 = c.selecting_pod("starter", "start-only-x");
+    d.wait("third pod cached", |h| h.cache.pods == 2);
+    cni("ADD", "st1", "starter", &uid3).ok();
+    cni("DEL", "st1", "starter", &uid3).ok();
+
     // A pod that started without a selection annotation can have one added.
     let uid2 = {
         let pod = c.api.pod("team-a", "bare", NODE, json!({}));
         pod["metadata"]["uid"].as_str().unwrap().to_string()
     };
-    d.wait("second pod cached", |h| h.cache.pods == 2);
+    d.wait("second pod cached", |h| h.cache.pods == 3);
     cni("ADD", "bare1", "bare", &uid2).ok();
     assert!(ns.link("net1").is_none());
     annotate(&c.api, "bare", Some("net-b"));

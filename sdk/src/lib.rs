@@ -121,6 +121,12 @@ pub trait Status {
     }
 }
 
+/// Whether the pod is already running: `true` when this call is part of a change of a running pod's networks
+/// (the node daemon's dynamic networks), `false` during the ADD that makes its sandbox (WIT 0.1.1).
+pub fn pod_running() -> bool {
+    host::pod_running()
+}
+
 /// The hook's settings (the `settings` of its entry in the plexus configuration), deserialized.
 ///
 /// Absent settings deserialize from an empty object, so a settings type whose fields all have serde
@@ -251,6 +257,11 @@ mod host {
     }
 
     #[cfg(target_arch = "wasm32")]
+    pub(crate) fn pod_running() -> bool {
+        crate::wit::plexus::hooks::host::pod_running()
+    }
+
+    #[cfg(target_arch = "wasm32")]
     pub(crate) fn log(level: crate::log::Level, message: &str) {
         use crate::log::Level;
         use crate::wit::plexus::hooks::host::{self as h, Level as W};
@@ -265,5 +276,5 @@ mod host {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    pub(crate) use crate::testing::native::{log, settings};
+    pub(crate) use crate::testing::native::{log, pod_running, settings};
 }

@@ -29,6 +29,7 @@ use std::cell::RefCell;
 pub struct Harness {
     settings: Value,
     pod: Pod,
+    pod_running: bool,
     logs: RefCell<Vec<(Level, String)>>,
 }
 
@@ -38,6 +39,7 @@ impl Harness {
         Harness {
             settings: Value::Null,
             pod: Pod::new("default", "test-pod"),
+            pod_running: false,
             logs: RefCell::new(Vec::new()),
         }
     }
@@ -45,6 +47,12 @@ impl Harness {
     /// The hook's settings, as they would appear in the plexus configuration.
     pub fn settings(mut self, settings: Value) -> Self {
         self.settings = settings;
+        self
+    }
+
+    /// What `pod_running()` answers in every call (`false`: the ADD that makes the sandbox).
+    pub fn pod_running(mut self, running: bool) -> Self {
+        self.pod_running = running;
         self
     }
 
@@ -96,6 +104,7 @@ impl Harness {
 
     fn run<T>(&self, call: impl FnOnce() -> Result<T, String>) -> Result<T, Error> {
         native::SETTINGS.with(|s| *s.borrow_mut() = self.settings.to_string());
+        native::POD_RUNNING.with(|r| r.set(self.pod_running));
         native::LOGS.with(|l| l.borrow_mut().clear());
         let out = call();
         let logs = native::LOGS.with(|l| std::mem::take(&mut *l.borrow_mut()));
@@ -111,12 +120,18 @@ pub(crate) mod native {
 
     thread_local! {
         pub(crate) static SETTINGS: RefCell<String> = RefCell::new("null".to_string());
+        pub(crate) static POD_RUNNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         pub(crate) static LOGS: RefCell<Vec<(Level, String)>> = const { RefCell::new(Vec::new()) };
     }
 
     #[allow(dead_code)]
     pub(crate) fn settings() -> String {
         SETTINGS.with(|s| s.borrow().clone())
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn pod_running() -> bool {
+        POD_RUNNING.with(|r| r.get())
     }
 
     #[allow(dead_code)]

@@ -28,7 +28,7 @@ use wasmtime::component::{Component, HasSelf, Instance, InstancePre, Linker};
 use wasmtime::{Engine, Store, Trap};
 
 /// The version of the `plexus:hooks` WIT package this host implements.
-pub const WIT_VERSION: &str = "0.1.0";
+pub const WIT_VERSION: &str = "0.1.1";
 
 /// Longest deny reason passed on (the rest is cut).
 const REASON_CAP: usize = 4096;
@@ -114,6 +114,8 @@ pub struct Hooks {
     runtime: Option<Runtime>,
     /// Every call made, in order, with its outcome (for the node daemon's metrics).
     calls: std::sync::Mutex<Vec<HookCall>>,
+    /// What `host.pod-running` answers (see [`Hooks::set_pod_running`]).
+    pod_running: bool,
 }
 
 /// One hook call and how it ended: `allow` (admitted, rewrote, resolved or shaped), `deny` (a policy hook
@@ -214,6 +216,12 @@ fn check_specs(specs: &[HookSpec]) -> Result<(), HookError> {
 }
 
 impl Hooks {
+    /// Whether the calls are part of a change of a running pod's networks (the node daemon's dynamic
+    /// networks) rather than the ADD that makes its sandbox: what every hook's `host.pod-running` answers.
+    pub fn set_pod_running(&mut self, running: bool) {
+        self.pod_running = running;
+    }
+
     /// Loads the hooks in configured order, compiling each distinct component once and caching the
     /// result under `cache_dir/hooks`.
     pub fn load(specs: &[HookSpec], cache_dir: &Path) -> Result<Hooks, HookError> {
@@ -229,6 +237,7 @@ impl Hooks {
         if specs.is_empty() {
             return Ok(Hooks {
                 calls: Default::default(),
+                pod_running: false,
                 hooks: Vec::new(),
                 artifacts: Vec::new(),
                 runtime: None,
@@ -367,6 +376,7 @@ impl Hooks {
         let ticker = engine::Ticker::start(engine.clone()).map_err(HookError::Engine)?;
         Ok(Hooks {
             calls: Default::default(),
+            pod_running: false,
             hooks,
             artifacts,
             runtime: Some(Runtime { engine, ticker }),
@@ -595,7 +605,11 @@ impl Hooks {
         };
         let mut store = Store::new(
             &rt.engine,
-            State::new(hook.info.clone(), Duration::from_millis(hook.timeout_ms)),
+            State::new(
+                hook.info.clone(),
+                Duration::from_millis(hook.timeout_ms),
+                self.pod_running,
+            ),
         );
         store.limiter(|s| &mut s.limits);
         store.set_epoch_deadline(engine::deadline_ticks(hook.timeout_ms));
@@ -707,7 +721,7 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
     wit_versions.dedup();
     let kinds = HookKind::ALL
         .into_iter()
-        .filter(|k| exports.contains(&k.interface()))
+        .filter(|k| exports.iter().any(|e| k.exported_as(e)))
         .collect();
     Ok(Inspection {
         path: path.to_path_buf(),

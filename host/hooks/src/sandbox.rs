@@ -216,10 +216,11 @@ pub(crate) struct State {
     info: Arc<HookInfo>,
     log_bytes: usize,
     pub(crate) log_dropped: usize,
+    pod_running: bool,
 }
 
 impl State {
-    pub(crate) fn new(info: Arc<HookInfo>, timeout: Duration) -> Self {
+    pub(crate) fn new(info: Arc<HookInfo>, timeout: Duration, pod_running: bool) -> Self {
         let clock_base = Instant::now();
         let stdout = CappedPipe::new(OUTPUT_CAP);
         let stderr = CappedPipe::new(OUTPUT_CAP);
@@ -247,6 +248,7 @@ impl State {
             info,
             log_bytes: 0,
             log_dropped: 0,
+            pod_running,
         }
     }
 }
@@ -304,6 +306,10 @@ impl host::Host for State {
 
     fn settings(&mut self) -> String {
         self.info.settings.clone()
+    }
+
+    fn pod_running(&mut self) -> bool {
+        self.pod_running
     }
 }
 

@@ -88,6 +88,19 @@ impl HookKind {
     pub fn interface(self) -> String {
         format!("plexus:hooks/{}@{}", self.as_str(), crate::WIT_VERSION)
     }
+
+    /// Whether an export named `name` serves this kind: its interface at this host's version or any other
+    /// patch version of the same minor (a 0.1.1 host runs components built against 0.1.0), as the component
+    /// model's semver rules for 0.x versions match them.
+    pub fn exported_as(self, name: &str) -> bool {
+        let minor = crate::WIT_VERSION
+            .rsplit_once('.')
+            .map_or(crate::WIT_VERSION, |(m, _)| m);
+        name.strip_prefix(&format!("plexus:hooks/{}@", self.as_str()))
+            .and_then(|v| v.strip_prefix(minor))
+            .and_then(|patch| patch.strip_prefix('.'))
+            .is_some_and(|patch| !patch.is_empty() && patch.bytes().all(|b| b.is_ascii_digit()))
+    }
 }
 
 impl std::fmt::Display for HookKind {

@@ -578,7 +578,9 @@ fn inspect_reports_exports_and_wit_version() {
     assert_eq!(i.kinds, HookKind::ALL.to_vec());
     assert_eq!(i.wit_versions, vec![plexus_hooks::WIT_VERSION.to_string()]);
     assert!(
-        i.imports.iter().any(|n| n == "plexus:hooks/host@0.1.0"),
+        i.imports
+            .iter()
+            .any(|n| *n == format!("plexus:hooks/host@{}", plexus_hooks::WIT_VERSION)),
         "{:?}",
         i.imports
     );
@@ -612,6 +614,9 @@ fn a_component_exporting_a_subset_loads_for_its_kinds_only() {
     let module = guest("test-policy-only");
     let i = plexus_hooks::inspect(&module).unwrap();
     assert_eq!(i.kinds, vec![HookKind::Policy]);
+    // Built against the contract's 0.1.0 (before host.pod-running): this host runs it.
+    assert_eq!(i.wit_versions, vec!["0.1.0".to_string()]);
+    assert_ne!(plexus_hooks::WIT_VERSION, "0.1.0");
 
     let mut s = HookSpec::new("only", HookKind::Policy, &module);
     s.settings = Some(json!({"k": 1}));
@@ -633,7 +638,7 @@ fn a_component_exporting_a_subset_loads_for_its_kinds_only() {
         Hooks::load_uncached(&[HookSpec::new("only", HookKind::Status, &module)]).unwrap_err();
     assert!(
         matches!(&err, HookError::Load { error: LoadError::MissingExport { interface, .. }, .. }
-            if interface == "plexus:hooks/status@0.1.0"),
+            if *interface == format!("plexus:hooks/status@{}", plexus_hooks::WIT_VERSION)),
         "{err}"
     );
     assert!(
@@ -656,4 +661,35 @@ fn sleeping_guest_times_out_too() {
         "hook \"sleeper\" (policy): timed out after 50 ms"
     );
     assert!(elapsed < Duration::from_millis(50 * 20), "{elapsed:?}");
+}
+
+#[test]
+fn a_hook_is_told_whether_the_pod_is_running() {
+    let selections = vec![json!({"name": "start-only-a", "namespace": "team-a"})];
+    let mut hooks = load(&[spec("running", HookKind::Policy, "test-pod-running")]);
+    // The ADD that makes the sandbox: not running.
+    assert_eq!(
+        hooks.policy(&pod(), selections.clone()).unwrap(),
+        PolicyOutcome::Admit(selections.clone())
+    );
+    // A change of a running pod's networks.
+    hooks.set_pod_running(true);
+    match hooks.policy(&pod(), selections).unwrap() {
+        PolicyOutcome::Deny { reason, .. } => {
+            assert!(reason.contains("team-a/start-only-a"), "{reason}")
+        }
+        other => panic!("expected the guest's deny, got {other:?}"),
+    }
+}
+
+#[test]
+fn exports_of_other_patch_versions_serve_and_other_minors_do_not() {
+    assert!(HookKind::Policy.exported_as("plexus:hooks/policy@0.1.0"));
+    assert!(HookKind::Policy.exported_as(&HookKind::Policy.interface()));
+    assert!(HookKind::Policy.exported_as("plexus:hooks/policy@0.1.17"));
+    assert!(!HookKind::Policy.exported_as("plexus:hooks/policy@0.2.0"));
+    assert!(!HookKind::Policy.exported_as("plexus:hooks/policy@0.10.0"));
+    assert!(!HookKind::Policy.exported_as("plexus:hooks/policy@0.1.0-rc1"));
+    assert!(!HookKind::Policy.exported_as("plexus:hooks/status@0.1.0"));
+    assert!(!HookKind::Policy.exported_as("plexus:hooks/policy"));
 }

@@ -361,11 +361,10 @@ fn load_hooks(conf: &plexus_cni::conf::PlexusConf) -> Result<Box<dyn HookRunner>
     if conf.hooks.is_empty() && set.is_none() {
         return Ok(Box::new(NoHooks));
     }
-    Ok(Box::new(plexus_cni::hooks::load(
-        &conf.hooks,
-        set,
-        &conf.cache_dir,
-    )?))
+    let mut hooks = plexus_cni::hooks::load(&conf.hooks, set, &conf.cache_dir)?;
+    // What `host.pod-running` tells every hook of a change.
+    hooks.set_pod_running(true);
+    Ok(Box::new(hooks))
 }
 
 /// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
