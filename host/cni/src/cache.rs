@@ -194,7 +194,15 @@ impl AttachmentCache {
             path: root.display().to_string(),
             source,
         };
-        std::fs::create_dir_all(&root).map_err(io)?;
+        // Root's alone whatever the runtime's umask: the node daemon acts on plans only from such a cache.
+        {
+            use std::os::unix::fs::DirBuilderExt as _;
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o755)
+                .create(&root)
+                .map_err(io)?;
+        }
         // Made just above; gone again only if something removed it meanwhile.
         Self::open_existing(cache_dir)?.ok_or_else(|| io(std::io::ErrorKind::NotFound.into()))
     }
@@ -323,6 +331,8 @@ impl AttachmentCache {
             let written = (|| {
                 let mut opts = cap_std::fs::OpenOptions::new();
                 opts.write(true).create(true).truncate(true);
+                // Never writable by others, whatever the runtime's umask (see `open`).
+                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o644);
                 let mut f = self.dir.open_with(&tmp, &opts)?;
                 f.write_all(&bytes)?;
                 drop(f);

@@ -208,8 +208,53 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
     }
 }
 
-/// Every sandbox whose plan records its runtime context (plans of earlier versions cannot be changed).
+/// Whether only root (or this process's user) can have written `path`: not a symlink, of the expected kind,
+/// owned by root or us, writable by no group or other. A plan names the delegates the daemon runs as root, so a
+/// plan someone else could have written is never acted on.
+fn trusted(path: &std::path::Path, dir: bool) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
+    let kind_ok = if dir {
+        meta.file_type().is_dir()
+    } else {
+        meta.file_type().is_file()
+    };
+    if !kind_ok {
+        return Err(format!(
+            "not a {} (a symlink is not followed)",
+            if dir { "directory" } else { "regular file" }
+        ));
+    }
+    let us = rustix::process::geteuid().as_raw();
+    if meta.uid() != 0 && meta.uid() != us {
+        return Err(format!("owned by uid {}", meta.uid()));
+    }
+    if meta.mode() & 0o022 != 0 {
+        return Err(format!(
+            "mode {:o} lets others write to it",
+            meta.mode() & 0o7777
+        ));
+    }
+    Ok(())
+}
+
+/// Every sandbox whose plan records its runtime context (plans of earlier versions cannot be changed), from a
+/// cache only root can write (see [`trusted`]).
 fn recorded(cache_dir: &std::path::Path) -> Vec<Recorded> {
+    for (path, dir) in [
+        (cache_dir.to_path_buf(), true),
+        (cache_dir.join("attachments"), true),
+    ] {
+        match trusted(&path, dir) {
+            Ok(()) => {}
+            // No sandbox yet.
+            Err(_) if !path.exists() => return Vec::new(),
+            Err(why) => {
+                tracing::warn!(path = %path.display(), "dynamic networks: the attachment cache is not root's alone ({why}); no sandbox is changed");
+                return Vec::new();
+            }
+        }
+    }
     let Ok(Some(cache)) = AttachmentCache::open_existing(cache_dir) else {
         return Vec::new();
     };
@@ -218,6 +263,10 @@ fn recorded(cache_dir: &std::path::Path) -> Vec<Recorded> {
     };
     ids.into_iter()
         .filter_map(|id| {
+            if let Err(why) = trusted(&cache.path_of(&id), false) {
+                tracing::warn!(container = %id, "dynamic networks: its plan is not root's alone ({why}); not changed");
+                return None;
+            }
             let plan = cache.load(&id).ok()??;
             let rt = plan.runtime?;
             Some(Recorded {
@@ -427,5 +476,63 @@ impl Cluster for LocalCluster {
             message.into(),
         );
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn chmod(path: &std::path::Path, mode: u32) {
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).unwrap();
+    }
+
+    #[test]
+    fn only_plans_of_a_cache_no_one_else_can_write_are_acted_on() {
+        let dir = tempfile::tempdir().unwrap();
+        let cache_dir = dir.path().join("cache");
+        assert!(recorded(&cache_dir).is_empty(), "no cache yet");
+        let cache = AttachmentCache::open(&cache_dir).unwrap();
+        chmod(&cache_dir, 0o755);
+        chmod(&cache_dir.join("attachments"), 0o755);
+        let pod = PodRef {
+            namespace: "team-a".into(),
+            name: "web".into(),
+            uid: Some("u1".into()),
+        };
+        let mut plan =
+            plexus_cni::cache::AttachmentPlan::new("c1", Some("/run/netns/x"), "1.0.0", Some(pod));
+        plan.runtime = Some(plexus_cni::cache::RuntimeContext {
+            networks: Some("net-a".into()),
+            ..Default::default()
+        });
+        cache.store(&plan).unwrap();
+        // A plan of an earlier version (no runtime context) is left alone.
+        let mut old = plexus_cni::cache::AttachmentPlan::new("c2", None, "1.0.0", None);
+        old.runtime = None;
+        cache.store(&old).unwrap();
+        let found = recorded(&cache_dir);
+        assert_eq!(found.len(), 1);
+        assert_eq!(
+            (found[0].container_id.as_str(), found[0].networks.as_deref()),
+            ("c1", Some("net-a"))
+        );
+        // Anyone may write into the directory: nothing is acted on.
+        chmod(&cache_dir.join("attachments"), 0o777);
+        assert!(recorded(&cache_dir).is_empty());
+        chmod(&cache_dir.join("attachments"), 0o755);
+        chmod(&cache_dir, 0o775);
+        assert!(recorded(&cache_dir).is_empty());
+        chmod(&cache_dir, 0o755);
+        // A plan file others may write is skipped; the others are not.
+        chmod(&cache.path_of("c1"), 0o666);
+        assert!(recorded(&cache_dir).is_empty());
+        chmod(&cache.path_of("c1"), 0o644);
+        assert_eq!(recorded(&cache_dir).len(), 1);
+        // A plan that is a symlink is not followed.
+        std::fs::rename(cache.path_of("c1"), dir.path().join("elsewhere.json")).unwrap();
+        std::os::unix::fs::symlink(dir.path().join("elsewhere.json"), cache.path_of("c1")).unwrap();
+        assert!(recorded(&cache_dir).is_empty());
     }
 }
