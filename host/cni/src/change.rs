@@ -89,6 +89,39 @@ impl Sandbox {
         }))
     }
 
+    /// Whether the sandbox is up: its cluster network attached (an ADD that was killed leaves a plan without
+    /// that result; its runtime repeats the ADD or tears it down).
+    pub fn is_up(&self) -> bool {
+        self.plan
+            .attachments
+            .first()
+            .is_some_and(|a| a.is_default && a.result.is_some())
+    }
+
+    /// Repairs what a change killed in the middle left (the daemon's crash or `kill -9` during a change): its
+    /// additions are in the plan without a result. Each gets its DEL (best effort: it may never have run) and
+    /// leaves the plan, so that the next change attaches it again from the annotation. How many went.
+    pub fn repair(&mut self, fx: &Effects<'_>) -> Result<usize, PlexusError> {
+        let unfinished: Vec<usize> = (0..self.plan.attachments.len())
+            .filter(|&i| {
+                let a = &self.plan.attachments[i];
+                !a.is_default && a.result.is_none()
+            })
+            .collect();
+        if unfinished.is_empty() {
+            return Ok(0);
+        }
+        let teardown = Teardown::of_invocation(&self.inv, fx);
+        for &i in unfinished.iter().rev() {
+            let att = self.plan.attachments.remove(i);
+            if let Err(e) = teardown.detach(&att) {
+                tracing::debug!(container = %self.inv.container_id, "DEL of an attachment a change never finished: {e}");
+            }
+        }
+        self.cache.store(&self.plan)?;
+        Ok(unfinished.len())
+    }
+
     /// The pod's `k8s.v1.cni.cncf.io/networks` annotation the plan was made from.
     pub fn networks(&self) -> Option<&str> {
         self.plan.runtime.as_ref()?.networks.as_deref()

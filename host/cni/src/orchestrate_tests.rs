@@ -928,6 +928,37 @@ mod change {
     }
 
     #[test]
+    fn what_a_change_killed_in_the_middle_left_is_torn_down_and_attached_again() {
+        let node = Node::new("1.0.0");
+        added(&node, "a");
+        // A change stored its plan with b appended, then died before b's result was journaled.
+        let cache = crate::cache::AttachmentCache::open(&node.path("cache")).unwrap();
+        let mut plan = cache.load("c1").unwrap().unwrap();
+        let mut b = plan.attachments[1].clone();
+        b.network = "ns/b".into();
+        b.ifname = "net2".into();
+        b.result = None;
+        plan.attachments.push(b);
+        cache.store(&plan).unwrap();
+        let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+        let mut sb = open(&node);
+        assert!(sb.is_up());
+        assert_eq!(sb.repair(&effects(&exec, &cluster)).unwrap(), 1);
+        assert_eq!(exec.summary(), vec![s("a-plugin", "DEL", "net2")]);
+        assert_eq!(
+            cached_networks(&node),
+            (vec!["eth0".into(), "net1".into()], json!("a"))
+        );
+        // Nothing left to repair; a sandbox whose ADD never attached its cluster network is not up.
+        assert_eq!(sb.repair(&effects(&exec, &cluster)).unwrap(), 0);
+        drop(sb);
+        let mut plan = cache.load("c1").unwrap().unwrap();
+        plan.attachments[0].result = None;
+        cache.store(&plan).unwrap();
+        assert!(!open(&node).is_up());
+    }
+
+    #[test]
     fn a_removal_runs_from_the_cache_without_the_nad_and_a_failed_del_keeps_the_attachment() {
         let node = Node::new("1.0.0");
         added(&node, "a,b");

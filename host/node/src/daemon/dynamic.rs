@@ -311,7 +311,7 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
         _ => return Outcome::Nothing,
     };
     let networks = pod.networks_annotation().map(str::to_string);
-    if sb.networks() == networks.as_deref() {
+    if sb.networks() == networks.as_deref() || !sb.is_up() {
         return Outcome::Nothing;
     }
     let refuse = |error: String, retry: bool| Outcome::Failed {
@@ -339,6 +339,13 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
         hooks: hooks.as_ref(),
         devices: &devices,
     };
+    match sb.repair(&fx) {
+        Ok(0) => {}
+        Ok(n) => {
+            tracing::info!(pod = %pod_ref, container = %container_id, "removed {n} attachment(s) a change killed in the middle left")
+        }
+        Err(e) => return failed(e.to_string()),
+    }
     let wanted = match sb.wanted(&fx, &pod) {
         Ok(w) => w,
         Err(e) => {
