@@ -759,15 +759,17 @@ fn hotplug_latency(
         Duration::from_secs(120),
         |h| h.synced() && h.cache.pods == PODS + PODS_10 + 1,
     )?;
-    let run = w
-        .plexus_args(
+    let cni = |command: &str| {
+        w.plexus_args(
             &o.plexus,
             served,
-            "ADD",
+            command,
             "hotplug-0",
             &args("hotplug", &uid),
         )
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| e.to_string())
+    };
+    let run = cni("ADD")?;
     if !run.success {
         return Err(format!(
             "hot-plug ADD: {}",
@@ -803,15 +805,7 @@ fn hotplug_latency(
             into.push(ms(t.elapsed()));
         }
     }
-    let del = w
-        .plexus_args(
-            &o.plexus,
-            served,
-            "DEL",
-            "hotplug-0",
-            &args("hotplug", &uid),
-        )
-        .map_err(|e| e.to_string())?;
+    let del = cni("DEL")?;
     log(&format!(
         "daemon: hot-plug attach median {:.1} ms, detach median {:.1} ms",
         stats::summary(&attach)["median"].as_f64().unwrap_or(0.0),

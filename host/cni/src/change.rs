@@ -114,9 +114,8 @@ impl Sandbox {
         let teardown = Teardown::of_invocation(&self.inv, fx);
         for &i in unfinished.iter().rev() {
             let att = self.plan.attachments.remove(i);
-            if let Err(e) = teardown.detach(&att) {
-                tracing::debug!(container = %self.inv.container_id, "DEL of an attachment a change never finished: {e}");
-            }
+            // Without a result, a failed DEL is only logged.
+            let _ = teardown.detach_settled(&att);
         }
         self.cache.store(&self.plan)?;
         Ok(unfinished.len())
@@ -129,20 +128,14 @@ impl Sandbox {
 
     /// The pod's selections as an ADD would take them now: parsed (spec 4.1) and through the policy hooks.
     pub fn wanted(&self, fx: &Effects<'_>, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
-        Planner::new(&self.inv, fx).wanted(pod)
+        Planner::new(&self.inv, fx).selections(pod)
     }
 
     /// Records that the plan matches `pod`'s annotation without changing any attachment (a change that asked
     /// for nothing, or only reordered the selections).
     pub fn settle(&mut self, pod: &Pod) -> Result<(), PlexusError> {
-        self.record_networks(pod);
+        record_networks(&mut self.plan, pod);
         self.cache.store(&self.plan)
-    }
-
-    fn record_networks(&mut self, pod: &Pod) {
-        if let Some(rt) = self.plan.runtime.as_mut() {
-            rt.networks = pod.networks_annotation().map(str::to_string);
-        }
     }
 
     /// Carries `edit` out (see the module docs). An error means nothing changed: what it attached was torn
@@ -210,13 +203,8 @@ impl Sandbox {
             let Some(att) = plan.attachments.get(i).filter(|a| !a.is_default) else {
                 continue;
             };
-            match teardown.detach(att) {
+            match teardown.detach_settled(att) {
                 Ok(()) => {
-                    applied.detached.push(describe(att));
-                    gone.push(i);
-                }
-                Err(e) if att.result.is_none() => {
-                    tracing::warn!(container = %inv.container_id, "DEL of an attachment that never finished ADD failed: {e}");
                     applied.detached.push(describe(att));
                     gone.push(i);
                 }
@@ -228,15 +216,20 @@ impl Sandbox {
         for i in gone {
             plan.attachments.remove(i);
         }
-        if let Some(rt) = plan.runtime.as_mut() {
-            rt.networks = pod.networks_annotation().map(str::to_string);
-        }
+        record_networks(&mut plan, pod);
         self.cache.store(&plan)?;
         if let Err(e) = publish_announcing(inv, fx, &plan, Some(pod), announce_from) {
             tracing::warn!(pod = %label, "network-status after a change: {e}");
         }
         self.plan = plan;
         Ok(applied)
+    }
+}
+
+/// Records in `plan` that its selections are `pod`'s annotation as it is now.
+fn record_networks(plan: &mut AttachmentPlan, pod: &Pod) {
+    if let Some(rt) = plan.runtime.as_mut() {
+        rt.networks = pod.networks_annotation().map(str::to_string);
     }
 }
 

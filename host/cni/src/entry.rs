@@ -12,7 +12,7 @@ use crate::daemon::proto::Report;
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::exec::{ProcessExec, RecordingExec};
-use crate::hooks::{HookRunner, HookSet, NoHooks};
+use crate::hooks::{HookRunner, NoHooks};
 use crate::invocation::{command_of, Command, Invocation};
 use crate::orchestrate;
 use crate::podnet::IpRoute;
@@ -175,22 +175,11 @@ fn run_inner(
         }
     };
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
-    // The node's hook set is read once, here: the whole ADD runs the set it saw.
-    let set = if command == Command::Add && inv.conf.cluster_hooks {
-        HookSet::read(&inv.conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
+    let hooks: Box<dyn HookRunner> = if command == Command::Add {
+        crate::hooks::for_conf(&inv.conf, false)?
     } else {
-        None
+        Box::new(NoHooks)
     };
-    let hooks: Box<dyn HookRunner> =
-        if command == Command::Add && (!inv.conf.hooks.is_empty() || set.is_some()) {
-            Box::new(crate::hooks::load(
-                &inv.conf.hooks,
-                set,
-                &inv.conf.cache_dir,
-            )?)
-        } else {
-            Box::new(NoHooks)
-        };
     let devices = KubeletPodResources {
         socket: inv.conf.pod_resources_socket.clone(),
         timeout: POD_RESOURCES_TIMEOUT,

@@ -8,6 +8,7 @@ use plexus_hooks::{HookSpec, Hooks, PolicyOutcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
+use crate::conf::PlexusConf;
 use crate::error::PlexusError;
 
 /// The hook points, as orchestration calls them.
@@ -62,6 +63,23 @@ impl HookRunner for NoHooks {
     fn status(&self, _: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError> {
         Ok(entries)
     }
+}
+
+/// The hooks an ADD with `conf` runs: the conf's own, then the node's active hook set (read once, here: the
+/// whole ADD runs the set it saw); none loaded when there are none. `pod_running` is what `host.pod-running`
+/// answers them: true for a change of a running pod's networks (the node daemon), false in an ADD.
+pub fn for_conf(conf: &PlexusConf, pod_running: bool) -> Result<Box<dyn HookRunner>, PlexusError> {
+    let set = if conf.cluster_hooks {
+        HookSet::read(&conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
+    } else {
+        None
+    };
+    if conf.hooks.is_empty() && set.is_none() {
+        return Ok(Box::new(NoHooks));
+    }
+    let mut hooks = load(&conf.hooks, set, &conf.cache_dir)?;
+    hooks.set_pod_running(pod_running);
+    Ok(Box::new(hooks))
 }
 
 /// Loads the conf's `hooks` list, then the node's active hook set when given (compiled artifacts cached under

@@ -385,12 +385,6 @@ impl<'a> Planner<'a> {
         Ok(self.attachment(sel, ifname, list, None))
     }
 
-    /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4), for a change of a running
-    /// pod's attachments.
-    pub(crate) fn wanted(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
-        self.selections(pod)
-    }
-
     /// The plan of a DEL that found no cache entry (the cache was lost, or ADD never got as far as planning):
     /// everything that still resolves. What does not is named in the log and, where the cluster answered, in
     /// an event on the pod; the DEL goes on without it (docs/conformance.md, "DEL without a cache"). The flag
@@ -435,7 +429,7 @@ impl<'a> Planner<'a> {
     }
 
     /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
-    fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+    pub(crate) fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
         let Some(raw) = pod.networks_annotation() else {
             return Ok(Vec::new());
         };

@@ -54,17 +54,23 @@ impl<'a> Teardown<'a> {
         from: usize,
         upto: usize,
     ) -> Vec<PlexusError> {
-        let mut errors = Vec::new();
-        for att in plan.attachments[from..upto].iter().rev() {
-            match self.detach(att) {
-                Err(e) if att.result.is_none() => {
-                    tracing::warn!(container = %self.container_id, "DEL of an attachment that never finished ADD failed: {e}");
-                }
-                Err(e) => errors.push(e),
-                Ok(()) => {}
+        plan.attachments[from..upto]
+            .iter()
+            .rev()
+            .filter_map(|att| self.detach_settled(att).err())
+            .collect()
+    }
+
+    /// DEL of one attachment; one without a result never finished ADD (see [`Self::run`]): its failure is only
+    /// logged.
+    pub(crate) fn detach_settled(&self, att: &Attachment) -> Result<(), PlexusError> {
+        match self.detach(att) {
+            Err(e) if att.result.is_none() => {
+                tracing::warn!(container = %self.container_id, "DEL of an attachment that never finished ADD failed: {e}");
+                Ok(())
             }
+            done => done,
         }
-        errors
     }
 
     /// DEL of one attachment's list, with its cached result.

@@ -69,8 +69,10 @@ fn trusted_owner(uid: u32) -> bool {
     uid == 0 || uid == rustix::process::geteuid().as_raw()
 }
 
-/// Why `meta` may not be trusted, if it may not.
-fn distrust(meta: &fs::Metadata) -> Option<String> {
+/// Why a file or directory whose content makes root run code (compiled hooks here, attachment plans for the
+/// node daemon) may not be trusted, if it may not: owned by anyone but root or this process's user, or
+/// writable by group or others.
+pub fn distrust(meta: &fs::Metadata) -> Option<String> {
     if !trusted_owner(meta.uid()) {
         return Some(format!("owned by uid {}", meta.uid()));
     }

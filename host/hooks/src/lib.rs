@@ -12,7 +12,7 @@ mod error;
 mod sandbox;
 mod spec;
 
-pub use cache::ArtifactSource;
+pub use cache::{distrust, ArtifactSource};
 pub use error::{Fault, HookError, LoadError};
 pub use spec::{FailurePolicy, HookKind, HookSpec, DEFAULT_MEMORY_LIMIT_MIB, DEFAULT_TIMEOUT_MS};
 

@@ -24,9 +24,7 @@ use plexus_cluster::{Cluster, ClusterError, Lookup};
 use plexus_cni::cache::AttachmentCache;
 use plexus_cni::change::{Edit, Sandbox};
 use plexus_cni::effects::Effects;
-use plexus_cni::error::PlexusError;
 use plexus_cni::exec::ProcessExec;
-use plexus_cni::hooks::{HookRunner, HookSet, NoHooks};
 use plexus_cni::podnet::IpRoute;
 use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
@@ -209,10 +207,9 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
 }
 
 /// Whether only root (or this process's user) can have written `path`: not a symlink, of the expected kind,
-/// owned by root or us, writable by no group or other. A plan names the delegates the daemon runs as root, so a
-/// plan someone else could have written is never acted on.
+/// and trusted as the compiled hooks are ([`plexus_hooks::distrust`]). A plan names the delegates the daemon
+/// runs as root, so a plan someone else could have written is never acted on.
 fn trusted(path: &std::path::Path, dir: bool) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
     let meta = std::fs::symlink_metadata(path).map_err(|e| e.to_string())?;
     let kind_ok = if dir {
         meta.file_type().is_dir()
@@ -225,17 +222,7 @@ fn trusted(path: &std::path::Path, dir: bool) -> Result<(), String> {
             if dir { "directory" } else { "regular file" }
         ));
     }
-    let us = rustix::process::geteuid().as_raw();
-    if meta.uid() != 0 && meta.uid() != us {
-        return Err(format!("owned by uid {}", meta.uid()));
-    }
-    if meta.mode() & 0o022 != 0 {
-        return Err(format!(
-            "mode {:o} lets others write to it",
-            meta.mode() & 0o7777
-        ));
-    }
-    Ok(())
+    plexus_hooks::distrust(&meta).map_or(Ok(()), Err)
 }
 
 /// Every sandbox whose plan records its runtime context (plans of earlier versions cannot be changed), from a
@@ -324,7 +311,7 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
         handle: tokio::runtime::Handle::current(),
     };
     let conf = &sb.inv.conf;
-    let hooks: Box<dyn HookRunner> = match load_hooks(conf) {
+    let hooks = match plexus_cni::hooks::for_conf(conf, true) {
         Ok(h) => h,
         Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
     };
@@ -405,22 +392,6 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
             refuse(e.to_string(), retry)
         }
     }
-}
-
-/// The hooks an ADD of this conf would run: the conf's own, then the node's published set.
-fn load_hooks(conf: &plexus_cni::conf::PlexusConf) -> Result<Box<dyn HookRunner>, PlexusError> {
-    let set = if conf.cluster_hooks {
-        HookSet::read(&conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
-    } else {
-        None
-    };
-    if conf.hooks.is_empty() && set.is_none() {
-        return Ok(Box::new(NoHooks));
-    }
-    let mut hooks = plexus_cni::hooks::load(&conf.hooks, set, &conf.cache_dir)?;
-    // What `host.pod-running` tells every hook of a change.
-    hooks.set_pod_running(true);
-    Ok(Box::new(hooks))
 }
 
 /// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
