@@ -21,6 +21,9 @@ if [[ $(id -u) != 0 ]]; then
 fi
 bash "$here/setup.sh"
 cd "$root"
+# The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
+PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
+export PLEXUS_KUBE_BIN
 mkdir -p "${CARGO_TARGET_DIR:-$root/target}"
 target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
 

@@ -1514,3 +1514,44 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     cni("DEL", "bare1", "bare", &uid2).ok();
     assert!(ipam.reserved_ips("net-b").is_empty());
 }
+
+/// The daemon changes a sandbox only from a plan no one but root can have written (a plan names the delegates it
+/// runs as root). The CNI binary writes its cache that way whatever umask the runtime gives it: here none at all.
+#[test]
+fn the_cni_binary_writes_its_cache_root_only_under_any_umask() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0").fakes(&["secondary-plugin"]);
+    sb.pod("team-a", "p", Some("net-b"));
+    sb.nad("team-a", "net-b", Some(nad_config("net-b", "b")));
+    let wrapper = sb.path("plexus-umask-0");
+    std::fs::write(
+        &wrapper,
+        format!(
+            "#!/bin/sh\numask 000\nexec '{}' \"$@\"\n",
+            plexus_bin().display()
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::remove_dir_all(sb.path("cache")).unwrap();
+    let conf = sb.conf(json!({"daemon": false}));
+    sb.run_bin(
+        &wrapper,
+        "ADD",
+        "c1",
+        &Sandbox::pod_args("team-a", "p"),
+        &conf,
+    )
+    .ok();
+    let mut paths = vec![sb.path("cache"), sb.path("cache/attachments")];
+    paths.extend(
+        std::fs::read_dir(sb.path("cache/attachments"))
+            .unwrap()
+            .map(|e| e.unwrap().path()),
+    );
+    assert!(paths.len() > 2, "a plan was written: {paths:?}");
+    for p in &paths {
+        let mode = std::fs::symlink_metadata(p).unwrap().mode() & 0o777;
+        assert_eq!(mode & 0o022, 0, "{} is {mode:o}", p.display());
+    }
+}

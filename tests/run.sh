@@ -10,14 +10,15 @@ if [ "$(id -u)" != 0 ]; then
     exit 1
 fi
 
-step() { printf '\n==> %s\n' "$*" >&2; }
+# Each step says how far into the run it starts (seconds), so a slow step shows in CI's log.
+step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*" >&2; }
 
 step "set-up (apt packages, guest toolchain)"
 bash tests/setup.sh
 
-step "set-up: a real kube-apiserver for the daemon tests (built once per machine, then cached)"
-PLEXUS_KUBE_APISERVER=$(bash tests/kube-apiserver.sh)
-export PLEXUS_KUBE_APISERVER
+step "set-up: a real kube-apiserver and kubelet for the node tests (built once per machine, then cached)"
+PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
+export PLEXUS_KUBE_BIN
 
 step "style: cargo fmt --check"
 cargo fmt --all --check
@@ -47,6 +48,7 @@ step "test: host workspace"
 status=0
 cargo test --release --workspace --no-fail-fast 2>&1 | tee -a "$log" || status=$?
 
+step "done"
 # One closing line for the whole run (guests and host), whatever cargo printed last.
 awk '/^test result:/ { p += $4; f += $6 } END { printf "plexus: %d passed, %d failed\n", p, f }' "$log"
 exit "$status"

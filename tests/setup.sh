@@ -15,7 +15,7 @@ PKGS=(
   # a real container runtime for the teardown tests: containerd (CRI plugin) with runc, and a static busybox
   # for the pause image the tests build
   containerd runc busybox-static
-  # the node daemon's tests: etcd under a real kube-apiserver (tests/kube-apiserver.sh builds that), TLS keys,
+  # the node daemon's tests: etcd under a real kube-apiserver (tests/kubernetes.sh builds that), TLS keys,
   # HTTP to both
   etcd-server openssl curl
   # hook distribution: the CNCF distribution registry (docker-registry) as the OCI registry, on loopback

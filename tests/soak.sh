@@ -25,8 +25,8 @@ echo "soak: building (release)" >&2
 cargo build --release --workspace --bins
 bash guests/build.sh
 # The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
-PLEXUS_KUBE_APISERVER=$(bash tests/kube-apiserver.sh)
-export PLEXUS_KUBE_APISERVER
+PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
+export PLEXUS_KUBE_BIN
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

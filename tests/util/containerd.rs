@@ -2,8 +2,8 @@
 //!
 //! Everything lives in a temp dir: root, state, the gRPC socket, the CNI bin and conf dirs. No image can be
 //! pulled here, so the sandbox ("pause") image is built by [`pause_image`] from Debian's static busybox and
-//! imported. Dropping a [`Containerd`] stops and removes the sandboxes it ran, kills containerd and its shims
-//! and unmounts what they left.
+//! imported. Dropping a [`Containerd`] stops and removes every sandbox it runs (the test's and a kubelet's),
+//! kills containerd and its shims and unmounts what they left.
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -188,7 +188,14 @@ impl Drop for Containerd {
     fn drop(&mut self) {
         if self.child.is_some() {
             if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(10)) {
-                for id in &self.sandboxes {
+                // Those a kubelet ran too: their DEL releases what the CNI plugin attached.
+                let mut ids = self.sandboxes.clone();
+                for sandbox in cri.list_pod_sandboxes().unwrap_or_default() {
+                    if !ids.contains(&sandbox.id) {
+                        ids.push(sandbox.id);
+                    }
+                }
+                for id in &ids {
                     let _ = cri.stop_pod_sandbox(id);
                     let _ = cri.remove_pod_sandbox(id);
                 }

@@ -1,5 +1,5 @@
 //! A minimal CRI client (`runtime.v1.RuntimeService`), to drive a real containerd the way kubelet does:
-//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus. gRPC over the runtime's unix socket.
+//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox. gRPC over the runtime's unix socket.
 //!
 //! Only the messages and fields these calls need are declared (with prost's derive); unknown fields in answers
 //! are skipped by protobuf's rules. Field numbers are those of the CRI API (`k8s.io/cri-api`,
@@ -95,6 +95,23 @@ pub struct PodSandboxStatusResponse {
     /// With `verbose`: JSON documents, among them the sandbox's network namespace path.
     #[prost(map = "string, string", tag = "2")]
     pub info: HashMap<String, String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListPodSandboxRequest {}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct PodSandbox {
+    #[prost(string, tag = "1")]
+    pub id: String,
+    #[prost(message, optional, tag = "2")]
+    pub metadata: Option<PodSandboxMetadata>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ListPodSandboxResponse {
+    #[prost(message, repeated, tag = "1")]
+    pub items: Vec<PodSandbox>,
 }
 
 /// A connection to one runtime's CRI socket. Every call is bounded by `timeout`.
@@ -209,6 +226,15 @@ impl Cri {
         };
         self.call::<_, Empty>("/runtime.v1.RuntimeService/RemovePodSandbox", req)
             .map(drop)
+    }
+
+    /// Every sandbox the runtime knows, whoever ran it (the test or a kubelet).
+    pub fn list_pod_sandboxes(&self) -> Result<Vec<PodSandbox>, CriError> {
+        let resp: ListPodSandboxResponse = self.call(
+            "/runtime.v1.RuntimeService/ListPodSandbox",
+            ListPodSandboxRequest {},
+        )?;
+        Ok(resp.items)
     }
 
     pub fn pod_sandbox_status(&self, id: &str) -> Result<PodSandboxStatusResponse, CriError> {

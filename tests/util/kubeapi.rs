@@ -1,5 +1,5 @@
 //! A real Kubernetes API server for the tests: kube-apiserver 1.20.2 (built from Debian's sources by
-//! `tests/kube-apiserver.sh`, once per machine) over Debian's etcd, both on loopback, both stopped and their
+//! `tests/kubernetes.sh`, once per machine) over Debian's etcd, both on loopback, both stopped and their
 //! data removed when the value is dropped.
 //!
 //! Static tokens stand in for credentials: `admin` (system:masters) sets up, and each other token is a service
@@ -25,21 +25,9 @@ pub struct KubeApiServer {
     etcd_port: u16,
 }
 
-/// The kube-apiserver binary: `$PLEXUS_KUBE_APISERVER`, else the build script's cache.
+/// The kube-apiserver binary of the cached Kubernetes build.
 pub fn apiserver_bin() -> PathBuf {
-    if let Some(p) = std::env::var_os("PLEXUS_KUBE_APISERVER") {
-        return p.into();
-    }
-    let cache = std::env::var_os("PLEXUS_KUBE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| "/var/cache/plexus-tests".into());
-    let bin = cache.join("kube-apiserver-1.20.2/kube-apiserver");
-    assert!(
-        bin.exists(),
-        "{} is missing: run `bash tests/kube-apiserver.sh` (tests/run.sh does)",
-        bin.display()
-    );
-    bin
+    crate::kubelet::kube_bin("kube-apiserver")
 }
 
 fn free_port() -> u16 {
@@ -105,6 +93,13 @@ impl KubeApiServer {
             &d.join("sa.pub").display().to_string(),
         ]));
         let mut tokens = String::from("admin-token,admin,admin-uid,\"system:masters\"\n");
+        // The node a kubelet registers (tests/util/kubelet.rs): the Node authorizer's user and group.
+        tokens.push_str(&format!(
+            "{},system:node:{},uid-{},\"system:nodes,system:authenticated\"\n",
+            crate::kubelet::NODE_TOKEN,
+            crate::kubelet::NODE,
+            crate::kubelet::NODE,
+        ));
         let mut all_users = vec![("plexus-token", "kube-system/plexus")];
         all_users.extend_from_slice(users);
         for (token, account) in all_users {

@@ -506,6 +506,21 @@ impl Drop for NetNs {
     }
 }
 
+/// Every interface inside the network namespace at `path` (one a runtime made, say), with its addresses.
+pub fn links_at(path: &Path) -> Vec<Link> {
+    let out = output_ok(
+        Command::new("nsenter")
+            .arg(format!("--net={}", path.display()))
+            .args(["ip", "-d", "-j", "addr", "show"]),
+    );
+    serde_json::from_str(if out.trim().is_empty() { "[]" } else { &out }).unwrap_or_else(|e| {
+        panic!(
+            "`ip addr` in {} printed unexpected JSON ({e})",
+            path.display()
+        )
+    })
+}
+
 /// Every interface in the host (the test process's) namespace, to catch leaked veths.
 pub fn host_links() -> Vec<Link> {
     ip_json(&["-d", "-j", "addr", "show"])

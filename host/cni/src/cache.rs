@@ -37,6 +37,10 @@ use crate::error::PlexusError;
 
 const FORMAT: u32 = 1;
 
+/// The most bytes of a plan or a results journal the cache reads (a plan of many attachments with their results
+/// is tens of KiB).
+const FILE_CAP: u64 = 16 << 20;
+
 /// Everything needed to repeat an operation on each attachment of one container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -222,6 +226,24 @@ impl AttachmentCache {
         format!(".{container_id}.json.tmp")
     }
 
+    /// A file of the cache, at most [`FILE_CAP`] bytes: a larger one is an `InvalidData` error naming the limit.
+    /// The node daemon reads every plan at each check, so a runaway file is refused, not read whole.
+    fn read_capped(&self, name: &str) -> std::io::Result<Vec<u8>> {
+        use std::io::Read;
+        let mut bytes = Vec::new();
+        self.dir
+            .open(name)?
+            .take(FILE_CAP + 1)
+            .read_to_end(&mut bytes)?;
+        if bytes.len() as u64 > FILE_CAP {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("larger than {} MiB", FILE_CAP >> 20),
+            ));
+        }
+        Ok(bytes)
+    }
+
     pub fn path_of(&self, container_id: &str) -> PathBuf {
         self.root.join(Self::file_name(container_id))
     }
@@ -229,7 +251,7 @@ impl AttachmentCache {
     /// The plan for `container_id`; `None` when there is none. A corrupt file is an error naming it.
     pub fn load(&self, container_id: &str) -> Result<Option<AttachmentPlan>, PlexusError> {
         let name = Self::file_name(container_id);
-        let bytes = match self.dir.read(&name) {
+        let bytes = match self.read_capped(&name) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(source) => {
@@ -268,7 +290,7 @@ impl AttachmentCache {
     fn apply_journal(&self, plan: &mut AttachmentPlan) -> Result<(), PlexusError> {
         let name = Self::journal_name(&plan.container_id);
         let path = || self.root.join(&name).display().to_string();
-        let bytes = match self.dir.read(&name) {
+        let bytes = match self.read_capped(&name) {
             Ok(b) => b,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
             Err(source) => {
@@ -458,6 +480,8 @@ impl Journal<'_> {
             if file.is_none() {
                 let mut opts = cap_std::fs::OpenOptions::new();
                 opts.append(true).create(true);
+                // As the plan it completes (see `open`).
+                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o644);
                 *file = Some(cache.dir.open_with(&name, &opts)?);
             }
             // One write per record: whole lines or a torn last one, never interleaved pieces.
@@ -655,6 +679,24 @@ mod tests {
             err.contains("attachments/c1.json") && err.contains("corrupt"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn a_plan_larger_than_the_cap_is_refused_unread() {
+        let tmp = tempfile::tempdir().unwrap();
+        let cache = AttachmentCache::open(tmp.path()).unwrap();
+        // Sparse: the size is past the cap without writing it.
+        let f = std::fs::File::create(tmp.path().join("attachments/c1.json")).unwrap();
+        f.set_len(FILE_CAP + 1).unwrap();
+        let err = cache.load("c1").unwrap_err().to_string();
+        assert!(
+            err.contains("attachments/c1.json") && err.contains("larger than 16 MiB"),
+            "{err}"
+        );
+        // At the cap it is read (and here found corrupt: zeros are no JSON).
+        f.set_len(FILE_CAP).unwrap();
+        let err = cache.load("c1").unwrap_err().to_string();
+        assert!(err.contains("corrupt"), "{err}");
     }
 
     #[test]

@@ -1,22 +1,40 @@
 #!/usr/bin/env bash
-# Builds a real kube-apiserver (1.20.2, from Debian's `kubernetes` source package) once per machine and prints
-# the path of the binary. The tests run it with Debian's etcd to exercise the node daemon's watches against the
-# API server's own semantics (resourceVersions, 410 Gone, bookmarks, field selectors) and to apply the project's
-# CRDs and RBAC as written.
+# Builds a real kube-apiserver and kubelet (1.20.2, from Debian's `kubernetes` source package) once per machine,
+# fetches Debian's kubectl of the same release, and prints the directory that holds the three. The tests run the API server with Debian's etcd to exercise the node
+# daemon's watches against the API server's own semantics (resourceVersions, 410 Gone, bookmarks, field
+# selectors) and to apply the project's CRDs and RBAC as written; the kubelet, over a private containerd, runs
+# pods through Plexus as a node does.
 #
-# The binary is cached under PLEXUS_KUBE_CACHE (default /var/cache/plexus-tests): a later run only checks it.
-# Must run as root (apt). About 8 minutes on 2 cores the first time.
+# Both come from one `make` (the packages they share compile once). The binaries are cached under
+# PLEXUS_KUBE_CACHE (default /var/cache/plexus-tests): a later run only checks them.
+# Must run as root (apt). About 10 minutes on 2 cores the first time.
 set -euo pipefail
 
 CACHE=${PLEXUS_KUBE_CACHE:-/var/cache/plexus-tests}
 VERSION=1.20.2
-OUT="$CACHE/kube-apiserver-$VERSION"
-if [[ -x "$OUT/kube-apiserver" ]]; then
-  echo "$OUT/kube-apiserver"
+OUT="$CACHE/kubernetes-$VERSION"
+log() { echo "kubernetes: $*" >&2; }
+
+# kubectl: Debian's kubernetes-client package of the same release, unpacked rather than installed (a machine may
+# have another kubectl at /usr/bin/kubectl).
+fetch_kubectl() {
+  [[ -x "$OUT/kubectl" ]] && return 0
+  local tmp
+  tmp=$(mktemp -d "${TMPDIR:-/tmp}/plexus-kubectl.XXXXXX")
+  (cd "$tmp" && timeout 600 apt-get download -qq kubernetes-client 2>/dev/null) || {
+    apt-get update -qq && (cd "$tmp" && timeout 600 apt-get download -qq kubernetes-client 2>/dev/null)
+  } || { rm -rf "$tmp"; log "could not download kubernetes-client"; return 1; }
+  dpkg-deb -x "$tmp"/kubernetes-client_*.deb "$tmp/x"
+  install -m 0755 "$tmp/x/usr/bin/kubectl" "$OUT/kubectl.tmp"
+  mv "$OUT/kubectl.tmp" "$OUT/kubectl"
+  rm -rf "$tmp"
+}
+
+if [[ -x "$OUT/kube-apiserver" && -x "$OUT/kubelet" ]]; then
+  fetch_kubectl
+  echo "$OUT"
   exit 0
 fi
-
-log() { echo "kube-apiserver: $*" >&2; }
 
 pkgs=(golang-go etcd-server rsync jq golang-github-modern-go-reflect2-dev dpkg-dev)
 missing=()
@@ -61,16 +79,17 @@ rm -f vendor/github.com/modern-go/reflect2/*_test.go
 
 mkdir -p .go/src/k8s.io
 ln -sfn ../../.. .go/src/k8s.io/kubernetes
-log "building (about 8 minutes on 2 cores)"
+log "building kube-apiserver and kubelet (about 10 minutes on 2 cores)"
 GOPATH=$PWD/.go CGO_ENABLED=0 \
-  timeout 3000 make WHAT="cmd/kube-apiserver" >"$work/build.log" 2>&1 || {
+  timeout 3000 make WHAT="cmd/kube-apiserver cmd/kubelet" >"$work/build.log" 2>&1 || {
   tail -n 40 "$work/build.log" >&2
   log "build failed"
   exit 1
 }
 mkdir -p "$OUT.tmp"
-cp _output/bin/kube-apiserver "$OUT.tmp/"
+cp _output/bin/kube-apiserver _output/bin/kubelet "$OUT.tmp/"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
-log "built $OUT/kube-apiserver"
-echo "$OUT/kube-apiserver"
+log "built $OUT/kube-apiserver and $OUT/kubelet"
+fetch_kubectl
+echo "$OUT"

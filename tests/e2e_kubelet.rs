@@ -1,0 +1,454 @@
+//! A node as in production: a real kubelet (1.20.2) runs pods through Debian's containerd 1.6, which calls the
+//! plexus CNI binary; the node daemon runs beside them with `--dynamic-networks`; all against a real
+//! kube-apiserver with the project's CRDs and RBAC. The pod's networks are Debian's bridge + host-local in the
+//! namespace containerd made for it, and the user's side is Kubernetes' own `kubectl`.
+//!
+//! Needs root, containerd, runc, busybox-static and the Kubernetes build of `tests/kubernetes.sh` (tests/run.sh
+//! sets up both).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use plexus_cni::daemon::client::ask;
+use plexus_cni::daemon::proto::{Answer, Request};
+use plexus_tests::containerd::{Containerd, PAUSE_IMAGE};
+use plexus_tests::kubeapi::KubeApiServer;
+use plexus_tests::kubelet::{kube_bin, Kubelet, NODE};
+use plexus_tests::netns::{
+    bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
+    IpamDir, CNI_BIN_DIR,
+};
+use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, Sandbox};
+use serde_json::{json, Value};
+
+const NS: &str = "team";
+const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
+
+fn deploy(name: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/deploy")
+        .join(name)
+}
+
+/// One node and its cluster. Fields drop in order: kubelet first (it must not start pods again), then
+/// containerd (its sandboxes' DEL releases what they hold), the daemon, the API server.
+struct Node {
+    kubelet: Option<Kubelet>,
+    containerd: Containerd,
+    daemon: Daemon,
+    api: KubeApiServer,
+    bridges: Vec<(&'static str, HostBridge)>,
+    /// Each network's host-local subnet.
+    subnets: Vec<(&'static str, String)>,
+    ipam: IpamDir,
+    sb: Sandbox,
+}
+
+struct Daemon {
+    child: Child,
+    log: PathBuf,
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Node {
+    fn start() -> Node {
+        require_root_and_plugins();
+        let api = KubeApiServer::start(&[], &[]);
+        api.apply_file(&deploy("crds.yaml"));
+        api.apply_file(&deploy("rbac.yaml"));
+        api.namespace(NS);
+        api.namespace("other");
+        let sb = Sandbox::new();
+        let ipam = IpamDir::new();
+        let bridges: Vec<(&'static str, HostBridge)> = ["cluster-net", "net-a", "net-b", "net-c"]
+            .into_iter()
+            .zip(["kcl", "kna", "knb", "knc"])
+            .map(|(net, tag)| (net, HostBridge::reserve(tag)))
+            .collect();
+        let confs: Vec<(&'static str, Value)> = bridges
+            .iter()
+            .map(|(name, bridge)| (*name, bridge_host_local(name, bridge, &ipam)))
+            .collect();
+        let subnets = confs
+            .iter()
+            .map(|(name, conf)| {
+                let subnet = conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"].as_str();
+                (*name, subnet.unwrap().to_string())
+            })
+            .collect();
+        sb.conf_file("00-cluster.conflist", &confs[0].1);
+        api.nad(NS, "net-a", &confs[1].1);
+        api.nad(NS, "net-b", &confs[2].1);
+        api.nad("other", "net-c", &confs[3].1);
+        api.write_kubeconfig(&sb.path("plexus.kubeconfig"), "plexus-token");
+        api.write_kubeconfig(&sb.path("admin.kubeconfig"), "admin-token");
+
+        // containerd's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
+        // with a policy hook that keeps pods to their own namespace's NADs.
+        let bin = sb.path("cni-bin");
+        std::fs::create_dir_all(&bin).unwrap();
+        std::os::unix::fs::symlink(plexus_cni_bin(), bin.join("plexus")).unwrap();
+        for plugin in std::fs::read_dir(CNI_BIN_DIR).unwrap().flatten() {
+            std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+        }
+        let conf_dir = sb.path("cni-conf");
+        std::fs::create_dir_all(&conf_dir).unwrap();
+        let mut plexus = sb.conf(json!({
+            "logFile": sb.path("plexus.log"),
+            "cluster": {"source": "kube", "kubeconfig": sb.path("plexus.kubeconfig"),
+                        "requestTimeoutMs": 2000, "deadlineMs": 5000, "retries": 2,
+                        "initialBackoffMs": 20, "maxBackoffMs": 100},
+            "daemon": {"socket": sb.path("run/daemon.sock"), "timeoutMs": 5000},
+            "hooks": [{"name": "isolation", "kind": "policy",
+                       "module": guest_wasm("namespace-isolation")}],
+        }));
+        let obj = plexus.as_object_mut().unwrap();
+        obj.remove("cniVersion");
+        obj.remove("name");
+        let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus]});
+        std::fs::write(conf_dir.join("00-plexus.conflist"), list.to_string()).unwrap();
+
+        // The CNI binary carries no wasm compiler: a hook of the conf is compiled once with the full binary, as an
+        // operator does from the daemon's container (docs/operations.md).
+        let compiled = Command::new(plexus_bin())
+            .args(["hook", "compile"])
+            .arg(guest_wasm("namespace-isolation"))
+            .arg("--cache-dir")
+            .arg(sb.path("cache"))
+            .output()
+            .expect("run plexus hook compile");
+        assert!(
+            compiled.status.success(),
+            "plexus hook compile: {}",
+            String::from_utf8_lossy(&compiled.stderr)
+        );
+        let daemon = Daemon::start(&sb);
+        let containerd = Containerd::start(&bin, &conf_dir);
+        let kubelet = Kubelet::start(&api, &containerd.socket());
+        Node {
+            kubelet: Some(kubelet),
+            containerd,
+            daemon,
+            api,
+            bridges,
+            subnets,
+            ipam,
+            sb,
+        }
+    }
+
+    /// `kubectl` as the cluster's admin; its stdout, failing the test unless it succeeds.
+    #[track_caller]
+    fn kubectl(&self, args: &[&str]) -> String {
+        let out = Command::new(kube_bin("kubectl"))
+            .arg(format!(
+                "--kubeconfig={}",
+                self.sb.path("admin.kubeconfig").display()
+            ))
+            .arg("--request-timeout=20s")
+            .args(args)
+            .output()
+            .expect("run kubectl");
+        assert!(
+            out.status.success(),
+            "kubectl {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn pod(&self) -> Option<Value> {
+        match self
+            .api
+            .request("GET", &format!("/api/v1/namespaces/{NS}/pods/web"), None)
+        {
+            Ok((200, body)) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
+    }
+
+    /// The pod's network-status: (network name, interface) of each entry.
+    fn status(&self) -> Vec<(String, String)> {
+        let Some(pod) = self.pod() else {
+            return Vec::new();
+        };
+        let text = pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+            .as_str()
+            .unwrap_or("[]");
+        let v: Value = serde_json::from_str(text).unwrap();
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap_or_default().to_string(),
+                    e["interface"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The pod's events of `reason`: (type, message).
+    fn events(&self, reason: &str) -> Vec<(String, String)> {
+        self.api
+            .must("GET", &format!("/api/v1/namespaces/{NS}/events"), None)["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == "web" && e["reason"] == reason)
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_string(),
+                    e["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// Host-local's reservations of one network.
+    fn reserved(&self, network: &str) -> Vec<std::net::IpAddr> {
+        self.ipam.reserved_ips(network)
+    }
+
+    /// The subnet prefix (`a.b.c.`) of a network's range.
+    fn prefix(&self, network: &str) -> String {
+        let (_, subnet) = self.subnets.iter().find(|(n, _)| *n == network).unwrap();
+        format!("{}.", subnet.rsplit_once('.').unwrap().0)
+    }
+
+    fn logs(&self) -> String {
+        format!(
+            "plexus log:\n{}\ndaemon log:\n{}\ncontainerd log:\n{}\nkubelet log:\n{}",
+            tail(&self.sb.path("plexus.log"), 40),
+            tail(&self.daemon.log, 40),
+            {
+                let log = self.containerd.log();
+                let lines: Vec<&str> = log.lines().collect();
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            },
+            self.kubelet
+                .as_ref()
+                .map(|k| k.log_tail(40))
+                .unwrap_or_default()
+        )
+    }
+
+    /// Waits (at most `secs`) until `ok` holds; names what was awaited and shows the logs if it does not.
+    #[track_caller]
+    fn within(&self, secs: u64, what: &str, ok: impl Fn() -> bool) -> Duration {
+        let start = Instant::now();
+        while !ok() {
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "{what}: not within {secs} s\n{}",
+                self.logs()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        start.elapsed()
+    }
+}
+
+impl Daemon {
+    fn start(sb: &Sandbox) -> Daemon {
+        let log = sb.path("daemon.log");
+        let child = Command::new(plexus_bin())
+            .args(["daemon", "--node-name", NODE, "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(sb.path("plexus.kubeconfig"))
+            .arg("--socket")
+            .arg(sb.path("run/daemon.sock"))
+            .arg("--cache-dir")
+            .arg(sb.path("cache"))
+            .args(["--metrics-bind-address", "0", "--dynamic-networks"])
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .expect("start the node daemon");
+        let d = Daemon { child, log };
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(Answer::Health(h)) = ask(
+                &sb.path("run/daemon.sock"),
+                &Request::Health,
+                Duration::from_secs(2),
+            ) {
+                if h.synced() {
+                    return d;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the daemon did not sync within 30 s:\n{}",
+                tail(&d.log, 40)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+}
+
+fn tail(path: &Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// Interface names and IPv4 addresses in the namespace at `netns`, sorted by name.
+fn interfaces(netns: &Path) -> Vec<(String, Vec<String>)> {
+    let mut v: Vec<(String, Vec<String>)> = links_at(netns)
+        .into_iter()
+        .map(|l| {
+            let cidrs = l.cidrs().into_iter().filter(|c| !c.contains(':')).collect();
+            (l.ifname, cidrs)
+        })
+        .collect();
+    v.sort();
+    v
+}
+
+fn has_addr_in(ifs: &[(String, Vec<String>)], ifname: &str, prefix: &str) -> bool {
+    ifs.iter()
+        .any(|(n, cidrs)| n == ifname && cidrs.iter().any(|c| c.starts_with(prefix)))
+}
+
+#[test]
+fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
+    let node = Node::start();
+    let manifest = json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": NS, "annotations": {NETWORKS: "net-a"}},
+        "spec": {
+            "nodeName": NODE,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]
+        }
+    });
+    std::fs::write(node.sb.path("web.json"), manifest.to_string()).unwrap();
+    node.kubectl(&[
+        "create",
+        "-f",
+        &node.sb.path("web.json").display().to_string(),
+    ]);
+    node.within(90, "the pod Running", || {
+        node.pod()
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+
+    // The sandbox containerd made, from the plan plexus cached for it.
+    let ids = node.sb.cached();
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    let plan = node
+        .sb
+        .cached_plan(ids[0].trim_end_matches(".json"))
+        .unwrap();
+    let netns = PathBuf::from(plan["netns"].as_str().unwrap());
+    let ifs = interfaces(&netns);
+    assert!(
+        has_addr_in(&ifs, "eth0", &node.prefix("cluster-net")),
+        "{ifs:?}"
+    );
+    assert!(has_addr_in(&ifs, "net1", &node.prefix("net-a")), "{ifs:?}");
+    node.within(20, "the ADD's network-status", || node.status().len() == 2);
+    let web = |networks: &str| format!("{NETWORKS}={networks}");
+
+    // Added: the interface is in the pod's namespace with a host-local address, and the status lists it.
+    node.kubectl(&[
+        "-n",
+        NS,
+        "annotate",
+        "--overwrite",
+        "pod",
+        "web",
+        &web("net-a,net-b"),
+    ]);
+    let took = node.within(20, "net-b attached and in the network-status", || {
+        node.status()
+            .contains(&(format!("{NS}/net-b"), "net2".to_string()))
+    });
+    eprintln!("kubectl annotate to network-status: {took:?}");
+    let ifs = interfaces(&netns);
+    assert!(has_addr_in(&ifs, "net2", &node.prefix("net-b")), "{ifs:?}");
+    assert_eq!(node.reserved("net-b").len(), 1);
+    assert!(
+        node.events("NetworksChanged")
+            .iter()
+            .any(|(_, m)| m.contains("net-b")),
+        "{:?}",
+        node.events("NetworksChanged")
+    );
+
+    // Removed: the interface is gone and its address released; the rest is untouched.
+    node.kubectl(&[
+        "-n",
+        NS,
+        "annotate",
+        "--overwrite",
+        "pod",
+        "web",
+        &web("net-a"),
+    ]);
+    node.within(20, "net-b detached and released", || {
+        !interfaces(&netns).iter().any(|(n, _)| n == "net2") && node.reserved("net-b").is_empty()
+    });
+    node.within(20, "the network-status without net-b", || {
+        node.status().len() == 2
+    });
+    let before = interfaces(&netns);
+    assert!(
+        has_addr_in(&before, "net1", &node.prefix("net-a")),
+        "{before:?}"
+    );
+
+    // A network the policy hook denies: nothing changes, and a Warning event names it.
+    node.kubectl(&[
+        "-n",
+        NS,
+        "annotate",
+        "--overwrite",
+        "pod",
+        "web",
+        &web("net-a,other/net-c"),
+    ]);
+    node.within(20, "the Warning naming other/net-c", || {
+        node.events("NetworkChangeFailed")
+            .iter()
+            .any(|(kind, m)| kind == "Warning" && m.contains("other/net-c"))
+    });
+    assert_eq!(interfaces(&netns), before);
+    assert!(node.reserved("net-c").is_empty());
+    assert_eq!(node.status().len(), 2, "{:?}", node.status());
+    // All the while the pod ran on in the same sandbox.
+    let pod = node.pod().unwrap();
+    assert_eq!(pod["status"]["phase"], "Running");
+    assert_eq!(pod["status"]["containerStatuses"][0]["restartCount"], 0);
+    assert_eq!(node.sb.cached(), ids);
+
+    // Deleted: kubelet stops the sandbox and nothing is left on the node.
+    node.kubectl(&["-n", NS, "delete", "pod", "web", "--wait=false"]);
+    node.within(90, "the pod gone from the API", || node.pod().is_none());
+    node.within(60, "every address released and the plan gone", || {
+        ["cluster-net", "net-a", "net-b", "net-c"]
+            .iter()
+            .all(|n| node.reserved(n).is_empty())
+            && node.sb.cached().is_empty()
+    });
+    node.within(60, "the pod's network namespace removed", || {
+        !netns.exists()
+    });
+    for (net, bridge) in &node.bridges {
+        assert!(
+            host_links_on_bridge(bridge.name()).is_empty(),
+            "a veth left on {net}'s bridge: {:?}",
+            host_links_on_bridge(bridge.name())
+        );
+    }
+}

@@ -1,0 +1,245 @@
+//! A real kubelet (1.20.2, built from Debian's sources with the API server by `tests/kubernetes.sh`) running
+//! node `node1` over a private containerd ([`crate::containerd::Containerd`]): it registers the node, runs the
+//! pods bound to it and calls their CNI plugin exactly as on a production node.
+//!
+//! kubelet changes the host beyond its `--root-dir`: kernel tunables it sets at start, the device-plugin socket
+//! and the pod log directories it writes at fixed paths, and a bind mount of its root dir onto itself. A
+//! [`Kubelet`] records all of them before the start and puts them back when dropped (during unwinding too).
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::kubeapi::KubeApiServer;
+
+/// The node the kubelet registers, and the token user the API server knows it by (`system:node:node1`).
+pub const NODE: &str = "node1";
+pub const NODE_TOKEN: &str = "node1-token";
+
+/// The kernel tunables kubelet's container manager sets when it starts.
+const SYSCTLS: [&str; 6] = [
+    "vm.overcommit_memory",
+    "vm.panic_on_oom",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
+];
+
+/// Paths kubelet writes whatever `--root-dir` says: removed after it stops if they did not exist before.
+const FIXED_PATHS: [&str; 5] = [
+    "/var/lib/kubelet",
+    "/var/lib/kubelet/device-plugins",
+    "/var/lib/kubelet/device-plugins/kubelet.sock",
+    "/var/log/pods",
+    "/var/log/containers",
+];
+
+/// A binary of the cached Kubernetes build: `$PLEXUS_KUBE_BIN/<name>`, else the build script's cache.
+pub fn kube_bin(name: &str) -> PathBuf {
+    let dir = match std::env::var_os("PLEXUS_KUBE_BIN") {
+        Some(d) => PathBuf::from(d),
+        None => std::env::var_os("PLEXUS_KUBE_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| "/var/cache/plexus-tests".into())
+            .join("kubernetes-1.20.2"),
+    };
+    let bin = dir.join(name);
+    assert!(
+        bin.exists(),
+        "{} is missing: run `bash tests/kubernetes.sh` (tests/run.sh does)",
+        bin.display()
+    );
+    bin
+}
+
+/// What kubelet changes outside its root dir, as it was before.
+struct HostState {
+    sysctls: Vec<(&'static str, String)>,
+    absent: Vec<&'static str>,
+    mounts: Vec<String>,
+}
+
+impl HostState {
+    fn record() -> HostState {
+        HostState {
+            sysctls: SYSCTLS
+                .iter()
+                .filter_map(|k| {
+                    let path = Path::new("/proc/sys").join(k.replace('.', "/"));
+                    std::fs::read_to_string(path)
+                        .ok()
+                        .map(|v| (*k, v.trim().to_string()))
+                })
+                .collect(),
+            absent: FIXED_PATHS
+                .into_iter()
+                .filter(|p| !Path::new(p).exists())
+                .collect(),
+            mounts: mount_points(),
+        }
+    }
+
+    /// Puts back what kubelet changed; `root` is its root dir (the mounts under it are kubelet's).
+    fn restore(&self, root: &Path) {
+        // kubelet's mounts made since (its root dir onto itself, volumes), deepest first.
+        let root = root.display().to_string();
+        let mut new: Vec<String> = mount_points()
+            .into_iter()
+            .filter(|m| !self.mounts.contains(m))
+            .filter(|m| m.starts_with(&root) || m.starts_with("/var/lib/kubelet"))
+            .collect();
+        new.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for m in new {
+            let _ = Command::new("umount").args(["-l", &m]).status();
+        }
+        for (key, value) in &self.sysctls {
+            let path = Path::new("/proc/sys").join(key.replace('.', "/"));
+            let _ = std::fs::write(path, value);
+        }
+        // Deepest first; a path that was there before is left alone.
+        for p in self.absent.iter().rev() {
+            if Path::new(p).is_dir() {
+                let _ = std::fs::remove_dir_all(p);
+            } else {
+                let _ = std::fs::remove_file(p);
+            }
+        }
+    }
+}
+
+/// Every mount point of the test's mount namespace.
+fn mount_points() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .collect()
+}
+
+pub struct Kubelet {
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+    host: HostState,
+}
+
+impl Kubelet {
+    /// Starts kubelet for [`NODE`] against `api`, with the containerd listening on `runtime_socket`; returns
+    /// once the node is Ready (containerd reports its network ready once a CNI conf is present).
+    pub fn start(api: &KubeApiServer, runtime_socket: &Path) -> Kubelet {
+        let dir = tempfile::Builder::new()
+            .prefix("plx-kubelet-")
+            .tempdir_in("/var/tmp")
+            .expect("kubelet dir");
+        let d = dir.path();
+        api.write_kubeconfig(&d.join("node.kubeconfig"), NODE_TOKEN);
+        let config = format!(
+            "apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+authentication:
+  anonymous: {{enabled: true}}
+  webhook: {{enabled: false}}
+authorization: {{mode: AlwaysAllow}}
+address: 127.0.0.1
+healthzBindAddress: 127.0.0.1
+healthzPort: 0
+readOnlyPort: 0
+cgroupDriver: cgroupfs
+cgroupsPerQOS: false
+enforceNodeAllocatable: []
+failSwapOn: false
+makeIPTablesUtilChains: false
+imageGCHighThresholdPercent: 100
+evictionHard: {{}}
+volumePluginDir: {root}/volume-plugins
+staticPodPath: ''
+syncFrequency: 5s
+nodeStatusUpdateFrequency: 2s
+",
+            root = d.display()
+        );
+        std::fs::write(d.join("kubelet.yaml"), config).expect("kubelet config");
+        // Recorded before kubelet runs, so that a start that fails half-way is undone too.
+        let host = HostState::record();
+        let log = std::fs::File::create(d.join("kubelet.log")).expect("kubelet log");
+        let child = Command::new(kube_bin("kubelet"))
+            .arg("--container-runtime=remote")
+            .arg(format!(
+                "--container-runtime-endpoint=unix://{}",
+                runtime_socket.display()
+            ))
+            .arg(format!(
+                "--kubeconfig={}",
+                d.join("node.kubeconfig").display()
+            ))
+            .arg(format!("--hostname-override={NODE}"))
+            .arg("--register-node=true")
+            .arg(format!("--root-dir={}", d.join("root").display()))
+            .arg(format!("--cert-dir={}", d.join("pki").display()))
+            .arg(format!("--config={}", d.join("kubelet.yaml").display()))
+            // 1.20 refuses a loopback node IP; nothing connects to this documentation address.
+            .arg("--node-ip=192.0.2.10")
+            .arg("--v=2")
+            // Its built-in credential provider would otherwise probe a cloud metadata address.
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("start kubelet");
+        let kubelet = Kubelet {
+            dir,
+            child: Some(child),
+            host,
+        };
+        kubelet.wait_ready(api);
+        kubelet
+    }
+
+    fn wait_ready(&self, api: &KubeApiServer) {
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Ok((200, body)) = api.request("GET", &format!("/api/v1/nodes/{NODE}"), None) {
+                let node: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+                let ready = node["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == "Ready" && c["status"] == "True");
+                if ready {
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "node {NODE} not Ready within 90 s; kubelet's log:\n{}",
+                self.log_tail(40)
+            );
+            std::thread::sleep(Duration::from_millis(250));
+        }
+    }
+
+    /// The last `n` lines of kubelet's log, for failure messages.
+    pub fn log_tail(&self, n: usize) -> String {
+        let text = std::fs::read_to_string(self.dir.path().join("kubelet.log")).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(n)..].join("\n")
+    }
+}
+
+impl Drop for Kubelet {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        self.host.restore(self.dir.path());
+    }
+}
