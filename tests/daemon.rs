@@ -1555,3 +1555,72 @@ fn the_cni_binary_writes_its_cache_root_only_under_any_umask() {
         assert_eq!(mode & 0o022, 0, "{} is {mode:o}", p.display());
     }
 }
+
+/// A daemon killed in the middle of a change leaves an addition in the plan with no result. The next daemon's
+/// first look at the node repairs it: the unfinished attachment gets its DEL and leaves the plan, and the
+/// change is made again, now to the end.
+#[test]
+fn a_change_cut_off_by_kill_9_is_repaired_and_made_again_by_the_next_daemon() {
+    let c = cluster(&[]);
+    c.sb.fakes(&["slow-plugin"]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "a"));
+    c.api.nad(
+        "team-a",
+        "net-s",
+        &json!({"cniVersion": "1.0.0", "name": "net-s", "type": "slow-plugin"}),
+    );
+    let d1 = c.daemon(&["--dynamic-networks"]);
+    d1.wait("synced", DaemonHealth::synced);
+    let uid = c.selecting_pod("rp", "net-a");
+    d1.wait("pod cached", |h| h.cache.pods == 1);
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    c.add("rp1", "rp", &uid, &conf).ok();
+    within_20s("the ADD's status", &d1, || {
+        status_of(&c.api, "rp").len() == 2
+    });
+
+    // The added network's delegate takes long; the daemon is killed while it runs.
+    c.sb.fake_config(json!({"slow-plugin": {"ADD": {"sleepMs": 3000}}}));
+    annotate(&c.api, "rp", Some("net-a,net-s"));
+    let slow_calls = || {
+        c.sb.call_summary()
+            .into_iter()
+            .filter(|(plugin, _, _)| plugin == "slow-plugin")
+            .map(|(_, command, ifname)| format!("{command} {ifname}"))
+            .collect::<Vec<_>>()
+    };
+    within_20s("the change under way", &d1, || !slow_calls().is_empty());
+    drop(d1);
+    let plan = c.sb.cached_plan("rp1").unwrap();
+    let unfinished: Vec<&Value> = plan["attachments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["result"].is_null())
+        .collect();
+    assert_eq!(
+        unfinished.len(),
+        1,
+        "the addition is in the plan, unfinished: {plan}"
+    );
+
+    // The next daemon: DEL of what may be half-attached, then the change made again.
+    c.sb.fake_config(json!({}));
+    let d2 = c.daemon(&["--dynamic-networks"]);
+    within_20s("net-s attached by the next daemon", &d2, || {
+        status_of(&c.api, "rp").contains(&("team-a/net-s".into(), "net2".into()))
+    });
+    assert_eq!(slow_calls(), vec!["ADD net2", "DEL net2", "ADD net2"]);
+    let plan = c.sb.cached_plan("rp1").unwrap();
+    assert!(
+        plan["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|a| !a["result"].is_null()),
+        "{plan}"
+    );
+    assert_eq!(plan["runtime"]["networks"], "net-a,net-s");
+    c.sb.run("DEL", "rp1", &pod_args("rp", &uid), &conf).ok();
+    assert!(c.sb.cached().is_empty());
+}
