@@ -444,6 +444,25 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     node.within(60, "the pod's network namespace removed", || {
         !netns.exists()
     });
+    // kubelet and containerd repeat the DEL for a while (its garbage collection): what one leaked would stay.
+    let bin = node.sb.path("cni-bin").display().to_string();
+    let leftovers = || {
+        let locks = std::fs::read_dir(node.sb.path("run/locks"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned());
+        let running = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| std::fs::read(e.path().join("cmdline")).ok())
+            .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+            .filter(|c| c.starts_with(&bin));
+        locks.chain(running).collect::<Vec<String>>()
+    };
+    node.within(30, "no lock file and no CNI process left", || {
+        leftovers().is_empty()
+    });
     for (net, bridge) in &node.bridges {
         assert!(
             host_links_on_bridge(bridge.name()).is_empty(),
