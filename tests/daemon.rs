@@ -5,26 +5,21 @@
 
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use plexus_cni::daemon::client::ask;
 use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
-use plexus_tests::plexus::{plexus_bin, Sandbox};
+use plexus_tests::plexus::{plexus_bin, NodeDaemon, Sandbox};
 use serde_json::{json, Value};
 
 /// The CNI binary's own identity in these tests, bound to the same ClusterRole, so the audit log tells its
 /// requests from the daemon's.
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
 const NODE: &str = "node1";
-
-fn deploy(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/deploy")
-        .join(name)
-}
 
 struct Cluster {
     api: KubeApiServer,
@@ -35,8 +30,8 @@ struct Cluster {
 /// the same role, namespace `team-a`, and a sandbox with fake delegates.
 fn cluster(extra_args: &[&str]) -> Cluster {
     let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], extra_args);
-    api.apply_file(&deploy("crds.yaml"));
-    api.apply_file(&deploy("rbac.yaml"));
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},
@@ -72,46 +67,21 @@ impl Cluster {
         self.sb.path("run/daemon.sock")
     }
 
-    fn daemon(&self, extra: &[&str]) -> Daemon {
+    fn daemon(&self, extra: &[&str]) -> NodeDaemon {
         self.daemon_with(&self.sb.path("daemon.kubeconfig"), extra)
     }
 
-    fn daemon_with(&self, kubeconfig: &Path, extra: &[&str]) -> Daemon {
+    fn daemon_with(&self, kubeconfig: &Path, extra: &[&str]) -> NodeDaemon {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
-        std::fs::create_dir_all(self.sb.path("run")).unwrap();
         let n = STARTED.fetch_add(1, Ordering::Relaxed);
-        let log = self.sb.path(&format!("daemon-{n}.log"));
-        let child = Command::new(plexus_bin())
-            .args([
-                "daemon",
-                "--node-name",
-                NODE,
-                "--log-level",
-                "debug",
-                "--kubeconfig",
-            ])
-            .arg(kubeconfig)
-            .arg("--socket")
-            .arg(self.socket())
-            .arg("--cache-dir")
-            .arg(self.sb.path("cache"))
-            // Tests run daemons side by side: no metrics endpoint unless the test asks for one.
-            .args(
-                (!extra.contains(&"--metrics-bind-address"))
-                    .then_some(["--metrics-bind-address", "0"])
-                    .into_iter()
-                    .flatten(),
-            )
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon {
-            child,
-            socket: self.socket(),
-            log,
-        }
+        NodeDaemon::start(
+            NODE,
+            kubeconfig,
+            &self.socket(),
+            &self.sb.path("cache"),
+            &self.sb.path(&format!("daemon-{n}.log")),
+            extra,
+        )
     }
 
     /// A pod of `team-a` on this node selecting `networks`; its UID.
@@ -140,55 +110,13 @@ impl Cluster {
     }
 }
 
-struct Daemon {
-    child: Child,
-    socket: PathBuf,
-    log: PathBuf,
-}
-
-impl Daemon {
-    /// The daemon's answer for NAD `team-a/name`.
-    fn nad(&self, name: &str) -> Answer {
-        let request = Request::Nad {
-            namespace: "team-a".into(),
-            name: name.into(),
-        };
-        ask(&self.socket, &request, Duration::from_secs(5)).unwrap()
-    }
-
-    fn health(&self) -> Option<DaemonHealth> {
-        match ask(&self.socket, &Request::Health, Duration::from_secs(2)) {
-            Ok(Answer::Health(h)) => Some(h),
-            _ => None,
-        }
-    }
-
-    /// Waits (at most 30 s) until `ok` holds for the daemon's health.
-    #[track_caller]
-    fn wait(&self, what: &str, ok: impl Fn(&DaemonHealth) -> bool) -> DaemonHealth {
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Some(h) = self.health() {
-                if ok(&h) {
-                    return h;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "daemon: {what} not reached within 30 s; health {:?}; log:\n{}",
-                self.health(),
-                std::fs::read_to_string(&self.log).unwrap_or_default()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
-    }
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// The daemon's answer for NAD `team-a/name`.
+fn nad_answer(d: &NodeDaemon, name: &str) -> Answer {
+    let request = Request::Nad {
+        namespace: "team-a".into(),
+        name: name.into(),
+    };
+    ask(&d.socket, &request, Duration::from_secs(5)).unwrap()
 }
 
 /// CNI_ARGS for a pod of `team-a` with its real UID.
@@ -197,25 +125,7 @@ fn pod_args(pod: &str, uid: &str) -> String {
 }
 
 fn status_of(api: &KubeApiServer, pod: &str) -> Vec<(String, String)> {
-    let p = api.must(
-        "GET",
-        &format!("/api/v1/namespaces/team-a/pods/{pod}"),
-        None,
-    );
-    let text = p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
-        .as_str()
-        .unwrap_or("[]");
-    let v: Value = serde_json::from_str(text).unwrap();
-    v.as_array()
-        .unwrap()
-        .iter()
-        .map(|e| {
-            (
-                e["name"].as_str().unwrap().to_string(),
-                e["interface"].as_str().unwrap_or_default().to_string(),
-            )
-        })
-        .collect()
+    api.network_status("team-a", pod)
 }
 
 fn marker_of_last_secondary_call(sb: &Sandbox) -> String {
@@ -314,7 +224,7 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     d.wait("second pod cached", |h| h.cache.pods == 2);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
-        match d.nad("net-a") {
+        match nad_answer(&d, "net-a") {
             Answer::Nad { nad } if nad.config.as_deref().unwrap_or_default().contains("v2") => {
                 break
             }
@@ -473,8 +383,8 @@ fn the_daemon_relists_after_410_gone() {
         "{log}"
     );
     // The cache answers as the API does now: `old` is gone, `new` is there.
-    assert!(matches!(d.nad("new"), Answer::Nad { .. }));
-    assert!(matches!(d.nad("old"), Answer::Failed { .. }));
+    assert!(matches!(nad_answer(&d, "new"), Answer::Nad { .. }));
+    assert!(matches!(nad_answer(&d, "old"), Answer::Failed { .. }));
 }
 
 #[test]
@@ -792,7 +702,7 @@ fn the_nad_cache_keeps_only_what_planning_reads() {
     }));
     let d = c.daemon(&[]);
     d.wait("NAD cached", |h| h.synced() && h.cache.nads == 1);
-    let Answer::Nad { nad } = d.nad("net-a") else {
+    let Answer::Nad { nad } = nad_answer(&d, "net-a") else {
         panic!("no NAD answer")
     };
     assert_eq!(
@@ -1264,7 +1174,7 @@ fn a_metrics_address_in_use_does_not_stop_the_daemon() {
     let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
     // It serves the CNI process all the same, and says why there are no metrics.
     d.wait("synced", DaemonHealth::synced);
-    let said = |d: &Daemon| {
+    let said = |d: &NodeDaemon| {
         let log = std::fs::read_to_string(&d.log).unwrap_or_default();
         log.lines()
             .any(|l| l.contains(&format!("127.0.0.1:{port}")) && l.contains("metrics"))
@@ -1297,12 +1207,9 @@ fn a_metrics_address_in_use_does_not_stop_the_daemon() {
 
 /// The pod's events of `reason`, their messages.
 fn events_of(api: &KubeApiServer, pod: &str, reason: &str) -> Vec<String> {
-    api.must("GET", "/api/v1/namespaces/team-a/events", None)["items"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
-        .map(|e| e["message"].as_str().unwrap_or_default().to_string())
+    api.events_of("team-a", pod, reason)
+        .into_iter()
+        .map(|(_, message)| message)
         .collect()
 }
 
@@ -1317,7 +1224,7 @@ fn annotate(api: &KubeApiServer, pod: &str, networks: Option<&str>) {
 
 /// Waits (at most 20 s) until `ok` holds; how long it took.
 #[track_caller]
-fn within_20s(what: &str, d: &Daemon, ok: impl Fn() -> bool) -> Duration {
+fn within_20s(what: &str, d: &NodeDaemon, ok: impl Fn() -> bool) -> Duration {
     let start = Instant::now();
     while !ok() {
         assert!(

@@ -7,11 +7,9 @@
 //! sets up both).
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus_cni::daemon::client::ask;
-use plexus_cni::daemon::proto::{Answer, Request};
 use plexus_tests::containerd::{Containerd, PAUSE_IMAGE};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{kube_bin, Kubelet, NODE};
@@ -19,24 +17,19 @@ use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
     IpamDir, CNI_BIN_DIR,
 };
-use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, Sandbox};
+use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox};
+use plexus_tests::{deploy_manifest, tail};
 use serde_json::{json, Value};
 
 const NS: &str = "team";
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 
-fn deploy(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/deploy")
-        .join(name)
-}
-
 /// One node and its cluster. Fields drop in order: kubelet first (it must not start pods again), then
 /// containerd (its sandboxes' DEL releases what they hold), the daemon, the API server.
 struct Node {
-    kubelet: Option<Kubelet>,
+    kubelet: Kubelet,
     containerd: Containerd,
-    daemon: Daemon,
+    daemon: NodeDaemon,
     api: KubeApiServer,
     bridges: Vec<(&'static str, HostBridge)>,
     /// Each network's host-local subnet.
@@ -45,24 +38,12 @@ struct Node {
     sb: Sandbox,
 }
 
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 impl Node {
     fn start() -> Node {
         require_root_and_plugins();
         let api = KubeApiServer::start(&[], &[]);
-        api.apply_file(&deploy("crds.yaml"));
-        api.apply_file(&deploy("rbac.yaml"));
+        api.apply_file(&deploy_manifest("crds.yaml"));
+        api.apply_file(&deploy_manifest("rbac.yaml"));
         api.namespace(NS);
         api.namespace("other");
         let sb = Sandbox::new();
@@ -129,11 +110,19 @@ impl Node {
             "plexus hook compile: {}",
             String::from_utf8_lossy(&compiled.stderr)
         );
-        let daemon = Daemon::start(&sb);
+        let daemon = NodeDaemon::start(
+            NODE,
+            &sb.path("plexus.kubeconfig"),
+            &sb.path("run/daemon.sock"),
+            &sb.path("cache"),
+            &sb.path("daemon.log"),
+            &["--dynamic-networks"],
+        );
+        daemon.wait("synced", |h| h.synced());
         let containerd = Containerd::start(&bin, &conf_dir);
         let kubelet = Kubelet::start(&api, &containerd.socket());
         Node {
-            kubelet: Some(kubelet),
+            kubelet,
             containerd,
             daemon,
             api,
@@ -177,40 +166,12 @@ impl Node {
 
     /// The pod's network-status: (network name, interface) of each entry.
     fn status(&self) -> Vec<(String, String)> {
-        let Some(pod) = self.pod() else {
-            return Vec::new();
-        };
-        let text = pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
-            .as_str()
-            .unwrap_or("[]");
-        let v: Value = serde_json::from_str(text).unwrap();
-        v.as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                (
-                    e["name"].as_str().unwrap_or_default().to_string(),
-                    e["interface"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect()
+        self.api.network_status(NS, "web")
     }
 
     /// The pod's events of `reason`: (type, message).
     fn events(&self, reason: &str) -> Vec<(String, String)> {
-        self.api
-            .must("GET", &format!("/api/v1/namespaces/{NS}/events"), None)["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|e| e["involvedObject"]["name"] == "web" && e["reason"] == reason)
-            .map(|e| {
-                (
-                    e["type"].as_str().unwrap_or_default().to_string(),
-                    e["message"].as_str().unwrap_or_default().to_string(),
-                )
-            })
-            .collect()
+        self.api.events_of(NS, "web", reason)
     }
 
     /// Host-local's reservations of one network.
@@ -234,10 +195,7 @@ impl Node {
                 let lines: Vec<&str> = log.lines().collect();
                 lines[lines.len().saturating_sub(20)..].join("\n")
             },
-            self.kubelet
-                .as_ref()
-                .map(|k| k.log_tail(40))
-                .unwrap_or_default()
+            self.kubelet.log_tail(40)
         )
     }
 
@@ -255,50 +213,6 @@ impl Node {
         }
         start.elapsed()
     }
-}
-
-impl Daemon {
-    fn start(sb: &Sandbox) -> Daemon {
-        let log = sb.path("daemon.log");
-        let child = Command::new(plexus_bin())
-            .args(["daemon", "--node-name", NODE, "--log-level", "debug"])
-            .arg("--kubeconfig")
-            .arg(sb.path("plexus.kubeconfig"))
-            .arg("--socket")
-            .arg(sb.path("run/daemon.sock"))
-            .arg("--cache-dir")
-            .arg(sb.path("cache"))
-            .args(["--metrics-bind-address", "0", "--dynamic-networks"])
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .expect("start the node daemon");
-        let d = Daemon { child, log };
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(Answer::Health(h)) = ask(
-                &sb.path("run/daemon.sock"),
-                &Request::Health,
-                Duration::from_secs(2),
-            ) {
-                if h.synced() {
-                    return d;
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the daemon did not sync within 30 s:\n{}",
-                tail(&d.log, 40)
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
-    }
-}
-
-fn tail(path: &Path, n: usize) -> String {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
-    let lines: Vec<&str> = text.lines().collect();
-    lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
 /// Interface names and IPv4 addresses in the namespace at `netns`, sorted by name.

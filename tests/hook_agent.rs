@@ -5,27 +5,22 @@
 //! one whole set, never a mix.
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use plexus_cni::hooks::HookSet;
 use plexus_hooks::{HookKind, HookSpec};
+use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, Sandbox};
+use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
 use sha2::Digest as _;
 
 const NODE: &str = "node1";
 const LABELS_KEY: &str = "io.plexus.pod-labels";
-
-fn deploy(name: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("../examples/deploy")
-        .join(name)
-}
 
 struct World {
     api: KubeApiServer,
@@ -40,9 +35,9 @@ struct World {
 /// two key pairs, and a sandbox whose FileCluster has pod `team-a/web` (labels app, tier, zone).
 fn world() -> World {
     let api = KubeApiServer::start(&[], &[]);
-    api.apply_file(&deploy("crds.yaml"));
-    api.apply_file(&deploy("networkhooks.yaml"));
-    api.apply_file(&deploy("rbac.yaml"));
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
     api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
     api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let sb = Sandbox::new();
@@ -60,28 +55,6 @@ fn world() -> World {
         trusted: key_pair(&keys, "trusted"),
         untrusted: key_pair(&keys, "untrusted"),
         sb,
-    }
-}
-
-/// A running `plexus daemon` (killed on drop).
-struct Daemon {
-    child: Child,
-    log: PathBuf,
-}
-
-impl Drop for Daemon {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Daemon {
-    fn alive(&mut self) -> bool {
-        self.child.try_wait().unwrap().is_none()
-    }
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
@@ -132,34 +105,33 @@ impl World {
         (out.status.success(), text)
     }
 
-    fn daemon(&self, extra: &[&str]) -> Daemon {
+    fn daemon(&self, extra: &[&str]) -> NodeDaemon {
         self.daemon_keyed(&self.trusted.1, extra)
     }
 
     /// A daemon trusting `keys` (a key file, or a directory of them).
-    fn daemon_keyed(&self, keys: &Path, extra: &[&str]) -> Daemon {
+    fn daemon_keyed(&self, keys: &Path, extra: &[&str]) -> NodeDaemon {
         static STARTED: AtomicUsize = AtomicUsize::new(0);
         let log = self.sb.path(&format!(
             "daemon-{}.log",
             STARTED.fetch_add(1, Ordering::Relaxed)
         ));
-        let child = Command::new(plexus_bin())
-            .args(["daemon", "--node-name", NODE, "--log-level", "debug"])
-            .arg("--kubeconfig")
-            .arg(self.sb.path("daemon.kubeconfig"))
-            .arg("--socket")
-            .arg(self.sb.path("run/daemon.sock"))
-            .arg("--cache-dir")
-            .arg(self.sb.path("cache"))
-            .arg("--hook-key")
-            .arg(keys)
-            .args(["--insecure-registry", &self.registry.addr])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(std::fs::File::create(&log).unwrap())
-            .spawn()
-            .unwrap();
-        Daemon { child, log }
+        let keys = keys.display().to_string();
+        let mut args = vec![
+            "--hook-key",
+            keys.as_str(),
+            "--insecure-registry",
+            &self.registry.addr,
+        ];
+        args.extend_from_slice(extra);
+        NodeDaemon::start(
+            NODE,
+            &self.sb.path("daemon.kubeconfig"),
+            &self.sb.path("run/daemon.sock"),
+            &self.sb.path("cache"),
+            &log,
+            &args,
+        )
     }
 
     /// Creates NetworkHook `name`: a status hook adding the pod labels `labels`, plus `extra` spec fields.
@@ -204,7 +176,7 @@ impl World {
 
     /// Waits (at most 60 s) until `ok`.
     #[track_caller]
-    fn wait(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) {
+    fn wait(&self, daemon: &NodeDaemon, what: &str, ok: impl Fn(&World) -> bool) {
         self.wait_doing(daemon, what, ok, || {
             std::thread::sleep(Duration::from_millis(100))
         });
@@ -214,7 +186,7 @@ impl World {
     #[track_caller]
     fn wait_doing(
         &self,
-        daemon: &Daemon,
+        daemon: &NodeDaemon,
         what: &str,
         ok: impl Fn(&World) -> bool,
         mut step: impl FnMut(),
@@ -225,7 +197,7 @@ impl World {
                 Instant::now() < deadline,
                 "{what} not reached within 60 s; set {:?}; daemon log:\n{}",
                 self.set(),
-                daemon.log()
+                daemon.log_text()
             );
             step();
         }
@@ -242,7 +214,7 @@ impl World {
 
     /// Waits (at most 60 s) until `ok`, running pods all the while (ADD then DEL); the number of failed ADDs.
     #[track_caller]
-    fn wait_adding(&self, daemon: &Daemon, what: &str, ok: impl Fn(&World) -> bool) -> usize {
+    fn wait_adding(&self, daemon: &NodeDaemon, what: &str, ok: impl Fn(&World) -> bool) -> usize {
         let (mut n, mut failed) = (0, 0);
         self.wait_doing(daemon, what, ok, || {
             n += 1;
@@ -338,7 +310,10 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     );
     w.wait(&daemon, "hook removed", |w| w.set().hooks.is_empty());
     assert_eq!(w.add_labels("c2"), Value::Null);
-    assert!(daemon.alive());
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon is running"
+    );
 }
 
 #[test]
@@ -374,7 +349,10 @@ fn signatures_are_required_and_digests_pinned() {
     }
     assert_eq!(w.set_names(), vec!["good"]);
     assert_eq!(w.add_labels("c1"), json!({"zone": "a"}));
-    assert!(daemon.alive());
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon is running"
+    );
     drop(daemon);
 
     // With signatures off, the digest alone pins a module: the unsigned and foreign ones become active.
@@ -406,7 +384,10 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
             .is_some_and(|s| s["reason"] == "PullFailed")
     });
     assert!(w.set().hooks.is_empty());
-    assert!(daemon.alive());
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon is running"
+    );
     w.registry.up();
     w.wait(&daemon, "active once the registry is back", |w| {
         w.node_status("labels")
@@ -430,7 +411,10 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
     assert_eq!(s["digest"].as_str(), v1.split_once('@').map(|(_, d)| d));
     assert_eq!(w.set().hooks, good.hooks, "the last good set stays");
     assert_eq!(w.add_labels("c2"), json!({"app": "web"}));
-    assert!(daemon.alive());
+    assert!(
+        daemon.child.try_wait().unwrap().is_none(),
+        "the daemon is running"
+    );
 
     // Back again: v2 with its settings.
     w.registry.up();
@@ -920,11 +904,11 @@ fn content_that_does_not_match_its_digest_is_reported_as_such() {
     assert!(w.set().hooks.is_empty());
     // Backoff: 1 s doubling (±25%), so at most 4 attempts in the first 6 s.
     std::thread::sleep(Duration::from_secs(6));
-    let attempts = daemon.log().matches("retrying with backoff").count();
+    let attempts = daemon.log_text().matches("retrying with backoff").count();
     assert!(
         (2..=4).contains(&attempts),
         "{attempts} attempts in ~6 s:\n{}",
-        daemon.log()
+        daemon.log_text()
     );
 }
 

@@ -171,10 +171,7 @@ impl KubeApiServer {
 
     /// The last lines of the API server's log, for failure messages.
     pub fn log_tail(&self) -> String {
-        let text =
-            std::fs::read_to_string(self.dir.path().join("apiserver.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(30)..].join("\n")
+        crate::tail(&self.dir.path().join("apiserver.log"), 30)
     }
 
     pub fn url(&self) -> String {
@@ -335,6 +332,51 @@ impl KubeApiServer {
             "metadata": {"name": name, "namespace": namespace},
             "spec": {"config": config.to_string()}
         }))
+    }
+
+    /// The pod's network-status annotation: (network name, interface) of each entry, in order; empty when the
+    /// pod has none.
+    pub fn network_status(&self, namespace: &str, pod: &str) -> Vec<(String, String)> {
+        let p = self.must(
+            "GET",
+            &format!("/api/v1/namespaces/{namespace}/pods/{pod}"),
+            None,
+        );
+        let text = p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+            .as_str()
+            .unwrap_or("[]");
+        let v: Value = serde_json::from_str(text)
+            .unwrap_or_else(|e| panic!("network-status of {namespace}/{pod} ({e}): {text}"));
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|e| {
+                (
+                    e["name"].as_str().unwrap().to_string(),
+                    e["interface"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    /// The pod's events of `reason`: (type, message) of each.
+    pub fn events_of(&self, namespace: &str, pod: &str, reason: &str) -> Vec<(String, String)> {
+        self.must(
+            "GET",
+            &format!("/api/v1/namespaces/{namespace}/events"),
+            None,
+        )["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["involvedObject"]["name"] == pod && e["reason"] == reason)
+            .map(|e| {
+                (
+                    e["type"].as_str().unwrap_or_default().to_string(),
+                    e["message"].as_str().unwrap_or_default().to_string(),
+                )
+            })
+            .collect()
     }
 
     /// Every audited request that completed (a watch once it ended): `(user, verb, requestURI)`.

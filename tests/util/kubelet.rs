@@ -221,9 +221,7 @@ nodeStatusUpdateFrequency: 2s
 
     /// The last `n` lines of kubelet's log, for failure messages.
     pub fn log_tail(&self, n: usize) -> String {
-        let text = std::fs::read_to_string(self.dir.path().join("kubelet.log")).unwrap_or_default();
-        let lines: Vec<&str> = text.lines().collect();
-        lines[lines.len().saturating_sub(n)..].join("\n")
+        crate::tail(&self.dir.path().join("kubelet.log"), n)
     }
 }
 

@@ -10,3 +10,17 @@ pub mod netns;
 pub mod plexus;
 pub mod podresources;
 pub mod registry;
+
+/// The last `n` lines of a log file (empty if it cannot be read), for failure messages.
+pub fn tail(path: &std::path::Path, n: usize) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// A manifest of the project's deployment (`examples/deploy/<name>`), applied as written.
+pub fn deploy_manifest(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../examples/deploy")
+        .join(name)
+}

@@ -422,3 +422,104 @@ pub fn read_cached_plan(dir: &Path, id: &str) -> Option<Value> {
     }
     Some(plan)
 }
+
+/// `plexus daemon` started by a test: killed (`kill -9`) and reaped when dropped.
+pub struct NodeDaemon {
+    /// The process, for tests that signal or reap it themselves.
+    pub child: std::process::Child,
+    /// Its socket (`--socket`).
+    pub socket: PathBuf,
+    /// Its stderr.
+    pub log: PathBuf,
+}
+
+impl NodeDaemon {
+    /// Starts `plexus daemon` for node `node`, logging at debug level to `log`, with `--kubeconfig`, `--socket`
+    /// and `--cache-dir` set and no metrics endpoint unless `extra` asks for one (tests run daemons side by
+    /// side); `extra` holds the other flags.
+    pub fn start(
+        node: &str,
+        kubeconfig: &Path,
+        socket: &Path,
+        cache_dir: &Path,
+        log: &Path,
+        extra: &[&str],
+    ) -> NodeDaemon {
+        if let Some(dir) = socket.parent() {
+            std::fs::create_dir_all(dir).expect("the socket's directory");
+        }
+        let child = Command::new(plexus_bin())
+            .args(["daemon", "--node-name", node, "--log-level", "debug"])
+            .arg("--kubeconfig")
+            .arg(kubeconfig)
+            .arg("--socket")
+            .arg(socket)
+            .arg("--cache-dir")
+            .arg(cache_dir)
+            .args(
+                (!extra.contains(&"--metrics-bind-address"))
+                    .then_some(["--metrics-bind-address", "0"])
+                    .into_iter()
+                    .flatten(),
+            )
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(log).expect("the daemon's log"))
+            .spawn()
+            .expect("start plexus daemon");
+        NodeDaemon {
+            child,
+            socket: socket.to_path_buf(),
+            log: log.to_path_buf(),
+        }
+    }
+
+    /// Its health, or `None` while it does not answer (within 2 s).
+    pub fn health(&self) -> Option<plexus_cni::daemon::proto::DaemonHealth> {
+        use plexus_cni::daemon::proto::{Answer, Request};
+        match plexus_cni::daemon::client::ask(
+            &self.socket,
+            &Request::Health,
+            std::time::Duration::from_secs(2),
+        ) {
+            Ok(Answer::Health(h)) => Some(h),
+            _ => None,
+        }
+    }
+
+    /// Waits (at most 30 s) until `ok` holds for its health; fails naming `what`, with its log, if it does not.
+    #[track_caller]
+    pub fn wait(
+        &self,
+        what: &str,
+        ok: impl Fn(&plexus_cni::daemon::proto::DaemonHealth) -> bool,
+    ) -> plexus_cni::daemon::proto::DaemonHealth {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            if let Some(h) = self.health() {
+                if ok(&h) {
+                    return h;
+                }
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "daemon: {what} not reached within 30 s; health {:?}; log:\n{}",
+                self.health(),
+                self.log_text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+    }
+
+    /// Everything it logged so far.
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for NodeDaemon {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
