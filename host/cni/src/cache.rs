@@ -39,7 +39,7 @@ const FORMAT: u32 = 1;
 
 /// The most bytes of a plan or a results journal the cache reads (a plan of many attachments with their results
 /// is tens of KiB).
-const FILE_CAP: u64 = 16 << 20;
+const FILE_CAP: usize = 16 << 20;
 
 /// Everything needed to repeat an operation on each attachment of one container.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -229,19 +229,7 @@ impl AttachmentCache {
     /// A file of the cache, at most [`FILE_CAP`] bytes: a larger one is an `InvalidData` error naming the limit.
     /// The node daemon reads every plan at each check, so a runaway file is refused, not read whole.
     fn read_capped(&self, name: &str) -> std::io::Result<Vec<u8>> {
-        use std::io::Read;
-        let mut bytes = Vec::new();
-        self.dir
-            .open(name)?
-            .take(FILE_CAP + 1)
-            .read_to_end(&mut bytes)?;
-        if bytes.len() as u64 > FILE_CAP {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("larger than {} MiB", FILE_CAP >> 20),
-            ));
-        }
-        Ok(bytes)
+        crate::conf::read_to_cap(self.dir.open(name)?, FILE_CAP)
     }
 
     pub fn path_of(&self, container_id: &str) -> PathBuf {
@@ -687,14 +675,14 @@ mod tests {
         let cache = AttachmentCache::open(tmp.path()).unwrap();
         // Sparse: the size is past the cap without writing it.
         let f = std::fs::File::create(tmp.path().join("attachments/c1.json")).unwrap();
-        f.set_len(FILE_CAP + 1).unwrap();
+        f.set_len(FILE_CAP as u64 + 1).unwrap();
         let err = cache.load("c1").unwrap_err().to_string();
         assert!(
-            err.contains("attachments/c1.json") && err.contains("larger than 16 MiB"),
+            err.contains("attachments/c1.json") && err.contains("larger than 16777216 bytes"),
             "{err}"
         );
         // At the cap it is read (and here found corrupt: zeros are no JSON).
-        f.set_len(FILE_CAP).unwrap();
+        f.set_len(FILE_CAP as u64).unwrap();
         let err = cache.load("c1").unwrap_err().to_string();
         assert!(err.contains("corrupt"), "{err}");
     }

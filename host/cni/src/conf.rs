@@ -174,11 +174,14 @@ pub const STDIN_CAP: usize = 4 << 20;
 /// The file at `path`, at most `cap` bytes: a larger one is an `InvalidData` error naming the limit, not read
 /// whole. For files plexus reads but does not write (network confs, plugins' device-info files).
 pub fn read_capped(path: &Path, cap: usize) -> std::io::Result<Vec<u8>> {
-    use std::io::Read;
+    read_to_cap(std::fs::File::open(path)?, cap)
+}
+
+/// Everything `from` gives, at most `cap` bytes: more is an `InvalidData` error naming the limit, and is not read.
+pub fn read_to_cap(from: impl std::io::Read, cap: usize) -> std::io::Result<Vec<u8>> {
+    use std::io::Read as _;
     let mut bytes = Vec::new();
-    std::fs::File::open(path)?
-        .take(cap as u64 + 1)
-        .read_to_end(&mut bytes)?;
+    from.take(cap as u64 + 1).read_to_end(&mut bytes)?;
     if bytes.len() > cap {
         return Err(std::io::Error::new(
             std::io::ErrorKind::InvalidData,

@@ -9,7 +9,6 @@
 //! sync cost little, kept exactly as long as what it is about: a node's reboot ends every pod.
 
 use std::collections::{HashMap, HashSet};
-use std::io::Read as _;
 use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -228,15 +227,8 @@ pub fn read_kept(dir: &Path, path: &Path) -> Result<(Kept, usize), String> {
             st.st_mode & 0o7777
         ));
     }
-    let cap = MAX_REQUEST_BYTES + 4096;
-    let mut bytes = Vec::new();
-    std::fs::File::from(fd)
-        .take(cap as u64 + 1)
-        .read_to_end(&mut bytes)
+    let bytes = plexus_cni::conf::read_to_cap(std::fs::File::from(fd), MAX_REQUEST_BYTES + 4096)
         .map_err(|e| e.to_string())?;
-    if bytes.len() > cap {
-        return Err(format!("larger than {cap} bytes"));
-    }
     let kept: Kept = serde_json::from_slice(&bytes).map_err(|e| format!("not a write: {e}"))?;
     if path_in(dir, &key_of(&kept.pod)) != path {
         return Err("not under its pod's name".into());
