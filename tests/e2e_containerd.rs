@@ -8,10 +8,8 @@
 use std::path::PathBuf;
 
 use plexus_tests::apiserver::{ApiServer, Fault};
-use plexus_tests::containerd::Containerd;
-use plexus_tests::netns::{
-    bridge_host_local, require_root_and_plugins, HostBridge, IpamDir, CNI_BIN_DIR,
-};
+use plexus_tests::containerd::{cni_dirs, Containerd};
+use plexus_tests::netns::{bridge_host_local, require_root_and_plugins, HostBridge, IpamDir};
 use plexus_tests::plexus::{plexus_bin, Sandbox};
 use serde_json::{json, Value};
 
@@ -52,25 +50,13 @@ impl Node {
         }
         server.write_kubeconfig(&sb.path("kubeconfig"));
         // containerd's CNI dirs: plexus and the reference plugins in one bin dir, plexus's conflist.
-        let bin = sb.path("cni-bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(plexus_bin(), bin.join("plexus")).unwrap();
-        for plugin in std::fs::read_dir(CNI_BIN_DIR).unwrap().flatten() {
-            std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
-        }
-        let conf = sb.path("cni-conf");
-        std::fs::create_dir_all(&conf).unwrap();
-        let mut plexus = sb.conf(json!({
+        let plexus = sb.conf(json!({
             "logFile": sb.path("plexus.log"),
             "cluster": {"source": "kube", "kubeconfig": sb.path("kubeconfig"),
                         "requestTimeoutMs": 1000, "deadlineMs": 3000, "retries": 2,
                         "initialBackoffMs": 10, "maxBackoffMs": 20},
         }));
-        let obj = plexus.as_object_mut().unwrap();
-        obj.remove("cniVersion");
-        obj.remove("name");
-        let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus]});
-        std::fs::write(conf.join("00-plexus.conflist"), list.to_string()).unwrap();
+        let (bin, conf) = cni_dirs(&sb, &plexus_bin(), plexus);
         let containerd = Containerd::start(&bin, &conf);
         Node {
             sb,

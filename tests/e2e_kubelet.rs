@@ -10,12 +10,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus_tests::containerd::{Containerd, PAUSE_IMAGE};
+use plexus_tests::containerd::{cni_dirs, Containerd, PAUSE_IMAGE};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{kube_bin, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
-    IpamDir, CNI_BIN_DIR,
+    IpamDir,
 };
 use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox};
 use plexus_tests::{deploy_manifest, tail};
@@ -73,15 +73,7 @@ impl Node {
 
         // containerd's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
         // with a policy hook that keeps pods to their own namespace's NADs.
-        let bin = sb.path("cni-bin");
-        std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(plexus_cni_bin(), bin.join("plexus")).unwrap();
-        for plugin in std::fs::read_dir(CNI_BIN_DIR).unwrap().flatten() {
-            std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
-        }
-        let conf_dir = sb.path("cni-conf");
-        std::fs::create_dir_all(&conf_dir).unwrap();
-        let mut plexus = sb.conf(json!({
+        let plexus = sb.conf(json!({
             "logFile": sb.path("plexus.log"),
             "cluster": {"source": "kube", "kubeconfig": sb.path("plexus.kubeconfig"),
                         "requestTimeoutMs": 2000, "deadlineMs": 5000, "retries": 2,
@@ -90,11 +82,7 @@ impl Node {
             "hooks": [{"name": "isolation", "kind": "policy",
                        "module": guest_wasm("namespace-isolation")}],
         }));
-        let obj = plexus.as_object_mut().unwrap();
-        obj.remove("cniVersion");
-        obj.remove("name");
-        let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus]});
-        std::fs::write(conf_dir.join("00-plexus.conflist"), list.to_string()).unwrap();
+        let (bin, conf_dir) = cni_dirs(&sb, &plexus_cni_bin(), plexus);
 
         // The CNI binary carries no wasm compiler: a hook of the conf is compiled once with the full binary, as an
         // operator does from the daemon's container (docs/operations.md).
@@ -131,6 +119,12 @@ impl Node {
             ipam,
             sb,
         }
+    }
+
+    /// `kubectl annotate --overwrite` of the pod's selection annotation.
+    fn annotate(&self, networks: &str) {
+        let value = format!("{NETWORKS}={networks}");
+        self.kubectl(&["-n", NS, "annotate", "--overwrite", "pod", "web", &value]);
     }
 
     /// `kubectl` as the cluster's admin; its stdout, failing the test unless it succeeds.
@@ -272,18 +266,9 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     );
     assert!(has_addr_in(&ifs, "net1", &node.prefix("net-a")), "{ifs:?}");
     node.within(20, "the ADD's network-status", || node.status().len() == 2);
-    let web = |networks: &str| format!("{NETWORKS}={networks}");
 
     // Added: the interface is in the pod's namespace with a host-local address, and the status lists it.
-    node.kubectl(&[
-        "-n",
-        NS,
-        "annotate",
-        "--overwrite",
-        "pod",
-        "web",
-        &web("net-a,net-b"),
-    ]);
+    node.annotate("net-a,net-b");
     let took = node.within(20, "net-b attached and in the network-status", || {
         node.status()
             .contains(&(format!("{NS}/net-b"), "net2".to_string()))
@@ -301,15 +286,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     );
 
     // Removed: the interface is gone and its address released; the rest is untouched.
-    node.kubectl(&[
-        "-n",
-        NS,
-        "annotate",
-        "--overwrite",
-        "pod",
-        "web",
-        &web("net-a"),
-    ]);
+    node.annotate("net-a");
     node.within(20, "net-b detached and released", || {
         !interfaces(&netns).iter().any(|(n, _)| n == "net2") && node.reserved("net-b").is_empty()
     });
@@ -323,15 +300,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     );
 
     // A network the policy hook denies: nothing changes, and a Warning event names it.
-    node.kubectl(&[
-        "-n",
-        NS,
-        "annotate",
-        "--overwrite",
-        "pod",
-        "web",
-        &web("net-a,other/net-c"),
-    ]);
+    node.annotate("net-a,other/net-c");
     node.within(20, "the Warning naming other/net-c", || {
         node.events("NetworkChangeFailed")
             .iter()

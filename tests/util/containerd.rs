@@ -217,17 +217,41 @@ impl Drop for Containerd {
         }
         // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
         let root = self.dir.path().display().to_string();
-        let mut mounts: Vec<String> = std::fs::read_to_string("/proc/self/mounts")
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| l.split_whitespace().nth(1).map(str::to_string))
-            .filter(|m| m.starts_with(&root))
-            .collect();
-        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in mounts {
-            let _ = Command::new("umount").args(["-l", &m]).status();
-        }
+        crate::unmount_deepest_first(
+            crate::mount_points()
+                .into_iter()
+                .filter(|m| m.starts_with(&root))
+                .collect(),
+        );
     }
+}
+
+/// containerd's CNI directories in `sb`: `cni-bin` with `plexus` (the binary given) beside the reference plugins,
+/// and `cni-conf` with `00-plexus.conflist`, a list of the one plexus conf `plexus_conf` (as
+/// [`crate::plexus::Sandbox::conf`] makes it: its `cniVersion` and `name` go to the list). Returns both dirs.
+pub fn cni_dirs(
+    sb: &crate::plexus::Sandbox,
+    plexus: &Path,
+    mut plexus_conf: serde_json::Value,
+) -> (PathBuf, PathBuf) {
+    let bin = sb.path("cni-bin");
+    std::fs::create_dir_all(&bin).expect("cni-bin");
+    std::os::unix::fs::symlink(plexus, bin.join("plexus")).expect("link plexus");
+    for plugin in std::fs::read_dir(crate::netns::CNI_BIN_DIR)
+        .expect("the reference plugins")
+        .flatten()
+    {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name()))
+            .expect("link a reference plugin");
+    }
+    let conf = sb.path("cni-conf");
+    std::fs::create_dir_all(&conf).expect("cni-conf");
+    let obj = plexus_conf.as_object_mut().expect("a plexus conf object");
+    obj.remove("cniVersion");
+    obj.remove("name");
+    let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus_conf]});
+    std::fs::write(conf.join("00-plexus.conflist"), list.to_string()).expect("the conflist");
+    (bin, conf)
 }
 
 /// An OCI image layout (tar) of a sandbox image: Debian's static busybox, sleeping. Built once per process.

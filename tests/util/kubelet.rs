@@ -11,6 +11,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::kubeapi::KubeApiServer;
+use crate::mount_points;
 
 /// The node the kubelet registers, and the token user the API server knows it by (`system:node:node1`).
 pub const NODE: &str = "node1";
@@ -84,15 +85,13 @@ impl HostState {
     fn restore(&self, root: &Path) {
         // kubelet's mounts made since (its root dir onto itself, volumes), deepest first.
         let root = root.display().to_string();
-        let mut new: Vec<String> = mount_points()
-            .into_iter()
-            .filter(|m| !self.mounts.contains(m))
-            .filter(|m| m.starts_with(&root) || m.starts_with("/var/lib/kubelet"))
-            .collect();
-        new.sort_by_key(|m| std::cmp::Reverse(m.len()));
-        for m in new {
-            let _ = Command::new("umount").args(["-l", &m]).status();
-        }
+        crate::unmount_deepest_first(
+            mount_points()
+                .into_iter()
+                .filter(|m| !self.mounts.contains(m))
+                .filter(|m| m.starts_with(&root) || m.starts_with("/var/lib/kubelet"))
+                .collect(),
+        );
         for (key, value) in &self.sysctls {
             let path = Path::new("/proc/sys").join(key.replace('.', "/"));
             let _ = std::fs::write(path, value);
@@ -106,15 +105,6 @@ impl HostState {
             }
         }
     }
-}
-
-/// Every mount point of the test's mount namespace.
-fn mount_points() -> Vec<String> {
-    std::fs::read_to_string("/proc/self/mountinfo")
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
-        .collect()
 }
 
 pub struct Kubelet {

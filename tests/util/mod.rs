@@ -24,3 +24,22 @@ pub fn deploy_manifest(name: &str) -> std::path::PathBuf {
         .join("../examples/deploy")
         .join(name)
 }
+
+/// Every mount point of the test's mount namespace.
+pub fn mount_points() -> Vec<String> {
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.split_whitespace().nth(4).map(str::to_string))
+        .collect()
+}
+
+/// Lazily unmounts `mounts`, deepest first (a mount under another goes before it).
+pub fn unmount_deepest_first(mut mounts: Vec<String>) {
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in mounts {
+        let _ = std::process::Command::new("umount")
+            .args(["-l", &m])
+            .status();
+    }
+}
