@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Builds a real kube-apiserver and kubelet (1.20.2, from Debian's `kubernetes` source package) once per machine,
-# fetches Debian's kubectl of the same release, and prints the directory that holds the three. The tests run the API server with Debian's etcd to exercise the node
-# daemon's watches against the API server's own semantics (resourceVersions, 410 Gone, bookmarks, field
-# selectors) and to apply the project's CRDs and RBAC as written; the kubelet, over a private containerd, runs
-# pods through Plexus as a node does.
+# fetches Debian's kubectl of the same release, and prints the directory that holds the three. The tests run the
+# API server with Debian's etcd to exercise the node daemon's watches against the API server's own semantics
+# (resourceVersions, 410 Gone, bookmarks, field selectors) and to apply the project's CRDs and RBAC as written;
+# the kubelet, over a private containerd, runs pods through Plexus as a node does.
 #
 # Both come from one `make` (the packages they share compile once). The binaries are cached under
 # PLEXUS_KUBE_CACHE (default /var/cache/plexus-tests): a later run only checks them.
@@ -22,7 +22,7 @@ fetch_kubectl() {
   local tmp
   tmp=$(mktemp -d "${TMPDIR:-/tmp}/plexus-kubectl.XXXXXX")
   (cd "$tmp" && timeout 600 apt-get download -qq kubernetes-client 2>/dev/null) || {
-    apt-get update -qq && (cd "$tmp" && timeout 600 apt-get download -qq kubernetes-client 2>/dev/null)
+    timeout 600 apt-get update -qq && (cd "$tmp" && timeout 600 apt-get download -qq kubernetes-client 2>/dev/null)
   } || { rm -rf "$tmp"; log "could not download kubernetes-client"; return 1; }
   dpkg-deb -x "$tmp"/kubernetes-client_*.deb "$tmp/x"
   install -m 0755 "$tmp/x/usr/bin/kubectl" "$OUT/kubectl.tmp"

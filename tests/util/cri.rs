@@ -1,5 +1,6 @@
 //! A minimal CRI client (`runtime.v1.RuntimeService`), to drive a real containerd the way kubelet does:
-//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox. gRPC over the runtime's unix socket.
+//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox. gRPC over the runtime's
+//! unix socket.
 //!
 //! Only the messages and fields these calls need are declared (with prost's derive); unknown fields in answers
 //! are skipped by protobuf's rules. Field numbers are those of the CRI API (`k8s.io/cri-api`,
