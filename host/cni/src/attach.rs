@@ -9,11 +9,9 @@ use std::path::Path;
 use serde_json::Value;
 
 use crate::cache::{Attachment, AttachmentCache, AttachmentPlan, Journal};
-use crate::conf::read_capped;
 use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
-use crate::podresources::device_plugin_info_file;
 use crate::runner::{Delegator, RuntimeParams};
 use crate::teardown::Teardown;
 use plexus_core::spec::status::network_status;
@@ -41,7 +39,7 @@ pub(crate) fn attach_from(
     for i in from..plan.attachments.len() {
         let att = &plan.attachments[i];
         let label = attachment_label(inv, att);
-        offer_device_plugin_info(inv, att);
+        crate::device_info::offer_device_plugin_info(inv, att);
         let rt = RuntimeParams::of(inv, &att.ifname);
         let result = delegator
             .add(&att.config, &rt, &att.capability_args)
@@ -99,7 +97,7 @@ pub(crate) fn route_default(
     let routed = plan
         .attachments
         .iter()
-        .find_map(|a| default_route_of(a).map(|g| (a.network.clone(), a.ifname.clone(), g)));
+        .find_map(|a| a.default_route().map(|g| (a.network.clone(), a.ifname.clone(), g)));
     let Some((network, target, gateways)) = routed else {
         return Ok(());
     };
@@ -169,59 +167,6 @@ fn verify_requested(att: &Attachment, result: &Value) -> Result<(), PlexusError>
         }
     }
     Ok(())
-}
-
-/// The gateways of the attachment's `default-route` (4.1.2.1.9), if its selection asked for it.
-pub(crate) fn default_route_of(att: &Attachment) -> Option<Vec<IpAddr>> {
-    att.selection.as_ref()?.default_route.clone()
-}
-
-/// The most bytes of a device-info file plexus reads (the spec's objects are a few hundred bytes).
-const DEVICE_INFO_CAP: usize = 64 << 10;
-
-/// The device plugin's device-info file of the attachment's device, if it has one.
-fn device_plugin_file(inv: &Invocation, att: &Attachment) -> Option<std::path::PathBuf> {
-    let d = att.device.as_ref()?;
-    Some(device_plugin_info_file(
-        &inv.conf.device_plugin_info_dir,
-        &d.resource,
-        &d.id,
-    ))
-}
-
-/// Device Information Specification 4.2.1: a plugin offered a device-info file, whose device came from a
-/// device plugin, finds the device plugin's information in it (it may add to it or replace it).
-fn offer_device_plugin_info(inv: &Invocation, att: &Attachment) {
-    let (Some(cni_file), Some(dp_file)) = (att.device_info_file(), device_plugin_file(inv, att))
-    else {
-        return;
-    };
-    let Ok(text) = read_capped(&dp_file, DEVICE_INFO_CAP) else {
-        return;
-    };
-    let cni_file = Path::new(cni_file);
-    if let Some(dir) = cni_file.parent() {
-        let _ = std::fs::create_dir_all(dir);
-    }
-    if let Err(e) = std::fs::write(cni_file, text) {
-        tracing::warn!(file = %cni_file.display(), "cannot offer the device plugin's device-info: {e}");
-    }
-}
-
-/// The attachment's device information (spec 5.3.8): what the plugin wrote into its device-info file, else
-/// what the device plugin wrote for its device; only a valid object.
-pub(crate) fn read_device_info(inv: &Invocation, att: &Attachment) -> Option<Value> {
-    let parse = |path: &Path| {
-        let text = read_capped(path, DEVICE_INFO_CAP).ok()?;
-        let info: Value = serde_json::from_slice(&text).ok()?;
-        info.get("type")
-            .and_then(Value::as_str)
-            .is_some()
-            .then_some(info)
-    };
-    att.device_info_file()
-        .and_then(|f| parse(Path::new(f)))
-        .or_else(|| parse(&device_plugin_file(inv, att)?))
 }
 
 /// `pod ns/name: network ns/net (ifname)`, how errors name an attachment.

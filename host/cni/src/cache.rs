@@ -168,6 +168,11 @@ impl Attachment {
     pub fn device_info_file(&self) -> Option<&str> {
         self.capability_args.get(DEVICE_INFO_CAPABILITY)?.as_str()
     }
+
+    /// The gateways of the attachment's `default-route` (4.1.2.1.9), if its selection asked for it.
+    pub fn default_route(&self) -> Option<Vec<std::net::IpAddr>> {
+        self.selection.as_ref()?.default_route.clone()
+    }
 }
 
 /// The cache directory.

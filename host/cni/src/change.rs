@@ -165,7 +165,7 @@ impl Sandbox {
             let attached = attach_from(inv, fx, &mut plan, &mut journal, from).and_then(|()| {
                 let routed = plan.attachments[from..]
                     .iter()
-                    .any(|a| crate::attach::default_route_of(a).is_some());
+                    .any(|a| a.default_route().is_some());
                 if routed {
                     route_default(inv, fx, &mut plan, &mut journal)
                         .map_err(|e| (plan.attachments.len(), e))

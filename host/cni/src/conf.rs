@@ -15,6 +15,10 @@ use crate::error::PlexusError;
 #[serde(rename_all = "camelCase")]
 struct RawConf {
     cni_version: Option<String>,
+    /// The network's name: plexus does not use it, but a conf whose `name` is not a string is not a conf
+    /// (`null` included, hence `present`).
+    #[serde(default, deserialize_with = "present")]
+    name: Option<Value>,
     cluster_network: Option<String>,
     #[serde(default)]
     default_networks: Vec<String>,
@@ -41,6 +45,11 @@ struct RawConf {
     runtime_config: Map<String, Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<ValidAttachment>>,
+}
+
+/// A key that is in the object, whatever its value (`null` too, which `Option` alone would take for absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// A `(containerID, ifname)` pair the runtime still uses (CNI 1.1 GC).
@@ -250,6 +259,12 @@ impl PlexusConf {
                 .map_err(|e: plexus_core::cni::UnsupportedVersion| {
                     PlexusError::Version(e.to_string())
                 })?;
+        if let Some(name) = raw.name.as_ref().filter(|n| !n.is_string()) {
+            return Err(PlexusError::config(
+                "name",
+                format!("must be a string, got {name}"),
+            ));
+        }
         let cluster_network = raw
             .cluster_network
             .filter(|s| !s.trim().is_empty())
@@ -431,6 +446,25 @@ mod tests {
             matches!(&e, PlexusError::Config { field, .. } if field == "clusterNetwork"),
             "{e:?}"
         );
+    }
+
+    #[test]
+    fn a_name_that_is_not_a_string_is_a_configuration_error() {
+        for name in ["1", "[]", "{}", "true", "null"] {
+            let text = format!(r#"{{"cniVersion":"1.0.0","name":{name},"clusterNetwork":"x"}}"#);
+            let e = parse(text.as_bytes(), false).unwrap_err();
+            assert_eq!(e.cni_code(), 7, "{name}: {e}");
+            assert!(
+                matches!(&e, PlexusError::Config { field, .. } if field == "name"),
+                "{name}: {e:?}"
+            );
+            assert!(e.to_string().contains(name), "{e}");
+        }
+        assert!(parse(
+            br#"{"cniVersion":"1.0.0","name":"plexus","clusterNetwork":"x"}"#,
+            false
+        )
+        .is_ok());
     }
 
     #[test]

@@ -12,6 +12,7 @@ pub mod cli;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;
+pub mod device_info;
 pub mod effects;
 pub mod entry;
 pub mod error;

@@ -6,7 +6,7 @@ use plexus_core::spec::status::{network_status, status_default_route, NetworkSta
 use plexus_core::spec::Pod;
 use serde_json::Value;
 
-use crate::attach::{default_route_of, read_device_info};
+use crate::device_info::read_device_info;
 use crate::cache::AttachmentPlan;
 use crate::effects::Effects;
 use crate::error::PlexusError;
@@ -42,7 +42,7 @@ pub(crate) fn publish_announcing(
             if st.device_info.is_none() {
                 st.device_info = read_device_info(inv, a);
             }
-            if let Some(gws) = default_route_of(a) {
+            if let Some(gws) = a.default_route() {
                 st.default_route = status_default_route(Some(&gws), a.result.as_ref());
             }
             st

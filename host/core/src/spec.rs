@@ -17,6 +17,30 @@ pub fn is_extension_key(key: &str) -> bool {
     key.contains('.') && !key.starts_with('.') && !key.ends_with('.') && !key.contains("..")
 }
 
+/// What kind of JSON value `v` is, as an error message says it ("a list", "an object").
+pub(crate) fn json_type(v: &serde_json::Value) -> &'static str {
+    use serde_json::Value;
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "a list",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// `v` as JSON text for an error message, cut to `max` characters (the last three an ellipsis).
+pub(crate) fn json_excerpt(v: &serde_json::Value, max: usize) -> String {
+    let s = v.to_string();
+    if s.chars().count() > max {
+        let cut: String = s.chars().take(max.saturating_sub(3)).collect();
+        format!("{cut}...")
+    } else {
+        s
+    }
+}
+
 pub use naming::{
     is_dns1123_label, validate_container_id, validate_dns1123_label, validate_ifname,
     validate_network_name, IfNameAllocator, NamingError,

@@ -3,7 +3,9 @@
 //! that shadows a field) are caught here.
 
 use crate::bindings::plexus::hooks::types as w;
-use plexus_core::spec::selection::{validate_selections, Selection};
+use plexus_core::spec::selection::{
+    validate_selections, BandwidthElement, PortMappingElement, Selection, SelectionElement,
+};
 use plexus_core::spec::status::validate_status_entries;
 use serde_json::{Map, Value};
 
@@ -177,67 +179,47 @@ pub(crate) fn selections_from_wire(list: Vec<w::Selection>, pod_namespace: &str)
     Ok(values)
 }
 
-/// One selection record as spec JSON, unchecked.
+/// One selection record as spec JSON, unchecked (plexus-core's element form names the keys).
 fn selection_from_wire(s: w::Selection) -> R<Value> {
-    let mut m = Map::new();
-    m.insert("name".into(), s.name.clone().into());
-    m.insert("namespace".into(), s.namespace.into());
-    if let Some(ips) = s.ips {
-        m.insert("ips".into(), ips.into());
-    }
-    if let Some(mac) = s.mac {
-        m.insert("mac".into(), mac.into());
-    }
-    if let Some(i) = s.interface {
-        m.insert("interface".into(), i.into());
-    }
-    if let Some(args) = s.cni_args {
-        let v: Value = serde_json::from_str(&args)
-            .map_err(|e| format!("\"cni-args\" of {:?} is not valid JSON: {e}", s.name))?;
-        m.insert("cni-args".into(), v);
-    }
-    if let Some(pms) = s.port_mappings {
-        let list: Vec<Value> = pms
-            .into_iter()
-            .map(|pm| {
-                let mut o = Map::new();
-                o.insert("hostPort".into(), pm.host_port.into());
-                o.insert("containerPort".into(), pm.container_port.into());
-                if let Some(p) = pm.protocol {
-                    o.insert("protocol".into(), p.into());
-                }
-                Value::Object(o)
-            })
-            .collect();
-        m.insert("portMappings".into(), list.into());
-    }
-    if let Some(b) = s.bandwidth {
-        let mut o = Map::new();
-        for (k, v) in [
-            ("ingressRate", b.ingress_rate),
-            ("ingressBurst", b.ingress_burst),
-            ("egressRate", b.egress_rate),
-            ("egressBurst", b.egress_burst),
-        ] {
-            if let Some(v) = v {
-                o.insert(k.into(), v.into());
-            }
-        }
-        m.insert("bandwidth".into(), Value::Object(o));
-    }
-    if let Some(gw) = s.default_route {
-        m.insert("default-route".into(), gw.into());
-    }
-    if let Some(g) = s.infiniband_guid {
-        m.insert("infiniband-guid".into(), g.into());
-    }
-    if let Some(c) = s.ipam_claim_reference {
-        m.insert("ipam-claim-reference".into(), c.into());
-    }
-    let name = s.name;
-    extras_from_wire(s.extras, SELECTION_KEYS, &mut m)
-        .map_err(|e| format!("selection {name:?}: {e}"))?;
-    Ok(Value::Object(m))
+    let cni_args = s
+        .cni_args
+        .map(|args| {
+            serde_json::from_str::<Value>(&args)
+                .map_err(|e| format!("\"cni-args\" of {:?} is not valid JSON: {e}", s.name))
+        })
+        .transpose()?;
+    let mut extras = Map::new();
+    extras_from_wire(s.extras, SELECTION_KEYS, &mut extras)
+        .map_err(|e| format!("selection {:?}: {e}", s.name))?;
+    let element = SelectionElement {
+        name: s.name,
+        namespace: s.namespace,
+        ips: s.ips,
+        mac: s.mac,
+        interface: s.interface,
+        cni_args,
+        port_mappings: s.port_mappings.map(|pms| {
+            pms.into_iter()
+                .map(|pm| PortMappingElement {
+                    host_port: pm.host_port.into(),
+                    container_port: pm.container_port.into(),
+                    protocol: pm.protocol,
+                    host_ip: None,
+                })
+                .collect()
+        }),
+        bandwidth: s.bandwidth.map(|b| BandwidthElement {
+            ingress_rate: b.ingress_rate,
+            ingress_burst: b.ingress_burst,
+            egress_rate: b.egress_rate,
+            egress_burst: b.egress_burst,
+        }),
+        default_route: s.default_route,
+        infiniband_guid: s.infiniband_guid,
+        ipam_claim_reference: s.ipam_claim_reference,
+        extras,
+    };
+    Ok(element.to_json())
 }
 
 pub(crate) fn entry_to_wire(v: &Value) -> R<w::StatusEntry> {

@@ -4,6 +4,7 @@
 //! commands, and what a change of a running pod's selections asks of its sandbox (`hotplug`). Built on
 //! `plexus-cni` (the CNI path and the daemon's wire protocol), never the other way round.
 
+pub mod backoff;
 pub mod daemon;
 pub mod distribution;
 pub mod hook_cli;

@@ -57,7 +57,7 @@ impl Selection {
             rc.insert(
                 "portMappings".into(),
                 pms.iter()
-                    .map(|p| Value::Object(port_mapping_json(p)))
+                    .map(port_mapping_json)
                     .collect(),
             );
         }

@@ -342,28 +342,11 @@ fn quote(s: &str) -> String {
 
 /// A JSON value as it appears in an error, shortened when long.
 fn show(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 80 {
-        let cut: String = s.chars().take(77).collect();
-        format!("{cut}...")
-    } else {
-        s
-    }
-}
-
-fn type_name(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
+    super::json_excerpt(v, 80)
 }
 
 fn wrong_type(v: &Value, want: &str) -> String {
-    format!("{} is {}, not {want}", show(v), type_name(v))
+    format!("{} is {}, not {want}", show(v), super::json_type(v))
 }
 
 fn not_label(s: &str) -> String {
@@ -597,80 +580,131 @@ impl Selection {
     /// The spec's JSON element form of this selection; [`Selection::from_json`] reads it back unchanged.
     /// `namespace` is always written; `protocol` is written in lower case.
     pub fn to_json(&self) -> Value {
-        let mut m = Map::new();
-        m.insert("name".into(), Value::String(self.name.clone()));
-        m.insert("namespace".into(), Value::String(self.namespace.clone()));
-        if !self.ips.is_empty() {
-            m.insert(
-                "ips".into(),
-                self.ips.iter().cloned().map(Value::String).collect(),
-            );
-        }
-        if let Some(mac) = &self.mac {
-            m.insert("mac".into(), Value::String(mac.clone()));
-        }
-        if let Some(i) = &self.interface {
-            m.insert("interface".into(), Value::String(i.clone()));
-        }
-        if let Some(a) = &self.cni_args {
-            m.insert("cni-args".into(), Value::Object(a.clone()));
-        }
-        if let Some(pms) = &self.port_mappings {
-            m.insert(
-                "portMappings".into(),
-                pms.iter()
-                    .map(|p| Value::Object(port_mapping_json(p)))
-                    .collect(),
-            );
-        }
-        if let Some(bw) = &self.bandwidth {
-            m.insert("bandwidth".into(), Value::Object(bandwidth_json(bw)));
-        }
-        if let Some(gws) = &self.default_route {
-            m.insert(
-                "default-route".into(),
-                gws.iter().map(|g| Value::String(g.to_string())).collect(),
-            );
-        }
-        if let Some(g) = &self.infiniband_guid {
-            m.insert("infiniband-guid".into(), Value::String(g.clone()));
-        }
-        if let Some(c) = &self.ipam_claim_reference {
-            m.insert("ipam-claim-reference".into(), Value::String(c.clone()));
-        }
-        for (k, v) in &self.extras {
-            m.insert(k.clone(), v.clone());
-        }
-        Value::Object(m)
+        SelectionElement::from(self).to_json()
     }
 }
 
-/// `{hostPort, containerPort, protocol (lower case)[, hostIP]}`: the CONVENTIONS.md entry shape, also used
-/// by [`Selection::to_json`].
-pub(crate) fn port_mapping_json(p: &PortMapping) -> Map<String, Value> {
-    let mut m = Map::new();
-    m.insert("hostPort".into(), p.host_port.into());
-    m.insert("containerPort".into(), p.container_port.into());
-    m.insert("protocol".into(), p.protocol.as_lowercase().into());
-    if let Some(ip) = &p.host_ip {
-        m.insert("hostIP".into(), Value::String(ip.clone()));
-    }
-    m
+/// A selection element as the spec's JSON list form writes it (4.1.2.1), unchecked: the one place that names
+/// its keys for writing. [`Selection::to_json`] writes through it, and so does whatever builds an element from
+/// other data (a policy hook's rewrite) before [`Selection::from_json`] checks it like the annotation.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize)]
+pub struct SelectionElement {
+    pub name: String,
+    pub namespace: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ips: Option<Vec<String>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mac: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub interface: Option<String>,
+    #[serde(rename = "cni-args", skip_serializing_if = "Option::is_none")]
+    pub cni_args: Option<Value>,
+    #[serde(rename = "portMappings", skip_serializing_if = "Option::is_none")]
+    pub port_mappings: Option<Vec<PortMappingElement>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub bandwidth: Option<BandwidthElement>,
+    #[serde(rename = "default-route", skip_serializing_if = "Option::is_none")]
+    pub default_route: Option<Vec<String>>,
+    #[serde(rename = "infiniband-guid", skip_serializing_if = "Option::is_none")]
+    pub infiniband_guid: Option<String>,
+    #[serde(
+        rename = "ipam-claim-reference",
+        skip_serializing_if = "Option::is_none"
+    )]
+    pub ipam_claim_reference: Option<String>,
+    /// Extension keys, after the spec's, in order. One that repeats a spec key is the caller's to refuse.
+    #[serde(flatten)]
+    pub extras: Map<String, Value>,
 }
 
-pub(crate) fn bandwidth_json(bw: &Bandwidth) -> Map<String, Value> {
-    let mut m = Map::new();
-    for (k, v) in [
-        ("ingressRate", bw.ingress_rate),
-        ("ingressBurst", bw.ingress_burst),
-        ("egressRate", bw.egress_rate),
-        ("egressBurst", bw.egress_burst),
-    ] {
-        if let Some(v) = v {
-            m.insert(k.into(), v.into());
+/// A `portMappings` element (4.1.2.1.7), in CNI CONVENTIONS.md's shape, unchecked.
+#[derive(Debug, Clone, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PortMappingElement {
+    pub host_port: u64,
+    pub container_port: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub protocol: Option<String>,
+    #[serde(rename = "hostIP", skip_serializing_if = "Option::is_none")]
+    pub host_ip: Option<String>,
+}
+
+/// The `bandwidth` map (4.1.2.1.8), unchecked.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct BandwidthElement {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress_rate: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub ingress_burst: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_rate: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub egress_burst: Option<u64>,
+}
+
+/// JSON of a value whose serialization cannot fail (string keys, no foreign types).
+fn json_of(value: &impl serde::Serialize) -> Value {
+    serde_json::to_value(value).expect("serializing an element of plain fields to JSON cannot fail")
+}
+
+impl SelectionElement {
+    pub fn to_json(&self) -> Value {
+        json_of(self)
+    }
+}
+
+impl From<&Selection> for SelectionElement {
+    fn from(s: &Selection) -> Self {
+        SelectionElement {
+            name: s.name.clone(),
+            namespace: s.namespace.clone(),
+            ips: (!s.ips.is_empty()).then(|| s.ips.clone()),
+            mac: s.mac.clone(),
+            interface: s.interface.clone(),
+            cni_args: s.cni_args.clone().map(Value::Object),
+            port_mappings: s
+                .port_mappings
+                .as_ref()
+                .map(|pms| pms.iter().map(PortMappingElement::from).collect()),
+            bandwidth: s.bandwidth.as_ref().map(BandwidthElement::from),
+            default_route: s
+                .default_route
+                .as_ref()
+                .map(|gws| gws.iter().map(IpAddr::to_string).collect()),
+            infiniband_guid: s.infiniband_guid.clone(),
+            ipam_claim_reference: s.ipam_claim_reference.clone(),
+            extras: s.extras.clone(),
         }
     }
-    m
+}
+
+impl From<&PortMapping> for PortMappingElement {
+    fn from(p: &PortMapping) -> Self {
+        PortMappingElement {
+            host_port: p.host_port.into(),
+            container_port: p.container_port.into(),
+            protocol: Some(p.protocol.as_lowercase().into()),
+            host_ip: p.host_ip.clone(),
+        }
+    }
+}
+
+impl From<&Bandwidth> for BandwidthElement {
+    fn from(b: &Bandwidth) -> Self {
+        BandwidthElement {
+            ingress_rate: b.ingress_rate,
+            ingress_burst: b.ingress_burst,
+            egress_rate: b.egress_rate,
+            egress_burst: b.egress_burst,
+        }
+    }
+}
+
+/// `{hostPort, containerPort, protocol (lower case)[, hostIP]}`: the CONVENTIONS.md entry of
+/// `runtimeConfig.portMappings`, the same shape as the selection's.
+pub(crate) fn port_mapping_json(p: &PortMapping) -> Value {
+    json_of(&PortMappingElement::from(p))
 }
 
 fn parse_port_mappings(v: &Value) -> Result<Vec<PortMapping>, String> {

@@ -361,14 +361,14 @@ pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
             message,
         };
         let Value::Object(obj) = e else {
-            return Err(err(format!("is {}, not an object", json_type(e))));
+            return Err(err(format!("is {}, not an object", super::json_type(e))));
         };
         for (k, v) in obj {
             let bad = |want: &str| {
                 err(format!(
                     "{k:?}: {} is {}, not {want}",
                     short(v),
-                    json_type(v)
+                    super::json_type(v)
                 ))
             };
             match k.as_str() {
@@ -468,22 +468,6 @@ pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
     }
 }
 
-fn json_type(v: &Value) -> &'static str {
-    match v {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "a list",
-        Value::Object(_) => "an object",
-    }
-}
-
 fn short(v: &Value) -> String {
-    let s = v.to_string();
-    if s.chars().count() > 60 {
-        format!("{}...", s.chars().take(57).collect::<String>())
-    } else {
-        s
-    }
+    super::json_excerpt(v, 60)
 }

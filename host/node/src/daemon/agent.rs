@@ -620,7 +620,7 @@ impl Agent {
                     next: Instant::now(),
                     error: error.clone(),
                 });
-                let delay = super::jitter(
+                let delay = crate::backoff::jitter(
                     FIRST_RETRY
                         .saturating_mul(1u32 << f.attempts.min(16))
                         .min(MAX_RETRY),

@@ -12,6 +12,7 @@
 //! the process's own figures) are set when a scrape comes, from that state ([`Metrics::refresh`]), so nothing
 //! on the ADD path pays for them.
 
+use crate::backoff::Backoff;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -570,7 +571,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     snapshot: impl Fn() -> Snapshot + Send + Sync + 'static,
 ) -> std::io::Result<()> {
-    let mut delay = Duration::from_secs(1);
+    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
     let mut last_error = String::new();
     let listener = loop {
         match tokio::net::TcpListener::bind(addr).await {
@@ -581,8 +582,7 @@ pub async fn serve(
                     tracing::warn!(address = %addr, error = %e, "cannot serve metrics there yet; trying again");
                     last_error = error;
                 }
-                tokio::time::sleep(super::jitter(delay)).await;
-                delay = (delay * 2).min(Duration::from_secs(30));
+                tokio::time::sleep(backoff.next_delay()).await;
             }
         }
     };

@@ -14,13 +14,3 @@ mod server;
 pub mod status_queue;
 
 pub use server::*;
-
-/// A retry delay spread by ±25%, so that nodes (or pods) failing together do not come back together.
-pub(crate) fn jitter(delay: std::time::Duration) -> std::time::Duration {
-    use std::hash::{BuildHasher, Hasher};
-    // A fresh RandomState is randomly keyed: enough randomness for spreading retries.
-    let r = std::collections::hash_map::RandomState::new()
-        .build_hasher()
-        .finish();
-    delay.mul_f64(0.75 + (r % 1000) as f64 / 2000.0)
-}

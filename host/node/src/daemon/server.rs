@@ -15,6 +15,7 @@ use plexus_core::spec::PodRef;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 
+use crate::backoff::Backoff;
 use super::metrics::{self, HookStates, Metrics, ResultLabel, Snapshot};
 use super::status_queue::{Key, StatusQueue};
 use super::{agent, files};
@@ -709,7 +710,7 @@ fn start_writer(shared: &Arc<Shared>, key: Key) {
     let shared = shared.clone();
     tokio::spawn(async move {
         while let Some(mut kept) = shared.writes.take(&key) {
-            let mut delay = Duration::from_secs(1);
+            let mut backoff = Backoff::new(Duration::from_secs(1), MAX_STATUS_RETRY);
             loop {
                 if let Lookup::Found(p) = shared.cache.pod(&key.0, &key.1) {
                     if p.uid.is_some() && kept.pod.uid.is_some() && p.uid != kept.pod.uid {
@@ -734,10 +735,9 @@ fn start_writer(shared: &Arc<Shared>, key: Key) {
                                 result: "error".into(),
                             })
                             .inc();
-                        let wait = super::jitter(delay);
+                        let wait = backoff.next_delay();
                         tracing::warn!(pod = %kept.pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
                         tokio::time::sleep(wait).await;
-                        delay = (delay * 2).min(MAX_STATUS_RETRY);
                         if let Some(newer) = shared.writes.newer(&key) {
                             kept = newer;
                         }
