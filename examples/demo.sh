@@ -11,7 +11,8 @@ bold() { printf '\n\033[1m%s\033[0m\n' "$*"; }
 
 bold "1. set-up and build"
 bash tests/setup.sh
-cargo build --release -p plexus
+# The same build as the test command's (tests/run.sh): after the suite, nothing is built again.
+cargo build --release --workspace --bins --examples
 plexus=$root/target/release/plexus
 
 state=$(mktemp -d /tmp/plexus-demo.XXXXXX)

@@ -262,3 +262,45 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
     );
     left_alone("the image's plexus");
 }
+
+/// The packages `cargo tree` resolves for `package` built alone (normal dependencies, this machine's target), as
+/// the image build (`cargo build -p plexus-cni`) resolves them.
+fn dependencies_alone(package: &str) -> Vec<String> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let out = Command::new("timeout")
+        .arg("120")
+        .arg(cargo)
+        .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none"])
+        .args(["--format", "{p}", "-p", package])
+        .current_dir(root)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run cargo tree");
+    assert!(
+        out.status.success(),
+        "cargo tree -p {package}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_whitespace().next().map(str::to_owned))
+        .collect()
+}
+
+/// The suite runs the workspace build's `plexus-cni`, whose shared crates carry the features plexus-node turns on;
+/// the image's build of it alone must not: no wasm compiler, no watch runtime, no OCI client. Read from cargo's
+/// resolution, without a second build.
+#[test]
+fn the_cni_plugin_built_alone_links_no_compiler_no_watch_runtime_no_oci_client() {
+    let node_only = ["cranelift-codegen", "kube-runtime", "oci-client"];
+    let node = dependencies_alone("plexus-node");
+    for p in node_only {
+        assert!(node.iter().any(|d| d == p), "plexus-node has {p}: {node:?}");
+    }
+    let cni = dependencies_alone("plexus-cni");
+    assert!(cni.iter().any(|d| d == "wasmtime"), "{cni:?}");
+    for p in node_only {
+        assert!(!cni.iter().any(|d| d == p), "plexus-cni alone links {p}");
+    }
+}

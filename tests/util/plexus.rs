@@ -34,7 +34,7 @@ pub fn plexus_cni_bin() -> PathBuf {
     let bin = target.join("release/plexus-cni");
     assert!(
         bin.exists(),
-        "{} is missing: run `cargo build --release -p plexus-cni` (tests/run.sh does)",
+        "{} is missing: run `cargo build --release --workspace --bins` (tests/run.sh does)",
         bin.display()
     );
     bin

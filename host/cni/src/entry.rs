@@ -4,6 +4,7 @@ use std::collections::BTreeMap;
 
 use plexus_cluster::{Cluster, FileCluster, KubeCluster};
 use plexus_core::cni::{CniError, CniVersion};
+pub use plexus_hooks::Compile;
 use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
@@ -28,8 +29,9 @@ pub struct Outcome {
 }
 
 /// The CNI plugin process: the environment and stdin (at most [`crate::conf::STDIN_CAP`] bytes plus one, so an
-/// oversized conf is refused rather than cut) in, the result on stdout; the exit status.
-pub fn cni_process() -> u8 {
+/// oversized conf is refused rather than cut) in, the result on stdout; the exit status. `compile`: whether an ADD
+/// may compile a hook that has no compiled artifact (the full `plexus` binary), or never (`plexus-cni`).
+pub fn cni_process(compile: Compile) -> u8 {
     use std::io::{Read, Write};
     let env = std::env::vars().collect();
     let mut stdin = Vec::new();
@@ -37,7 +39,7 @@ pub fn cni_process() -> u8 {
     let _ = std::io::stdin()
         .take(crate::conf::STDIN_CAP as u64 + 1)
         .read_to_end(&mut stdin);
-    let outcome = run(&env, &stdin);
+    let outcome = run(&env, &stdin, compile);
     if let Some(text) = outcome.stdout {
         let mut out = std::io::stdout().lock();
         let _ = writeln!(out, "{text}");
@@ -52,7 +54,7 @@ pub fn cni_process() -> u8 {
 
 /// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`). Meant for a process that
 /// exits afterwards (see the end of `run_inner`); a long-lived host drives [`orchestrate`] itself.
-pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
+pub fn run(env: &BTreeMap<String, String>, stdin: &[u8], compile: Compile) -> Outcome {
     let started = std::time::Instant::now();
     let stdin = stdin_json(stdin);
     let reply_version = reply_version(
@@ -65,6 +67,7 @@ pub fn run(env: &BTreeMap<String, String>, stdin: &[u8]) -> Outcome {
         exec: RecordingExec::new(&ProcessExec),
         report_to: None,
         hooks: Vec::new(),
+        compile,
     };
     let ran = run_inner(env, stdin, reply_version, started, &mut trace);
     let (outcome, result) = match ran {
@@ -111,6 +114,8 @@ struct Trace<'a> {
     /// The daemon's socket and the command, once the conf says to report.
     report_to: Option<(std::path::PathBuf, String)>,
     hooks: Vec<crate::daemon::proto::HookCall>,
+    /// Whether hooks may be compiled here.
+    compile: Compile,
 }
 
 fn run_inner(
@@ -176,7 +181,7 @@ fn run_inner(
     };
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
     let hooks: Box<dyn HookRunner> = if command == Command::Add {
-        crate::hooks::for_conf(&inv.conf, false)?
+        crate::hooks::for_conf(&inv.conf, false, trace.compile)?
     } else {
         Box::new(NoHooks)
     };

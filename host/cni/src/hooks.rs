@@ -4,7 +4,7 @@
 use std::path::Path;
 
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, Selection};
-use plexus_hooks::{HookSpec, Hooks, PolicyOutcome};
+use plexus_hooks::{Compile, HookSpec, Hooks, PolicyOutcome};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -67,8 +67,13 @@ impl HookRunner for NoHooks {
 
 /// The hooks an ADD with `conf` runs: the conf's own, then the node's active hook set (read once, here: the
 /// whole ADD runs the set it saw); none loaded when there are none. `pod_running` is what `host.pod-running`
-/// answers them: true for a change of a running pod's networks (the node daemon), false in an ADD.
-pub fn for_conf(conf: &PlexusConf, pod_running: bool) -> Result<Box<dyn HookRunner>, PlexusError> {
+/// answers them: true for a change of a running pod's networks (the node daemon), false in an ADD. `compile`:
+/// whether this process may compile a component nobody compiled (the CNI plugin never does).
+pub fn for_conf(
+    conf: &PlexusConf,
+    pod_running: bool,
+    compile: Compile,
+) -> Result<Box<dyn HookRunner>, PlexusError> {
     let set = if conf.cluster_hooks {
         HookSet::read(&conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
     } else {
@@ -77,7 +82,7 @@ pub fn for_conf(conf: &PlexusConf, pod_running: bool) -> Result<Box<dyn HookRunn
     if conf.hooks.is_empty() && set.is_none() {
         return Ok(Box::new(NoHooks));
     }
-    let mut hooks = load(&conf.hooks, set, &conf.cache_dir)?;
+    let mut hooks = load(&conf.hooks, set, &conf.cache_dir, compile)?;
     hooks.set_pod_running(pod_running);
     Ok(Box::new(hooks))
 }
@@ -88,6 +93,7 @@ pub fn load(
     entries: &[Value],
     set: Option<HookSet>,
     cache_dir: &Path,
+    compile: Compile,
 ) -> Result<Hooks, PlexusError> {
     let mut specs = entries
         .iter()
@@ -103,7 +109,7 @@ pub fn load(
         h.name = format!("{CLUSTER_HOOK_PREFIX}{}", h.name);
         h
     }));
-    Ok(Hooks::load(&specs, cache_dir)?)
+    Ok(Hooks::load_with(&specs, cache_dir, compile)?)
 }
 
 /// The node's active hook set: what the node agent (in `plexus daemon`) published from the cluster's NetworkHook

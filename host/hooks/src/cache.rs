@@ -263,6 +263,16 @@ pub(crate) fn load(
     Ok((c, ArtifactSource::CompiledUncached(why)))
 }
 
+/// Whether loading may compile a component that has no compiled artifact in the cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compile {
+    /// Compile it and cache the artifact (a build without the compiler refuses all the same).
+    WhenNeeded,
+    /// Never: such a component is an error that says how to compile it. The CNI plugin loads this way whatever
+    /// it was linked with, so that it behaves the same built alone or in a build of the whole workspace.
+    Never,
+}
+
 /// Compiles a component (with the `compiler` feature).
 pub(crate) fn compile_component(engine: &Engine, wasm: &[u8]) -> Result<Component, String> {
     #[cfg(feature = "compiler")]
@@ -287,9 +297,9 @@ fn precompile(engine: &Engine, wasm: &[u8]) -> Result<Vec<u8>, String> {
     }
 }
 
-/// Why a build without the compiler cannot load a component that has no compiled artifact.
-#[cfg(not(feature = "compiler"))]
-const NO_COMPILER: &str = "this plexus build has no compiler and the component has no compiled artifact in \
+/// Why a process that does not compile (the CNI plugin, or a build without the compiler) cannot load a
+/// component that has no compiled artifact.
+pub(crate) const NO_COMPILER: &str = "the plexus CNI plugin has no compiler and the component has no compiled artifact in \
      the cache: compile it with `plexus hook compile FILE --cache-dir DIR` (or deliver it as a NetworkHook)";
 
 /// What identifies an unchanged component file.

@@ -12,7 +12,7 @@ mod error;
 mod sandbox;
 mod spec;
 
-pub use cache::{distrust, ArtifactSource};
+pub use cache::{distrust, ArtifactSource, Compile};
 pub use error::{Fault, HookError, LoadError};
 pub use spec::{FailurePolicy, HookKind, HookSpec, DEFAULT_MEMORY_LIMIT_MIB, DEFAULT_TIMEOUT_MS};
 
@@ -225,15 +225,29 @@ impl Hooks {
     /// Loads the hooks in configured order, compiling each distinct component once and caching the
     /// result under `cache_dir/hooks`.
     pub fn load(specs: &[HookSpec], cache_dir: &Path) -> Result<Hooks, HookError> {
-        Self::load_inner(specs, Some(cache_dir))
+        Self::load_inner(specs, Some(cache_dir), Compile::WhenNeeded)
+    }
+
+    /// Like [`Hooks::load`], compiling only when `compile` allows it: with [`Compile::Never`], a component
+    /// without a compiled artifact in the cache is an error.
+    pub fn load_with(
+        specs: &[HookSpec],
+        cache_dir: &Path,
+        compile: Compile,
+    ) -> Result<Hooks, HookError> {
+        Self::load_inner(specs, Some(cache_dir), compile)
     }
 
     /// Like [`Hooks::load`], without reading or writing a cache (for one-off runs).
     pub fn load_uncached(specs: &[HookSpec]) -> Result<Hooks, HookError> {
-        Self::load_inner(specs, None)
+        Self::load_inner(specs, None, Compile::WhenNeeded)
     }
 
-    fn load_inner(specs: &[HookSpec], cache_dir: Option<&Path>) -> Result<Hooks, HookError> {
+    fn load_inner(
+        specs: &[HookSpec],
+        cache_dir: Option<&Path>,
+        compile: Compile,
+    ) -> Result<Hooks, HookError> {
         if specs.is_empty() {
             return Ok(Hooks {
                 calls: Default::default(),
@@ -294,14 +308,18 @@ impl Hooks {
                     // The bytes are needed only to compile; when the digest came from the index they are read
                     // now, and must still be what the index said.
                     let mut wasm = || -> Result<Vec<u8>, String> {
-                        if let Some(b) = bytes.take() {
-                            return Ok(b);
-                        }
                         if spec.precompiled {
                             return Err(format!(
                                 "no precompiled artifact for component sha256 {sha} in the cache (hooks \
                                  published by the node agent are compiled before they are published)"
                             ));
+                        }
+                        // The bytes are read only to compile them.
+                        if compile == Compile::Never {
+                            return Err(cache::NO_COMPILER.into());
+                        }
+                        if let Some(b) = bytes.take() {
+                            return Ok(b);
                         }
                         let (b, now) = read_module(&spec.module).map_err(|e| e.to_string())?;
                         if now != sha {

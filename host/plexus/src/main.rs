@@ -40,7 +40,7 @@ enum PlexusCommand {
 fn real_main() -> u8 {
     // A runtime execs the plugin with no arguments; only an operator's command line is parsed.
     if std::env::args_os().len() <= 1 {
-        return plexus_cni::entry::cni_process();
+        return plexus_cni::entry::cni_process(plexus_cni::entry::Compile::WhenNeeded);
     }
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,

@@ -311,7 +311,7 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
         handle: tokio::runtime::Handle::current(),
     };
     let conf = &sb.inv.conf;
-    let hooks = match plexus_cni::hooks::for_conf(conf, true) {
+    let hooks = match plexus_cni::hooks::for_conf(conf, true, plexus_cni::entry::Compile::WhenNeeded) {
         Ok(h) => h,
         Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
     };

@@ -1,0 +1,21 @@
+//! The integration suite: every area's tests in one binary, a module each, over the one harness
+//! (`plexus_tests`, tests/util). Run one area with `cargo test --release --test suite AREA::`.
+
+mod cli;
+mod conformance;
+mod daemon;
+mod deploy_manifests;
+mod device_info;
+mod e2e_containerd;
+mod e2e_hooks;
+mod e2e_kubelet;
+mod e2e_libcni;
+mod e2e_netns;
+mod hook_agent;
+mod image;
+mod install;
+mod kube_cluster;
+mod libcni_driver;
+mod robustness;
+mod runtime;
+mod teardown;
