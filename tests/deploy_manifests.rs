@@ -296,6 +296,45 @@ fn expand_env(
     out
 }
 
+/// A mount with propagation needs its host path to be, or lie under, a shared or slave mount, and the runtime
+/// looks the path up as written: through the `/var/run -> /run` symlink it finds the root mount, which is private
+/// on nodes without systemd, and the container is never created. Real paths (`/run/...`) work either way.
+#[test]
+fn no_host_path_with_mount_propagation_goes_through_var_run() {
+    let m = manifests();
+    let mut checked = 0;
+    for ds in &m.daemonsets {
+        let pod = ds.spec.template.spec.as_ref().unwrap();
+        let host_paths: BTreeMap<&str, &str> = pod
+            .volumes
+            .as_deref()
+            .unwrap_or_default()
+            .iter()
+            .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+            .collect();
+        let containers = pod.init_containers.iter().flatten().chain(&pod.containers);
+        for c in containers {
+            for mount in c.volume_mounts.iter().flatten() {
+                let Some(path) = host_paths.get(mount.name.as_str()) else {
+                    continue;
+                };
+                assert!(
+                    !path.starts_with("/var/run/"),
+                    "{}: volume {} (hostPath {path}) is a {} mount through the /var/run symlink: use /run",
+                    c.name,
+                    mount.name,
+                    mount.mount_propagation.as_deref().unwrap_or("plain")
+                );
+                checked += usize::from(mount.mount_propagation.is_some());
+            }
+        }
+    }
+    assert!(
+        checked > 0,
+        "the DaemonSet has a propagation mount to check"
+    );
+}
+
 #[test]
 fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
     let m = manifests();
@@ -385,11 +424,13 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             let dynamic = settings.dynamic.clone().expect("dynamic networks are on");
             assert_eq!(dynamic.cache_dir, Path::new("/var/lib/plexus"));
             let mounts = container.volume_mounts.as_deref().unwrap_or_default();
-            let netns = mounts
-                .iter()
-                .find(|m| m.mount_path == "/var/run/netns")
-                .expect("/var/run/netns is mounted");
-            assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+            for path in ["/run/netns", "/var/run/netns"] {
+                let netns = mounts
+                    .iter()
+                    .find(|m| m.mount_path == path)
+                    .unwrap_or_else(|| panic!("{path} is mounted"));
+                assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+            }
             assert!(mounts.iter().any(|m| m.mount_path == "/var/lib/cni"));
             assert_eq!(
                 container
@@ -398,7 +439,7 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
                     .and_then(|s| s.privileged),
                 Some(true)
             );
-            agent_dirs.push("/var/run/netns".into());
+            agent_dirs.push("/run/netns".into());
             agent_dirs.push("/var/lib/cni".into());
             for key in &agent.key_files {
                 assert!(
