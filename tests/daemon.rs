@@ -643,8 +643,9 @@ fn an_unprivileged_user_cannot_keep_the_daemon_from_starting() {
     assert!(log.contains("lets others write into it"), "{log}");
 }
 
+/// The wiring of the socket's connections; the idle timeout itself is timed in process (daemon::server_tests).
 #[test]
-fn a_connection_carries_requests_in_turn_until_idle_for_30_s() {
+fn a_connection_carries_requests_in_turn_and_a_non_request_ends_it() {
     use std::io::{BufRead, BufReader, Write};
     let c = cluster(&[]);
     let d = c.daemon(&[]);
@@ -666,15 +667,6 @@ fn a_connection_carries_requests_in_turn_until_idle_for_30_s() {
         let answer: Answer = serde_json::from_str(&line(&mut reader)).unwrap();
         assert!(matches!(answer, Answer::Health(_)), "{answer:?}");
     }
-    // Idle: closed by the daemon after 30 s (end of file), not before.
-    let start = Instant::now();
-    assert_eq!(line(&mut reader), "");
-    let idle = start.elapsed();
-    assert!(
-        idle >= Duration::from_secs(29) && idle < Duration::from_secs(40),
-        "{idle:?}"
-    );
-
     // A request that is not one ends the connection at once.
     let stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
     stream
@@ -743,11 +735,11 @@ fn a_status_write_accepted_during_a_long_api_outage_is_written_when_it_ends() {
     d.wait("synced with the pod", |h| h.synced() && h.cache.pods == 1);
     let conf = c.conf(json!({"timeoutMs": 5000}));
 
-    // Longer than the daemon's whole retry budget for one write (20 s).
+    // The outage's length and the retries' timing are tested in process (daemon::state_tests); here, that the
+    // write is kept on disk, shown, and sent when the API server answers again.
     c.api.pause();
     c.add("c1", "web", &uid, &conf).ok();
-    std::thread::sleep(Duration::from_secs(25));
-    let h = d.wait("the write still kept", |h| h.pending_writes == 1);
+    let h = d.wait("the write kept", |h| h.pending_writes == 1);
     assert_eq!(h.status_writes, 0);
     let files = queued(&c);
     assert_eq!(files.len(), 1, "{files:?}");

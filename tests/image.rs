@@ -271,7 +271,15 @@ fn dependencies_alone(package: &str) -> Vec<String> {
     let out = Command::new("timeout")
         .arg("120")
         .arg(cargo)
-        .args(["tree", "--offline", "--locked", "-e", "normal", "--prefix", "none"])
+        .args([
+            "tree",
+            "--offline",
+            "--locked",
+            "-e",
+            "normal",
+            "--prefix",
+            "none",
+        ])
         .args(["--format", "{p}", "-p", package])
         .current_dir(root)
         .stdin(Stdio::null())

@@ -4,7 +4,6 @@
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
-use std::path::Path;
 
 use serde_json::Value;
 
@@ -94,10 +93,10 @@ pub(crate) fn route_default(
     plan: &mut AttachmentPlan,
     journal: &mut Journal<'_>,
 ) -> Result<(), PlexusError> {
-    let routed = plan
-        .attachments
-        .iter()
-        .find_map(|a| a.default_route().map(|g| (a.network.clone(), a.ifname.clone(), g)));
+    let routed = plan.attachments.iter().find_map(|a| {
+        a.default_route()
+            .map(|g| (a.network.clone(), a.ifname.clone(), g))
+    });
     let Some((network, target, gateways)) = routed else {
         return Ok(());
     };

@@ -6,8 +6,8 @@ use plexus_core::spec::status::{network_status, status_default_route, NetworkSta
 use plexus_core::spec::Pod;
 use serde_json::Value;
 
-use crate::device_info::read_device_info;
 use crate::cache::AttachmentPlan;
+use crate::device_info::read_device_info;
 use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;

@@ -33,6 +33,8 @@ use serde::Deserialize;
 use serde_json::{json, Value};
 use sha2::{Digest as _, Sha256};
 
+use crate::hook_state::Reason;
+
 /// The layer media type of a wasm module.
 pub const WASM_LAYER: &str = "application/wasm";
 /// The layer media type older wasm artifacts use (still accepted when pulling).
@@ -86,18 +88,18 @@ pub enum DistError {
 }
 
 impl DistError {
-    /// The reason word of a hook status condition.
-    pub fn reason(&self) -> &'static str {
+    /// The reason of the hook's status on the node.
+    pub fn reason(&self) -> Reason {
         match self {
-            DistError::Reference(_) => "InvalidReference",
-            DistError::Registry { .. } | DistError::Timeout { .. } => "PullFailed",
-            DistError::NotFound { .. } => "NotFound",
-            DistError::Digest { .. } => "DigestMismatch",
-            DistError::Unauthorized { .. } => "Unauthorized",
-            DistError::Content { .. } => "NotAWasmModule",
-            DistError::SignatureMissing { .. } => "SignatureMissing",
-            DistError::SignatureInvalid { .. } => "SignatureInvalid",
-            DistError::Key(_) => "NoTrustedKeys",
+            DistError::Reference(_) => Reason::InvalidReference,
+            DistError::Registry { .. } | DistError::Timeout { .. } => Reason::PullFailed,
+            DistError::NotFound { .. } => Reason::NotFound,
+            DistError::Digest { .. } => Reason::DigestMismatch,
+            DistError::Unauthorized { .. } => Reason::Unauthorized,
+            DistError::Content { .. } => Reason::NotAWasmModule,
+            DistError::SignatureMissing { .. } => Reason::SignatureMissing,
+            DistError::SignatureInvalid { .. } => Reason::SignatureInvalid,
+            DistError::Key(_) => Reason::NoTrustedKeys,
         }
     }
 }
@@ -833,7 +835,7 @@ mod tests {
         let reason = |e: OciDistributionError| registry_err(&r, &e).reason();
         assert_eq!(
             reason(OciDistributionError::UnauthorizedError { url: "u".into() }),
-            "Unauthorized"
+            Reason::Unauthorized
         );
         assert_eq!(
             reason(OciDistributionError::ServerError {
@@ -841,7 +843,7 @@ mod tests {
                 url: "u".into(),
                 message: "denied".into()
             }),
-            "Unauthorized"
+            Reason::Unauthorized
         );
         assert_eq!(
             reason(OciDistributionError::ServerError {
@@ -849,7 +851,7 @@ mod tests {
                 url: "u".into(),
                 message: "down".into()
             }),
-            "PullFailed"
+            Reason::PullFailed
         );
         let tampered = registry_err(
             &r,
@@ -860,7 +862,7 @@ mod tests {
                 },
             ),
         );
-        assert_eq!(tampered.reason(), "DigestMismatch");
+        assert_eq!(tampered.reason(), Reason::DigestMismatch);
         let text = tampered.to_string();
         assert!(text.contains("expected sha256:aa, got sha256:bb"), "{text}");
     }

@@ -4,10 +4,14 @@
 //! commands, and what a change of a running pod's selections asks of its sandbox (`hotplug`). Built on
 //! `plexus-cni` (the CNI path and the daemon's wire protocol), never the other way round.
 
+#![warn(clippy::too_many_lines)]
+
 pub mod backoff;
+pub mod controller;
 pub mod daemon;
 pub mod distribution;
 pub mod hook_cli;
+pub mod hook_state;
 pub mod hotplug;
 pub mod install;
 pub mod status;

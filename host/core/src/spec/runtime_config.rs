@@ -56,9 +56,7 @@ impl Selection {
         if let Some(pms) = &self.port_mappings {
             rc.insert(
                 "portMappings".into(),
-                pms.iter()
-                    .map(port_mapping_json)
-                    .collect(),
+                pms.iter().map(port_mapping_json).collect(),
             );
         }
         if let Some(bw) = &self.bandwidth {

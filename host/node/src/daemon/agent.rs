@@ -28,16 +28,18 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
-use kube::core::{Selector, SelectorExt};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{reflector, WatchStreamExt};
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
 use serde::{Deserialize, Serialize};
-use serde_json::{json, Value};
+use serde_json::json;
 
+use super::hook_plan::{plan, select, Entry, LastGood, PlanInput, Ready, Resource, Wanted};
+pub use super::hook_plan::{selects, NetworkHookSpec, NodeStatus};
+use crate::controller::{self, Controller};
 use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
+use crate::hook_state::{Failure, Reason};
 use plexus_cluster::KubeApi;
 use plexus_cni::hooks::{HookSet, MODULES_DIR};
 
@@ -76,56 +78,6 @@ pub struct AgentSettings {
     pub watch_timeout_secs: u32,
 }
 
-/// A NetworkHook's spec.
-#[derive(Debug, Clone, PartialEq, Deserialize)]
-#[serde(rename_all = "camelCase", deny_unknown_fields)]
-pub struct NetworkHookSpec {
-    pub kind: HookKind,
-    /// `REGISTRY/REPOSITORY@sha256:<digest>`.
-    pub module: String,
-    #[serde(default)]
-    pub settings: Option<Value>,
-    #[serde(default)]
-    pub order: i32,
-    #[serde(default)]
-    pub failure_policy: FailurePolicy,
-    #[serde(default)]
-    pub timeout_ms: Option<u64>,
-    #[serde(default, rename = "memoryLimitMiB")]
-    pub memory_limit_mib: Option<u64>,
-    #[serde(default)]
-    pub namespaces: Option<Vec<String>>,
-    #[serde(default)]
-    pub node_selector: Option<LabelSelector>,
-}
-
-/// One node's report in a NetworkHook's `status.nodes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStatus {
-    pub node: String,
-    /// The hook runs in this node's ADDs (perhaps an earlier version: see `digest`).
-    pub active: bool,
-    /// `Active`, or why not (or why the wanted version is not): `PullFailed`, `Unauthorized`, `NotFound`,
-    /// `DigestMismatch`, `NotAWasmModule`, `SignatureMissing`, `SignatureInvalid`, `NoTrustedKeys`, `Untrusted`,
-    /// `InvalidReference`, `CompileFailed`, `KindMismatch`, `Incompatible`, `FailedProbe`, `InvalidSpec`.
-    pub reason: String,
-    pub message: String,
-    /// The manifest digest running on the node, when one is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// When the agent tries again (a registry failure); absent when it waits for a change instead.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_attempt_time: Option<String>,
-    pub observed_generation: i64,
-}
-
-#[derive(Debug, Clone, PartialEq)]
-struct Resource {
-    spec: Result<NetworkHookSpec, String>,
-    generation: i64,
-}
-
 #[derive(Default)]
 struct Inputs {
     /// The resources' specs, from the reflector's store once it has listed (`None` before).
@@ -145,10 +97,11 @@ struct Record {
     verified_by: Option<String>,
 }
 
-struct Failure {
+/// A module that could not be made ready, tried again with backoff.
+struct Retrying {
     attempts: u32,
     next: Instant,
-    error: (String, String),
+    error: Failure,
 }
 
 /// The agent's state between reconciliations.
@@ -163,13 +116,13 @@ struct Agent {
     published_runs: HashMap<String, (String, Option<i32>)>,
     /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
     /// module as far as trust goes).
-    failures: HashMap<String, Failure>,
+    failures: HashMap<String, Retrying>,
     reported: HashMap<String, NodeStatus>,
     /// Component digests no longer in the set, since when.
     retired: HashMap<String, Instant>,
     /// Probe verdicts by the entry probed (component, kind, settings, limits): a module is probed once per
     /// version of its spec.
-    probes: HashMap<String, Result<(), (String, String)>>,
+    probes: HashMap<String, Result<(), Failure>>,
     probes_used: std::collections::HashSet<String>,
     /// What the keys were when last read (their IDs, or the error), to notice a change.
     keys_seen: String,
@@ -193,92 +146,120 @@ pub fn api_resource() -> ApiResource {
 pub async fn run(api: KubeApi, settings: AgentSettings) {
     let client = api.client().clone();
     let inputs = Arc::new(Mutex::new(Inputs::default()));
-    let changed = Arc::new(tokio::sync::Notify::new());
-    let ar = api_resource();
-    let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &ar);
-    // kube-runtime's reflector keeps the resources (each list fills a buffer that replaces the store when
-    // complete); what the agent reads of them is their specs.
-    let writer = reflector::store::Writer::<DynamicObject>::new(ar.clone());
-    let store = writer.as_reader();
-    let hook_watch = {
-        let (inputs, changed) = (inputs.clone(), changed.clone());
-        let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
-        let stream = watcher::watcher(hooks_api.clone(), config)
-            .default_backoff()
-            .reflect(writer);
-        async move {
-            let mut stream = std::pin::pin!(stream);
-            let mut listed = false;
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(event) => {
-                        listed |= matches!(event, Event::InitDone);
-                        // Status writes of other nodes change the resource too; only its spec matters here.
-                        if listed
-                            && update_hooks(&mut inputs.lock().expect("inputs"), &store.state())
-                        {
-                            changed.notify_one();
-                        }
-                    }
-                    Err(e) => tracing::warn!(watch = PLURAL, error = %e, "watch failed; retrying"),
-                }
-            }
-        }
-    };
-    let node_watch = {
-        let (inputs, changed) = (inputs.clone(), changed.clone());
-        let config = watcher::Config::default()
-            .fields(&format!("metadata.name={}", settings.node))
-            .timeout(settings.watch_timeout_secs);
-        let stream = watcher::watcher(Api::<Node>::all(client.clone()), config).default_backoff();
-        async move {
-            let mut stream = std::pin::pin!(stream);
-            while let Some(item) = stream.next().await {
-                match item {
-                    Ok(Event::Apply(n) | Event::InitApply(n)) => {
-                        // kubelet updates its Node often; only a change of labels matters here.
-                        let labels = Some(n.metadata.labels.unwrap_or_default());
-                        let mut i = inputs.lock().expect("inputs");
-                        if i.labels != labels {
-                            i.labels = labels;
-                            changed.notify_one();
-                        }
-                    }
-                    Ok(_) => {}
-                    Err(e) => tracing::warn!(watch = "node", error = %e, "watch failed; retrying"),
-                }
-            }
-        }
-    };
-    let mut agent = Agent::new(settings, hooks_api, api);
-    let reconcile = async move {
-        // Reconciled on a change of the resources or labels, of the keys, when a retry is due, and every
-        // MAX_RETRY at least.
-        let mut due = Instant::now();
-        loop {
-            if Instant::now() >= due {
+    let controller = Controller::<()>::new(controller::Settings {
+        concurrency: 1,
+        retry_first: FIRST_RETRY,
+        retry_max: MAX_RETRY,
+        resync: Some(MAX_RETRY),
+    });
+    let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &api_resource());
+    let hook_watch = watch_hooks(&hooks_api, &settings, &inputs, &controller);
+    let node_watch = watch_node(&client, &settings, &inputs, &controller);
+    let agent = Arc::new(tokio::sync::Mutex::new(Agent::new(
+        settings, hooks_api, api,
+    )));
+    // One key, the node's hook set: reconciled on a change of the resources or labels, of the keys, when a retry
+    // is due, and every MAX_RETRY at least.
+    let reconcile = {
+        let (agent, inputs) = (agent.clone(), inputs.clone());
+        move |()| {
+            let (agent, inputs) = (agent.clone(), inputs.clone());
+            async move {
                 let snapshot = {
                     let i = inputs.lock().expect("inputs");
                     i.hooks.clone().zip(i.labels.clone())
                 };
-                let next_retry = match snapshot {
-                    Some((hooks, labels)) => agent.reconcile(&hooks, &labels).await,
-                    None => None,
+                let Some((hooks, labels)) = snapshot else {
+                    return controller::Outcome::Settled;
                 };
-                due = next_retry.unwrap_or_else(|| Instant::now() + MAX_RETRY);
-            }
-            let wait = due.saturating_duration_since(Instant::now()).min(KEY_POLL);
-            tokio::select! {
-                _ = changed.notified() => due = Instant::now(),
-                _ = tokio::time::sleep(wait) => {
-                    if agent.reload_keys() {
-                        due = Instant::now();
-                    }
+                match agent.lock().await.reconcile(&hooks, &labels).await {
+                    Some(at) => controller::Outcome::RequeueAfter(
+                        at.saturating_duration_since(Instant::now()),
+                    ),
+                    None => controller::Outcome::Settled,
                 }
             }
         }
     };
-    tokio::join!(hook_watch, node_watch, reconcile);
+    let keys = {
+        let controller = controller.clone();
+        async move {
+            loop {
+                tokio::time::sleep(KEY_POLL).await;
+                if agent.lock().await.reload_keys() {
+                    controller.schedule(());
+                }
+            }
+        }
+    };
+    controller.schedule(());
+    tokio::join!(hook_watch, node_watch, controller.run(reconcile), keys);
+}
+
+/// Watches the NetworkHook resources; schedules the hook set when their specs change (after the first list).
+fn watch_hooks(
+    hooks_api: &Api<DynamicObject>,
+    settings: &AgentSettings,
+    inputs: &Arc<Mutex<Inputs>>,
+    controller: &Controller<()>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    // kube-runtime's reflector keeps the resources (each list fills a buffer that replaces the store when
+    // complete); what the agent reads of them is their specs.
+    let writer = reflector::store::Writer::<DynamicObject>::new(api_resource());
+    let store = writer.as_reader();
+    let (inputs, changed) = (inputs.clone(), controller.clone());
+    let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
+    let stream = watcher::watcher(hooks_api.clone(), config)
+        .default_backoff()
+        .reflect(writer);
+    async move {
+        let mut stream = std::pin::pin!(stream);
+        let mut listed = false;
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(event) => {
+                    listed |= matches!(event, Event::InitDone);
+                    // Status writes of other nodes change the resource too; only its spec matters here.
+                    if listed && update_hooks(&mut inputs.lock().expect("inputs"), &store.state()) {
+                        changed.schedule(());
+                    }
+                }
+                Err(e) => tracing::warn!(watch = PLURAL, error = %e, "watch failed; retrying"),
+            }
+        }
+    }
+}
+
+/// Watches the node's own Node object; schedules the hook set when its labels change.
+fn watch_node(
+    client: &kube::Client,
+    settings: &AgentSettings,
+    inputs: &Arc<Mutex<Inputs>>,
+    controller: &Controller<()>,
+) -> impl std::future::Future<Output = ()> + Send + 'static {
+    let (inputs, changed) = (inputs.clone(), controller.clone());
+    let config = watcher::Config::default()
+        .fields(&format!("metadata.name={}", settings.node))
+        .timeout(settings.watch_timeout_secs);
+    let stream = watcher::watcher(Api::<Node>::all(client.clone()), config).default_backoff();
+    async move {
+        let mut stream = std::pin::pin!(stream);
+        while let Some(item) = stream.next().await {
+            match item {
+                Ok(Event::Apply(n) | Event::InitApply(n)) => {
+                    // kubelet updates its Node often; only a change of labels matters here.
+                    let labels = Some(n.metadata.labels.unwrap_or_default());
+                    let mut i = inputs.lock().expect("inputs");
+                    if i.labels != labels {
+                        i.labels = labels;
+                        changed.schedule(());
+                    }
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(watch = "node", error = %e, "watch failed; retrying"),
+            }
+        }
+    }
 }
 
 fn resource_of(obj: &DynamicObject) -> Option<(String, Resource)> {
@@ -308,21 +289,6 @@ fn update_hooks(inputs: &mut Inputs, objects: &[Arc<DynamicObject>]) -> bool {
     }
     inputs.hooks = Some(hooks);
     true
-}
-
-/// Whether a hook's node selector picks a node with these labels (no selector: every node).
-pub fn selects(
-    selector: Option<&LabelSelector>,
-    labels: &BTreeMap<String, String>,
-) -> Result<bool, String> {
-    let Some(sel) = selector else {
-        return Ok(true);
-    };
-    let sel: Selector = sel
-        .clone()
-        .try_into()
-        .map_err(|e| format!("nodeSelector: {e}"))?;
-    Ok(sel.matches(labels))
 }
 
 /// What a set of keys (or the error reading them) is, for noticing a change.
@@ -423,7 +389,7 @@ impl Agent {
         name: &str,
         spec: &NetworkHookSpec,
         sha: &str,
-    ) -> Result<(), (String, String)> {
+    ) -> Result<(), Failure> {
         let mut entry = hook_spec(name, spec, &self.modules, sha);
         // A fault must show, and the synthetic pod is in no namespace the hook names.
         entry.failure_policy = FailurePolicy::Fail;
@@ -436,11 +402,16 @@ impl Agent {
         let cache = self.settings.cache_dir.clone();
         let verdict = tokio::task::spawn_blocking(move || probe_entry(&entry, &cache))
             .await
-            .unwrap_or_else(|e| Err(("FailedProbe".into(), format!("the probe panicked: {e}"))));
+            .unwrap_or_else(|e| {
+                Err(Failure::new(
+                    Reason::FailedProbe,
+                    format!("the probe panicked: {e}"),
+                ))
+            });
         match &verdict {
             Ok(()) => tracing::info!(hook = name, sha256 = sha, "module passed its probe"),
-            Err((reason, message)) => {
-                tracing::warn!(hook = name, sha256 = sha, reason = %reason, "{message}")
+            Err(f) => {
+                tracing::warn!(hook = name, sha256 = sha, reason = %f.reason, "{}", f.message)
             }
         }
         self.probes.insert(key, verdict.clone());
@@ -448,143 +419,114 @@ impl Agent {
     }
 
     /// Brings the published set in line with the resources; answers when a failed module is due for a retry.
+    /// The effects (pulls, probes, the trust of what ran before) are gathered first; [`plan`] decides.
     async fn reconcile(
         &mut self,
         hooks: &BTreeMap<String, Resource>,
         labels: &BTreeMap<String, String>,
     ) -> Option<Instant> {
-        let mut entries: Vec<(i32, String, HookSpec, String)> = Vec::new();
-        let mut reports: BTreeMap<String, Option<NodeStatus>> = BTreeMap::new();
-        let node = self.settings.node.clone();
         self.probes_used.clear();
-        for (name, res) in hooks {
-            let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
-                Some(NodeStatus {
-                    node: node.clone(),
-                    active,
-                    reason: reason.into(),
-                    message,
-                    digest,
-                    next_attempt_time: None,
-                    observed_generation: res.generation,
-                })
+        let mut ready = HashMap::new();
+        let mut next_attempt = HashMap::new();
+        for (name, wanted) in select(hooks, labels) {
+            let Wanted::Selected(spec) = wanted else {
+                continue;
             };
-            let spec = match &res.spec {
-                Ok(s) => s,
-                Err(e) => {
-                    reports.insert(name.clone(), status(false, "InvalidSpec", e.clone(), None));
-                    continue;
-                }
-            };
-            match selects(spec.node_selector.as_ref(), labels) {
-                Ok(true) => {}
-                Ok(false) => {
-                    reports.insert(name.clone(), None);
-                    continue;
-                }
-                Err(e) => {
-                    reports.insert(name.clone(), status(false, "InvalidSpec", e, None));
-                    continue;
-                }
-            }
-            let outcome = match self.ready(&spec.module).await {
+            let made = match self.ready(&spec.module).await {
                 Ok((digest, sha)) => match self.probe(name, spec, &sha).await {
-                    Ok(()) => Ok((digest, sha)),
+                    Ok(()) => Ok(Ready {
+                        digest,
+                        entry: hook_spec(name, spec, &self.modules, &sha),
+                    }),
                     Err(e) => Err(e),
                 },
                 Err(e) => Err(e),
             };
-            match outcome {
-                Ok((digest, sha)) => {
-                    entries.push((
-                        spec.order,
-                        name.clone(),
-                        hook_spec(name, spec, &self.modules, &sha),
-                        digest.clone(),
-                    ));
-                    let message = format!("module {digest} is active");
-                    reports.insert(name.clone(), status(true, "Active", message, Some(digest)));
-                }
-                Err((mut reason, mut message)) => {
-                    // The version published before keeps running, as long as it is still trusted.
-                    let mut kept = self
-                        .published
-                        .hooks
-                        .iter()
-                        .find(|h| &h.name == name)
-                        .cloned()
-                        .zip(self.published_runs.get(name).cloned());
-                    if let Some((old, (d, _))) = &kept {
-                        if !old
-                            .sha256
-                            .as_deref()
-                            .is_some_and(|sha| self.still_trusted(sha))
-                        {
-                            message = format!(
-                                "{d} ran here but no trusted key verifies it any more, so it was taken out \
-                                 of the node's hook set; {reason}: {message}"
-                            );
-                            reason = "Untrusted".into();
-                            kept = None;
-                        }
-                    }
-                    let active = kept.is_some();
-                    let digest = kept.as_ref().map(|(_, (d, _))| d.clone());
-                    if let Some((old, (d, order))) = kept {
-                        // The entry last published, as it was (its module and its settings): the last good one.
-                        entries.push((order.unwrap_or(spec.order), name.clone(), old, d));
-                    }
-                    let mut report = status(active, &reason, message, digest);
-                    if let (Some(r), Some(f)) = (report.as_mut(), self.failures.get(&spec.module)) {
-                        r.next_attempt_time = Some(wall_clock(f.next));
-                    }
-                    reports.insert(name.clone(), report);
-                }
+            if let (Err(_), Some(f)) = (&made, self.failures.get(&spec.module)) {
+                next_attempt.insert(name.to_string(), wall_clock(f.next));
             }
+            ready.insert(name.to_string(), made);
         }
-        entries.sort_by(|a, b| (a.0, &a.1).cmp(&(b.0, &b.1)));
-        let specs: Vec<HookSpec> = entries.iter().map(|e| e.2.clone()).collect();
-        if specs != self.published.hooks {
-            let set = HookSet {
-                generation: self.published.generation + 1,
-                hooks: specs,
-            };
-            match set.publish(&self.settings.cache_dir) {
-                Ok(()) => {
-                    tracing::info!(
-                        generation = set.generation,
-                        hooks = set.hooks.len(),
-                        "hook set published"
-                    );
-                    self.published = set;
-                    self.published_runs = entries
-                        .iter()
-                        .map(|(order, name, _, digest)| {
-                            (name.clone(), (digest.clone(), Some(*order)))
-                        })
-                        .collect();
-                }
-                Err(e) => {
-                    tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")
-                }
-            }
-        }
+        let last_good = self.last_good();
+        let planned = plan(&PlanInput {
+            node: &self.settings.node,
+            hooks,
+            labels,
+            ready: &ready,
+            last_good: &last_good,
+            next_attempt: &next_attempt,
+        });
+        self.publish(planned.entries);
         let used = std::mem::take(&mut self.probes_used);
         self.probes.retain(|k, _| used.contains(k));
         self.collect_garbage();
-        self.report(reports).await;
+        self.report(planned.reports).await;
         self.failures.values().map(|f| f.next).min()
+    }
+
+    /// What each published hook ran, and whether a trusted key still verifies it.
+    fn last_good(&self) -> HashMap<String, LastGood> {
+        self.published
+            .hooks
+            .iter()
+            .filter_map(|entry| {
+                let (digest, order) = self.published_runs.get(&entry.name)?.clone();
+                let trusted = entry
+                    .sha256
+                    .as_deref()
+                    .is_some_and(|sha| self.still_trusted(sha));
+                Some((
+                    entry.name.clone(),
+                    LastGood {
+                        entry: entry.clone(),
+                        digest,
+                        order,
+                        trusted,
+                    },
+                ))
+            })
+            .collect()
+    }
+
+    /// Publishes the planned set when it differs from the one published (one rename; the previous set stays
+    /// when that fails).
+    fn publish(&mut self, entries: Vec<Entry>) {
+        let specs: Vec<HookSpec> = entries.iter().map(|e| e.spec.clone()).collect();
+        if specs == self.published.hooks {
+            return;
+        }
+        let set = HookSet {
+            generation: self.published.generation + 1,
+            hooks: specs,
+        };
+        match set.publish(&self.settings.cache_dir) {
+            Ok(()) => {
+                tracing::info!(
+                    generation = set.generation,
+                    hooks = set.hooks.len(),
+                    "hook set published"
+                );
+                self.published = set;
+                self.published_runs = entries
+                    .into_iter()
+                    .map(|e| (e.name, (e.digest, Some(e.order))))
+                    .collect();
+            }
+            Err(e) => {
+                tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")
+            }
+        }
     }
 
     /// The module of a pinned reference, pulled, verified and compiled if not already: its manifest digest and
     /// component sha256, or (reason, message).
-    async fn ready(&mut self, module: &str) -> Result<(String, String), (String, String)> {
+    async fn ready(&mut self, module: &str) -> Result<(String, String), Failure> {
         let reference = distribution::pinned_reference(module)
-            .map_err(|e| (e.reason().to_string(), e.to_string()))?;
+            .map_err(|e| Failure::new(e.reason(), e.to_string()))?;
         let digest = reference.digest().unwrap_or_default().to_string();
         let required = self.settings.signatures == SignaturePolicy::Required;
         let keys = match (&self.keys, required) {
-            (Err(e), true) => return Err(("NoTrustedKeys".into(), e.clone())),
+            (Err(e), true) => return Err(Failure::new(Reason::NoTrustedKeys, e.clone())),
             (Ok(k), true) => Some(k.clone()),
             (_, false) => None,
         };
@@ -614,8 +556,8 @@ impl Agent {
                 Ok((digest, sha))
             }
             Err(error) => {
-                tracing::warn!(module, reason = %error.0, "{}; retrying with backoff", error.1);
-                let f = self.failures.entry(module.to_string()).or_insert(Failure {
+                tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
+                let f = self.failures.entry(module.to_string()).or_insert(Retrying {
                     attempts: 0,
                     next: Instant::now(),
                     error: error.clone(),
@@ -638,12 +580,12 @@ impl Agent {
         reference: &oci_client::Reference,
         digest: &str,
         keys: Option<&TrustedKeys>,
-    ) -> Result<String, (String, String)> {
-        let fail = |e: DistError| (e.reason().to_string(), e.to_string());
+    ) -> Result<String, Failure> {
+        let fail = |e: DistError| Failure::new(e.reason(), e.to_string());
         let registry = self
             .registry
             .as_ref()
-            .map_err(|e| ("PullFailed".to_string(), e.clone()))?;
+            .map_err(|e| Failure::new(Reason::PullFailed, e.clone()))?;
         // Pulled first (bounded), so a module that is not there is reported as such; nothing of it is used
         // before its signature verifies.
         let pulled = registry.pull_module(reference).await.map_err(fail)?;
@@ -652,17 +594,19 @@ impl Agent {
             None => None,
         };
         let path = self.module_path(&pulled.sha256);
-        let io = |e: std::io::Error| ("PullFailed".to_string(), format!("{}: {e}", path.display()));
+        let io = |e: std::io::Error| {
+            Failure::new(Reason::PullFailed, format!("{}: {e}", path.display()))
+        };
         super::files::private_dir(&self.modules, 0o700).map_err(io)?;
         plexus_cni::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
         let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
         let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
             .await
-            .map_err(|e| ("CompileFailed".to_string(), e.to_string()))?
-            .map_err(|e| ("CompileFailed".to_string(), e.to_string()))?;
+            .map_err(|e| Failure::new(Reason::CompileFailed, e.to_string()))?
+            .map_err(|e| Failure::new(Reason::CompileFailed, e.to_string()))?;
         if artifact.sha256 != pulled.sha256 {
-            return Err((
-                "DigestMismatch".into(),
+            return Err(Failure::new(
+                Reason::DigestMismatch,
                 format!(
                     "{} changed while compiling: expected sha256:{}, got sha256:{}",
                     path.display(),
@@ -679,10 +623,7 @@ impl Agent {
         let rec_path = self.record_path(&reference.whole());
         plexus_cni::conf::replace_file(&rec_path, &serde_json::to_vec(&rec).expect("json"), 0o600)
             .map_err(|e| {
-                (
-                    "PullFailed".to_string(),
-                    format!("{}: {e}", rec_path.display()),
-                )
+                Failure::new(Reason::PullFailed, format!("{}: {e}", rec_path.display()))
             })?;
         tracing::info!(module = %reference.whole(), sha256 = %pulled.sha256, "module pulled, verified and compiled");
         Ok(pulled.sha256)
@@ -868,7 +809,7 @@ fn wall_clock(at: Instant) -> String {
 
 /// Loads one entry as an ADD would and calls its kind's export once on a synthetic pod; (reason, message) when
 /// the module cannot serve as that kind.
-fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), (String, String)> {
+fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
     use plexus_hooks::{HookError, Hooks, LoadError};
     let hooks = match Hooks::load(std::slice::from_ref(entry), cache_dir) {
         Ok(h) => h,
@@ -883,9 +824,9 @@ fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), (String, String
             let host = plexus_hooks::WIT_VERSION;
             let why =
                 format!("the module imports what this node (plexus:hooks@{host}) lacks: {reason}");
-            return Err(("Incompatible".into(), why));
+            return Err(Failure::new(Reason::Incompatible, why));
         }
-        Err(e) => return Err(("FailedProbe".into(), e.to_string())),
+        Err(e) => return Err(Failure::new(Reason::FailedProbe, e.to_string())),
     };
     let pod = plexus_core::spec::Pod {
         namespace: "plexus-probe".into(),
@@ -920,8 +861,8 @@ fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), (String, String
         }
     };
     result.map_err(|e| {
-        (
-            "FailedProbe".into(),
+        Failure::new(
+            Reason::FailedProbe,
             format!(
                 "one call of its {} export on a synthetic pod failed: {e}",
                 entry.kind
@@ -931,11 +872,11 @@ fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), (String, String
 }
 
 /// Why a module lacks the export its kind needs: it serves another kind, or another version of the contract.
-fn export_mismatch(entry: &HookSpec) -> (String, String) {
+fn export_mismatch(entry: &HookSpec) -> Failure {
     let wanted = entry.kind.interface();
     match plexus_hooks::inspect(&entry.module) {
-        Ok(i) if !i.kinds.is_empty() => (
-            "KindMismatch".into(),
+        Ok(i) if !i.kinds.is_empty() => Failure::new(
+            Reason::KindMismatch,
             format!(
                 "spec.kind is {} but the module exports {} only, not {wanted}",
                 entry.kind,
@@ -946,22 +887,22 @@ fn export_mismatch(entry: &HookSpec) -> (String, String) {
                     .join(", ")
             ),
         ),
-        Ok(i) if !i.wit_versions.is_empty() => (
-            "Incompatible".into(),
+        Ok(i) if !i.wit_versions.is_empty() => Failure::new(
+            Reason::Incompatible,
             format!(
                 "the module is built against plexus:hooks@{}; this node implements {}",
                 i.wit_versions.join(", "),
                 plexus_hooks::WIT_VERSION
             ),
         ),
-        Ok(i) => (
-            "KindMismatch".into(),
+        Ok(i) => Failure::new(
+            Reason::KindMismatch,
             format!(
                 "the module exports no plexus:hooks interface, not {wanted} (exports: {})",
                 i.exports.join(", ")
             ),
         ),
-        Err(e) => ("FailedProbe".into(), e.to_string()),
+        Err(e) => Failure::new(Reason::FailedProbe, e.to_string()),
     }
 }
 
@@ -1007,6 +948,7 @@ fn read_record(path: &Path) -> Option<Record> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 
     fn labels(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

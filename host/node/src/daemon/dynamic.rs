@@ -6,16 +6,16 @@
 //! sandbox whose pod now carries another one is changed. Checked when the pods' annotations in the watch cache
 //! change (a burst of watch events is taken as one), once when the caches first sync (what changed while the
 //! daemon was down, and what a daemon killed mid-change left), and every [`RESYNC`] (an annotation changed
-//! while the sandbox's ADD was still running). Changes of one pod are coalesced: a sandbox is changed by one
-//! worker at a time, to the annotation the pod has when the worker starts; at most `max_changes` sandboxes
-//! change at once.
+//! while the sandbox's ADD was still running). The node's [`Controller`] runs the changes: one worker per sandbox
+//! at a time (a change noticed meanwhile runs after it, to the annotation the pod has then), at most
+//! `max_changes` sandboxes at once.
 //!
 //! What is decided where: [`crate::hotplug::diff`] says what the change is; refusals and failures leave a
 //! Warning event (`NetworkChangeFailed`) naming the network and the cause, and are not tried again until the
-//! annotation changes (unless the cluster did not answer: then the next check tries again); a change made
+//! annotation changes (unless the cluster did not answer: then it is tried again with backoff); a change made
 //! leaves a Normal event (`NetworksChanged`).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -29,7 +29,8 @@ use plexus_cni::podnet::IpRoute;
 use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
-use super::server::{enqueue_status, send_event, Shared};
+use super::state::{enqueue_status, send_event, NodeState};
+use crate::controller::{self, Controller};
 use crate::hotplug::{diff, Change};
 
 /// The event reason of a change made.
@@ -63,19 +64,39 @@ struct Recorded {
     networks: Option<String>,
 }
 
-/// Which sandboxes are being changed, and which annotations were refused (not tried again).
-#[derive(Default)]
-struct Book {
-    running: HashSet<String>,
-    refused: HashMap<String, Option<String>>,
+/// Annotations refused for a sandbox (by container ID): not tried again until the pod's annotation changes.
+type Refused = Arc<Mutex<HashMap<String, Option<String>>>>;
+
+/// Runs until the daemon stops: the checks schedule the sandboxes whose pods' annotations differ from their
+/// plans, and the node's controller changes them (one worker per sandbox, `max_changes` at once, failures of an
+/// unanswering cluster retried with backoff).
+pub async fn run(state: Arc<NodeState>, settings: DynamicSettings) {
+    let controller = Controller::new(controller::Settings {
+        concurrency: settings.max_changes.max(1),
+        retry_first: Duration::from_secs(1),
+        retry_max: RESYNC,
+        resync: None,
+    });
+    let refused = Refused::default();
+    let worker = {
+        let (state, refused, dir) = (state.clone(), refused.clone(), settings.cache_dir.clone());
+        move |id: String| work(state.clone(), refused.clone(), dir.clone(), id)
+    };
+    tokio::join!(
+        controller.run(worker),
+        check(&state, &settings, &controller, &refused)
+    );
 }
 
-/// Runs until the daemon stops.
-pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
-    let book = Arc::new(Mutex::new(Book::default()));
-    let permits = Arc::new(tokio::sync::Semaphore::new(settings.max_changes.max(1)));
-    let again = Arc::new(tokio::sync::Notify::new());
-    let mut changes = shared.cache.subscribe();
+/// Schedules every sandbox whose pod's annotation is not the one its plan records (and was not refused): when
+/// the pods' annotations in the watch cache change, and every [`RESYNC`].
+async fn check(
+    state: &NodeState,
+    settings: &DynamicSettings,
+    controller: &Controller<String>,
+    refused: &Refused,
+) {
+    let mut changes = state.cache.subscribe();
     let mut seen: Option<Annotations> = None;
     let mut next_resync = tokio::time::Instant::now() + RESYNC;
     loop {
@@ -86,12 +107,11 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
                 }
                 false
             }
-            () = again.notified() => true,
             () = tokio::time::sleep_until(next_resync) => true,
         };
         tokio::time::sleep(SETTLE).await;
         changes.borrow_and_update();
-        let Some(pods) = shared.cache.pods() else {
+        let Some(pods) = state.cache.pods() else {
             continue;
         };
         let now: Annotations = pods
@@ -116,93 +136,98 @@ pub(crate) async fn run(shared: Arc<Shared>, settings: DynamicSettings) {
                 continue;
             }
         };
-        let pods: HashMap<(String, String), Pod> = pods
-            .into_iter()
-            .map(|p| ((p.namespace.clone(), p.name.clone()), p))
-            .collect();
-        for sb in recorded {
-            let Some(pod) = pods.get(&(sb.pod.namespace.clone(), sb.pod.name.clone())) else {
-                continue;
+        let refused = refused.lock().unwrap_or_else(|e| e.into_inner());
+        for id in differing(&pods, recorded, &refused) {
+            controller.schedule(id);
+        }
+    }
+}
+
+/// The sandboxes whose pod (the same UID) carries another annotation than their plan records, and not one
+/// refused for them before.
+fn differing(
+    pods: &[Pod],
+    recorded: Vec<Recorded>,
+    refused: &HashMap<String, Option<String>>,
+) -> Vec<String> {
+    let pods: HashMap<(&str, &str), &Pod> = pods
+        .iter()
+        .map(|p| ((p.namespace.as_str(), p.name.as_str()), p))
+        .collect();
+    recorded
+        .into_iter()
+        .filter(|sb| {
+            let Some(pod) = pods.get(&(sb.pod.namespace.as_str(), sb.pod.name.as_str())) else {
+                return false;
             };
             if sb.pod.uid.is_some() && pod.uid != sb.pod.uid {
-                continue;
+                return false;
             }
             let networks = pod.networks_annotation().map(str::to_string);
-            if networks == sb.networks {
-                continue;
+            networks != sb.networks && refused.get(&sb.container_id) != Some(&networks)
+        })
+        .map(|sb| sb.container_id)
+        .collect()
+}
+
+/// One sandbox's change (on a blocking thread), then what it leaves: the metrics, the event, the refusal kept.
+async fn work(
+    state: Arc<NodeState>,
+    refused: Refused,
+    dir: PathBuf,
+    id: String,
+) -> controller::Outcome {
+    let worker = state.clone();
+    let container = id.clone();
+    let outcome = tokio::task::spawn_blocking(move || change(&worker, &dir, &container))
+        .await
+        .unwrap_or_else(|e| Outcome::Failed {
+            pod: None,
+            error: format!("the change stopped: {e}"),
+            retry: true,
+        });
+    let result = match &outcome {
+        Outcome::Done(..) => Some("changed"),
+        Outcome::Failed { .. } => Some("failed"),
+        Outcome::Nothing => None,
+    };
+    if let Some(result) = result {
+        state
+            .metrics
+            .network_changes
+            .get_or_create(&super::metrics::ResultLabel {
+                result: result.into(),
+            })
+            .inc();
+    }
+    let mut refused = refused.lock().unwrap_or_else(|e| e.into_inner());
+    match outcome {
+        Outcome::Failed {
+            pod: Some((pod, networks)),
+            error,
+            retry,
+        } => {
+            tracing::warn!(pod = %pod, container = %id, "network change failed: {error}");
+            send_event(&state, pod, true, CHANGE_FAILED.into(), error);
+            if retry {
+                return controller::Outcome::Retry;
             }
-            {
-                let mut b = book.lock().unwrap_or_else(|e| e.into_inner());
-                if b.refused.get(&sb.container_id) == Some(&networks)
-                    || !b.running.insert(sb.container_id.clone())
-                {
-                    continue;
-                }
-            }
-            let (shared, book, permits, again, dir) = (
-                shared.clone(),
-                book.clone(),
-                permits.clone(),
-                again.clone(),
-                settings.cache_dir.clone(),
-            );
-            tokio::spawn(async move {
-                let _permit = permits.acquire_owned().await;
-                let id = sb.container_id.clone();
-                let worker = shared.clone();
-                let outcome =
-                    tokio::task::spawn_blocking(move || change(&worker, &dir, &sb.container_id))
-                        .await
-                        .unwrap_or_else(|e| Outcome::Failed {
-                            pod: None,
-                            error: format!("the change stopped: {e}"),
-                            retry: true,
-                        });
-                let result = match &outcome {
-                    Outcome::Done(..) => Some("changed"),
-                    Outcome::Failed { .. } => Some("failed"),
-                    Outcome::Nothing => None,
-                };
-                if let Some(result) = result {
-                    shared
-                        .metrics
-                        .network_changes
-                        .get_or_create(&super::metrics::ResultLabel {
-                            result: result.into(),
-                        })
-                        .inc();
-                }
-                let mut b = book.lock().unwrap_or_else(|e| e.into_inner());
-                b.running.remove(&id);
-                match outcome {
-                    Outcome::Failed {
-                        pod: Some((pod, networks)),
-                        error,
-                        retry,
-                    } => {
-                        tracing::warn!(pod = %pod, container = %id, "network change failed: {error}");
-                        send_event(&shared, pod, true, CHANGE_FAILED.into(), error);
-                        if !retry {
-                            b.refused.insert(id, networks);
-                        }
-                    }
-                    Outcome::Failed {
-                        pod: None, error, ..
-                    } => {
-                        tracing::warn!(container = %id, "network change failed: {error}");
-                    }
-                    Outcome::Done(pod, message) => {
-                        b.refused.remove(&id);
-                        tracing::info!(pod = %pod, container = %id, "{message}");
-                        send_event(&shared, pod, false, CHANGED.into(), message);
-                    }
-                    Outcome::Nothing => {}
-                }
-                drop(b);
-                // The pod may have changed again meanwhile: look once more.
-                again.notify_one();
-            });
+            refused.insert(id, networks);
+            controller::Outcome::Settled
         }
+        Outcome::Failed {
+            pod: None, error, ..
+        } => {
+            tracing::warn!(container = %id, "network change failed: {error}");
+            controller::Outcome::Retry
+        }
+        Outcome::Done(pod, message) => {
+            refused.remove(&id);
+            tracing::info!(pod = %pod, container = %id, "{message}");
+            send_event(&state, pod, false, CHANGED.into(), message);
+            controller::Outcome::Settled
+        }
+        Outcome::Nothing => controller::Outcome::Settled,
     }
 }
 
@@ -269,7 +294,7 @@ enum Outcome {
     /// Nothing to do (no sandbox any more, the pod is gone, or the plan already matched).
     Nothing,
     Done(PodRef, String),
-    /// Refused or failed; nothing changed. `retry`: the cluster did not answer, try again at the next check.
+    /// Refused or failed; nothing changed. `retry`: the cluster did not answer, try again (with backoff).
     Failed {
         pod: Option<(PodRef, Option<String>)>,
         error: String,
@@ -278,7 +303,7 @@ enum Outcome {
 }
 
 /// One change of one sandbox, under its lock (a blocking thread of the daemon's runtime).
-fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str) -> Outcome {
+fn change(shared: &Arc<NodeState>, cache_dir: &std::path::Path, container_id: &str) -> Outcome {
     let failed = |error: String| Outcome::Failed {
         pod: None,
         error,
@@ -293,9 +318,8 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
     let Some(pod_ref) = sb.plan.pod.clone() else {
         return Outcome::Nothing;
     };
-    let pod = match shared.cache.pod(&pod_ref.namespace, &pod_ref.name) {
-        Lookup::Found(p) if pod_ref.uid.is_none() || p.uid == pod_ref.uid => p,
-        _ => return Outcome::Nothing,
+    let Lookup::Found(pod) = shared.cached_pod(&pod_ref) else {
+        return Outcome::Nothing;
     };
     let networks = pod.networks_annotation().map(str::to_string);
     if sb.networks() == networks.as_deref() || !sb.is_up() {
@@ -311,10 +335,11 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
         handle: tokio::runtime::Handle::current(),
     };
     let conf = &sb.inv.conf;
-    let hooks = match plexus_cni::hooks::for_conf(conf, true, plexus_cni::entry::Compile::WhenNeeded) {
-        Ok(h) => h,
-        Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
-    };
+    let hooks =
+        match plexus_cni::hooks::for_conf(conf, true, plexus_cni::entry::Compile::WhenNeeded) {
+            Ok(h) => h,
+            Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
+        };
     let devices = KubeletPodResources {
         socket: conf.pod_resources_socket.clone(),
         timeout: POD_RESOURCES_TIMEOUT,
@@ -369,23 +394,10 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
     }
     match sb.apply(&fx, &pod, Edit { attach, detach }) {
         Ok(applied) => {
-            let mut parts = Vec::new();
-            if !applied.attached.is_empty() {
-                parts.push(format!("attached {}", applied.attached.join(", ")));
-            }
-            if !applied.detached.is_empty() {
-                parts.push(format!("detached {}", applied.detached.join(", ")));
-            }
-            if !applied.failed.is_empty() {
-                let errors: Vec<String> = applied.failed.iter().map(ToString::to_string).collect();
-                let error = format!(
-                    "{}: could not detach (kept for the pod's DEL): {}",
-                    sb.inv.pod_label(),
-                    errors.join("; ")
-                );
+            if let Some(error) = detach_failures(&sb, &applied) {
                 send_event(shared, pod_ref.clone(), true, CHANGE_FAILED.into(), error);
             }
-            Outcome::Done(pod_ref, parts.join("; "))
+            Outcome::Done(pod_ref, made(&applied))
         }
         Err(e) => {
             let retry = plexus_cni::plan::is_unavailable(&e);
@@ -394,19 +406,41 @@ fn change(shared: &Arc<Shared>, cache_dir: &std::path::Path, container_id: &str)
     }
 }
 
+/// What a change made, for its event: `attached net2 (net2); detached ...`.
+fn made(applied: &plexus_cni::change::Applied) -> String {
+    let mut parts = Vec::new();
+    if !applied.attached.is_empty() {
+        parts.push(format!("attached {}", applied.attached.join(", ")));
+    }
+    if !applied.detached.is_empty() {
+        parts.push(format!("detached {}", applied.detached.join(", ")));
+    }
+    parts.join("; ")
+}
+
+/// The detachments that failed (their attachments are kept for the pod's DEL), as one warning.
+fn detach_failures(sb: &Sandbox, applied: &plexus_cni::change::Applied) -> Option<String> {
+    if applied.failed.is_empty() {
+        return None;
+    }
+    let errors: Vec<String> = applied.failed.iter().map(ToString::to_string).collect();
+    Some(format!(
+        "{}: could not detach (kept for the pod's DEL): {}",
+        sb.inv.pod_label(),
+        errors.join("; ")
+    ))
+}
+
 /// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
 /// through the daemon's durable queue, events from the daemon.
 struct LocalCluster {
-    shared: Arc<Shared>,
+    shared: Arc<NodeState>,
     handle: tokio::runtime::Handle,
 }
 
 impl Cluster for LocalCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
-        match self.shared.cache.pod(&pod.namespace, &pod.name) {
-            Lookup::Found(p) if pod.uid.is_none() || p.uid == pod.uid => Ok(p),
-            _ => self.handle.block_on(self.shared.api.pod(pod)),
-        }
+        self.handle.block_on(self.shared.pod(pod))
     }
 
     fn nad(

@@ -180,108 +180,8 @@ impl Metrics {
             process: ProcessMetrics::default(),
             registry: Registry::default(),
         };
-        reg.add(
-            "plexus_cni_operations",
-            "CNI invocations on this node while the daemon was up (daemon mode), by command and result (success \
-             or the CNI error code)",
-            m.cni_operations.clone(),
-        );
-        reg.add(
-            "plexus_cni_operation_duration_seconds",
-            "Time from a CNI process's start to its answer, by command",
-            m.cni_duration.clone(),
-        );
-        reg.add(
-            "plexus_delegate_operations",
-            "Delegate plugin executions, by plugin type, command and result (success, the CNI error code, \
-             timeout, overflow, or error)",
-            m.delegate_operations.clone(),
-        );
-        reg.add(
-            "plexus_delegate_duration_seconds",
-            "Time of one delegate plugin execution, by plugin type and command",
-            m.delegate_duration.clone(),
-        );
-        reg.add(
-            "plexus_daemon_requests_in_flight",
-            "Requests from CNI processes being served now (bounded by --max-in-flight)",
-            m.requests_in_flight.clone(),
-        );
-        reg.add(
-            "plexus_daemon_requests_shed",
-            "Requests answered busy because --max-in-flight were being served for longer than the queue wait",
-            m.requests_shed.clone(),
-        );
-        reg.add(
-            "plexus_status_writes",
-            "Network-status writes the daemon sent to the API server, by result (success, or error for a try \
-             that failed and is retried)",
-            m.status_writes.clone(),
-        );
-        reg.add(
-            "plexus_status_writes_pending",
-            "Network-status writes accepted and kept on disk, not yet taken by the API server",
-            m.status_writes_pending.clone(),
-        );
-        reg.add(
-            "plexus_network_changes",
-            "Changes of running pods' networks to follow their annotation (--dynamic-networks), by result \
-             (changed, or failed: refused or failed, nothing changed, a NetworkChangeFailed event says why)",
-            m.network_changes.clone(),
-        );
-        reg.add(
-            "plexus_api_requests",
-            "Requests the daemon sent to the Kubernetes API, by verb, resource and HTTP status code (error: no \
-             answer)",
-            m.api_requests.clone(),
-        );
-        reg.add(
-            "plexus_watch_restarts",
-            "Relists of a watched resource after its watch failed (the first list is not counted)",
-            m.watch_restarts.clone(),
-        );
-        reg.add(
-            "plexus_cache_objects",
-            "Objects in the daemon's watch caches, by resource",
-            m.cache_objects.clone(),
-        );
-        reg.add(
-            "plexus_hook_calls",
-            "Hook calls made by CNI invocations in daemon mode, by hook, kind (policy, resolver, status) and \
-             outcome (allow, deny, error, timeout)",
-            m.hook_calls.clone(),
-        );
-        reg.add(
-            "plexus_hooks_active",
-            "NetworkHooks running in this node's ADDs",
-            m.hooks_active.clone(),
-        );
-        reg.add(
-            "plexus_hook_module_state",
-            "Each NetworkHook's state on this node: 1 for its current state (Active, or why not: PullFailed, \
-             SignatureInvalid, CompileFailed, ...)",
-            m.hook_module_state.clone(),
-        );
-        reg.add(
-            "process_cpu_seconds",
-            "User and system CPU time of the daemon, seconds",
-            m.process.cpu_seconds.clone(),
-        );
-        reg.add(
-            "process_resident_memory_bytes",
-            "Resident memory of the daemon, bytes",
-            m.process.resident_bytes.clone(),
-        );
-        reg.add(
-            "process_start_time_seconds",
-            "Start time of the daemon since the Unix epoch, seconds",
-            m.process.start_time_seconds.clone(),
-        );
-        reg.add(
-            "process_open_fds",
-            "Open file descriptors of the daemon",
-            m.process.open_fds.clone(),
-        );
+        register_invocations_and_daemon(&m, &mut reg);
+        register_hooks_and_process(&m, &mut reg);
         Metrics {
             registry: reg.registry,
             families: reg.families,
@@ -654,6 +554,116 @@ fn respond(
         .expect("a valid response")
 }
 
+/// The families of CNI invocations, delegates, the socket, status writes, network changes, the API and the caches.
+fn register_invocations_and_daemon(m: &Metrics, reg: &mut Reg) {
+    reg.add(
+        "plexus_cni_operations",
+        "CNI invocations on this node while the daemon was up (daemon mode), by command and result (success \
+         or the CNI error code)",
+        m.cni_operations.clone(),
+    );
+    reg.add(
+        "plexus_cni_operation_duration_seconds",
+        "Time from a CNI process's start to its answer, by command",
+        m.cni_duration.clone(),
+    );
+    reg.add(
+        "plexus_delegate_operations",
+        "Delegate plugin executions, by plugin type, command and result (success, the CNI error code, \
+         timeout, overflow, or error)",
+        m.delegate_operations.clone(),
+    );
+    reg.add(
+        "plexus_delegate_duration_seconds",
+        "Time of one delegate plugin execution, by plugin type and command",
+        m.delegate_duration.clone(),
+    );
+    reg.add(
+        "plexus_daemon_requests_in_flight",
+        "Requests from CNI processes being served now (bounded by --max-in-flight)",
+        m.requests_in_flight.clone(),
+    );
+    reg.add(
+        "plexus_daemon_requests_shed",
+        "Requests answered busy because --max-in-flight were being served for longer than the queue wait",
+        m.requests_shed.clone(),
+    );
+    reg.add(
+        "plexus_status_writes",
+        "Network-status writes the daemon sent to the API server, by result (success, or error for a try \
+         that failed and is retried)",
+        m.status_writes.clone(),
+    );
+    reg.add(
+        "plexus_status_writes_pending",
+        "Network-status writes accepted and kept on disk, not yet taken by the API server",
+        m.status_writes_pending.clone(),
+    );
+    reg.add(
+        "plexus_network_changes",
+        "Changes of running pods' networks to follow their annotation (--dynamic-networks), by result \
+         (changed, or failed: refused or failed, nothing changed, a NetworkChangeFailed event says why)",
+        m.network_changes.clone(),
+    );
+    reg.add(
+        "plexus_api_requests",
+        "Requests the daemon sent to the Kubernetes API, by verb, resource and HTTP status code (error: no \
+         answer)",
+        m.api_requests.clone(),
+    );
+    reg.add(
+        "plexus_watch_restarts",
+        "Relists of a watched resource after its watch failed (the first list is not counted)",
+        m.watch_restarts.clone(),
+    );
+    reg.add(
+        "plexus_cache_objects",
+        "Objects in the daemon's watch caches, by resource",
+        m.cache_objects.clone(),
+    );
+}
+
+/// The families of hooks and of the process itself.
+fn register_hooks_and_process(m: &Metrics, reg: &mut Reg) {
+    reg.add(
+        "plexus_hook_calls",
+        "Hook calls made by CNI invocations in daemon mode, by hook, kind (policy, resolver, status) and \
+         outcome (allow, deny, error, timeout)",
+        m.hook_calls.clone(),
+    );
+    reg.add(
+        "plexus_hooks_active",
+        "NetworkHooks running in this node's ADDs",
+        m.hooks_active.clone(),
+    );
+    reg.add(
+        "plexus_hook_module_state",
+        "Each NetworkHook's state on this node: 1 for its current state (Active, or why not: PullFailed, \
+         SignatureInvalid, CompileFailed, ...)",
+        m.hook_module_state.clone(),
+    );
+    reg.add(
+        "process_cpu_seconds",
+        "User and system CPU time of the daemon, seconds",
+        m.process.cpu_seconds.clone(),
+    );
+    reg.add(
+        "process_resident_memory_bytes",
+        "Resident memory of the daemon, bytes",
+        m.process.resident_bytes.clone(),
+    );
+    reg.add(
+        "process_start_time_seconds",
+        "Start time of the daemon since the Unix epoch, seconds",
+        m.process.start_time_seconds.clone(),
+    );
+    reg.add(
+        "process_open_fds",
+        "Open file descriptors of the daemon",
+        m.process.open_fds.clone(),
+    );
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -913,7 +923,18 @@ mod tests {
             get("plexus_cni_operation_duration_seconds_bucket{le=\"+Inf\",command=\"ADD\"}"),
             2.0
         );
-        // Past MAX_PLUGINS distinct names, new ones are `other`.
+    }
+
+    #[test]
+    fn past_max_plugins_distinct_plugin_names_are_counted_as_other() {
+        use plexus_cni::daemon::proto::{DelegateCall, Report};
+        let m = Metrics::new();
+        let call = |plugin: &str, result: &str| DelegateCall {
+            plugin: plugin.into(),
+            command: "ADD".into(),
+            result: result.into(),
+            seconds: 0.002,
+        };
         for i in 0..MAX_PLUGINS + 5 {
             m.record(&Report {
                 command: "DEL".into(),

@@ -6,11 +6,27 @@
 //! The same process is the node agent ([`agent`]: NetworkHook resources pulled, verified, probed, compiled and
 //! published as the node's hook set) and runs `plexus install --watch`: one long-lived process per node.
 
+//!
+//! The parts: [`cli`] (flags and settings), [`server`] (the process's life and the socket), [`state`] (what the
+//! parts share: caches, the one pod lookup, the API behind [`state::NodeApi`], the status writer, events),
+//! [`agent`] (its decision is [`hook_plan::plan`]), [`dynamic`], [`metrics`], [`status_queue`].
+
 pub mod agent;
+pub mod cli;
 pub mod dynamic;
 pub mod files;
+pub mod hook_plan;
 pub mod metrics;
-mod server;
+pub mod server;
+pub mod state;
 pub mod status_queue;
 
-pub use server::*;
+pub use cli::{main, parse_args, DaemonArgs, DaemonError, DaemonSettings, HookAgentOptions};
+pub use server::run;
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod server_tests;
+#[cfg(test)]
+mod state_tests;

@@ -1,0 +1,305 @@
+//! What the daemon's parts share: the watch caches and the one pod lookup over them, the API side behind
+//! [`NodeApi`], the durable status writer, the event poster and the counters. The socket server, dynamic networks
+//! and the metrics read and drive it; none of them reaches the API any other way.
+
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plexus_cluster::{ClusterError, KubeApi, Lookup, NodeCache};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+
+use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
+use super::status_queue::{Key, StatusQueue};
+use crate::backoff::Backoff;
+
+/// What the daemon asks of the API server: [`KubeApi`] in the process, an in-memory fake in tests.
+#[async_trait::async_trait]
+pub trait NodeApi: Send + Sync + 'static {
+    async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
+    async fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError>;
+    async fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
+    /// One attempt; `kind` is (type, reason).
+    async fn post_event(
+        &self,
+        pod: &PodRef,
+        kind: (&str, &str),
+        message: &str,
+    ) -> Result<(), ClusterError>;
+    /// Whether events are posted at all (the `events` setting of the API source).
+    fn events(&self) -> bool;
+}
+
+#[async_trait::async_trait]
+impl NodeApi for KubeApi {
+    async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        KubeApi::pod(self, pod).await
+    }
+    async fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        KubeApi::nad(self, namespace, name).await
+    }
+    async fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        KubeApi::write_status(self, pod, network_status).await
+    }
+    async fn post_event(
+        &self,
+        pod: &PodRef,
+        kind: (&str, &str),
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        KubeApi::post_event(self, pod, kind, message).await
+    }
+    fn events(&self) -> bool {
+        self.settings().events
+    }
+}
+
+/// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
+pub const MAX_EVENTS_IN_FLIGHT: usize = 256;
+/// How long a status write that failed waits at most before it is tried again.
+pub const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
+/// How long a status write that failed first waits.
+const FIRST_STATUS_RETRY: Duration = Duration::from_secs(1);
+
+/// How many requests the socket serves at once, and how long one waits for a slot.
+pub struct Load {
+    pub permits: tokio::sync::Semaphore,
+    pub max_in_flight: usize,
+    pub queue_wait: Duration,
+}
+
+impl Load {
+    pub fn new(max_in_flight: usize, queue_wait: Duration) -> Load {
+        Load {
+            permits: tokio::sync::Semaphore::new(max_in_flight),
+            max_in_flight,
+            queue_wait,
+        }
+    }
+
+    pub fn in_flight(&self) -> usize {
+        self.max_in_flight - self.permits.available_permits()
+    }
+}
+
+/// The daemon's shared state.
+pub struct NodeState {
+    pub node: String,
+    pub cache: Arc<NodeCache>,
+    pub api: Arc<dyn NodeApi>,
+    pub metrics: Arc<Metrics>,
+    pub hook_states: HookStates,
+    pub load: Load,
+    /// How long a pod not yet in the cache is waited for before it is read from the API.
+    pub pod_wait: Duration,
+    writes: StatusQueue,
+    api_reads: AtomicU64,
+    events_in_flight: Arc<AtomicUsize>,
+}
+
+/// What [`NodeState::new`] takes besides the caches and the API.
+pub struct StateParts {
+    pub node: String,
+    pub writes: StatusQueue,
+    pub metrics: Arc<Metrics>,
+    pub hook_states: HookStates,
+    pub load: Load,
+    pub pod_wait: Duration,
+}
+
+impl NodeState {
+    pub fn new(cache: Arc<NodeCache>, api: Arc<dyn NodeApi>, parts: StateParts) -> NodeState {
+        NodeState {
+            node: parts.node,
+            cache,
+            api,
+            metrics: parts.metrics,
+            hook_states: parts.hook_states,
+            load: parts.load,
+            pod_wait: parts.pod_wait,
+            writes: parts.writes,
+            api_reads: AtomicU64::new(0),
+            events_in_flight: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    /// Reads the daemon sent to the API server because its caches could not answer.
+    pub fn api_reads(&self) -> u64 {
+        self.api_reads.load(Ordering::Relaxed)
+    }
+
+    /// Status writes accepted and not yet taken by the API server.
+    pub fn pending_writes(&self) -> usize {
+        self.writes.len()
+    }
+
+    /// What the scrape-time gauges mirror.
+    pub fn snapshot(&self) -> Snapshot {
+        let cache = self.cache.health();
+        Snapshot {
+            in_flight: self.load.in_flight(),
+            pending_writes: self.pending_writes(),
+            pods: cache.pods,
+            nads: cache.nads,
+            pod_lists: cache.pod_lists,
+            nad_lists: cache.nad_lists,
+            hooks: self
+                .hook_states
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone(),
+        }
+    }
+
+    /// The pod as the cache has it, when it is this pod: same name and, when `pod` names one, the same UID (a pod
+    /// recreated under the same name is another pod).
+    pub fn cached_pod(&self, pod: &PodRef) -> Lookup<Pod> {
+        match self.cache.pod(&pod.namespace, &pod.name) {
+            Lookup::Found(p) if pod.uid.is_some() && p.uid != pod.uid => Lookup::Missing,
+            found => found,
+        }
+    }
+
+    /// The pod from the cache, else from the API (counted as an API read).
+    pub async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        match self.cached_pod(pod) {
+            Lookup::Found(p) => Ok(p),
+            _ => self.read_pod(pod).await,
+        }
+    }
+
+    /// The pod from the cache, waiting up to `pod_wait` for one the watch has not delivered yet (or delivered
+    /// with another UID: a pod recreated under the same name), then from the API. `None`: the cache is unsynced.
+    pub async fn pod_for_add(&self, pod: &PodRef) -> Option<Result<Pod, ClusterError>> {
+        let mut changes = self.cache.subscribe();
+        let deadline = tokio::time::Instant::now() + self.pod_wait;
+        loop {
+            match self.cached_pod(pod) {
+                Lookup::Unsynced => return None,
+                Lookup::Found(p) => return Some(Ok(p)),
+                Lookup::Missing => {}
+            }
+            match tokio::time::timeout_at(deadline, changes.changed()).await {
+                Ok(Ok(())) => continue,
+                _ => break,
+            }
+        }
+        tracing::debug!(pod = %pod, "pod not in the cache in time; reading it from the API");
+        Some(self.read_pod(pod).await)
+    }
+
+    async fn read_pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        self.api_reads.fetch_add(1, Ordering::Relaxed);
+        self.api.pod(pod).await
+    }
+
+    /// The NAD from the cache, else from the API (perhaps created a moment ago: the API has the last word).
+    /// `None`: the cache is unsynced.
+    pub async fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Option<Result<NetworkAttachmentDefinition, ClusterError>> {
+        match self.cache.nad(namespace, name) {
+            Lookup::Found(nad) => Some(Ok(nad)),
+            Lookup::Unsynced => None,
+            Lookup::Missing => {
+                self.api_reads.fetch_add(1, Ordering::Relaxed);
+                Some(self.api.nad(namespace, name).await)
+            }
+        }
+    }
+}
+
+/// Accepts a status write: kept on disk (see [`StatusQueue`]), answered at once, and sent by the pod's writer
+/// task. The annotation is informative (spec 5) and a failed write never failed an ADD, so the ADD need not
+/// wait for the API server's commit. `false` when the queue is full or cannot be written (the CNI process then
+/// writes it itself). Needs the daemon's runtime.
+pub fn enqueue_status(state: &Arc<NodeState>, pod: PodRef, value: String) -> bool {
+    let key = (pod.namespace.clone(), pod.name.clone());
+    match state.writes.accept(pod, value) {
+        Ok(true) => {
+            start_writer(state, key);
+            true
+        }
+        Ok(false) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "status write not kept; the CNI process writes it");
+            false
+        }
+    }
+}
+
+/// Sends a pod's kept writes, newest first taken, until none is left: each is retried with backoff for as long
+/// as the API server does not take it, and dropped when the pod is gone (the cache holding the pod under another
+/// UID). Needs the daemon's runtime.
+pub fn start_writer(state: &Arc<NodeState>, key: Key) {
+    let state = state.clone();
+    tokio::spawn(async move {
+        while let Some(kept) = state.writes.take(&key) {
+            send_kept(&state, &key, kept).await;
+            state.writes.finished(&key);
+        }
+    });
+}
+
+/// One kept write, until the API server takes it (a newer write of the same pod replaces it meanwhile).
+async fn send_kept(state: &NodeState, key: &Key, mut kept: super::status_queue::Kept) {
+    let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
+    loop {
+        if let Lookup::Found(p) = state.cache.pod(&key.0, &key.1) {
+            if p.uid.is_some() && kept.pod.uid.is_some() && p.uid != kept.pod.uid {
+                tracing::info!(pod = %kept.pod, "pod replaced by one with another UID: its status write is dropped");
+                return;
+            }
+        }
+        let result = state
+            .api
+            .write_status(&kept.pod, &kept.network_status)
+            .await;
+        let label = ResultLabel {
+            result: if result.is_ok() { "success" } else { "error" }.into(),
+        };
+        state.metrics.status_writes.get_or_create(&label).inc();
+        let Err(e) = result else {
+            return;
+        };
+        let wait = backoff.next_delay();
+        tracing::warn!(pod = %kept.pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
+        tokio::time::sleep(wait).await;
+        if let Some(newer) = state.writes.newer(key) {
+            kept = newer;
+        }
+    }
+}
+
+/// Posts an event on `pod` in the background, unless events are off or [`MAX_EVENTS_IN_FLIGHT`] are in flight
+/// already (events are best effort, and a burst must not pile up tasks). Needs the daemon's runtime.
+pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String, message: String) {
+    if !state.api.events() {
+        return;
+    }
+    if state.events_in_flight.fetch_add(1, Ordering::Relaxed) >= MAX_EVENTS_IN_FLIGHT {
+        state.events_in_flight.fetch_sub(1, Ordering::Relaxed);
+        tracing::warn!(pod = %pod, "too many events in flight; dropped one");
+        return;
+    }
+    // The task outlives the request; it takes its own handles.
+    let api = state.api.clone();
+    let in_flight = state.events_in_flight.clone();
+    tokio::spawn(async move {
+        let kind = if warning { "Warning" } else { "Normal" };
+        if let Err(e) = api.post_event(&pod, (kind, &reason), &message).await {
+            tracing::warn!(pod = %pod, error = %e, "could not post the {reason} event");
+        }
+        in_flight.fetch_sub(1, Ordering::Relaxed);
+    });
+}

@@ -1,0 +1,284 @@
+//! The daemon's shared state in process, against the fake API server on tokio's paused clock: the durable status
+//! writer across an outage and a restart, the event cap, and the pod and NAD lookups.
+
+use std::time::Duration;
+
+use kube::runtime::watcher::Event;
+use plexus_cluster::{Lookup, NodeCache};
+use tokio::time::Instant;
+
+use super::fake::{self, pod, pod_ref, synced_cache, Call, FakeApi};
+use super::metrics::ResultLabel;
+use super::state::{enqueue_status, send_event, start_writer, MAX_EVENTS_IN_FLIGHT};
+
+fn writes_counted(state: &super::state::NodeState, result: &str) -> u64 {
+    state
+        .metrics
+        .status_writes
+        .get_or_create(&ResultLabel {
+            result: result.into(),
+        })
+        .get()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_status_write_waits_out_an_outage_with_doubling_jittered_delays() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    api.set_down(true);
+    let cache = synced_cache(&[pod("ns", "web", "u1")]);
+    let (state, _) = fake::state(api.clone(), cache, dir.path(), 4);
+
+    assert!(enqueue_status(
+        &state,
+        pod_ref("ns", "web", "u1"),
+        "[1]".into()
+    ));
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    let tries: Vec<Instant> = api.attempts().into_iter().map(|(t, _)| t).collect();
+    assert!(tries.len() >= 5, "{tries:?}");
+    // 1 s doubling, ±25%, capped at 30 s.
+    for (i, gap) in tries.windows(2).map(|w| w[1] - w[0]).enumerate() {
+        let nominal = Duration::from_secs(1 << i).min(Duration::from_secs(30));
+        assert!(
+            gap >= nominal.mul_f64(0.75) && gap <= nominal.mul_f64(1.25),
+            "retry {i}: {gap:?} for {nominal:?}"
+        );
+    }
+    assert!(api.writes().is_empty());
+    assert_eq!(state.pending_writes(), 1, "kept while the API is down");
+    assert_eq!(writes_counted(&state, "error"), tries.len() as u64);
+
+    api.set_down(false);
+    tokio::time::sleep(Duration::from_secs(40)).await;
+    assert_eq!(
+        api.writes(),
+        vec![("ns/web".to_string(), "[1]".to_string())]
+    );
+    assert_eq!(state.pending_writes(), 0);
+    assert_eq!(writes_counted(&state, "success"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_newer_write_replaces_the_one_kept_during_an_outage() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    api.set_down(true);
+    let cache = synced_cache(&[pod("ns", "web", "u1")]);
+    let (state, _) = fake::state(api.clone(), cache, dir.path(), 4);
+    assert!(enqueue_status(
+        &state,
+        pod_ref("ns", "web", "u1"),
+        "[1]".into()
+    ));
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(enqueue_status(
+        &state,
+        pod_ref("ns", "web", "u1"),
+        "[2]".into()
+    ));
+    api.set_down(false);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(
+        api.writes(),
+        vec![("ns/web".to_string(), "[2]".to_string())]
+    );
+    assert_eq!(state.pending_writes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn writes_a_daemon_kept_are_sent_by_the_next_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let down = FakeApi::new();
+    down.set_down(true);
+    let cache = synced_cache(&[pod("ns", "web", "u1"), pod("ns", "db", "u2")]);
+    let (first, kept) = fake::state(down.clone(), cache.clone(), dir.path(), 4);
+    assert!(kept.is_empty());
+    assert!(enqueue_status(
+        &first,
+        pod_ref("ns", "web", "u1"),
+        "[w]".into()
+    ));
+    assert!(enqueue_status(
+        &first,
+        pod_ref("ns", "db", "u2"),
+        "[d]".into()
+    ));
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(down.writes().is_empty());
+
+    // The next daemon (same queue directory) finds both and sends them.
+    let up = FakeApi::new();
+    let (next, mut kept) = fake::state(up.clone(), cache, dir.path(), 4);
+    kept.sort();
+    assert_eq!(
+        kept,
+        vec![
+            ("ns".to_string(), "db".to_string()),
+            ("ns".to_string(), "web".to_string())
+        ]
+    );
+    for key in kept {
+        start_writer(&next, key);
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mut writes = up.writes();
+    writes.sort();
+    assert_eq!(
+        writes,
+        vec![
+            ("ns/db".to_string(), "[d]".to_string()),
+            ("ns/web".to_string(), "[w]".to_string())
+        ]
+    );
+    assert_eq!(next.pending_writes(), 0);
+    assert_eq!(
+        std::fs::read_dir(dir.path()).unwrap().count(),
+        0,
+        "no file left"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_write_for_a_pod_replaced_under_another_uid_is_dropped_unsent() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let cache = synced_cache(&[pod("ns", "web", "new-uid")]);
+    let (state, _) = fake::state(api.clone(), cache, dir.path(), 4);
+    assert!(enqueue_status(
+        &state,
+        pod_ref("ns", "web", "old-uid"),
+        "[1]".into()
+    ));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(api.attempts().is_empty(), "{:?}", api.attempts());
+    assert_eq!(state.pending_writes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn events_past_the_cap_are_dropped_and_none_are_posted_when_off() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    api.hold_events
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    for i in 0..MAX_EVENTS_IN_FLIGHT + 44 {
+        let pod = pod_ref("ns", &format!("p{i}"), "u");
+        send_event(&state, pod, true, "NetworkAttachFailed".into(), "m".into());
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(api.answered(), 0, "held");
+    api.hold_events
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let posted = api
+        .calls()
+        .into_iter()
+        .filter(|(_, c)| matches!(c, Call::Event { kind, .. } if kind == "Warning"))
+        .count();
+    assert_eq!(posted, MAX_EVENTS_IN_FLIGHT);
+    // Once they are out, there is room again.
+    send_event(
+        &state,
+        pod_ref("ns", "late", "u"),
+        false,
+        "R".into(),
+        "m".into(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(api.answered(), MAX_EVENTS_IN_FLIGHT + 1);
+
+    api.no_events
+        .store(true, std::sync::atomic::Ordering::SeqCst);
+    send_event(
+        &state,
+        pod_ref("ns", "off", "u"),
+        true,
+        "R".into(),
+        "m".into(),
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(api.attempts().len(), MAX_EVENTS_IN_FLIGHT + 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_the_watch_delivers_within_the_wait_is_answered_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let cache = synced_cache(&[]);
+    let (state, _) = fake::state(api.clone(), cache.clone(), dir.path(), 4);
+    let asking = state.clone();
+    let asked = tokio::spawn(async move { asking.pod_for_add(&pod_ref("ns", "web", "u1")).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    cache.apply_pod(Event::Apply(pod("ns", "web", "u1")));
+    let got = asked.await.unwrap().unwrap().unwrap();
+    assert_eq!(got.uid.as_deref(), Some("u1"));
+    assert_eq!(state.api_reads(), 0);
+    assert!(api.attempts().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_the_watch_has_not_delivered_is_read_from_the_api_after_the_wait() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    api.pods
+        .lock()
+        .unwrap()
+        .insert("ns/web".into(), pod("ns", "web", "u1"));
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    let start = Instant::now();
+    let got = state.pod_for_add(&pod_ref("ns", "web", "u1")).await;
+    let waited = start.elapsed();
+    assert!(
+        waited >= state.pod_wait && waited < state.pod_wait + Duration::from_millis(5),
+        "{waited:?}"
+    );
+    assert_eq!(got.unwrap().unwrap().name, "web");
+    assert_eq!(state.api_reads(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pod_recreated_under_its_name_is_not_taken_from_the_cache() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    api.pods
+        .lock()
+        .unwrap()
+        .insert("ns/web".into(), pod("ns", "web", "new"));
+    let cache = synced_cache(&[pod("ns", "web", "old")]);
+    let (state, _) = fake::state(api.clone(), cache, dir.path(), 4);
+    assert!(matches!(
+        state.cached_pod(&pod_ref("ns", "web", "new")),
+        Lookup::Missing
+    ));
+    // Without a UID the cached pod is the pod.
+    let any = plexus_core::spec::PodRef {
+        uid: None,
+        ..pod_ref("ns", "web", "x")
+    };
+    assert!(matches!(state.cached_pod(&any), Lookup::Found(_)));
+    let got = state.pod(&pod_ref("ns", "web", "new")).await.unwrap();
+    assert_eq!(got.uid.as_deref(), Some("new"));
+    assert_eq!(state.api_reads(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unsynced_caches_answer_unsynced_and_a_missing_nad_is_read_from_the_api() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let (unsynced, _) = fake::state(api.clone(), NodeCache::new(), dir.path(), 4);
+    assert!(unsynced
+        .pod_for_add(&pod_ref("ns", "web", "u1"))
+        .await
+        .is_none());
+    assert!(unsynced.nad("ns", "net1").await.is_none());
+    assert!(api.attempts().is_empty());
+
+    let other = tempfile::tempdir().unwrap();
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), other.path(), 4);
+    let missing = state.nad("ns", "net1").await.unwrap().unwrap_err();
+    assert!(missing.to_string().contains("ns/net1"), "{missing}");
+    assert_eq!(state.api_reads(), 1);
+    let calls: Vec<Call> = api.attempts().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(calls, vec![Call::Nad("ns/net1".into())]);
+}
