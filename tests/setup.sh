@@ -26,6 +26,8 @@ PKGS=(
   # benchmarks: plots and profiles
   python3-matplotlib valgrind
   jq
+  # GNU time: the peak memory of one plexus process (the flood test), which the suite's own process would skew
+  time
 )
 
 missing=()

@@ -47,21 +47,6 @@ fn files_under(dir: &Path) -> Vec<String> {
     out
 }
 
-/// The largest resident set of any child this test process has reaped, in KiB.
-fn children_max_rss_kib() -> i64 {
-    let mut usage = std::mem::MaybeUninit::<libc::rusage>::zeroed();
-    #[allow(unsafe_code)]
-    // SAFETY: getrusage writes a plain struct we own.
-    let usage = unsafe {
-        assert_eq!(
-            libc::getrusage(libc::RUSAGE_CHILDREN, usage.as_mut_ptr()),
-            0
-        );
-        usage.assume_init()
-    };
-    usage.ru_maxrss
-}
-
 #[track_caller]
 fn assert_small_error(run: &Run, code: u64) {
     assert_eq!(
@@ -154,7 +139,7 @@ fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     let sb = Sandbox::new();
     sb.script_cluster("exec yes", "exit 0");
     let conf = sb.conf(json!({"delegateTimeoutMs": 20000}));
-    let run = sb.run("ADD", "c1", "", &conf);
+    let (run, rss) = sb.run_measured("ADD", "c1", "", &conf);
     assert_small_error(&run, 100);
     assert!(
         run.msg().contains("printed more than 1048576 bytes"),
@@ -162,8 +147,7 @@ fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
         run.msg()
     );
     // Before the cap, plexus read `yes` until the deadline (1.6 GB in 3 s).
-    let rss = children_max_rss_kib();
-    assert!(rss < 200 * 1024, "a child of this test reached {rss} KiB");
+    assert!(rss < 200 * 1024, "plexus reached {rss} KiB");
     assert!(
         sb.cached().is_empty(),
         "nothing is cached: {:?}",

@@ -292,18 +292,7 @@ impl Sandbox {
         cni_args: &str,
         conf: &Value,
     ) -> Run {
-        let env = [
-            ("CNI_COMMAND", command.to_string()),
-            ("CNI_CONTAINERID", id.to_string()),
-            ("CNI_NETNS", format!("/run/netns/fake-{id}")),
-            ("CNI_IFNAME", "eth0".to_string()),
-            ("CNI_PATH", self.path("bin").display().to_string()),
-            ("CNI_ARGS", cni_args.to_string()),
-        ];
-        let env: Vec<(String, String)> = env
-            .iter()
-            .map(|(k, v)| (k.to_string(), v.clone()))
-            .collect();
+        let env = self.cni_env(command, id, cni_args);
         let child = spawn_bin(
             bin,
             &env,
@@ -317,6 +306,63 @@ impl Sandbox {
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
         }
+    }
+
+    /// [`Sandbox::run`], and the peak resident memory (KiB) of that one plexus process, as GNU time reports it
+    /// for its own child. Not `wait4` of a child of this test process: a child spawned from a large process (the
+    /// suite, with its servers' buffers) carries that process's high-water mark across exec.
+    pub fn run_measured(
+        &self,
+        command: &str,
+        id: &str,
+        cni_args: &str,
+        conf: &Value,
+    ) -> (Run, i64) {
+        use std::io::Write;
+        let report = self.path(&format!("maxrss-{id}"));
+        let mut child = Command::new("/usr/bin/time")
+            .args(["-f", "%M", "-o"])
+            .arg(&report)
+            .arg(plexus_bin())
+            .env_clear()
+            .env("PATH", std::env::var("PATH").unwrap_or_default())
+            .envs(self.cni_env(command, id, cni_args))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn /usr/bin/time (Debian's time package, tests/setup.sh)");
+        let mut stdin = child.stdin.take().unwrap();
+        stdin.write_all(conf.to_string().as_bytes()).unwrap();
+        drop(stdin);
+        let out = child.wait_with_output().unwrap();
+        let text = std::fs::read_to_string(&report).unwrap();
+        // A failed command's report starts with a line about its status; the figure is the last line.
+        let kib = text
+            .lines()
+            .last()
+            .and_then(|l| l.trim().parse().ok())
+            .unwrap_or_else(|| panic!("no figure in {text:?}"));
+        let run = Run {
+            success: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        };
+        (run, kib)
+    }
+
+    fn cni_env(&self, command: &str, id: &str, cni_args: &str) -> Vec<(String, String)> {
+        let env = [
+            ("CNI_COMMAND", command.to_string()),
+            ("CNI_CONTAINERID", id.to_string()),
+            ("CNI_NETNS", format!("/run/netns/fake-{id}")),
+            ("CNI_IFNAME", "eth0".to_string()),
+            ("CNI_PATH", self.path("bin").display().to_string()),
+            ("CNI_ARGS", cni_args.to_string()),
+        ];
+        env.iter()
+            .map(|(k, v)| (k.to_string(), v.clone()))
+            .collect()
     }
 
     /// Runs plexus with exactly this environment (plus PATH) and stdin.

@@ -243,33 +243,9 @@ pub fn parse_args(
         .settings(node_env)
 }
 
-/// `plexus daemon ARGS...`.
-pub fn main(args: DaemonArgs) -> u8 {
-    let settings = match args.settings(std::env::var("NODE_NAME").ok()) {
-        Ok(s) => s,
-        Err(DaemonError::Usage(e)) | Err(DaemonError::Install(install::InstallError::Usage(e))) => {
-            return plexus_cni::cli::exit_code(&e)
-        }
-        Err(e) => {
-            eprintln!("plexus daemon: {e}");
-            return 2;
-        }
-    };
-    if settings.health {
-        return print_health(&settings.socket);
-    }
-    settings.log.init();
-    match super::server::run(settings) {
-        Ok(()) => 0,
-        Err(e) => {
-            tracing::error!(error = %e, "daemon stopped");
-            eprintln!("plexus daemon: {e}");
-            1
-        }
-    }
-}
-
-fn print_health(socket: &Path) -> u8 {
+/// `plexus daemon --health`: asks the running daemon, prints its health; the exit status (0 ready, 1 not, 2 no
+/// answer).
+pub fn print_health(socket: &Path) -> u8 {
     match client::ask(socket, &Request::Health, Duration::from_secs(2)) {
         Ok(Answer::Health(h)) => {
             println!("{}", serde_json::to_string_pretty(&h).unwrap_or_default());

@@ -21,8 +21,36 @@ pub mod server;
 pub mod state;
 pub mod status_queue;
 
-pub use cli::{main, parse_args, DaemonArgs, DaemonError, DaemonSettings, HookAgentOptions};
+pub use cli::{parse_args, DaemonArgs, DaemonError, DaemonSettings, HookAgentOptions};
 pub use server::run;
+
+use crate::install;
+
+/// `plexus daemon ARGS...`.
+pub fn main(args: DaemonArgs) -> u8 {
+    let settings = match args.settings(std::env::var("NODE_NAME").ok()) {
+        Ok(s) => s,
+        Err(DaemonError::Usage(e)) | Err(DaemonError::Install(install::InstallError::Usage(e))) => {
+            return plexus_cni::cli::exit_code(&e)
+        }
+        Err(e) => {
+            eprintln!("plexus daemon: {e}");
+            return 2;
+        }
+    };
+    if settings.health {
+        return cli::print_health(&settings.socket);
+    }
+    settings.log.init();
+    match server::run(settings) {
+        Ok(()) => 0,
+        Err(e) => {
+            tracing::error!(error = %e, "daemon stopped");
+            eprintln!("plexus daemon: {e}");
+            1
+        }
+    }
+}
 
 #[cfg(test)]
 mod fake;
