@@ -19,6 +19,8 @@ use serde_json::{json, Value};
 /// The CNI binary's own identity in these tests, bound to the same ClusterRole, so the audit log tells its
 /// requests from the daemon's.
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+/// The daemon's identity (the DaemonSet's service account).
+const DAEMON_USER: &str = "system:serviceaccount:kube-system:plexus";
 const NODE: &str = "node1";
 
 struct Cluster {
@@ -724,6 +726,61 @@ fn queued(c: &Cluster) -> Vec<PathBuf> {
     std::fs::read_dir(c.sb.path("run/status-queue"))
         .map(|d| d.flatten().map(|e| e.path()).collect())
         .unwrap_or_default()
+}
+
+/// `--kube-api-qps`: a burst of ADDs on one node reaches the API server no faster than the limit allows (the
+/// bucket's own timing is tested in process, plexus-cluster's ratelimit), and every status write still arrives.
+#[test]
+fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
+    const PODS: usize = 6;
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let pods: Vec<(String, String)> = (0..PODS)
+        .map(|i| {
+            let name = format!("web{i}");
+            let uid = c.selecting_pod(&name, "net-a");
+            (name, uid)
+        })
+        .collect();
+    let d = c.daemon(&["--kube-api-qps", "2", "--kube-api-burst", "1"]);
+    d.wait("synced with the pods", |h| {
+        h.synced() && h.cache.pods == PODS
+    });
+    let conf = c.conf(json!({}));
+    for (i, (name, uid)) in pods.iter().enumerate() {
+        let run = c.add(&format!("c{i}"), name, uid, &conf);
+        assert!(run.success, "{}", run.stdout);
+    }
+    d.wait("every write taken", |h| {
+        h.status_writes == PODS as u64 && h.pending_writes == 0
+    });
+    let mut sent: Vec<k8s_openapi::jiff::Timestamp> = c
+        .api
+        .audit_entries()
+        .into_iter()
+        .filter(|e| {
+            e["user"]["username"] == DAEMON_USER
+                && e["verb"] == "patch"
+                && e["requestURI"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("/status"))
+        })
+        .map(|e| {
+            e["requestReceivedTimestamp"]
+                .as_str()
+                .unwrap()
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    sent.sort();
+    assert_eq!(sent.len(), PODS, "{sent:?}");
+    // Six writes (events between them take tokens too) at 2 a second: at least 2.5 s from first to last.
+    let span = sent[PODS - 1].duration_since(sent[0]);
+    assert!(
+        span >= k8s_openapi::jiff::SignedDuration::from_millis(2300),
+        "{span:?}: {sent:?}"
+    );
 }
 
 #[test]

@@ -122,7 +122,7 @@ fn every_manifest_is_a_typed_object_without_stray_keys() {
             m.daemonsets.len(),
             m.alerts.len()
         ),
-        (3, 1, 1, 1, 1, 1)
+        (4, 1, 1, 1, 1, 1)
     );
 }
 
@@ -230,11 +230,16 @@ fn rbac_grants_exactly_what_plexus_uses() {
         ("k8s.cni.cncf.io", "network-attachment-definitions", "list"),
         ("k8s.cni.cncf.io", "network-attachment-definitions", "watch"),
         ("", "events", "create"),
-        // The node agent: hook resources read, its node's status entries written, its Node's labels read.
+        ("", "events", "patch"),
+        // The node agent: hook resources read, its node's NodeHookStatus applied (and the status entry of an
+        // earlier version removed), its Node's labels read.
         ("plexus.dev", "networkhooks", "get"),
         ("plexus.dev", "networkhooks", "list"),
         ("plexus.dev", "networkhooks", "watch"),
         ("plexus.dev", "networkhooks/status", "patch"),
+        ("plexus.dev", "nodehookstatuses", "get"),
+        ("plexus.dev", "nodehookstatuses", "create"),
+        ("plexus.dev", "nodehookstatuses", "patch"),
         ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
@@ -567,13 +572,67 @@ fn crds_define_the_spec_resources() {
         ]
         .into()
     );
-    // Every node writes only its own entry (server-side apply keyed by node).
+    // The per-node list of earlier versions stays in the schema for a rolling upgrade, keyed so that an agent can
+    // still remove its own entry.
     let nodes = &props["status"]["properties"]["nodes"];
     assert_eq!(nodes["x-kubernetes-list-type"], "map");
     assert_eq!(
         nodes["x-kubernetes-list-map-keys"],
         serde_json::json!(["node"])
     );
+
+    // What a node reports, in an object of its own, as the agent writes it and `plexus hook status` reads it.
+    use plexus_node::node_report;
+    let per_node = by_name[&format!("{}.{}", node_report::PLURAL, node_report::GROUP)];
+    assert_eq!(per_node.spec.scope, "Cluster");
+    assert_eq!(per_node.spec.names.kind, node_report::KIND);
+    let version = &per_node.spec.versions[0];
+    assert_eq!(version.name, node_report::VERSION);
+    let columns: Vec<(&str, &str)> = version
+        .additional_printer_columns
+        .iter()
+        .flatten()
+        .map(|c| (c.name.as_str(), c.json_path.as_str()))
+        .collect();
+    assert_eq!(
+        columns,
+        [
+            ("Active", ".status.active"),
+            ("Failing", ".status.failing"),
+            ("Age", ".metadata.creationTimestamp")
+        ]
+    );
+    let schema = serde_json::to_value(version.schema.as_ref().unwrap()).unwrap();
+    let status = &schema["openAPIV3Schema"]["properties"]["status"]["properties"];
+    assert_eq!(status["hooks"]["maxItems"], node_report::MAX_HOOKS);
+    assert_eq!(
+        status["hooks"]["items"]["properties"]["message"]["maxLength"],
+        node_report::MAX_MESSAGE
+    );
+    // The schema takes exactly what the agent writes.
+    let written = serde_json::to_value(node_report::HookReport {
+        name: "h".into(),
+        active: true,
+        reason: "Active".into(),
+        message: "m".into(),
+        digest: Some("sha256:0".into()),
+        next_attempt_time: Some("2026-01-01T00:00:00Z".into()),
+        observed_generation: 1,
+    })
+    .unwrap();
+    let fields: BTreeSet<&str> = written
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    let declared: BTreeSet<&str> = status["hooks"]["items"]["properties"]
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(fields, declared);
 
     let nad = by_name["network-attachment-definitions.k8s.cni.cncf.io"];
     assert_eq!(nad.spec.group, "k8s.cni.cncf.io");

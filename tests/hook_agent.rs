@@ -20,6 +20,8 @@ use serde_json::{json, Value};
 use sha2::Digest as _;
 
 const NODE: &str = "node1";
+const HOOKS: &str = "/apis/plexus.dev/v1alpha1/networkhooks";
+const NODE_REPORTS: &str = "/apis/plexus.dev/v1alpha1/nodehookstatuses";
 const LABELS_KEY: &str = "io.plexus.pod-labels";
 
 struct World {
@@ -160,18 +162,33 @@ impl World {
         self.set().hooks.into_iter().map(|h| h.name).collect()
     }
 
-    /// This node's entry of the hook's status.
+    /// The node's own report (its NodeHookStatus), if it has written one.
+    fn node_report(&self) -> Option<Value> {
+        let (code, text) = self
+            .api
+            .request("GET", &format!("{NODE_REPORTS}/{NODE}"), None)
+            .unwrap();
+        (code == 200).then(|| serde_json::from_str(&text).unwrap())
+    }
+
+    /// What the node reports of `hook`, in its own NodeHookStatus.
     fn node_status(&self, hook: &str) -> Option<Value> {
-        let h = self.api.must(
-            "GET",
-            &format!("/apis/plexus.dev/v1alpha1/networkhooks/{hook}"),
-            None,
-        );
-        h["status"]["nodes"]
+        self.node_report()?["status"]["hooks"]
             .as_array()?
             .iter()
-            .find(|n| n["node"] == NODE)
+            .find(|h| h["name"] == hook)
             .cloned()
+    }
+
+    /// The nodes with an entry in the hook's own `status.nodes` (what agents before NodeHookStatus wrote).
+    fn nodes_in_hook(&self, hook: &str) -> Vec<String> {
+        let h = self.api.must("GET", &format!("{HOOKS}/{hook}"), None);
+        h["status"]["nodes"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|n| n["node"].as_str().map(str::to_string))
+            .collect()
     }
 
     /// Waits (at most 60 s) until `ok`.
@@ -316,6 +333,113 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     );
 }
 
+/// A node reports in an object of its own (named after it, owned by its Node, naming no other node), never in the
+/// NetworkHook every node watches; an agent of this version removes the entry an earlier one wrote there; and an
+/// operator reads the cluster-wide view from the per-node objects.
+#[test]
+fn a_node_reports_in_its_own_object_and_removes_its_entry_of_an_earlier_version_from_the_hook() {
+    let mut w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook("labels", &reference, &["app"], json!({}));
+    // What agents of the earlier version wrote: each node its entry, under its own field manager.
+    for node in [NODE, "node2"] {
+        let entry = json!({"node": node, "active": true, "reason": "Active", "message": "old agent",
+            "observedGeneration": 1});
+        w.api.apply_as(
+            &format!("{HOOKS}/labels/status"),
+            &format!("plexus-agent-{node}"),
+            &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+                "metadata": {"name": "labels"}, "status": {"nodes": [entry]}}),
+        );
+    }
+    assert_eq!(w.nodes_in_hook("labels"), [NODE, "node2"]);
+
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "active in the node's own object", |w| {
+        w.node_status("labels").is_some_and(|s| s["active"] == true)
+    });
+    w.wait(&daemon, "this node's old entry removed", |w| {
+        w.nodes_in_hook("labels") == ["node2"]
+    });
+    let hook_version =
+        w.api.must("GET", &format!("{HOOKS}/labels"), None)["metadata"]["resourceVersion"].clone();
+
+    let report = w.node_report().unwrap();
+    let node = w.api.must("GET", &format!("/api/v1/nodes/{NODE}"), None);
+    assert_eq!(
+        report["metadata"]["ownerReferences"],
+        json!([{"apiVersion": "v1", "kind": "Node", "name": NODE, "uid": node["metadata"]["uid"]}])
+    );
+    assert_eq!(
+        (&report["status"]["active"], &report["status"]["failing"]),
+        (&json!(1), &json!(0))
+    );
+    let digest = reference.split_once('@').unwrap().1;
+    assert_eq!(w.node_status("labels").unwrap()["digest"], digest);
+    let text = report.to_string();
+    assert!(!text.contains("node2"), "names no other node: {text}");
+    assert!(text.len() < 8 << 10, "{} bytes", text.len());
+
+    // The node's later reports change its own object, not the hook: a failure (the registry gone, the module
+    // changed) is reported there while the hook's resourceVersion stays.
+    w.registry.down();
+    let moved = format!(
+        "{}@sha256:{}",
+        reference.split_once('@').unwrap().0,
+        "1".repeat(64)
+    );
+    w.patch(
+        &format!("{HOOKS}/labels"),
+        json!({"spec": {"module": moved}}),
+    );
+    w.wait(&daemon, "the failure reported", |w| {
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "PullFailed")
+    });
+    let after = w.api.must("GET", &format!("{HOOKS}/labels"), None);
+    assert_ne!(
+        after["metadata"]["resourceVersion"], hook_version,
+        "the spec changed"
+    );
+    assert_eq!(
+        w.nodes_in_hook("labels"),
+        ["node2"],
+        "and nothing of this node was written into it"
+    );
+
+    // The cluster-wide view, from the per-node objects.
+    let admin = w.sb.path("admin.kubeconfig");
+    w.api.write_kubeconfig(&admin, "admin-token");
+    let status = |json: bool| {
+        let mut cmd = Command::new(plexus_bin());
+        cmd.args(["hook", "status", "labels", "--kubeconfig"])
+            .arg(&admin);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{out:?}");
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let s: Value = serde_json::from_str(&status(true)).unwrap();
+    assert_eq!((&s["nodes"], &s["active"]), (&json!(1), &json!(1)), "{s}");
+    assert_eq!(
+        s["running"],
+        json!([{"key": digest, "nodes": [NODE]}]),
+        "{s}"
+    );
+    assert_eq!(s["failing"][0]["key"], "PullFailed", "{s}");
+    assert_eq!(s["failing"][0]["nodes"], json!([NODE]), "{s}");
+    assert_eq!(s["generation"], after["metadata"]["generation"], "{s}");
+    let text = status(false);
+    assert!(
+        text.contains("1 node(s) report it: 1 running it, 1 failing")
+            && text.contains(&format!("running {digest}: 1 node(s): {NODE}"))
+            && text.contains(&format!("PullFailed: 1 node(s): {NODE}")),
+        "{text}"
+    );
+}
+
 #[test]
 fn signatures_are_required_and_digests_pinned() {
     let w = world();
@@ -453,8 +577,8 @@ fn a_node_selector_rolls_out_to_labelled_nodes_only() {
     );
     w.wait(&daemon, "the canary hook follows the label", |w| {
         w.set_names() == vec!["everywhere", "canary"]
+            && w.node_status("canary").is_some_and(|s| s["active"] == true)
     });
-    assert_eq!(w.node_status("canary").unwrap()["active"], true);
     assert_eq!(w.add_labels("c2"), json!({"zone": "a", "app": "web"}));
 
     w.patch(

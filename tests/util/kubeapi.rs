@@ -230,6 +230,28 @@ impl KubeApiServer {
         Ok((code, body.to_string()))
     }
 
+    /// Server-side apply of `body` at `path` as admin under the field manager `manager` (forced), as a
+    /// controller with that manager writes; the answer as JSON.
+    #[track_caller]
+    pub fn apply_as(&self, path: &str, manager: &str, body: &Value) -> Value {
+        let out = Command::new("curl")
+            .args(["-sk", "--max-time", "10", "-X", "PATCH"])
+            .args(["-H", "Authorization: Bearer admin-token"])
+            .args(["-H", "Content-Type: application/apply-patch+yaml"])
+            .args(["--data-binary", &body.to_string()])
+            .args(["-o", "-", "-w", "\n%{http_code}"])
+            .arg(format!(
+                "{}{path}?fieldManager={manager}&force=true",
+                self.url()
+            ))
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        let (answer, code) = text.rsplit_once('\n').unwrap_or((&text, ""));
+        assert_eq!(code.trim(), "200", "apply {path} as {manager}: {answer}");
+        serde_json::from_str(answer).unwrap_or(Value::Null)
+    }
+
     /// `request`, asserting a 2xx answer; the body as JSON.
     #[track_caller]
     pub fn must(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -376,6 +398,16 @@ impl KubeApiServer {
                     e["message"].as_str().unwrap_or_default().to_string(),
                 )
             })
+            .collect()
+    }
+
+    /// Every audited request that completed, as the API server logged it (`user.username`, `verb`, `requestURI`,
+    /// `requestReceivedTimestamp`, ...).
+    pub fn audit_entries(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .filter(|e| e["stage"] == "ResponseComplete")
             .collect()
     }
 

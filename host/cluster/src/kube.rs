@@ -315,20 +315,23 @@ pub struct KubeApi {
 impl KubeApi {
     /// Reads the configuration (kubeconfig or in-cluster) and builds the client; sends nothing yet.
     pub async fn connect(settings: KubeSettings) -> Result<KubeApi, ClusterError> {
-        Self::connect_observed(settings, None).await
+        Self::connect_observed(settings, None, None).await
     }
 
-    /// The same, with every request's verb, resource and answer told to `observer` (the daemon's metrics).
+    /// The same, with every request's verb, resource and answer told to `observer` (the daemon's metrics), and
+    /// requests sent no faster than `rate` allows (the daemon's `--kube-api-qps` and `--kube-api-burst`).
     pub async fn connect_observed(
         settings: KubeSettings,
         observer: Option<crate::observe::RequestObserver>,
+        rate: Option<crate::ratelimit::RateLimit>,
     ) -> Result<KubeApi, ClusterError> {
         settings.validate()?;
         let config = Self::config(&settings).await?;
-        let client = Self::client_of(config, observer).map_err(|e| ClusterError::Invalid {
-            what: "kube client configuration".into(),
-            reason: error_chain(&e),
-        })?;
+        let client =
+            Self::client_of(config, observer, rate).map_err(|e| ClusterError::Invalid {
+                what: "kube client configuration".into(),
+                reason: error_chain(&e),
+            })?;
         Ok(KubeApi { settings, client })
     }
 
@@ -343,6 +346,7 @@ impl KubeApi {
     fn client_of(
         config: kube::Config,
         observer: Option<crate::observe::RequestObserver>,
+        rate: Option<crate::ratelimit::RateLimit>,
     ) -> Result<Client, kube::Error> {
         use kube::client::ConfigExt;
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -377,6 +381,10 @@ impl KubeApi {
                 },
             ))
             .map_err(tower::BoxError::from)
+            // Every attempt waits for its token (retries too), before it is counted and sent.
+            .option_layer(rate.map(|r| {
+                crate::ratelimit::RateLimitLayer(Arc::new(crate::ratelimit::TokenBucket::new(r)))
+            }))
             // Innermost: every attempt is counted once, retries included, with its own answer.
             .option_layer(observer.map(crate::observe::ObserveLayer))
             .service(hyper);
@@ -501,13 +509,13 @@ impl KubeApi {
         }
     }
 
-    /// Posts an event on the pod (one attempt).
+    /// Posts an event on the pod (one attempt); the new event's name.
     pub async fn post_event(
         &self,
         pod: &PodRef,
         kind: (&str, &str),
         message: &str,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<String, ClusterError> {
         let object = ObjectReference {
             api_version: Some("v1".into()),
             kind: Some("Pod".into()),
@@ -521,14 +529,14 @@ impl KubeApi {
     }
 
     /// Posts an event about any object (one attempt), reported by `component` (on `host`, when given): in the
-    /// object's namespace, or in `default` for a cluster-scoped one.
+    /// object's namespace, or in `default` for a cluster-scoped one. The new event's name.
     pub async fn post_event_about(
         &self,
         object: ObjectReference,
         (type_, reason): (&str, &str),
         message: &str,
         (component, host): (&str, Option<&str>),
-    ) -> Result<(), ClusterError> {
+    ) -> Result<String, ClusterError> {
         let namespace = object.namespace.clone().unwrap_or_else(|| "default".into());
         let name = object.name.clone().unwrap_or_default();
         let now = Time(k8s_openapi::jiff::Timestamp::now());
@@ -567,6 +575,37 @@ impl KubeApi {
             ..PostParams::default()
         };
         self.call(&op, self.deadline(), 0, || api.create(&params, &event))
+            .await
+            .map(|e| e.metadata.name.unwrap_or_default())
+            .map_err(|f| Self::generic(&op, ObjectKind::Event, f))
+    }
+
+    /// An event seen again: its `count` set to `count` and its `lastTimestamp` to now, as kubelet aggregates a
+    /// repeated event instead of creating another object (one attempt, best effort).
+    pub async fn count_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        count: i32,
+    ) -> Result<(), ClusterError> {
+        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let op = Op {
+            verb: "patch",
+            resource: "events",
+            group: "",
+            namespace,
+            name,
+        };
+        let body = serde_json::json!({
+            "count": count,
+            "lastTimestamp": Time(k8s_openapi::jiff::Timestamp::now()),
+        });
+        let params = PatchParams {
+            field_manager: Some(FIELD_MANAGER.into()),
+            ..PatchParams::default()
+        };
+        let patch = Patch::Merge(&body);
+        self.call(&op, self.deadline(), 0, || api.patch(name, &params, &patch))
             .await
             .map(drop)
             .map_err(|f| Self::generic(&op, ObjectKind::Event, f))
@@ -851,7 +890,7 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let client = KubeApi::client_of(config, None).unwrap();
+            let client = KubeApi::client_of(config, None, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
                 .await

@@ -6,6 +6,7 @@
 mod file;
 mod kube;
 pub mod observe;
+pub mod ratelimit;
 #[cfg(feature = "watch")]
 mod watch;
 

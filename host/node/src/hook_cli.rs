@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use crate::distribution::{self, Registry, RegistryOptions, TrustedKeys};
+use crate::node_report;
 
 const RUN_INPUT: &str = "\
 --input, by kind:
@@ -80,6 +81,27 @@ pub enum HookCommand {
         #[command(flatten)]
         registry: RegistryArgs,
     },
+    /// How a NetworkHook stands across the cluster: how many nodes run which digest, which fail and why
+    #[command(
+        long_about = "Reads every node's NodeHookStatus (one object per node, written by its agent) and the \
+                      NetworkHook, and prints how many nodes, and which, run each digest of NAME, which fail and \
+                      why (one message as an example), and which have not yet seen its latest generation. Text \
+                      for a person, or --json."
+    )]
+    Status(StatusArgs),
+}
+
+/// `plexus hook status`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct StatusArgs {
+    /// The NetworkHook
+    name: String,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+    /// API credentials [default: the in-cluster service account]
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<PathBuf>,
 }
 
 /// `plexus hook run`'s flags.
@@ -153,6 +175,14 @@ pub fn main(args: HookArgs) -> u8 {
             unsigned,
             registry,
         } => verify(&reference, &key, unsigned, &registry.options()),
+        HookCommand::Status(status_args) => match status(&status_args) {
+            Ok(summary) if !status_args.json => {
+                print!("{}", summary.text());
+                return 0;
+            }
+            Ok(summary) => serde_json::to_value(summary).map_err(failed),
+            Err(e) => Err(e),
+        },
     };
     match result {
         Ok(out) => {
@@ -402,4 +432,45 @@ fn verify(
         "kinds": inspected.kinds,
         "verifiedBy": verified_by,
     }))
+}
+
+/// `plexus hook status NAME`: every node's report of the hook, from the API.
+fn status(args: &StatusArgs) -> Result<node_report::Summary, CliError> {
+    use kube::api::{Api, DynamicObject, ListParams};
+    let settings = plexus_cluster::KubeSettings {
+        kubeconfig: args.kubeconfig.clone(),
+        ..Default::default()
+    };
+    let (generation, reports) = block_on(async {
+        let api = plexus_cluster::KubeApi::connect(settings)
+            .await
+            .map_err(failed)?;
+        let hooks = Api::<DynamicObject>::all_with(
+            api.client().clone(),
+            &crate::daemon::agent::api_resource(),
+        );
+        let generation = match hooks.get_opt(&args.name).await.map_err(failed)? {
+            Some(h) => h.metadata.generation,
+            None => None,
+        };
+        let per_node =
+            Api::<DynamicObject>::all_with(api.client().clone(), &node_report::api_resource());
+        let mut reports = Vec::new();
+        let mut params = ListParams::default().limit(500);
+        loop {
+            let page = per_node.list(&params).await.map_err(failed)?;
+            for obj in &page.items {
+                let node = obj.metadata.name.clone().unwrap_or_default();
+                let report: node_report::NodeReport =
+                    serde_json::from_value(obj.data["status"].clone()).unwrap_or_default();
+                reports.push((node, report));
+            }
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => break,
+            }
+        }
+        Ok::<_, CliError>((generation, reports))
+    })??;
+    Ok(node_report::summarise(&args.name, generation, &reports))
 }

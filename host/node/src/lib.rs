@@ -14,4 +14,5 @@ pub mod hook_cli;
 pub mod hook_state;
 pub mod hotplug;
 pub mod install;
+pub mod node_report;
 pub mod status;

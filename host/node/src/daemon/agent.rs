@@ -14,14 +14,16 @@
 //! A hook whose module cannot be made ready (registry unreachable, not found, content that does not match its
 //! digest, bad or missing signature, does not compile, fails its probe) keeps the version last published for
 //! it, if that version is still trusted; registry failures are retried with backoff (1 s doubling to 5 min,
-//! with jitter). Every failure is reported in the resource's status (one entry per node, with the time of the
-//! next attempt), as a Warning event on the resource, and in the log, never by stopping the process.
+//! with jitter). Every hook's state on this node (active, or why not, with the time of the next attempt) is in
+//! the node's own `NodeHookStatus` object ([`crate::node_report`]); a failure is also a Warning event on the
+//! resource and a line in the log, never a reason to stop the process. No node writes the NetworkHook itself:
+//! an agent of this version removes the `status.nodes` entry an earlier one wrote there.
 //!
 //! Trust follows the keys: the key files are read again every few seconds, and when the set of keys changes
 //! every module in the set is checked against the new keys; one whose signature verifies with none of them
 //! leaves the set (`Untrusted`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -33,13 +35,14 @@ use kube::runtime::watcher::{self, Event};
 use kube::runtime::{reflector, WatchStreamExt};
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
 use serde::{Deserialize, Serialize};
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::hook_plan::{plan, select, Entry, LastGood, PlanInput, Ready, Resource, Wanted};
 pub use super::hook_plan::{selects, NetworkHookSpec, NodeStatus};
 use crate::controller::{self, Controller};
 use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
 use crate::hook_state::{Failure, Reason};
+use crate::node_report::{self, NodeReport};
 use plexus_cluster::KubeApi;
 use plexus_cni::hooks::{HookSet, MODULES_DIR};
 
@@ -54,6 +57,8 @@ const FIRST_RETRY: Duration = Duration::from_secs(1);
 const MAX_RETRY: Duration = Duration::from_secs(300);
 /// How often the trusted keys are read again (a ConfigMap's update reaches the mounted files within a minute).
 const KEY_POLL: Duration = Duration::from_secs(5);
+/// The field manager of the node's own object (one writer per object: the node it is named after).
+const REPORT_MANAGER: &str = "plexus-agent";
 /// How long a module no longer in the set is kept (an ADD that read the previous set may still be loading it).
 const RETIRE_AFTER: Duration = Duration::from_secs(60);
 
@@ -82,7 +87,11 @@ pub struct AgentSettings {
 struct Inputs {
     /// The resources' specs, from the reflector's store once it has listed (`None` before).
     hooks: Option<BTreeMap<String, Resource>>,
-    labels: Option<BTreeMap<String, String>>,
+    /// The node's labels and UID, once its Node is seen.
+    node: Option<(BTreeMap<String, String>, String)>,
+    /// Resources that still carry this node's entry in `status.nodes`, written by an agent of an earlier
+    /// version: removed by this one.
+    legacy: BTreeSet<String>,
 }
 
 /// A module made ready: where its component is and what was checked.
@@ -117,7 +126,10 @@ struct Agent {
     /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
     /// module as far as trust goes).
     failures: HashMap<String, Retrying>,
+    /// What was last reported of each hook (for the Warning events of a newly failing one).
     reported: HashMap<String, NodeStatus>,
+    /// The node's object as last applied.
+    applied: Option<Value>,
     /// Component digests no longer in the set, since when.
     retired: HashMap<String, Instant>,
     /// Probe verdicts by the entry probed (component, kind, settings, limits): a module is probed once per
@@ -126,7 +138,10 @@ struct Agent {
     probes_used: std::collections::HashSet<String>,
     /// What the keys were when last read (their IDs, or the error), to notice a change.
     keys_seen: String,
+    /// The NetworkHooks (their `status.nodes`, for the entries of earlier versions).
     status_api: Api<DynamicObject>,
+    /// The per-node objects.
+    reports_api: Api<DynamicObject>,
     /// For the Warning events on the resources.
     api: KubeApi,
 }
@@ -165,14 +180,16 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
         move |()| {
             let (agent, inputs) = (agent.clone(), inputs.clone());
             async move {
-                let snapshot = {
+                let (snapshot, legacy) = {
                     let i = inputs.lock().expect("inputs");
-                    i.hooks.clone().zip(i.labels.clone())
+                    (i.hooks.clone().zip(i.node.clone()), i.legacy.clone())
                 };
-                let Some((hooks, labels)) = snapshot else {
+                let Some((hooks, (labels, uid))) = snapshot else {
                     return controller::Outcome::Settled;
                 };
-                match agent.lock().await.reconcile(&hooks, &labels).await {
+                let mut agent = agent.lock().await;
+                agent.remove_legacy_entries(&legacy).await;
+                match agent.reconcile(&hooks, &labels, &uid).await {
                     Some(at) => controller::Outcome::RequeueAfter(
                         at.saturating_duration_since(Instant::now()),
                     ),
@@ -208,6 +225,7 @@ fn watch_hooks(
     let writer = reflector::store::Writer::<DynamicObject>::new(api_resource());
     let store = writer.as_reader();
     let (inputs, changed) = (inputs.clone(), controller.clone());
+    let node = settings.node.clone();
     let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
     let stream = watcher::watcher(hooks_api.clone(), config)
         .default_backoff()
@@ -220,7 +238,8 @@ fn watch_hooks(
                 Ok(event) => {
                     listed |= matches!(event, Event::InitDone);
                     // Status writes of other nodes change the resource too; only its spec matters here.
-                    if listed && update_hooks(&mut inputs.lock().expect("inputs"), &store.state()) {
+                    let state = store.state();
+                    if listed && update_hooks(&mut inputs.lock().expect("inputs"), &state, &node) {
                         changed.schedule(());
                     }
                 }
@@ -247,11 +266,12 @@ fn watch_node(
         while let Some(item) = stream.next().await {
             match item {
                 Ok(Event::Apply(n) | Event::InitApply(n)) => {
-                    // kubelet updates its Node often; only a change of labels matters here.
-                    let labels = Some(n.metadata.labels.unwrap_or_default());
+                    // kubelet updates its Node often; only a change of labels (or a new Node) matters here.
+                    let uid = n.metadata.uid.unwrap_or_default();
+                    let seen = Some((n.metadata.labels.unwrap_or_default(), uid));
                     let mut i = inputs.lock().expect("inputs");
-                    if i.labels != labels {
-                        i.labels = labels;
+                    if i.node != seen {
+                        i.node = seen;
                         changed.schedule(());
                     }
                 }
@@ -279,9 +299,21 @@ fn resource_of(obj: &DynamicObject) -> Option<(String, Resource)> {
     ))
 }
 
+/// Whether the resource's `status.nodes` has an entry of `node` (what agents before per-node objects wrote).
+fn has_legacy_entry(obj: &DynamicObject, node: &str) -> bool {
+    obj.data["status"]["nodes"]
+        .as_array()
+        .is_some_and(|nodes| nodes.iter().any(|n| n["node"] == node))
+}
+
 /// Takes the resources' specs from the store's objects; true when they changed (a new generation or spec, a
 /// resource added or gone, or the first list).
-fn update_hooks(inputs: &mut Inputs, objects: &[Arc<DynamicObject>]) -> bool {
+fn update_hooks(inputs: &mut Inputs, objects: &[Arc<DynamicObject>], node: &str) -> bool {
+    inputs.legacy = objects
+        .iter()
+        .filter(|obj| has_legacy_entry(obj, node))
+        .filter_map(|obj| obj.metadata.name.clone())
+        .collect();
     let hooks: BTreeMap<String, Resource> =
         objects.iter().filter_map(|obj| resource_of(obj)).collect();
     if inputs.hooks.as_ref() == Some(&hooks) {
@@ -334,10 +366,12 @@ impl Agent {
             published_runs,
             failures: HashMap::new(),
             reported: HashMap::new(),
+            applied: None,
             retired: HashMap::new(),
             probes: HashMap::new(),
             probes_used: Default::default(),
             keys_seen,
+            reports_api: Api::all_with(api.client().clone(), &node_report::api_resource()),
             status_api,
             api,
         }
@@ -424,6 +458,7 @@ impl Agent {
         &mut self,
         hooks: &BTreeMap<String, Resource>,
         labels: &BTreeMap<String, String>,
+        node_uid: &str,
     ) -> Option<Instant> {
         self.probes_used.clear();
         let mut ready = HashMap::new();
@@ -460,7 +495,7 @@ impl Agent {
         let used = std::mem::take(&mut self.probes_used);
         self.probes.retain(|k, _| used.contains(k));
         self.collect_garbage();
-        self.report(planned.reports).await;
+        self.report(planned.reports, node_uid).await;
         self.failures.values().map(|f| f.next).min()
     }
 
@@ -716,9 +751,9 @@ impl Agent {
         }
     }
 
-    /// Applies this node's entry of each resource's `status.nodes` (server-side apply, one field manager per
-    /// node, so nodes never overwrite each other); `None` removes the entry. Only changes are sent.
-    async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>) {
+    /// Applies the node's own object (`NodeHookStatus` named after the node, owned by its Node) when what it
+    /// says changed, and posts a Warning event on each hook that newly fails.
+    async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>, node_uid: &str) {
         // What the node knows, whether or not the API server takes it.
         *self
             .settings
@@ -739,58 +774,72 @@ impl Agent {
                 ))
             })
             .collect();
-        let manager = format!("plexus-agent-{}", self.settings.node);
-        // Resources gone: forget what was reported.
-        self.reported.retain(|name, _| reports.contains_key(name));
-        for (name, status) in reports {
-            let unchanged = match (&status, self.reported.get(&name)) {
-                (Some(s), Some(r)) => s == r,
-                (None, None) => true,
-                _ => false,
-            };
-            if unchanged {
-                continue;
+        for (name, status) in &reports {
+            let Some(s) = status else { continue };
+            let newly_failing = s.reason != "Active"
+                && self.reported.get(name).is_none_or(|r| r.reason != s.reason);
+            if newly_failing {
+                self.warn(name, s).await;
             }
-            let mut body = json!({
+        }
+        self.reported = reports
+            .iter()
+            .filter_map(|(name, s)| Some((name.clone(), s.clone()?)))
+            .collect();
+        let report = NodeReport::of(&reports);
+        if report.omitted > 0 {
+            tracing::warn!(
+                omitted = report.omitted,
+                "the node's hook report lists {} hooks at most; failing ones first",
+                node_report::MAX_HOOKS
+            );
+        }
+        let object = report.object(&self.settings.node, node_uid);
+        if self.applied.as_ref() == Some(&object) {
+            return;
+        }
+        let params = PatchParams::apply(REPORT_MANAGER).force();
+        let sent = tokio::time::timeout(
+            Duration::from_secs(10),
+            self.reports_api
+                .patch(&self.settings.node, &params, &Patch::Apply(&object)),
+        )
+        .await;
+        match sent {
+            Ok(Ok(_)) => self.applied = Some(object),
+            Ok(Err(e)) => tracing::warn!(error = %e, "cannot report the node's hooks"),
+            Err(_) => tracing::warn!("reporting the node's hooks timed out"),
+        }
+    }
+
+    /// Removes this node's entry from the `status.nodes` of each of `hooks`, where an agent of an earlier version
+    /// wrote it (its field manager was `plexus-agent-<node>`: applying nothing under it removes what it owned).
+    /// Tried again at the next reconcile until the watch no longer shows it.
+    async fn remove_legacy_entries(&self, hooks: &BTreeSet<String>) {
+        let manager = format!("plexus-agent-{}", self.settings.node);
+        for name in hooks {
+            let body = json!({
                 "apiVersion": format!("{GROUP}/{VERSION}"),
                 "kind": KIND,
                 "metadata": {"name": name},
             });
-            if let Some(s) = &status {
-                body["status"] = json!({"nodes": [s]});
-            }
             let params = PatchParams::apply(&manager).force();
             let sent = tokio::time::timeout(
                 Duration::from_secs(10),
                 self.status_api
-                    .patch_status(&name, &params, &Patch::Apply(&body)),
+                    .patch_status(name, &params, &Patch::Apply(&body)),
             )
             .await;
-            let newly_failing = status.as_ref().is_some_and(|s| {
-                s.reason != "Active"
-                    && self
-                        .reported
-                        .get(&name)
-                        .is_none_or(|r| r.reason != s.reason)
-            });
-            if newly_failing {
-                if let Some(s) = &status {
-                    self.warn(&name, s).await;
-                }
-            }
             match sent {
-                Ok(Ok(_)) => match status {
-                    Some(s) => {
-                        self.reported.insert(name, s);
-                    }
-                    None => {
-                        self.reported.remove(&name);
-                    }
-                },
-                Ok(Err(e)) => {
-                    tracing::warn!(hook = %name, error = %e, "cannot report the hook's status")
+                Ok(Ok(_)) => {
+                    tracing::info!(hook = %name, "removed this node's entry of an earlier version from the hook's status")
                 }
-                Err(_) => tracing::warn!(hook = %name, "reporting the hook's status timed out"),
+                Ok(Err(e)) => {
+                    tracing::warn!(hook = %name, error = %e, "cannot remove this node's old status entry")
+                }
+                Err(_) => {
+                    tracing::warn!(hook = %name, "removing this node's old status entry timed out")
+                }
             }
         }
     }
@@ -988,21 +1037,30 @@ mod tests {
         };
         let mut i = Inputs::default();
         // The first list is a change even when it is empty.
-        assert!(update_hooks(&mut i, &[]));
-        assert!(update_hooks(&mut i, &[obj("a")]));
+        assert!(update_hooks(&mut i, &[], "n"));
+        assert!(update_hooks(&mut i, &[obj("a")], "n"));
         let hooks = i.hooks.clone().unwrap();
         assert_eq!(hooks["a"].generation, 2);
         assert_eq!(hooks["a"].spec.as_ref().unwrap().kind, HookKind::Status);
         // A status write of some node: same generation and spec, nothing to do.
         let mut with_status = (*obj("a")).clone();
         with_status.data["status"] = json!({"nodes": [{"node": "n"}]});
-        assert!(!update_hooks(&mut i, &[Arc::new(with_status)]));
+        assert!(!update_hooks(
+            &mut i,
+            &[Arc::new(with_status.clone())],
+            "other"
+        ));
+        assert!(i.legacy.is_empty());
+        // This node's entry, written by an agent before per-node objects: to be removed.
+        assert!(!update_hooks(&mut i, &[Arc::new(with_status)], "n"));
+        assert_eq!(i.legacy, BTreeSet::from(["a".to_string()]));
         let mut bad = (*obj("b")).clone();
         bad.data["spec"]["surprise"] = json!(1);
-        assert!(update_hooks(&mut i, &[obj("a"), Arc::new(bad)]));
+        assert!(update_hooks(&mut i, &[obj("a"), Arc::new(bad)], "n"));
+        assert!(i.legacy.is_empty());
         let hooks = i.hooks.clone().unwrap();
         assert!(hooks["b"].spec.as_ref().unwrap_err().contains("surprise"));
-        assert!(update_hooks(&mut i, &[]));
+        assert!(update_hooks(&mut i, &[], "n"));
         assert_eq!(i.hooks, Some(BTreeMap::new()));
     }
 }

@@ -37,6 +37,8 @@ pub struct DaemonSettings {
     pub metrics_bind: Option<std::net::SocketAddr>,
     /// Networks that follow the annotation (`None`: off).
     pub dynamic: Option<dynamic::DynamicSettings>,
+    /// The bound on the daemon's requests to the API server.
+    pub kube_rate: plexus_cluster::ratelimit::RateLimit,
 }
 
 /// The node agent's settings (see [`agent`]).
@@ -136,6 +138,13 @@ pub struct DaemonArgs {
     /// With --dynamic-networks: sandboxes changed at once at most
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub max_network_changes: u64,
+    /// Requests a second the daemon sends the API server at most, on average (status writes, events, reads its
+    /// caches miss, watches); a token bucket, as kubelet's
+    #[arg(long, value_name = "QPS", default_value_t = 5.0, value_parser = positive_qps)]
+    pub kube_api_qps: f64,
+    /// Requests the daemon may send at once before --kube-api-qps paces them
+    #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub kube_api_burst: u32,
     /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
     /// concurrency bound, 1 when not, 2 when it does not answer
     #[arg(long)]
@@ -164,6 +173,13 @@ fn metrics_bind(text: &str) -> Result<MetricsBind, String> {
     let ip: std::net::IpAddr = host.parse().map_err(|_| wrong())?;
     let port: u16 = port.parse().map_err(|_| wrong())?;
     Ok(MetricsBind(Some(std::net::SocketAddr::new(ip, port))))
+}
+
+fn positive_qps(text: &str) -> Result<f64, String> {
+    match text.parse::<f64>() {
+        Ok(q) if q.is_finite() && q > 0.0 && q <= 10_000.0 => Ok(q),
+        _ => Err("must be a number above 0 and at most 10000".into()),
+    }
 }
 
 fn absolute(text: &str) -> Result<PathBuf, String> {
@@ -218,6 +234,10 @@ impl DaemonArgs {
             queue_wait: QUEUE_WAIT,
             metrics_bind: self.metrics_bind_address.0,
             dynamic,
+            kube_rate: plexus_cluster::ratelimit::RateLimit {
+                qps: self.kube_api_qps,
+                burst: self.kube_api_burst,
+            },
         })
     }
 }
@@ -295,6 +315,7 @@ mod tests {
         assert_eq!(s.socket, PathBuf::from("/run/x.sock"));
         assert_eq!(s.pod_wait, Duration::from_millis(20));
         assert_eq!(s.metrics_bind, Some("127.0.0.1:9471".parse().unwrap()));
+        assert_eq!((s.kube_rate.qps, s.kube_rate.burst), (5.0, 10));
         let install = s.install.unwrap();
         assert!(install.watch);
         assert_eq!(install.bin_dir, PathBuf::from("/b"));
@@ -343,6 +364,10 @@ mod tests {
             e.contains("--metrics-bind-address") && e.contains("IP:PORT"),
             "{e}"
         );
+        let e = err(&["--kube-api-qps", "0"]);
+        assert!(e.contains("--kube-api-qps") && e.contains("above 0"), "{e}");
+        let e = err(&["--kube-api-burst", "0"]);
+        assert!(e.contains("--kube-api-burst"), "{e}");
         let e = err(&["--cache-dir", "var/lib"]);
         assert!(e.contains("--cache-dir") && e.contains("absolute"), "{e}");
         // A mistake in the install flags after --install is named too.

@@ -29,6 +29,11 @@ pub enum Call {
         kind: String,
         reason: String,
     },
+    /// An event seen again, counted: its name and count.
+    Count {
+        event: String,
+        count: i32,
+    },
 }
 
 /// An API server in memory: pods and NADs by `namespace/name`, down (every call `Unavailable`) when told so,
@@ -159,7 +164,7 @@ impl NodeApi for FakeApi {
         pod: &PodRef,
         (kind, reason): (&str, &str),
         _message: &str,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<String, ClusterError> {
         while self.hold_events.load(Ordering::SeqCst) {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -167,6 +172,20 @@ impl NodeApi for FakeApi {
             pod: format!("{}/{}", pod.namespace, pod.name),
             kind: kind.into(),
             reason: reason.into(),
+        };
+        let name = format!("{}.{}", pod.name, self.answered());
+        self.call(call, || Ok(name)).await
+    }
+
+    async fn count_event(
+        &self,
+        _namespace: &str,
+        name: &str,
+        count: i32,
+    ) -> Result<(), ClusterError> {
+        let call = Call::Count {
+            event: name.into(),
+            count,
         };
         self.call(call, || Ok(())).await
     }

@@ -135,7 +135,7 @@ fn open_queue(settings: &DaemonSettings) -> Result<(StatusQueue, Vec<Key>, PathB
     Ok((queue, kept, queue_dir))
 }
 
-/// The daemon's API client, every request counted in the metrics.
+/// The daemon's API client, every request counted in the metrics and paced by `--kube-api-qps`/`--kube-api-burst`.
 async fn connect(
     settings: &DaemonSettings,
     metrics: &Arc<Metrics>,
@@ -144,7 +144,12 @@ async fn connect(
     let observer = Arc::new(move |verb: &str, resource: &str, code: Option<u16>| {
         counted.api_request(verb, resource, code)
     });
-    Ok(KubeApi::connect_observed(settings.kube.clone(), Some(observer)).await?)
+    Ok(KubeApi::connect_observed(
+        settings.kube.clone(),
+        Some(observer),
+        Some(settings.kube_rate),
+    )
+    .await?)
 }
 
 /// The watches, the node agent, the metrics endpoint, dynamic networks, and the writers of kept status writes.

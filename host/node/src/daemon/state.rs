@@ -23,12 +23,19 @@ pub trait NodeApi: Send + Sync + 'static {
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError>;
     async fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
-    /// One attempt; `kind` is (type, reason).
+    /// One attempt; `kind` is (type, reason); the new event's name.
     async fn post_event(
         &self,
         pod: &PodRef,
         kind: (&str, &str),
         message: &str,
+    ) -> Result<String, ClusterError>;
+    /// An event seen again: its count set to `count` (one attempt).
+    async fn count_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        count: i32,
     ) -> Result<(), ClusterError>;
     /// Whether events are posted at all (the `events` setting of the API source).
     fn events(&self) -> bool;
@@ -54,8 +61,16 @@ impl NodeApi for KubeApi {
         pod: &PodRef,
         kind: (&str, &str),
         message: &str,
-    ) -> Result<(), ClusterError> {
+    ) -> Result<String, ClusterError> {
         KubeApi::post_event(self, pod, kind, message).await
+    }
+    async fn count_event(
+        &self,
+        namespace: &str,
+        name: &str,
+        count: i32,
+    ) -> Result<(), ClusterError> {
+        KubeApi::count_event(self, namespace, name, count).await
     }
     fn events(&self) -> bool {
         self.settings().events
@@ -64,6 +79,20 @@ impl NodeApi for KubeApi {
 
 /// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
 pub const MAX_EVENTS_IN_FLIGHT: usize = 256;
+/// How long an event seen again is counted on the first one instead of posted anew (kubelet's window).
+pub const EVENT_WINDOW: Duration = Duration::from_secs(600);
+/// Distinct events remembered for that at most (the oldest are forgotten first).
+const MAX_EVENT_KEYS: usize = 4096;
+
+/// What makes two events the same one: the pod (with its UID), the type, the reason and the message.
+type EventKey = (String, String, Option<String>, bool, String, String);
+
+/// An event posted within the window: its name once the API server gave it one, how often it was seen.
+struct Seen {
+    name: Option<String>,
+    count: i32,
+    first: tokio::time::Instant,
+}
 /// How long a status write that failed waits at most before it is tried again.
 pub const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
 /// How long a status write that failed first waits.
@@ -103,6 +132,7 @@ pub struct NodeState {
     writes: StatusQueue,
     api_reads: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
+    events_seen: Arc<std::sync::Mutex<std::collections::HashMap<EventKey, Seen>>>,
 }
 
 /// What [`NodeState::new`] takes besides the caches and the API.
@@ -128,6 +158,7 @@ impl NodeState {
             writes: parts.writes,
             api_reads: AtomicU64::new(0),
             events_in_flight: Arc::new(AtomicUsize::new(0)),
+            events_seen: Arc::default(),
         }
     }
 
@@ -281,10 +312,75 @@ async fn send_kept(state: &NodeState, key: &Key, mut kept: super::status_queue::
     }
 }
 
+/// What to do with an event: post it, or count it on the one posted before.
+enum EventAction {
+    Post,
+    Count(String, i32),
+    /// Counted on one whose post is still in flight (its answer sends the count).
+    Wait,
+}
+
+/// Whether `key` was seen within [`EVENT_WINDOW`]; remembers it.
+fn event_action(
+    seen: &mut std::collections::HashMap<EventKey, Seen>,
+    key: EventKey,
+) -> EventAction {
+    let now = tokio::time::Instant::now();
+    if seen.len() >= MAX_EVENT_KEYS {
+        seen.retain(|_, s| now.duration_since(s.first) < EVENT_WINDOW);
+        if seen.len() >= MAX_EVENT_KEYS {
+            if let Some(oldest) = seen
+                .iter()
+                .min_by_key(|(_, s)| s.first)
+                .map(|(k, _)| k.clone())
+            {
+                seen.remove(&oldest);
+            }
+        }
+    }
+    match seen.get_mut(&key) {
+        Some(s) if now.duration_since(s.first) < EVENT_WINDOW => {
+            s.count += 1;
+            match &s.name {
+                Some(name) => EventAction::Count(name.clone(), s.count),
+                None => EventAction::Wait,
+            }
+        }
+        _ => {
+            seen.insert(
+                key,
+                Seen {
+                    name: None,
+                    count: 1,
+                    first: now,
+                },
+            );
+            EventAction::Post
+        }
+    }
+}
+
 /// Posts an event on `pod` in the background, unless events are off or [`MAX_EVENTS_IN_FLIGHT`] are in flight
-/// already (events are best effort, and a burst must not pile up tasks). Needs the daemon's runtime.
+/// already (events are best effort, and a burst must not pile up tasks). The same event again within
+/// [`EVENT_WINDOW`] (same pod, type, reason and message) increments the first one's count instead of creating
+/// another object, as kubelet's events do. Needs the daemon's runtime.
 pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String, message: String) {
     if !state.api.events() {
+        return;
+    }
+    let key: EventKey = (
+        pod.namespace.clone(),
+        pod.name.clone(),
+        pod.uid.clone(),
+        warning,
+        reason.clone(),
+        message.clone(),
+    );
+    let action = event_action(
+        &mut state.events_seen.lock().unwrap_or_else(|e| e.into_inner()),
+        key.clone(),
+    );
+    if matches!(action, EventAction::Wait) {
         return;
     }
     if state.events_in_flight.fetch_add(1, Ordering::Relaxed) >= MAX_EVENTS_IN_FLIGHT {
@@ -295,9 +391,34 @@ pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String,
     // The task outlives the request; it takes its own handles.
     let api = state.api.clone();
     let in_flight = state.events_in_flight.clone();
+    let seen = state.events_seen.clone();
     tokio::spawn(async move {
         let kind = if warning { "Warning" } else { "Normal" };
-        if let Err(e) = api.post_event(&pod, (kind, &reason), &message).await {
+        let result = match action {
+            EventAction::Count(name, count) => api.count_event(&pod.namespace, &name, count).await,
+            _ => match api.post_event(&pod, (kind, &reason), &message).await {
+                Ok(name) => {
+                    // Seen again while it was being posted: the count goes on the new event.
+                    let again = {
+                        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+                        seen.get_mut(&key).and_then(|s| {
+                            s.name = Some(name.clone());
+                            (s.count > 1).then_some(s.count)
+                        })
+                    };
+                    match again {
+                        Some(count) => api.count_event(&pod.namespace, &name, count).await,
+                        None => Ok(()),
+                    }
+                }
+                Err(e) => {
+                    // Not posted: the next one is posted anew.
+                    seen.lock().unwrap_or_else(|e| e.into_inner()).remove(&key);
+                    Err(e)
+                }
+            },
+        };
+        if let Err(e) = result {
             tracing::warn!(pod = %pod, error = %e, "could not post the {reason} event");
         }
         in_flight.fetch_sub(1, Ordering::Relaxed);

@@ -282,3 +282,90 @@ async fn unsynced_caches_answer_unsynced_and_a_missing_nad_is_read_from_the_api(
     let calls: Vec<Call> = api.attempts().into_iter().map(|(_, c)| c).collect();
     assert_eq!(calls, vec![Call::Nad("ns/net1".into())]);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_repeated_event_increments_the_first_ones_count_within_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    let web = || pod_ref("ns", "web", "u1");
+    let send = |message: &str| {
+        send_event(
+            &state,
+            web(),
+            true,
+            "NetworkChangeFailed".into(),
+            message.into(),
+        );
+    };
+    for _ in 0..4 {
+        send("net2: no such NAD");
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    // Another message is another event.
+    send("net3: denied");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let calls: Vec<Call> = api.calls().into_iter().map(|(_, c)| c).collect();
+    let first = calls
+        .iter()
+        .filter(|c| matches!(c, Call::Event { .. }))
+        .count();
+    assert_eq!(first, 2, "{calls:?}");
+    let counts: Vec<i32> = calls
+        .iter()
+        .filter_map(|c| match c {
+            Call::Count { count, .. } => Some(*count),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counts, [2, 3, 4], "{calls:?}");
+    let Some(Call::Count { event, .. }) = calls.iter().find(|c| matches!(c, Call::Count { .. }))
+    else {
+        unreachable!()
+    };
+    assert!(
+        event.starts_with("web."),
+        "counted on the event posted first: {event}"
+    );
+
+    // Seen again at once, while its post is still in flight: counted on it when the post answers.
+    *api.latency.lock().unwrap() = Duration::from_secs(2);
+    send("net4: slow");
+    send("net4: slow");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let calls: Vec<Call> = api.calls().into_iter().map(|(_, c)| c).collect();
+    assert!(
+        calls.ends_with(&[
+            Call::Event {
+                pod: "ns/web".into(),
+                kind: "Warning".into(),
+                reason: "NetworkChangeFailed".into()
+            },
+            Call::Count {
+                event: match &calls[calls.len() - 1] {
+                    Call::Count { event, .. } => event.clone(),
+                    other => panic!("{other:?}"),
+                },
+                count: 2
+            }
+        ]),
+        "{calls:?}"
+    );
+
+    // Past the window, the same event is posted anew.
+    *api.latency.lock().unwrap() = Duration::ZERO;
+    tokio::time::sleep(super::state::EVENT_WINDOW).await;
+    let before = api.calls().len();
+    send("net2: no such NAD");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let after: Vec<Call> = api
+        .calls()
+        .into_iter()
+        .skip(before)
+        .map(|(_, c)| c)
+        .collect();
+    assert!(
+        matches!(after.as_slice(), [Call::Event { .. }]),
+        "{after:?}"
+    );
+}

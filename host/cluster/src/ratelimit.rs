@@ -1,0 +1,146 @@
+//! A client-side bound on the requests one client sends: a token bucket (`qps` tokens a second, at most `burst`
+//! saved up), as kubelet's `--kube-api-qps`/`--kube-api-burst`, in a tower layer under kube's client. A request
+//! waits for its token before it is sent; reservations are taken in order, so waiting requests go out in the
+//! order they asked, each `1/qps` after the one before.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// Requests a second and the burst a client may send.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RateLimit {
+    pub qps: f64,
+    pub burst: u32,
+}
+
+/// The bucket: tokens refill at `qps`, up to `burst`; a request takes one, or reserves the next one to come.
+#[derive(Debug)]
+pub struct TokenBucket {
+    limit: RateLimit,
+    /// Tokens now (negative: reserved ahead) and when they were counted.
+    state: Mutex<(f64, Instant)>,
+}
+
+impl TokenBucket {
+    pub fn new(limit: RateLimit) -> TokenBucket {
+        TokenBucket {
+            limit,
+            state: Mutex::new((f64::from(limit.burst.max(1)), Instant::now())),
+        }
+    }
+
+    /// How long the caller must wait for its token (zero when one is there); the token is taken either way.
+    pub fn reserve(&self) -> Duration {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let burst = f64::from(self.limit.burst.max(1));
+        let refilled = s.0 + now.duration_since(s.1).as_secs_f64() * self.limit.qps;
+        let tokens = refilled.min(burst) - 1.0;
+        *s = (tokens, now);
+        if tokens >= 0.0 {
+            Duration::ZERO
+        } else {
+            Duration::from_secs_f64(-tokens / self.limit.qps)
+        }
+    }
+
+    /// Waits for a token.
+    pub async fn acquire(&self) {
+        let wait = self.reserve();
+        if !wait.is_zero() {
+            tokio::time::sleep(wait).await;
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimitLayer(pub Arc<TokenBucket>);
+
+impl<S> tower::Layer<S> for RateLimitLayer {
+    type Service = RateLimited<S>;
+    fn layer(&self, inner: S) -> RateLimited<S> {
+        RateLimited {
+            inner,
+            bucket: self.0.clone(),
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct RateLimited<S> {
+    inner: S,
+    bucket: Arc<TokenBucket>,
+}
+
+impl<S, Req> tower::Service<Req> for RateLimited<S>
+where
+    S: tower::Service<Req> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    Req: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<S::Response, S::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), S::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Req) -> Self::Future {
+        // The instance that was polled ready makes the call, after the token; a clone stays for the next one.
+        let clone = self.inner.clone();
+        let mut ready = std::mem::replace(&mut self.inner, clone);
+        let bucket = self.bucket.clone();
+        Box::pin(async move {
+            bucket.acquire().await;
+            ready.call(req).await
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn a_burst_goes_at_once_then_requests_go_at_qps_in_order() {
+        let bucket = Arc::new(TokenBucket::new(RateLimit {
+            qps: 10.0,
+            burst: 5,
+        }));
+        let start = Instant::now();
+        let mut tasks = Vec::new();
+        for i in 0..25 {
+            let b = bucket.clone();
+            tasks.push(tokio::spawn(async move {
+                b.acquire().await;
+                (i, start.elapsed())
+            }));
+        }
+        let mut sent = Vec::new();
+        for t in tasks {
+            sent.push(t.await.unwrap());
+        }
+        for (i, at) in sent {
+            // The first five at once, then one every 100 ms.
+            let due = Duration::from_millis(100 * (i as u64).saturating_sub(4));
+            assert!(
+                at + Duration::from_millis(1) >= due && at < due + Duration::from_millis(5),
+                "request {i} went at {at:?}, due {due:?}"
+            );
+        }
+        // Idle, the bucket fills up to its burst again, not beyond.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        let waits: Vec<Duration> = (0..7).map(|_| bucket.reserve()).collect();
+        assert_eq!(&waits[..5], &[Duration::ZERO; 5]);
+        assert!(
+            waits[5] > Duration::ZERO && waits[6] > waits[5],
+            "{waits:?}"
+        );
+    }
+}
