@@ -440,6 +440,105 @@ fn a_node_reports_in_its_own_object_and_removes_its_entry_of_an_earlier_version_
     );
 }
 
+/// Twelve nodes, each its own `plexus daemon`, go Active on one hook: the NetworkHook stays the size it was with
+/// one node, a watch on NetworkHooks sees (almost) nothing of their reports, and each node's report is a small
+/// object of its own that names no other node.
+#[test]
+fn twelve_nodes_going_active_neither_grow_the_hook_nor_reach_each_other() {
+    const NODES: usize = 12;
+    let w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook("labels", &reference, &["app"], json!({}));
+    let size = || {
+        let (code, text) = w
+            .api
+            .request("GET", &format!("{HOOKS}/labels"), None)
+            .unwrap();
+        assert_eq!(code, 200);
+        (text.len(), serde_json::from_str::<Value>(&text).unwrap())
+    };
+    let daemons: std::cell::RefCell<Vec<NodeDaemon>> = Default::default();
+    let start = |node: &str| {
+        if node != NODE {
+            w.api
+                .create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+        }
+        let dir = w.sb.path(node);
+        let keys = w.trusted.1.display().to_string();
+        daemons.borrow_mut().push(NodeDaemon::start(
+            node,
+            &w.sb.path("daemon.kubeconfig"),
+            &dir.join("run/daemon.sock"),
+            &dir.join("cache"),
+            &dir.join("daemon.log"),
+            &["--hook-key", &keys, "--insecure-registry", &w.registry.addr],
+        ));
+    };
+    let active = |node: &str| {
+        let (code, text) = w
+            .api
+            .request("GET", &format!("{NODE_REPORTS}/{node}"), None)
+            .unwrap();
+        code == 200 && serde_json::from_str::<Value>(&text).unwrap()["status"]["active"] == 1
+    };
+    let wait_active = |nodes: &[String]| {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while !nodes.iter().all(|n| active(n)) {
+            assert!(
+                Instant::now() < deadline,
+                "not all of {nodes:?} active within 120 s"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    };
+
+    start(NODE);
+    wait_active(&[NODE.to_string()]);
+    let (one_node, hook) = size();
+    let watch = w.api.watch(
+        HOOKS,
+        hook["metadata"]["resourceVersion"].as_str().unwrap(),
+        180,
+    );
+    let others: Vec<String> = (2..=NODES).map(|i| format!("node{i}")).collect();
+    for node in &others {
+        start(node);
+    }
+    wait_active(&others);
+    // Reports settle (a node's later writes would show here too).
+    std::thread::sleep(Duration::from_secs(2));
+    let (twelve_nodes, _) = size();
+    let (events, bytes) = watch.events();
+    assert!(
+        twelve_nodes.abs_diff(one_node) <= 1024,
+        "the NetworkHook grew from {one_node} to {twelve_nodes} bytes"
+    );
+    assert!(
+        events.len() <= 2,
+        "a watching node received {} events ({bytes} bytes) while 11 nodes went Active: {events:?}",
+        events.len()
+    );
+    for i in 1..=NODES {
+        let node = format!("node{i}");
+        let (code, text) = w
+            .api
+            .request("GET", &format!("{NODE_REPORTS}/{node}"), None)
+            .unwrap();
+        assert_eq!(code, 200);
+        assert!(text.len() < 8 << 10, "{node}: {} bytes", text.len());
+        let mentioned: Vec<String> = (1..=NODES)
+            .map(|j| format!("\"node{j}\""))
+            .filter(|n| text.contains(n.as_str()))
+            .collect();
+        assert_eq!(
+            mentioned,
+            [format!("\"{node}\"")],
+            "{node}'s report names only itself"
+        );
+    }
+    drop(daemons);
+}
+
 #[test]
 fn signatures_are_required_and_digests_pinned() {
     let w = world();

@@ -252,6 +252,24 @@ impl KubeApiServer {
         serde_json::from_str(answer).unwrap_or(Value::Null)
     }
 
+    /// Watches `path` (a collection) from `resource_version` as admin, in the background, for at most `seconds`:
+    /// what the API server sent, read with [`Watch::events`] once it is stopped.
+    pub fn watch(&self, path: &str, resource_version: &str, seconds: u32) -> Watch {
+        let out = tempfile::NamedTempFile::new().unwrap();
+        let child = Command::new("curl")
+            .args(["-skN", "--max-time", &seconds.to_string()])
+            .args(["-H", "Authorization: Bearer admin-token"])
+            .arg("-o")
+            .arg(out.path())
+            .arg(format!(
+                "{}{path}?watch=true&resourceVersion={resource_version}",
+                self.url()
+            ))
+            .spawn()
+            .unwrap();
+        Watch { child, out }
+    }
+
     /// `request`, asserting a 2xx answer; the body as JSON.
     #[track_caller]
     pub fn must(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -520,4 +538,31 @@ pub fn drain(mut r: impl Read + Send + 'static) -> std::thread::JoinHandle<Strin
         let _ = r.read_to_string(&mut s);
         s
     })
+}
+
+/// A watch running in the background (see [`KubeApiServer::watch`]).
+pub struct Watch {
+    child: std::process::Child,
+    out: tempfile::NamedTempFile,
+}
+
+impl Watch {
+    /// Ends the watch; the events it received (one JSON object a line) and their bytes.
+    pub fn events(mut self) -> (Vec<Value>, usize) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let text = std::fs::read_to_string(self.out.path()).unwrap_or_default();
+        let events = text
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect();
+        (events, text.len())
+    }
+}
+
+impl Drop for Watch {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
