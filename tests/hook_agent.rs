@@ -539,6 +539,35 @@ fn twelve_nodes_going_active_neither_grow_the_hook_nor_reach_each_other() {
     drop(daemons);
 }
 
+/// The node's report goes with its Node: with kube-controller-manager's garbage collector running, deleting the
+/// Node removes the NodeHookStatus its ownerReference names it in.
+#[test]
+fn a_nodes_report_is_garbage_collected_with_its_node() {
+    let w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook("labels", &reference, &["app"], json!({}));
+    let _gc = plexus_tests::controller_manager::ControllerManager::garbage_collector(
+        &w.api,
+        &w.sb.path(""),
+    );
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the node's report written", |w| {
+        w.node_status("labels").is_some_and(|s| s["active"] == true)
+    });
+    // The node is gone (its daemon with it), then its Node object is deleted.
+    drop(daemon);
+    w.api.must("DELETE", &format!("/api/v1/nodes/{NODE}"), None);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while w.node_report().is_some() {
+        assert!(
+            Instant::now() < deadline,
+            "the NodeHookStatus outlived its Node by 60 s; kube-controller-manager's log:\n{}",
+            std::fs::read_to_string(w.sb.path("kube-controller-manager.log")).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
 #[test]
 fn signatures_are_required_and_digests_pinned() {
     let w = world();

@@ -30,7 +30,7 @@ fetch_kubectl() {
   rm -rf "$tmp"
 }
 
-if [[ -x "$OUT/kube-apiserver" && -x "$OUT/kubelet" ]]; then
+if [[ -x "$OUT/kube-apiserver" && -x "$OUT/kubelet" && -x "$OUT/kube-controller-manager" ]]; then
   fetch_kubectl
   echo "$OUT"
   exit 0
@@ -79,17 +79,17 @@ rm -f vendor/github.com/modern-go/reflect2/*_test.go
 
 mkdir -p .go/src/k8s.io
 ln -sfn ../../.. .go/src/k8s.io/kubernetes
-log "building kube-apiserver and kubelet (about 10 minutes on 2 cores)"
+log "building kube-apiserver, kubelet and kube-controller-manager (about 10 minutes on 2 cores)"
 GOPATH=$PWD/.go CGO_ENABLED=0 \
-  timeout 3000 make WHAT="cmd/kube-apiserver cmd/kubelet" >"$work/build.log" 2>&1 || {
+  timeout 3000 make WHAT="cmd/kube-apiserver cmd/kubelet cmd/kube-controller-manager" >"$work/build.log" 2>&1 || {
   tail -n 40 "$work/build.log" >&2
   log "build failed"
   exit 1
 }
 mkdir -p "$OUT.tmp"
-cp _output/bin/kube-apiserver _output/bin/kubelet "$OUT.tmp/"
+cp _output/bin/kube-apiserver _output/bin/kubelet _output/bin/kube-controller-manager "$OUT.tmp/"
 rm -rf "$OUT"
 mv "$OUT.tmp" "$OUT"
-log "built $OUT/kube-apiserver and $OUT/kubelet"
+log "built $OUT/kube-apiserver, $OUT/kubelet and $OUT/kube-controller-manager"
 fetch_kubectl
 echo "$OUT"

@@ -429,6 +429,14 @@ impl KubeApiServer {
             .collect()
     }
 
+    /// Every audit entry, whatever its stage (a watch is logged when it starts, and again when it ends).
+    pub fn audit_all(&self) -> Vec<Value> {
+        let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+            .collect()
+    }
+
     /// Every audited request that completed (a watch once it ended): `(user, verb, requestURI)`.
     pub fn audit(&self) -> Vec<(String, String, String)> {
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();

@@ -2,6 +2,7 @@
 
 pub mod apiserver;
 pub mod containerd;
+pub mod controller_manager;
 pub mod cri;
 pub mod kubeapi;
 pub mod kubelet;
