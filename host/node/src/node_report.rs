@@ -10,8 +10,6 @@ use kube::api::ApiResource;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
-use crate::daemon::hook_plan::NodeStatus;
-
 pub const GROUP: &str = "plexus.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "NodeHookStatus";
@@ -24,12 +22,17 @@ pub const MAX_MESSAGE: usize = 512;
 
 /// The API description of the per-node object.
 pub fn api_resource() -> ApiResource {
+    plexus_resource(KIND, PLURAL)
+}
+
+/// A cluster-scoped resource of the project's API group (`plexus.dev/v1alpha1`).
+pub fn plexus_resource(kind: &str, plural: &str) -> ApiResource {
     ApiResource {
         group: GROUP.into(),
         version: VERSION.into(),
         api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
+        kind: kind.into(),
+        plural: plural.into(),
     }
 }
 
@@ -88,19 +91,15 @@ fn bounded(message: &str) -> String {
 
 impl NodeReport {
     /// The report of the hooks that apply to this node (`None`: the hook does not), bounded.
-    pub fn of(reports: &BTreeMap<String, Option<NodeStatus>>) -> NodeReport {
+    pub fn of(reports: &BTreeMap<String, Option<HookReport>>) -> NodeReport {
         let mut hooks: Vec<HookReport> = reports
             .iter()
-            .filter_map(|(name, s)| {
-                let s = s.as_ref()?;
+            .filter_map(|(name, h)| {
+                let h = h.as_ref()?;
                 Some(HookReport {
                     name: name.clone(),
-                    active: s.active,
-                    reason: s.reason.clone(),
-                    message: bounded(&s.message),
-                    digest: s.digest.clone(),
-                    next_attempt_time: s.next_attempt_time.clone(),
-                    observed_generation: s.observed_generation,
+                    message: bounded(&h.message),
+                    ..h.clone()
                 })
             })
             .collect();
@@ -289,9 +288,9 @@ mod tests {
         reason: &str,
         digest: Option<&str>,
         generation: i64,
-    ) -> Option<NodeStatus> {
-        Some(NodeStatus {
-            node: "n".into(),
+    ) -> Option<HookReport> {
+        Some(HookReport {
+            name: "h".into(),
             active,
             reason: reason.into(),
             message: format!("{reason} message"),
@@ -303,7 +302,7 @@ mod tests {
 
     #[test]
     fn a_report_lists_the_hooks_of_its_node_only_and_counts_them() {
-        let reports: BTreeMap<String, Option<NodeStatus>> = [
+        let reports: BTreeMap<String, Option<HookReport>> = [
             ("a".to_string(), status(true, "Active", Some("sha256:1"), 2)),
             (
                 "b".to_string(),
@@ -330,7 +329,7 @@ mod tests {
     #[test]
     fn a_report_is_bounded_whatever_the_hooks_say() {
         let long = "é".repeat(2000);
-        let reports: BTreeMap<String, Option<NodeStatus>> = (0..MAX_HOOKS + 30)
+        let reports: BTreeMap<String, Option<HookReport>> = (0..MAX_HOOKS + 30)
             .map(|i| {
                 let mut s = status(
                     i % 3 != 0,
@@ -359,7 +358,7 @@ mod tests {
 
     #[test]
     fn the_summary_groups_nodes_by_digest_and_by_reason() {
-        let report = |s: Option<NodeStatus>| NodeReport::of(&[("h".to_string(), s)].into());
+        let report = |s: Option<HookReport>| NodeReport::of(&[("h".to_string(), s)].into());
         let reports = vec![
             (
                 "n1".to_string(),

@@ -38,11 +38,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
 use super::hook_plan::{plan, select, Entry, LastGood, PlanInput, Ready, Resource, Wanted};
-pub use super::hook_plan::{selects, NetworkHookSpec, NodeStatus};
+pub use super::hook_plan::{selects, NetworkHookSpec};
 use crate::controller::{self, Controller};
 use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
 use crate::hook_state::{Failure, Reason};
-use crate::node_report::{self, NodeReport};
+use crate::node_report::{self, HookReport, NodeReport};
 use plexus_cluster::KubeApi;
 use plexus_cni::hooks::{HookSet, MODULES_DIR};
 
@@ -127,7 +127,7 @@ struct Agent {
     /// module as far as trust goes).
     failures: HashMap<String, Retrying>,
     /// What was last reported of each hook (for the Warning events of a newly failing one).
-    reported: HashMap<String, NodeStatus>,
+    reported: HashMap<String, HookReport>,
     /// The node's object as last applied.
     applied: Option<Value>,
     /// Component digests no longer in the set, since when.
@@ -148,13 +148,7 @@ struct Agent {
 
 /// The NetworkHook resource's API description.
 pub fn api_resource() -> ApiResource {
-    ApiResource {
-        group: GROUP.into(),
-        version: VERSION.into(),
-        api_version: format!("{GROUP}/{VERSION}"),
-        kind: KIND.into(),
-        plural: PLURAL.into(),
-    }
+    crate::node_report::plexus_resource(KIND, PLURAL)
 }
 
 /// Runs the agent until the future is dropped.
@@ -484,7 +478,6 @@ impl Agent {
         }
         let last_good = self.last_good();
         let planned = plan(&PlanInput {
-            node: &self.settings.node,
             hooks,
             labels,
             ready: &ready,
@@ -733,15 +726,16 @@ impl Agent {
     }
 
     /// A Warning event on the NetworkHook (cluster scoped, so in the `default` namespace), best effort.
-    async fn warn(&self, hook: &str, s: &NodeStatus) {
+    async fn warn(&self, hook: &str, s: &HookReport) {
         let object = k8s_openapi::api::core::v1::ObjectReference {
             api_version: Some(format!("{GROUP}/{VERSION}")),
             kind: Some(KIND.into()),
             name: Some(hook.into()),
             ..Default::default()
         };
-        let message = format!("node {}: {}", s.node, s.message);
-        let reporter = ("plexus-agent", Some(s.node.as_str()));
+        let node = &self.settings.node;
+        let message = format!("node {node}: {}", s.message);
+        let reporter = ("plexus-agent", Some(node.as_str()));
         let posted = self
             .api
             .post_event_about(object, ("Warning", &s.reason), &message, reporter)
@@ -753,7 +747,7 @@ impl Agent {
 
     /// Applies the node's own object (`NodeHookStatus` named after the node, owned by its Node) when what it
     /// says changed, and posts a Warning event on each hook that newly fails.
-    async fn report(&mut self, reports: BTreeMap<String, Option<NodeStatus>>, node_uid: &str) {
+    async fn report(&mut self, reports: BTreeMap<String, Option<HookReport>>, node_uid: &str) {
         // What the node knows, whether or not the API server takes it.
         *self
             .settings

@@ -7,10 +7,11 @@ use std::collections::{BTreeMap, HashMap};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
 use kube::core::{Selector, SelectorExt};
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 use serde_json::Value;
 
 use crate::hook_state::{Failure, Reason};
+use crate::node_report::HookReport;
 
 /// A NetworkHook's spec.
 #[derive(Debug, Clone, PartialEq, Deserialize)]
@@ -33,27 +34,6 @@ pub struct NetworkHookSpec {
     pub namespaces: Option<Vec<String>>,
     #[serde(default)]
     pub node_selector: Option<LabelSelector>,
-}
-
-/// One node's report in a NetworkHook's `status.nodes`.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
-pub struct NodeStatus {
-    pub node: String,
-    /// The hook runs in this node's ADDs (perhaps an earlier version: see `digest`).
-    pub active: bool,
-    /// `Active`, or why not (or why the wanted version is not): `PullFailed`, `Unauthorized`, `NotFound`,
-    /// `DigestMismatch`, `NotAWasmModule`, `SignatureMissing`, `SignatureInvalid`, `NoTrustedKeys`, `Untrusted`,
-    /// `InvalidReference`, `CompileFailed`, `KindMismatch`, `Incompatible`, `FailedProbe`, `InvalidSpec`.
-    pub reason: String,
-    pub message: String,
-    /// The manifest digest running on the node, when one is.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub digest: Option<String>,
-    /// When the agent tries again (a registry failure); absent when it waits for a change instead.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub next_attempt_time: Option<String>,
-    pub observed_generation: i64,
 }
 
 /// A NetworkHook as the agent reads it: its spec (or why it does not parse) and generation.
@@ -137,7 +117,6 @@ pub struct Entry {
 
 /// What [`plan`] decides from.
 pub struct PlanInput<'a> {
-    pub node: &'a str,
     pub hooks: &'a BTreeMap<String, Resource>,
     pub labels: &'a BTreeMap<String, String>,
     /// For each selected hook: made ready, or why not.
@@ -154,7 +133,7 @@ pub struct Planned {
     /// The node's hook set, in order (`order`, then name).
     pub entries: Vec<Entry>,
     /// Each resource's status on this node; `None`: the hook does not apply to it (its entry goes).
-    pub reports: BTreeMap<String, Option<NodeStatus>>,
+    pub reports: BTreeMap<String, Option<HookReport>>,
 }
 
 /// Which hooks run and what each one's status says. A hook made ready runs (`Active`). One that is not keeps
@@ -166,8 +145,8 @@ pub fn plan(input: &PlanInput<'_>) -> Planned {
     for (name, wanted) in select(input.hooks, input.labels) {
         let generation = input.hooks[name].generation;
         let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
-            Some(NodeStatus {
-                node: input.node.to_string(),
+            Some(HookReport {
+                name: name.to_string(),
                 active,
                 reason: reason.into(),
                 message,
@@ -302,7 +281,6 @@ mod tests {
 
         fn plan(&self) -> Planned {
             plan(&PlanInput {
-                node: "node1",
                 hooks: &self.hooks,
                 labels: &self.labels,
                 ready: &self.ready,
@@ -356,7 +334,7 @@ mod tests {
             (a.reason.as_str(), a.digest.as_deref()),
             ("Active", Some("d-a"))
         );
-        assert_eq!((a.node.as_str(), a.observed_generation), ("node1", 3));
+        assert_eq!((a.name.as_str(), a.observed_generation), ("a", 3));
     }
 
     #[test]
