@@ -93,6 +93,7 @@ struct Seen {
     count: i32,
     first: tokio::time::Instant,
 }
+
 /// How long a status write that failed waits at most before it is tried again.
 pub const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
 /// How long a status write that failed first waits.
@@ -360,6 +361,14 @@ fn event_action(
     }
 }
 
+fn forget_event(state: &NodeState, key: &EventKey) {
+    state
+        .events_seen
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .remove(key);
+}
+
 /// Posts an event on `pod` in the background, unless events are off or [`MAX_EVENTS_IN_FLIGHT`] are in flight
 /// already (events are best effort, and a burst must not pile up tasks). The same event again within
 /// [`EVENT_WINDOW`] (same pod, type, reason and message) increments the first one's count instead of creating
@@ -386,6 +395,10 @@ pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String,
     if state.events_in_flight.fetch_add(1, Ordering::Relaxed) >= MAX_EVENTS_IN_FLIGHT {
         state.events_in_flight.fetch_sub(1, Ordering::Relaxed);
         tracing::warn!(pod = %pod, "too many events in flight; dropped one");
+        if matches!(action, EventAction::Post) {
+            // Never posted: the same event later is posted anew, not counted on one that does not exist.
+            forget_event(state, &key);
+        }
         return;
     }
     // The task outlives the request; it takes its own handles.
