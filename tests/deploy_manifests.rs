@@ -301,6 +301,16 @@ fn expand_env(
     out
 }
 
+/// The pod's hostPath volumes: name to host path.
+fn host_paths(pod: &k8s_openapi::api::core::v1::PodSpec) -> BTreeMap<&str, &str> {
+    pod.volumes
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
+        .collect()
+}
+
 /// A mount with propagation needs its host path to be, or lie under, a shared or slave mount, and the runtime
 /// looks the path up as written: through the `/var/run -> /run` symlink it finds the root mount, which is private
 /// on nodes without systemd, and the container is never created. Real paths (`/run/...`) work either way.
@@ -310,13 +320,7 @@ fn no_host_path_with_mount_propagation_goes_through_var_run() {
     let mut checked = 0;
     for ds in &m.daemonsets {
         let pod = ds.spec.template.spec.as_ref().unwrap();
-        let host_paths: BTreeMap<&str, &str> = pod
-            .volumes
-            .as_deref()
-            .unwrap_or_default()
-            .iter()
-            .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
-            .collect();
+        let host_paths = host_paths(pod);
         let containers = pod.init_containers.iter().flatten().chain(&pod.containers);
         for c in containers {
             for mount in c.volume_mounts.iter().flatten() {
@@ -360,13 +364,7 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
         "runs on every node"
     );
 
-    let host_paths: BTreeMap<&str, &str> = pod
-        .volumes
-        .as_deref()
-        .unwrap_or_default()
-        .iter()
-        .filter_map(|v| Some((v.name.as_str(), v.host_path.as_ref()?.path.as_str())))
-        .collect();
+    let host_paths = host_paths(pod);
     let init = pod.init_containers.as_deref().unwrap_or_default();
     assert_eq!(init.len(), 1);
     assert_eq!(pod.containers.len(), 1, "one long-running process per node");

@@ -108,7 +108,7 @@ struct Record {
 
 /// A module that could not be made ready, tried again with backoff.
 struct Retrying {
-    attempts: u32,
+    backoff: crate::backoff::Backoff,
     next: Instant,
     error: Failure,
 }
@@ -457,7 +457,8 @@ impl Agent {
         self.probes_used.clear();
         let mut ready = HashMap::new();
         let mut next_attempt = HashMap::new();
-        for (name, wanted) in select(hooks, labels) {
+        let wanted = select(hooks, labels);
+        for (&name, wanted) in &wanted {
             let Wanted::Selected(spec) = wanted else {
                 continue;
             };
@@ -479,7 +480,7 @@ impl Agent {
         let last_good = self.last_good();
         let planned = plan(&PlanInput {
             hooks,
-            labels,
+            wanted: &wanted,
             ready: &ready,
             last_good: &last_good,
             next_attempt: &next_attempt,
@@ -586,17 +587,11 @@ impl Agent {
             Err(error) => {
                 tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
                 let f = self.failures.entry(module.to_string()).or_insert(Retrying {
-                    attempts: 0,
+                    backoff: crate::backoff::Backoff::new(FIRST_RETRY, MAX_RETRY),
                     next: Instant::now(),
                     error: error.clone(),
                 });
-                let delay = crate::backoff::jitter(
-                    FIRST_RETRY
-                        .saturating_mul(1u32 << f.attempts.min(16))
-                        .min(MAX_RETRY),
-                );
-                f.attempts += 1;
-                f.next = Instant::now() + delay;
+                f.next = Instant::now() + f.backoff.next_delay();
                 f.error = error.clone();
                 Err(error)
             }

@@ -448,10 +448,13 @@ impl Cluster for LocalCluster {
         namespace: &str,
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError> {
-        match self.shared.cache.nad(namespace, name) {
-            Lookup::Found(n) => Ok(n),
-            _ => self.handle.block_on(self.shared.api.nad(namespace, name)),
-        }
+        self.handle.block_on(async {
+            match self.shared.nad(namespace, name).await {
+                Some(found) => found,
+                // Caches not synced yet: the API answers.
+                None => self.shared.api.nad(namespace, name).await,
+            }
+        })
     }
 
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {

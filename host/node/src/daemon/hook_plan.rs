@@ -118,7 +118,8 @@ pub struct Entry {
 /// What [`plan`] decides from.
 pub struct PlanInput<'a> {
     pub hooks: &'a BTreeMap<String, Resource>,
-    pub labels: &'a BTreeMap<String, String>,
+    /// How each resource applies to the node ([`select`] of the resources and the node's labels).
+    pub wanted: &'a BTreeMap<&'a str, Wanted<'a>>,
     /// For each selected hook: made ready, or why not.
     pub ready: &'a HashMap<String, Result<Ready, Failure>>,
     /// What ran before, by hook name.
@@ -142,7 +143,7 @@ pub struct Planned {
 pub fn plan(input: &PlanInput<'_>) -> Planned {
     let mut entries = Vec::new();
     let mut reports = BTreeMap::new();
-    for (name, wanted) in select(input.hooks, input.labels) {
+    for (&name, wanted) in input.wanted {
         let generation = input.hooks[name].generation;
         let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
             Some(HookReport {
@@ -163,7 +164,7 @@ pub fn plan(input: &PlanInput<'_>) -> Planned {
             Wanted::Invalid(f) => {
                 reports.insert(
                     name.to_string(),
-                    status(false, f.reason.as_str(), f.message, None),
+                    status(false, f.reason.as_str(), f.message.clone(), None),
                 );
                 continue;
             }
@@ -282,7 +283,7 @@ mod tests {
         fn plan(&self) -> Planned {
             plan(&PlanInput {
                 hooks: &self.hooks,
-                labels: &self.labels,
+                wanted: &select(&self.hooks, &self.labels),
                 ready: &self.ready,
                 last_good: &self.last_good,
                 next_attempt: &self.next_attempt,
