@@ -9,23 +9,9 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 
 use plexus_tests::containerd::Containerd;
-use plexus_tests::plexus::{plexus_bin, plexus_cni_bin};
+use plexus_tests::image::{ctr, IMAGE};
+use plexus_tests::plexus::plexus_cni_bin;
 use serde_json::{json, Value};
-
-const IMAGE: &str = "plexus.test/plexus:1";
-
-fn ctr(containerd: &Containerd, args: &[&str]) -> std::process::Output {
-    Command::new("timeout")
-        .arg("120")
-        .arg("ctr")
-        .arg("--address")
-        .arg(containerd.socket())
-        .args(["-n", "k8s.io"])
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .expect("run ctr")
-}
 
 /// `ctr run --rm --snapshotter native ARGS...` (the image was imported with that snapshotter).
 fn ctr_run(containerd: &Containerd, args: &[&str]) -> std::process::Output {
@@ -41,22 +27,7 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
         .tempdir_in("/var/tmp")
         .unwrap();
     let image = dir.path().join("plexus.tar");
-    let build = Command::new("bash")
-        .arg(Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/image/build.sh"))
-        .arg("--binary")
-        .arg(plexus_bin())
-        .arg("--cni-binary")
-        .arg(plexus_cni_bin())
-        .arg("--out")
-        .arg(&image)
-        .args(["--name", IMAGE])
-        .output()
-        .unwrap();
-    assert!(
-        build.status.success(),
-        "build.sh: {}",
-        String::from_utf8_lossy(&build.stderr)
-    );
+    plexus_tests::image::build(&image);
 
     // The "node": a CNI bin dir and a conf dir holding the cluster network's conf.
     let (bin, conf) = (dir.path().join("node-bin"), dir.path().join("node-net.d"));
@@ -69,23 +40,7 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
     )
     .unwrap();
     let containerd = Containerd::start(&dir.path().join("cri-bin"), &dir.path().join("cri-net.d"));
-    let import = ctr(
-        &containerd,
-        &[
-            "images",
-            "import",
-            "--snapshotter",
-            "native",
-            image.to_str().unwrap(),
-        ],
-    );
-    assert!(
-        import.status.success(),
-        "import: {}",
-        String::from_utf8_lossy(&import.stderr)
-    );
-    let listed = ctr(&containerd, &["images", "ls", "-q"]);
-    assert!(String::from_utf8_lossy(&listed.stdout).contains(IMAGE));
+    plexus_tests::image::import(&containerd, &image);
 
     // A service account as the DaemonSet's pod has one, so that install writes the kubeconfig too.
     let sa = dir.path().join("sa");

@@ -501,3 +501,73 @@ fn run_gives_up_when_the_cluster_network_never_comes() {
     assert!(matches!(err, InstallError::Timeout { .. }), "{err:?}");
     assert!(!opts.conf_dir.join(CONFLIST_NAME).exists());
 }
+
+/// The conflist's plexus conf as the CNI plugin reads it (the list's `cniVersion` and `name` in it).
+fn plugin_conf(conflist: &Value) -> plexus_cni::conf::PlexusConf {
+    let mut plugin = conflist["plugins"][0].clone();
+    plugin["cniVersion"] = conflist["cniVersion"].clone();
+    plugin["name"] = conflist["name"].clone();
+    plexus_cni::conf::PlexusConf::from_json(plugin, false).unwrap()
+}
+
+#[test]
+fn the_conflist_leads_the_cni_plugin_to_a_daemon_and_cache_that_moved() {
+    let tmp = tempfile::tempdir().unwrap();
+    let (mut opts, env) = node(tmp.path());
+    write_json(&opts.conf_dir.join("10-calico.conflist"), &calico());
+    let read = |opts: &InstallOptions| -> Value {
+        refresh(opts, &env, false).unwrap();
+        serde_json::from_slice(&fs::read(opts.conf_dir.join(CONFLIST_NAME)).unwrap()).unwrap()
+    };
+
+    // The defaults (what `plexus daemon --install` fills in with its own default flags) add no key.
+    opts.node_paths = NodePaths {
+        run_dir: Some("/run/plexus".into()),
+        daemon_socket: Some("/run/plexus/daemon.sock".into()),
+        cache_dir: Some("/var/lib/plexus".into()),
+    };
+    let conflist = read(&opts);
+    for key in ["runDir", "daemon", "cacheDir"] {
+        assert!(
+            conflist["plugins"][0].get(key).is_none(),
+            "{key}: {conflist}"
+        );
+    }
+
+    // A DaemonSet that moved them: the CNI plugin finds the daemon, takes its locks and reads plans there.
+    opts.node_paths = NodePaths {
+        run_dir: Some("/srv/plexus/run".into()),
+        daemon_socket: Some("/srv/plexus/run/daemon.sock".into()),
+        cache_dir: Some("/srv/plexus/cache".into()),
+    };
+    let conf = plugin_conf(&read(&opts));
+    assert_eq!(conf.run_dir, Path::new("/srv/plexus/run"));
+    assert_eq!(
+        conf.daemon.unwrap().socket,
+        Path::new("/srv/plexus/run/daemon.sock")
+    );
+    assert_eq!(conf.cache_dir, Path::new("/srv/plexus/cache"));
+
+    // A socket elsewhere than its run dir is named on its own.
+    opts.node_paths.daemon_socket = Some("/srv/other.sock".into());
+    let conflist = read(&opts);
+    assert_eq!(
+        conflist["plugins"][0]["daemon"]["socket"],
+        "/srv/other.sock"
+    );
+    assert_eq!(
+        plugin_conf(&conflist).daemon.unwrap().socket,
+        Path::new("/srv/other.sock")
+    );
+
+    // From the command line.
+    let parsed = parse_args(&args(&[
+        "--run-dir=/a",
+        "--daemon-socket=/a/d.sock",
+        "--cache-dir=/c",
+    ]))
+    .unwrap();
+    assert_eq!(parsed.node_paths.run_dir, Some("/a".into()));
+    assert_eq!(parsed.node_paths.daemon_socket, Some("/a/d.sock".into()));
+    assert_eq!(parsed.node_paths.cache_dir, Some("/c".into()));
+}

@@ -7,6 +7,7 @@ mod daemon;
 mod deploy_manifests;
 mod device_info;
 mod e2e_containerd;
+mod e2e_daemonset;
 mod e2e_hooks;
 mod e2e_kubelet;
 mod e2e_libcni;

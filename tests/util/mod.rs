@@ -4,6 +4,7 @@ pub mod apiserver;
 pub mod containerd;
 pub mod controller_manager;
 pub mod cri;
+pub mod image;
 pub mod kubeapi;
 pub mod kubelet;
 pub mod libcni;

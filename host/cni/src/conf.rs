@@ -127,6 +127,10 @@ pub const DELEGATE_TIMEOUT_MS: std::ops::RangeInclusive<u64> = 100..=3_600_000;
 pub const MAX_READINESS_TIMEOUT_MS: u64 = 3_600_000;
 /// `cacheDir` when the conf does not set it; also where the node agent keeps the hooks it delivers.
 pub const DEFAULT_CACHE_DIR: &str = "/var/lib/plexus";
+/// `runDir` when the conf does not set it: the containers' locks and the node daemon's socket.
+pub const DEFAULT_RUN_DIR: &str = "/run/plexus";
+/// The node daemon's socket in the `runDir` when `daemon.socket` is not set.
+pub const DAEMON_SOCKET_NAME: &str = "daemon.sock";
 
 fn absolute(key: &str, p: PathBuf) -> Result<PathBuf, PlexusError> {
     if p.is_absolute() {
@@ -169,7 +173,7 @@ fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, P
     Ok(Some(DaemonRef {
         socket: match raw.socket {
             Some(p) => absolute("daemon.socket", p)?,
-            None => run_dir.join("daemon.sock"),
+            None => run_dir.join(DAEMON_SOCKET_NAME),
         },
         timeout: Duration::from_millis(timeout_ms),
         report: raw.report.unwrap_or(true),
@@ -315,7 +319,7 @@ impl PlexusConf {
         };
         let run_dir = absolute(
             "runDir",
-            raw.run_dir.unwrap_or_else(|| "/run/plexus".into()),
+            raw.run_dir.unwrap_or_else(|| DEFAULT_RUN_DIR.into()),
         )?;
         let daemon = daemon_ref(raw.daemon, &run_dir)?;
         let ignore_invalid_selections = match raw.invalid_selections.as_deref() {

@@ -73,6 +73,44 @@ pub struct InstallOptions {
     pub ca_file: PathBuf,
     pub watch: bool,
     pub uninstall: bool,
+    /// Where the node's Plexus processes meet, written into the conflist when they are not the CNI plugin's
+    /// defaults (so a DaemonSet that moves them moves the CNI plugin with it).
+    pub node_paths: NodePaths,
+}
+
+/// The plexus conf's `runDir` (locks, the daemon's socket), `daemon.socket` and `cacheDir`: `None` or the
+/// default leaves the key out of the conflist.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodePaths {
+    pub run_dir: Option<PathBuf>,
+    pub daemon_socket: Option<PathBuf>,
+    pub cache_dir: Option<PathBuf>,
+}
+
+impl NodePaths {
+    /// Sets the keys that differ from the CNI plugin's defaults on the conflist's plexus conf.
+    fn apply(&self, conflist: &mut Value) {
+        let Some(plugin) = conflist["plugins"][0].as_object_mut() else {
+            return;
+        };
+        let run_dir = self
+            .run_dir
+            .clone()
+            .unwrap_or_else(|| PathBuf::from(plexus_cni::conf::DEFAULT_RUN_DIR));
+        if run_dir != Path::new(plexus_cni::conf::DEFAULT_RUN_DIR) {
+            plugin.insert("runDir".into(), json!(run_dir));
+        }
+        if let Some(socket) = &self.daemon_socket {
+            if *socket != run_dir.join(plexus_cni::conf::DAEMON_SOCKET_NAME) {
+                plugin.insert("daemon".into(), json!({ "socket": socket }));
+            }
+        }
+        if let Some(cache) = &self.cache_dir {
+            if cache != Path::new(plexus_cni::conf::DEFAULT_CACHE_DIR) {
+                plugin.insert("cacheDir".into(), json!(cache));
+            }
+        }
+    }
 }
 
 impl Default for InstallOptions {
@@ -145,6 +183,18 @@ pub struct InstallArgs {
     /// The API server's CA certificate
     #[arg(long, value_name = "FILE", default_value = DEFAULT_CA_FILE)]
     pub ca_file: PathBuf,
+    /// The CNI plugin's runDir (locks, the daemon's socket), written into the conflist unless it is
+    /// /run/plexus [default: the directory of the daemon's --socket under `plexus daemon --install`]
+    #[arg(long, value_name = "DIR")]
+    pub run_dir: Option<PathBuf>,
+    /// The node daemon's socket, written into the conflist unless it is daemon.sock in the runDir
+    /// [default: the daemon's --socket under `plexus daemon --install`]
+    #[arg(long, value_name = "FILE")]
+    pub daemon_socket: Option<PathBuf>,
+    /// The CNI plugin's cacheDir (plans, delivered hooks), written into the conflist unless it is
+    /// /var/lib/plexus [default: the daemon's --cache-dir under `plexus daemon --install`]
+    #[arg(long, value_name = "DIR")]
+    pub cache_dir: Option<PathBuf>,
 }
 
 impl InstallArgs {
@@ -162,6 +212,11 @@ impl InstallArgs {
             ca_file: self.ca_file.clone(),
             watch: self.watch,
             uninstall: self.uninstall,
+            node_paths: NodePaths {
+                run_dir: self.run_dir.clone(),
+                daemon_socket: self.daemon_socket.clone(),
+                cache_dir: self.cache_dir.clone(),
+            },
         }
     }
 }
@@ -528,7 +583,9 @@ pub fn refresh(
     let ours = opts.conf_dir.join(CONFLIST_NAME);
     match found {
         Some((path, conf)) => {
-            if write_conflist(&opts.conf_dir, &plexus_conflist(&path, &conf, kubeconfig)?)? {
+            let mut conflist = plexus_conflist(&path, &conf, kubeconfig)?;
+            opts.node_paths.apply(&mut conflist);
+            if write_conflist(&opts.conf_dir, &conflist)? {
                 touched.push(ours);
             }
         }

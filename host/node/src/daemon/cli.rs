@@ -198,10 +198,24 @@ impl DaemonArgs {
         if node.is_empty() && !self.health {
             return Err(DaemonError::NoNodeName);
         }
-        let install = self
+        let mut install = self
             .install
             .map(|rest| install::parse_args(&rest))
             .transpose()?;
+        // The conflist it writes leads the CNI plugin to this daemon: its socket, the locks and status queue
+        // beside it, its cache dir.
+        if let Some(paths) = install.as_mut().map(|i| &mut i.node_paths) {
+            paths.run_dir = paths
+                .run_dir
+                .take()
+                .or_else(|| self.socket.parent().map(Path::to_path_buf));
+            paths
+                .daemon_socket
+                .get_or_insert_with(|| self.socket.clone());
+            paths
+                .cache_dir
+                .get_or_insert_with(|| self.cache_dir.clone());
+        }
         let dynamic = self.dynamic_networks.then(|| dynamic::DynamicSettings {
             cache_dir: self.cache_dir.clone(),
             max_changes: usize::try_from(self.max_network_changes).unwrap_or(4),
@@ -319,6 +333,25 @@ mod tests {
         let install = s.install.unwrap();
         assert!(install.watch);
         assert_eq!(install.bin_dir, PathBuf::from("/b"));
+        // The conflist it writes names this daemon's socket (and the dir beside it) and its cache dir.
+        assert_eq!(
+            install.node_paths,
+            install::NodePaths {
+                run_dir: Some("/run".into()),
+                daemon_socket: Some("/run/x.sock".into()),
+                cache_dir: Some("/var/lib/plexus".into()),
+            }
+        );
+        // Install's own flags win.
+        let s = parse_args(
+            &args(&["--install", "--run-dir=/r", "--cache-dir=/c"]),
+            Some("node1".into()),
+        )
+        .unwrap();
+        let paths = s.install.unwrap().node_paths;
+        assert_eq!(paths.run_dir, Some("/r".into()));
+        assert_eq!(paths.cache_dir, Some("/c".into()));
+        assert_eq!(paths.daemon_socket, Some(PathBuf::from(DEFAULT_SOCKET)));
     }
 
     #[test]
