@@ -5,8 +5,10 @@
 # Route, in order of preference:
 #   1. rustup has wasm32-wasip2: cargo builds components directly;
 #   2. rustup has wasm32-wasip1: cargo builds core modules, plexus-componentize wraps them;
-#   3. otherwise Debian's rustc-web/cargo-web with -Zbuild-std for wasm32-wasip1 (packages installed
-#      by tests/setup.sh, see /work/shared/guest-toolchain.md), then plexus-componentize.
+#   3. otherwise Debian's rustc-web/cargo-web with -Zbuild-std for wasm32-wasip1, then plexus-componentize.
+#      It needs Debian's rustc-web and cargo-web packages (with rust-web-src, for build-std) and wasi-libc
+#      (the C library std links against), and lld-22 (linked below as rust-lld); tests/setup.sh installs
+#      them.
 # The whole workspace is built by one cargo invocation, so std (route 3) is built once.
 set -euo pipefail
 

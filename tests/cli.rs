@@ -4,7 +4,7 @@
 use std::process::{Command, Output};
 
 use plexus_tests::plexus::{guest_wasm, plexus_bin};
-use serde_json::Value;
+use serde_json::{json, Value};
 
 fn plexus(args: &[&str]) -> Output {
     Command::new(plexus_bin())
@@ -169,8 +169,9 @@ fn hook_inspect_and_run_a_real_component() {
     let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
     let info: Value = serde_json::from_slice(&out.stdout).unwrap();
-    let kinds = info["kinds"].as_array().unwrap();
-    assert!(kinds.contains(&"policy".into()), "{info}");
+    // A policy hook built with the SDK: exactly the kind named in its export!.
+    assert_eq!(info["kinds"], json!(["policy"]), "{info}");
+    assert_eq!(info["kindsDeclared"], true, "{info}");
     assert_eq!(info["sha256"].as_str().map(str::len), Some(64), "{info}");
 
     // `--flag=value` and `--flag value` both work.
@@ -184,9 +185,40 @@ fn hook_inspect_and_run_a_real_component() {
         "--input",
         input,
     ]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    // Denied: its own exit status, so a script tells allow from deny.
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
     let run: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(run["output"]["decision"], "deny", "{run}");
+    // Admitted: 0.
+    let own = r#"{"pod": {"namespace": "team-a", "name": "p"},
+                  "selections": [{"name": "net", "namespace": "team-a"}]}"#;
+    let out = plexus(&[
+        "hook",
+        "run",
+        wasm.to_str().unwrap(),
+        "--kind=policy",
+        "--input",
+        own,
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(run["output"]["decision"], "admit", "{run}");
+    // A kind the module does not implement: an error (1) that says so.
+    let out = plexus(&[
+        "hook",
+        "run",
+        wasm.to_str().unwrap(),
+        "--kind=resolver",
+        "--input",
+        r#"{"pod": {"namespace": "a", "name": "p"}, "selection": {"name": "n", "namespace": "a"}}"#,
+    ]);
+    assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
+    assert!(
+        text(&out.stderr).contains("implements policy only, not resolver"),
+        "{}",
+        text(&out.stderr)
+    );
+    assert!(out.stdout.is_empty());
 
     // Input without what the kind needs, or without a pod, is a usage mistake naming it.
     for (input, named) in [

@@ -1014,6 +1014,12 @@ fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
     );
     let trap = w.push("test-trap", "vendor/trap:v1", Some(&w.trusted.0));
     let endless = w.push("test-endless-loop", "vendor/endless:v1", Some(&w.trusted.0));
+    // Built with the SDK's export!(policy: ...): it exports the resolver interface too (a pass-through).
+    let sdk_policy = w.push(
+        "namespace-isolation",
+        "vendor/isolation:v1",
+        Some(&w.trusted.0),
+    );
     w.hook("labels", &labels, &["app"], json!({}));
     let daemon = w.daemon(&[]);
     w.wait(&daemon, "the good hook active", |w| {
@@ -1034,6 +1040,12 @@ fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
         &[],
         json!({"kind": "policy", "order": 3, "timeoutMs": 100}),
     );
+    w.hook(
+        "sdk-wrong-kind",
+        &sdk_policy,
+        &[],
+        json!({"kind": "resolver", "order": 5}),
+    );
     // Denies every pod it sees, but sees only namespace other: a deny is an answer, so it is active.
     w.hook(
         "denier",
@@ -1046,12 +1058,23 @@ fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
             .map(|s| s["reason"].as_str().unwrap().to_string())
     };
     let failed = w.wait_adding(&daemon, "every hook reported", |w| {
-        ["wrong-kind", "trap", "endless", "denier"]
+        ["wrong-kind", "trap", "endless", "denier", "sdk-wrong-kind"]
             .iter()
             .all(|n| reason(w, n).is_some())
     });
     assert_eq!(failed, 0, "ADDs failed while bad hooks were applied");
     assert_eq!(reason(&w, "wrong-kind").unwrap(), "KindMismatch");
+    // The SDK's policy hook as a resolver would resolve nothing and enforce nothing: refused, never Active.
+    assert_eq!(reason(&w, "sdk-wrong-kind").unwrap(), "KindMismatch");
+    let message = w.node_status("sdk-wrong-kind").unwrap()["message"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        message.contains("spec.kind is resolver")
+            && message.contains("declares that it implements policy only"),
+        "{message}"
+    );
     assert_eq!(reason(&w, "trap").unwrap(), "FailedProbe");
     assert_eq!(reason(&w, "endless").unwrap(), "FailedProbe");
     assert_eq!(reason(&w, "denier").unwrap(), "Active");
@@ -1095,6 +1118,7 @@ fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
         .collect();
     for (hook, why) in [
         ("wrong-kind", "KindMismatch"),
+        ("sdk-wrong-kind", "KindMismatch"),
         ("trap", "FailedProbe"),
         ("endless", "FailedProbe"),
     ] {
@@ -1217,4 +1241,106 @@ fn trust_follows_the_keys() {
     assert_eq!(s["active"], false, "{s}");
     assert!(w.set().hooks.is_empty());
     assert_eq!(w.add_labels("c2"), Value::Null);
+}
+
+/// What a vendor or operator gets wrong on the way, answered with what to do: a plain-HTTP registry named without
+/// `--insecure-registry` (push, verify, and the node agent's PullFailed say to name it), and a node agent whose
+/// Node does not exist (it logs why it waits once, `plexus status` shows it, and it goes on once the Node exists).
+#[test]
+fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
+    let w = world();
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    let tagged = format!("{}/vendor/labels:v1", w.registry.addr);
+    let hint = format!("--insecure-registry {}", w.registry.addr);
+    let push = Command::new(plexus_bin())
+        .args(["hook", "push"])
+        .arg(guest_wasm("status-labels"))
+        .arg(&tagged)
+        .output()
+        .unwrap();
+    let verify = Command::new(plexus_bin())
+        .args(["hook", "verify", &tagged, "--key"])
+        .arg(&w.trusted.1)
+        .output()
+        .unwrap();
+    for (what, out) in [("push", push), ("verify", verify)] {
+        assert_eq!(out.status.code(), Some(1), "{what}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains(&hint), "{what}: {stderr}");
+    }
+    w.hook("labels", &reference, &["app"], json!({}));
+
+    // The agent of a node whose Node is not there yet.
+    let late = "node-late";
+    let log = w.sb.path("late.log");
+    let daemon = NodeDaemon::start(
+        late,
+        &w.sb.path("daemon.kubeconfig"),
+        &w.sb.path("run-late/daemon.sock"),
+        &w.sb.path("cache-late"),
+        &log,
+        &[
+            "--hook-key",
+            w.trusted.1.to_str().unwrap(),
+            "--insecure-registry",
+            &w.registry.addr,
+        ],
+    );
+    let status = || -> Value {
+        let out = Command::new(plexus_bin())
+            .args(["status", "--json", "--socket"])
+            .arg(w.sb.path("run-late/daemon.sock"))
+            .arg("--cache-dir")
+            .arg(w.sb.path("cache-late"))
+            .output()
+            .unwrap();
+        serde_json::from_slice(&out.stdout).unwrap_or_default()
+    };
+    let waits = |s: &Value| {
+        s["problems"].as_array().into_iter().flatten().any(|p| {
+            p.as_str()
+                .is_some_and(|p| p.contains("hook agent: there is no Node named node-late"))
+        })
+    };
+    w.wait(&daemon, "plexus status naming the missing Node", |_| {
+        waits(&status())
+    });
+    // Logged once, however long it waits.
+    std::thread::sleep(Duration::from_secs(2));
+    let logged = || {
+        std::fs::read_to_string(&log)
+            .unwrap()
+            .matches("the hook agent waits")
+            .count()
+    };
+    assert_eq!(logged(), 1, "{}", std::fs::read_to_string(&log).unwrap());
+    w.api
+        .create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": late}}));
+    let report = || {
+        let (code, text) = w
+            .api
+            .request("GET", &format!("{NODE_REPORTS}/{late}"), None)
+            .unwrap();
+        (code == 200).then(|| serde_json::from_str::<Value>(&text).unwrap())
+    };
+    w.wait(&daemon, "the late node's hook Active", |_| {
+        report().is_some_and(|r| r["status"]["hooks"][0]["reason"] == "Active")
+    });
+    assert!(!waits(&status()), "{}", status());
+    drop(daemon);
+
+    // An agent told nothing of the plain-HTTP registry: PullFailed, and the message says which flag.
+    let daemon = NodeDaemon::start(
+        NODE,
+        &w.sb.path("daemon.kubeconfig"),
+        &w.sb.path("run/daemon.sock"),
+        &w.sb.path("cache"),
+        &w.sb.path("plain.log"),
+        &["--hook-key", w.trusted.1.to_str().unwrap()],
+    );
+    w.wait(&daemon, "PullFailed naming --insecure-registry", |w| {
+        w.node_status("labels").is_some_and(|s| {
+            s["reason"] == "PullFailed" && s["message"].as_str().unwrap().contains(&hint)
+        })
+    });
 }

@@ -144,8 +144,10 @@ pub fn settings<T: serde::de::DeserializeOwned>() -> Result<T, Error> {
 
 /// Exports hook types as the component's `policy`, `resolver` and `status` interfaces.
 ///
-/// Name each kind the component implements with the type implementing it; kinds not named export a
-/// pass-through (admit / unchanged / unchanged):
+/// Name each kind the component implements with the type implementing it. The component declares exactly
+/// those kinds (in its `plexus:hooks/kinds` custom section): `plexus hook inspect` lists them, and the host
+/// refuses the component for any other kind (a node reports such a NetworkHook as `KindMismatch`). The kinds not
+/// named are still exported, as pass-throughs (admit / unchanged / unchanged) that the host never calls:
 ///
 /// ```ignore
 /// plexus_sdk::export!(policy: MyPolicy);
@@ -157,6 +159,14 @@ pub fn settings<T: serde::de::DeserializeOwned>() -> Result<T, Error> {
 macro_rules! export {
     ($($kind:ident : $ty:ty),+ $(,)?) => {
         $( $crate::__check_kind!($kind); )+
+
+        /// The kinds this component implements, as the host reads them.
+        #[cfg(target_arch = "wasm32")]
+        #[doc(hidden)]
+        #[link_section = "plexus:hooks/kinds"]
+        #[used]
+        pub static __PLEXUS_HOOK_KINDS: [u8; $crate::__private::kinds_len(&[$(stringify!($kind)),+])] =
+            $crate::__private::kinds(&[$(stringify!($kind)),+]);
 
         #[doc(hidden)]
         pub struct __PlexusHooks;
@@ -241,6 +251,38 @@ macro_rules! __pick {
 pub mod __private {
     pub use crate::glue::{policy_check, resolver_resolve, status_shape};
     pub use wit_bindgen;
+
+    /// The length of `names` joined by commas.
+    pub const fn kinds_len(names: &[&str]) -> usize {
+        let mut len = 0;
+        let mut i = 0;
+        while i < names.len() {
+            len += names[i].len() + if i > 0 { 1 } else { 0 };
+            i += 1;
+        }
+        len
+    }
+
+    /// `names` joined by commas, the content of the `plexus:hooks/kinds` custom section.
+    pub const fn kinds<const N: usize>(names: &[&str]) -> [u8; N] {
+        let mut out = [0u8; N];
+        let (mut at, mut i) = (0, 0);
+        while i < names.len() {
+            if i > 0 {
+                out[at] = b',';
+                at += 1;
+            }
+            let name = names[i].as_bytes();
+            let mut j = 0;
+            while j < name.len() {
+                out[at] = name[j];
+                at += 1;
+                j += 1;
+            }
+            i += 1;
+        }
+        out
+    }
 
     /// Stands in for the kinds a component does not implement.
     pub struct Passthrough;

@@ -25,9 +25,12 @@ use std::path::{Path, PathBuf};
 use wasmtime::component::Component;
 use wasmtime::Engine;
 
-/// The trailer after the wasmtime artifact: magic, artifact length (u64 LE).
-const MAGIC: &[u8; 8] = b"PLXHOOK4";
-const TRAILER: usize = 8 + 8;
+use crate::declared::Declared;
+
+/// The trailer after the wasmtime artifact: the component's declared kinds (one byte, [`Declared`]), magic,
+/// artifact length (u64 LE).
+const MAGIC: &[u8; 8] = b"PLXHOOK5";
+const TRAILER: usize = 1 + 8 + 8;
 
 /// Where a loaded component's machine code came from.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -121,8 +124,8 @@ fn artifact_name(engine: &Engine, sha256: &str) -> String {
     format!("{sha256}-{}.cwasm", engine_hash(engine))
 }
 
-/// Checks the trailer of an artifact file of `len` bytes: reads only its last bytes.
-fn check_artifact(file: &fs::File, len: usize) -> Result<(), String> {
+/// Checks the trailer of an artifact file of `len` bytes (reads only its last bytes); the kinds it declares.
+fn check_artifact(file: &fs::File, len: usize) -> Result<Declared, String> {
     use std::os::unix::fs::FileExt;
     if len < TRAILER {
         return Err("not a plexus hook artifact (too short)".into());
@@ -130,20 +133,20 @@ fn check_artifact(file: &fs::File, len: usize) -> Result<(), String> {
     let mut trailer = [0u8; TRAILER];
     file.read_exact_at(&mut trailer, (len - TRAILER) as u64)
         .map_err(|e| format!("cannot read: {e}"))?;
-    if &trailer[..8] != MAGIC {
+    if &trailer[1..9] != MAGIC {
         return Err("not a plexus hook artifact".into());
     }
-    let stored_len = u64::from_le_bytes(trailer[8..16].try_into().expect("8 bytes"));
+    let stored_len = u64::from_le_bytes(trailer[9..17].try_into().expect("8 bytes"));
     let payload = (len - TRAILER) as u64;
     if stored_len != payload {
         return Err(format!(
             "length mismatch ({payload} bytes, trailer says {stored_len}: truncated or corrupted)"
         ));
     }
-    Ok(())
+    Ok(Declared::from_byte(trailer[0]))
 }
 
-fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
+fn read_artifact(engine: &Engine, path: &Path) -> Result<(Component, Declared), String> {
     let file = fs::OpenOptions::new()
         .read(true)
         .custom_flags(o_nofollow())
@@ -156,7 +159,7 @@ fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
     if let Some(why) = distrust(&meta) {
         return Err(why);
     }
-    check_artifact(&file, meta.len() as usize)?;
+    let declared = check_artifact(&file, meta.len() as usize)?;
     // SAFETY: wasmtime requires that the file holds what `Component::serialize` of a compatible engine
     // produced, and that it does not change while mapped. The file name carries this engine's compatibility
     // hash, the trailer checked above matches what `write_artifact` stored, and the file and its directory are
@@ -164,7 +167,9 @@ fn read_artifact(engine: &Engine, path: &Path) -> Result<Component, String> {
     // artifacts by rename, never in place. wasmtime maps the file privately and ignores the trailer.
     #[allow(unsafe_code)]
     let component = unsafe { Component::deserialize_file(engine, path) };
-    component.map_err(|e| format!("cannot deserialize: {e:#}"))
+    component
+        .map(|c| (c, declared))
+        .map_err(|e| format!("cannot deserialize: {e:#}"))
 }
 
 fn o_nofollow() -> i32 {
@@ -184,9 +189,9 @@ fn replace_private(path: &Path, bytes: &[&[u8]]) -> std::io::Result<()> {
     f.commit()
 }
 
-fn write_artifact(path: &Path, payload: &[u8]) -> Result<(), String> {
+fn write_artifact(path: &Path, payload: &[u8], declared: Declared) -> Result<(), String> {
     let len = (payload.len() as u64).to_le_bytes();
-    replace_private(path, &[payload, MAGIC, &len])
+    replace_private(path, &[payload, &[declared.to_byte()], MAGIC, &len])
         .map_err(|e| format!("cannot write {}: {e}", path.display()))
 }
 
@@ -201,28 +206,39 @@ pub(crate) enum CacheUse<'a> {
     Dir(&'a Path),
 }
 
+/// A component ready to instantiate, the kinds it declares, and where its machine code came from.
+pub(crate) type Loaded = (Component, Declared, ArtifactSource);
+
 /// Loads the cached artifact of the component with this digest, or compiles the component (its bytes come
-/// from `wasm`, asked only then) and caches the result. `Err` only when the component does not compile.
+/// from `wasm`, asked only then) and caches the result with the kinds it declares. `Err` only when the
+/// component does not compile.
 pub(crate) fn load(
     engine: &Engine,
     sha256: &str,
     wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>,
     cache: CacheUse<'_>,
-) -> Result<(Component, ArtifactSource), String> {
-    let compile = |wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>| -> Result<Component, String> {
-        compile_component(engine, &wasm()?)
+) -> Result<Loaded, String> {
+    let compile = |wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>| {
+        let bytes = wasm()?;
+        let declared = crate::declared::read(&bytes)?;
+        compile_component(engine, &bytes).map(|c| (c, declared))
     };
     let dir = match cache {
         CacheUse::Off => {
-            let c = compile(wasm)?;
+            let (c, declared) = compile(wasm)?;
             return Ok((
                 c,
+                declared,
                 ArtifactSource::CompiledUncached("no cache directory".into()),
             ));
         }
         CacheUse::Unusable(why) => {
-            let c = compile(wasm)?;
-            return Ok((c, ArtifactSource::CompiledUncached(why.to_string())));
+            let (c, declared) = compile(wasm)?;
+            return Ok((
+                c,
+                declared,
+                ArtifactSource::CompiledUncached(why.to_string()),
+            ));
         }
         CacheUse::Dir(dir) => dir,
     };
@@ -230,7 +246,7 @@ pub(crate) fn load(
     let mut refused = None;
     if fs::symlink_metadata(&path).is_ok() {
         match read_artifact(engine, &path) {
-            Ok(c) => return Ok((c, ArtifactSource::Cached)),
+            Ok((c, declared)) => return Ok((c, declared, ArtifactSource::Cached)),
             Err(why) => {
                 tracing::warn!("refusing cached hook artifact {}: {why}", path.display());
                 if let Err(e) = fs::remove_file(&path) {
@@ -243,14 +259,17 @@ pub(crate) fn load(
     // Compiled straight to the artifact's bytes, written, and then mapped like any cached artifact: the
     // compiled code is never held twice (as a loaded component and as its serialization), which kept the peak
     // memory of an ADD that compiles its hooks several MiB higher.
-    let payload = precompile(engine, &wasm()?)?;
-    let written = write_artifact(&path, &payload);
+    let bytes = wasm()?;
+    let declared = crate::declared::read(&bytes)?;
+    let payload = precompile(engine, &bytes)?;
+    drop(bytes);
+    let written = write_artifact(&path, &payload, declared);
     if written.is_ok() {
         drop(payload);
         match read_artifact(engine, &path) {
-            Ok(c) => {
+            Ok((c, declared)) => {
                 let source = refused.map_or(ArtifactSource::Compiled, ArtifactSource::Recompiled);
-                return Ok((c, source));
+                return Ok((c, declared, source));
             }
             Err(why) => return Err(format!("the artifact just written is unusable: {why}")),
         }
@@ -260,7 +279,7 @@ pub(crate) fn load(
     // SAFETY: `payload` is what `precompile_component` of this very engine returned a moment ago.
     #[allow(unsafe_code)]
     let c = unsafe { Component::deserialize(engine, &payload) }.map_err(|e| format!("{e:#}"))?;
-    Ok((c, ArtifactSource::CompiledUncached(why)))
+    Ok((c, declared, ArtifactSource::CompiledUncached(why)))
 }
 
 /// Whether loading may compile a component that has no compiled artifact in the cache.

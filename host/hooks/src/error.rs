@@ -77,6 +77,18 @@ pub enum LoadError {
     Compile { path: PathBuf, reason: String },
     #[error("{} does not export {interface}", path.display())]
     MissingExport { path: PathBuf, interface: String },
+    /// The component declares the kinds it implements, and this is not one of them (the interface it exports
+    /// for it is the SDK's pass-through).
+    #[error(
+        "{} implements {} only, not {kind} (the kinds it declares; its other exports pass everything through)",
+        path.display(),
+        crate::declared::names(declared)
+    )]
+    KindNotImplemented {
+        path: PathBuf,
+        kind: crate::HookKind,
+        declared: Vec<crate::HookKind>,
+    },
     #[error("{} needs imports plexus does not provide: {reason}", path.display())]
     Link { path: PathBuf, reason: String },
 }

@@ -7,6 +7,7 @@
 
 mod cache;
 mod convert;
+pub mod declared;
 mod engine;
 mod error;
 mod sandbox;
@@ -77,8 +78,11 @@ pub struct Inspection {
     /// Every export and import of the component, by name.
     pub exports: Vec<String>,
     pub imports: Vec<String>,
-    /// The hook kinds it serves (its `plexus:hooks/<kind>` exports this host understands).
+    /// The hook kinds it serves: its `plexus:hooks/<kind>` exports this host understands, and of those only the
+    /// ones it declares when it declares any ([`declared`]).
     pub kinds: Vec<HookKind>,
+    /// Whether it declares its kinds (the SDK's components do); without a declaration every export serves.
+    pub declares_kinds: bool,
     /// Versions of the `plexus:hooks` package it was built against.
     pub wit_versions: Vec<String>,
 }
@@ -269,7 +273,7 @@ impl Hooks {
             Some(Err(why)) => cache::CacheUse::Unusable(why),
             Some(Ok(d)) => cache::CacheUse::Dir(d),
         };
-        let mut components: HashMap<String, Component> = HashMap::new();
+        let mut components: HashMap<String, (Component, declared::Declared)> = HashMap::new();
         let mut hooks = Vec::new();
         let mut artifacts = Vec::new();
         for spec in specs {
@@ -302,7 +306,7 @@ impl Hooks {
                     }));
                 }
             }
-            let component = match components.get(&sha) {
+            let (component, declared) = match components.get(&sha) {
                 Some(c) => c.clone(),
                 None => {
                     // The bytes are needed only to compile; when the digest came from the index they are read
@@ -329,8 +333,8 @@ impl Hooks {
                         }
                         Ok(b)
                     };
-                    let (c, source) =
-                        cache::load(&engine, &sha, &mut wasm, cache_use).map_err(|reason| {
+                    let (c, declared, source) = cache::load(&engine, &sha, &mut wasm, cache_use)
+                        .map_err(|reason| {
                             load_err(LoadError::Compile {
                                 path: spec.module.clone(),
                                 reason,
@@ -344,10 +348,17 @@ impl Hooks {
                         source,
                         elapsed: start.elapsed(),
                     });
-                    components.insert(sha.clone(), c.clone());
-                    c
+                    components.insert(sha.clone(), (c.clone(), declared));
+                    (c, declared)
                 }
             };
+            if !declared.allows(spec.kind) {
+                return Err(load_err(LoadError::KindNotImplemented {
+                    path: spec.module.clone(),
+                    kind: spec.kind,
+                    declared: declared.kinds().unwrap_or_default(),
+                }));
+            }
             let pre = linker.instantiate_pre(&component).map_err(|e| {
                 load_err(LoadError::Link {
                     path: spec.module.clone(),
@@ -703,7 +714,7 @@ pub fn compile(path: &Path, cache_dir: &Path) -> Result<Artifact, LoadError> {
             .take()
             .ok_or_else(|| "component read twice".to_string())
     };
-    let (_, source) =
+    let (_, _, source) =
         cache::load(&engine, &sha, &mut wasm, cache_use).map_err(|reason| LoadError::Compile {
             path: path.to_path_buf(),
             reason,
@@ -737,11 +748,13 @@ pub fn inspect(path: &Path) -> Result<Inspection, LoadError> {
         .collect();
     wit_versions.sort();
     wit_versions.dedup();
+    let declared = declared::read(&bytes).map_err(compile_err)?;
     let kinds = HookKind::ALL
         .into_iter()
-        .filter(|k| exports.iter().any(|e| k.exported_as(e)))
+        .filter(|k| exports.iter().any(|e| k.exported_as(e)) && declared.allows(*k))
         .collect();
     Ok(Inspection {
+        declares_kinds: declared.kinds().is_some(),
         path: path.to_path_buf(),
         size: bytes.len() as u64,
         sha256: sha,

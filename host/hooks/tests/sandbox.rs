@@ -575,7 +575,16 @@ fn missing_or_invalid_modules_name_the_hook() {
 #[test]
 fn inspect_reports_exports_and_wit_version() {
     let i = plexus_hooks::inspect(&guest("status-labels")).unwrap();
-    assert_eq!(i.kinds, HookKind::ALL.to_vec());
+    // Built with the SDK's `export!(status: ...)`: it exports all three interfaces, and declares status alone.
+    assert_eq!(i.kinds, vec![HookKind::Status]);
+    assert!(i.declares_kinds);
+    for kind in HookKind::ALL {
+        assert!(
+            i.exports.iter().any(|e| kind.exported_as(e)),
+            "{kind}: {:?}",
+            i.exports
+        );
+    }
     assert_eq!(i.wit_versions, vec![plexus_hooks::WIT_VERSION.to_string()]);
     assert!(
         i.imports
@@ -692,4 +701,65 @@ fn exports_of_other_patch_versions_serve_and_other_minors_do_not() {
     assert!(!HookKind::Policy.exported_as("plexus:hooks/policy@0.1.0-rc1"));
     assert!(!HookKind::Policy.exported_as("plexus:hooks/status@0.1.0"));
     assert!(!HookKind::Policy.exported_as("plexus:hooks/policy"));
+}
+
+/// An SDK-built policy hook exports the resolver and status interfaces as pass-throughs; it declares policy alone,
+/// and is refused as anything else, whether compiled now or loaded from the cache's artifact (where the CNI plugin,
+/// which cannot read the component, finds the declaration).
+#[test]
+fn an_sdk_hook_is_refused_for_a_kind_it_does_not_declare() {
+    let module = guest("namespace-isolation");
+    let i = plexus_hooks::inspect(&module).unwrap();
+    assert_eq!(i.kinds, vec![HookKind::Policy]);
+    assert!(i.declares_kinds);
+    // Several kinds named in export! are all declared.
+    assert_eq!(
+        plexus_hooks::inspect(&guest("test-bad-output"))
+            .unwrap()
+            .kinds,
+        HookKind::ALL.to_vec()
+    );
+    // A component written against the WIT directly declares nothing: its exports are its kinds.
+    assert!(
+        !plexus_hooks::inspect(&guest("test-policy-only"))
+            .unwrap()
+            .declares_kinds
+    );
+
+    let refused = |err: HookError| match err {
+        HookError::Load {
+            error: LoadError::KindNotImplemented { kind, declared, .. },
+            ..
+        } => (kind, declared),
+        other => panic!("expected KindNotImplemented, got {other}"),
+    };
+    let as_resolver = HookSpec::new("isolation", HookKind::Resolver, &module);
+    let err = Hooks::load_uncached(std::slice::from_ref(&as_resolver)).unwrap_err();
+    assert!(
+        err.to_string()
+            .contains("implements policy only, not resolver"),
+        "{err}"
+    );
+    assert_eq!(refused(err), (HookKind::Resolver, vec![HookKind::Policy]));
+
+    let cache = tempfile::tempdir().unwrap();
+    // Compiled into the cache as a policy hook (what `plexus hook compile` leaves for the CNI plugin) ...
+    let policy = HookSpec::new("isolation", HookKind::Policy, &module);
+    let hooks = Hooks::load(std::slice::from_ref(&policy), cache.path()).unwrap();
+    assert_eq!(
+        hooks.artifacts()[0].source,
+        plexus_hooks::ArtifactSource::Compiled
+    );
+    // ... then loaded from that artifact without its bytes, as another kind: refused all the same.
+    let mut cached = HookSpec::new("isolation", HookKind::Status, &module);
+    cached.precompiled = true;
+    cached.sha256 = Some(i.sha256.clone());
+    let err = Hooks::load(std::slice::from_ref(&cached), cache.path()).unwrap_err();
+    assert_eq!(refused(err), (HookKind::Status, vec![HookKind::Policy]));
+    cached.kind = HookKind::Policy;
+    let hooks = Hooks::load(std::slice::from_ref(&cached), cache.path()).unwrap();
+    assert_eq!(
+        hooks.artifacts()[0].source,
+        plexus_hooks::ArtifactSource::Cached
+    );
 }

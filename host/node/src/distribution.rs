@@ -747,8 +747,22 @@ fn registry_err(reference: &Reference, e: &OciDistributionError) -> DistError {
         },
         _ => DistError::Registry {
             reference: reference.whole(),
-            reason: plexus_cluster::error_chain(e),
+            reason: with_plain_http_hint(reference, plexus_cluster::error_chain(e)),
         },
+    }
+}
+
+/// A TLS handshake answered by a plain-HTTP server fails with a message about the record type (rustls:
+/// "received corrupt message of type InvalidContentType"); the reason then says what to do.
+fn with_plain_http_hint(reference: &Reference, reason: String) -> String {
+    if reason.contains("InvalidContentType") || reason.contains("corrupt message") {
+        format!(
+            "{reason} (the registry answers plain HTTP, not HTTPS: if that is intended, name it with \
+             --insecure-registry {})",
+            reference.registry()
+        )
+    } else {
+        reason
     }
 }
 

@@ -15,7 +15,12 @@ const RUN_INPUT: &str = "\
   resolver  {\"pod\": POD, \"selection\": SELECTION, \"nad\": NAD?, \"config\": CONFIG?}
   status    {\"pod\": POD, \"entries\": [STATUS-ENTRY, ...]}
   POD       {\"namespace\": .., \"name\": .., \"uid\"?: .., \"labels\"?: {..}, \"annotations\"?: {..}}
-JSON arguments are inline or @FILE.";
+JSON arguments are inline or @FILE.
+Exit status: 0 when the policy admits (or rewrites) and for a resolver's or status hook's output, 3 when the
+policy denies, 1 when the hook fails (error, trap, timeout, a module without KIND), 2 for bad arguments.";
+
+/// `plexus hook run`'s exit status when the policy denies (0 admits, 1 is an error, 2 bad arguments).
+pub const RUN_DENIED: u8 = 3;
 
 use plexus_cni::conf::DEFAULT_CACHE_DIR;
 
@@ -187,7 +192,12 @@ pub fn main(args: HookArgs) -> u8 {
     match result {
         Ok(out) => {
             println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
-            0
+            // Only `hook run` has a decision; a script tells allow from deny by the status.
+            if out["output"]["decision"] == "deny" {
+                RUN_DENIED
+            } else {
+                0
+            }
         }
         Err(CliError::Usage(msg)) => {
             eprintln!("plexus hook: {msg}");
@@ -227,6 +237,7 @@ fn inspect(file: &Path) -> Result<Value, CliError> {
         "witVersions": i.wit_versions,
         "hostWitVersion": plexus_hooks::WIT_VERSION,
         "kinds": i.kinds,
+        "kindsDeclared": i.declares_kinds,
         "exports": i.exports,
         "imports": i.imports,
     }))

@@ -182,6 +182,9 @@ fn hooks(
             Vec::new()
         }
     };
+    if let Some(why) = health.and_then(|h| h.hook_agent_waiting.as_ref()) {
+        problems.push(format!("hook agent: {why}"));
+    }
     for h in health.map(|h| h.hooks.as_slice()).unwrap_or_default() {
         // The set names cluster hooks after their resource, with a prefix.
         let set_name = format!("{}{}", plexus_cni::hooks::CLUSTER_HOOK_PREFIX, h.name);

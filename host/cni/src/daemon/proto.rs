@@ -128,6 +128,10 @@ pub struct DaemonHealth {
     /// Each NetworkHook's state on this node, as the node agent last knew it (absent from older daemons).
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hooks: Vec<HookHealth>,
+    /// Why the node agent cannot decide which NetworkHooks this node runs, while it cannot (its Node object
+    /// is missing or unreadable).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hook_agent_waiting: Option<String>,
 }
 
 /// One NetworkHook's state on the node.
@@ -155,6 +159,7 @@ impl DaemonHealth {
             status_writes: 0,
             pending_writes: 0,
             hooks: Vec::new(),
+            hook_agent_waiting: None,
         }
     }
 

@@ -255,11 +255,16 @@ fn watch_node(
         .fields(&format!("metadata.name={}", settings.node))
         .timeout(settings.watch_timeout_secs);
     let stream = watcher::watcher(Api::<Node>::all(client.clone()), config).default_backoff();
+    let waiting = NodeWait {
+        node: settings.node.clone(),
+        why: settings.states.waiting.clone(),
+    };
     async move {
         let mut stream = std::pin::pin!(stream);
         while let Some(item) = stream.next().await {
             match item {
                 Ok(Event::Apply(n) | Event::InitApply(n)) => {
+                    waiting.set(None);
                     // kubelet updates its Node often; only a change of labels (or a new Node) matters here.
                     let uid = n.metadata.uid.unwrap_or_default();
                     let seen = Some((n.metadata.labels.unwrap_or_default(), uid));
@@ -269,10 +274,50 @@ fn watch_node(
                         changed.schedule(());
                     }
                 }
+                Ok(Event::InitDone) if inputs.lock().expect("inputs").node.is_none() => {
+                    waiting.set(Some(waiting.missing()));
+                }
+                Ok(Event::Delete(_)) => {
+                    inputs.lock().expect("inputs").node = None;
+                    waiting.set(Some(waiting.missing()));
+                }
                 Ok(_) => {}
-                Err(e) => tracing::warn!(watch = "node", error = %e, "watch failed; retrying"),
+                Err(e) => {
+                    tracing::warn!(watch = "node", error = %e, "watch failed; retrying");
+                    if inputs.lock().expect("inputs").node.is_none() {
+                        waiting.set(Some(format!("cannot read its Node {}: {e}", waiting.node)));
+                    }
+                }
             }
         }
+    }
+}
+
+/// Why the agent waits for its Node, kept for `plexus status` and logged once per change.
+struct NodeWait {
+    node: String,
+    why: Arc<Mutex<Option<String>>>,
+}
+
+impl NodeWait {
+    fn missing(&self) -> String {
+        format!(
+            "there is no Node named {0}: NetworkHooks are selected by its labels, so none is set up on this node \
+             until it exists (is {0}, from --node-name or NODE_NAME, the Node's name?)",
+            self.node
+        )
+    }
+
+    fn set(&self, why: Option<String>) {
+        let mut now = self.why.lock().unwrap_or_else(|e| e.into_inner());
+        if *now == why {
+            return;
+        }
+        match &why {
+            Some(why) => tracing::warn!(node = %self.node, "the hook agent waits: {why}"),
+            None => tracing::info!(node = %self.node, "the hook agent sees its Node"),
+        }
+        *now = why;
     }
 }
 
@@ -747,6 +792,7 @@ impl Agent {
         *self
             .settings
             .states
+            .hooks
             .lock()
             .unwrap_or_else(|e| e.into_inner()) = reports
             .iter()
@@ -852,7 +898,7 @@ fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
     let hooks = match Hooks::load(std::slice::from_ref(entry), cache_dir) {
         Ok(h) => h,
         Err(HookError::Load {
-            error: LoadError::MissingExport { .. },
+            error: LoadError::MissingExport { .. } | LoadError::KindNotImplemented { .. },
             ..
         }) => return Err(export_mismatch(entry)),
         Err(HookError::Load {
@@ -916,13 +962,14 @@ fn export_mismatch(entry: &HookSpec) -> Failure {
         Ok(i) if !i.kinds.is_empty() => Failure::new(
             Reason::KindMismatch,
             format!(
-                "spec.kind is {} but the module exports {} only, not {wanted}",
+                "spec.kind is {} but the module {} {} only, not {wanted}",
                 entry.kind,
-                i.kinds
-                    .iter()
-                    .map(|k| k.to_string())
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                if i.declares_kinds {
+                    "declares that it implements"
+                } else {
+                    "exports"
+                },
+                plexus_hooks::declared::names(&i.kinds)
             ),
         ),
         Ok(i) if !i.wit_versions.is_empty() => Failure::new(

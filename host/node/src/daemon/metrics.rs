@@ -98,8 +98,26 @@ pub struct HookStateLabels {
     pub state: String,
 }
 
-/// What the node agent last knew of each NetworkHook for this node, by name.
-pub type HookStates = Arc<Mutex<BTreeMap<String, plexus_cni::daemon::proto::HookHealth>>>;
+/// What the node agent last knew of each NetworkHook for this node, by name, and why it waits when it cannot
+/// decide (its Node is missing or unreadable).
+#[derive(Debug, Clone, Default)]
+pub struct HookStates {
+    pub hooks: Arc<Mutex<BTreeMap<String, plexus_cni::daemon::proto::HookHealth>>>,
+    pub waiting: Arc<Mutex<Option<String>>>,
+}
+
+impl HookStates {
+    pub fn hooks(&self) -> BTreeMap<String, plexus_cni::daemon::proto::HookHealth> {
+        self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn waiting(&self) -> Option<String> {
+        self.waiting
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+}
 
 /// The state the refreshed gauges are read from at a scrape.
 #[derive(Debug, Clone, Default)]
@@ -226,7 +244,7 @@ impl Metrics {
             }
             self.hook_calls
                 .get_or_create(&HookCallLabels {
-                    hook: bounded_name(&self.hooks_seen, &call.hook),
+                    hook: bounded_hook_name(&self.hooks_seen, &call.hook),
                     kind: call.kind.clone(),
                     outcome: call.outcome.clone(),
                 })
@@ -288,7 +306,8 @@ impl Metrics {
         for (hook, h) in &s.hooks {
             self.hook_module_state
                 .get_or_create(&HookStateLabels {
-                    hook: hook.clone(),
+                    // The name its calls are counted under.
+                    hook: format!("{}{hook}", plexus_cni::hooks::CLUSTER_HOOK_PREFIX),
                     state: h.reason.clone(),
                 })
                 .set(1);
@@ -384,14 +403,35 @@ impl Reg {
 /// `name` when it is a plausible name (a plugin type, a hook's name) and one of the first [`MAX_PLUGINS`]
 /// distinct ones seen; `other` otherwise.
 fn bounded_name(seen: &Mutex<std::collections::HashSet<String>>, name: &str) -> String {
-    let valid = !name.is_empty()
-        && name.len() <= 64
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'));
+    if !plain_name(name, 64) {
+        return "other".into();
+    }
+    first_seen(seen, name)
+}
+
+/// A hook's name as its calls run under it: a conf hook's `name`, or `networkhook/<NetworkHook name>` (an
+/// object name, up to 253 characters), bounded as [`bounded_name`] bounds.
+fn bounded_hook_name(seen: &Mutex<std::collections::HashSet<String>>, name: &str) -> String {
+    let valid = match name.strip_prefix(plexus_cni::hooks::CLUSTER_HOOK_PREFIX) {
+        Some(object) => plain_name(object, 253),
+        None => plain_name(name, 64),
+    };
     if !valid {
         return "other".into();
     }
+    first_seen(seen, name)
+}
+
+fn plain_name(name: &str, max: usize) -> bool {
+    !name.is_empty()
+        && name.len() <= max
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// `name` while fewer than [`MAX_PLUGINS`] distinct names were seen (or it is one of them); `other` after.
+fn first_seen(seen: &Mutex<std::collections::HashSet<String>>, name: &str) -> String {
     let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
     if seen.contains(name) || seen.len() < MAX_PLUGINS {
         seen.insert(name.to_string());
@@ -775,7 +815,7 @@ mod tests {
         assert_eq!(
             sample(
                 &text,
-                "plexus_hook_module_state{hook=\"templates\",state=\"SignatureInvalid\"}"
+                "plexus_hook_module_state{hook=\"networkhook/templates\",state=\"SignatureInvalid\"}"
             ),
             Some(1.0)
         );
@@ -788,7 +828,7 @@ mod tests {
         assert_eq!(
             sample(
                 &text,
-                "plexus_hook_module_state{hook=\"templates\",state=\"SignatureInvalid\"}"
+                "plexus_hook_module_state{hook=\"networkhook/templates\",state=\"SignatureInvalid\"}"
             ),
             None,
             "{text}"
@@ -796,7 +836,7 @@ mod tests {
         assert_eq!(
             sample(
                 &text,
-                "plexus_hook_module_state{hook=\"templates\",state=\"Active\"}"
+                "plexus_hook_module_state{hook=\"networkhook/templates\",state=\"Active\"}"
             ),
             Some(1.0)
         );
@@ -923,6 +963,37 @@ mod tests {
             get("plexus_cni_operation_duration_seconds_bucket{le=\"+Inf\",command=\"ADD\"}"),
             2.0
         );
+    }
+
+    /// A NetworkHook's calls are counted under the name they run under (`networkhook/<name>`, an object name of
+    /// up to 253 characters), as its module state is; a name that is not one counts as `other`.
+    #[test]
+    fn cluster_hooks_are_counted_under_their_names() {
+        use plexus_cni::daemon::proto::{HookCall, Report};
+        let m = Metrics::new();
+        let long = format!("networkhook/deny-forbidden.{}", "x".repeat(100));
+        let call = |hook: &str| HookCall {
+            hook: hook.into(),
+            kind: "policy".into(),
+            outcome: "deny".into(),
+        };
+        m.record(&Report {
+            command: "ADD".into(),
+            result: "7".into(),
+            seconds: 0.1,
+            delegates: vec![],
+            hooks: vec![call(&long), call("networkhook/Not_A/Name")],
+        });
+        let text = to_classic(&m.openmetrics());
+        let get = |s: &str| sample(&text, s).unwrap_or_else(|| panic!("{s}:\n{text}"));
+        let calls = |hook: &str| {
+            get(&format!(
+                "plexus_hook_calls_total{{hook=\"{hook}\",kind=\"policy\",outcome=\"deny\"}}"
+            ))
+        };
+        assert_eq!(calls(&long), 1.0);
+        assert_eq!(calls("other"), 1.0);
+        assert!(!text.contains("Not_A"), "{text}");
     }
 
     #[test]

@@ -348,13 +348,8 @@ fn health(state: &NodeState) -> Answer {
         })
         .get();
     h.pending_writes = state.pending_writes();
-    h.hooks = state
-        .hook_states
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .cloned()
-        .collect();
+    h.hooks = state.hook_states.hooks().into_values().collect();
+    h.hook_agent_waiting = state.hook_states.waiting();
     Answer::Health(h)
 }
 

@@ -183,11 +183,7 @@ impl NodeState {
             nads: cache.nads,
             pod_lists: cache.pod_lists,
             nad_lists: cache.nad_lists,
-            hooks: self
-                .hook_states
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone(),
+            hooks: self.hook_states.hooks(),
         }
     }
 
