@@ -678,6 +678,32 @@ fn a_connection_carries_requests_in_turn_and_a_non_request_ends_it() {
     let mut writer = stream;
     writer.write_all(b"{\"not\": \"a request\"}\n").unwrap();
     assert_eq!(line(&mut reader), "");
+
+    // A CNI process sends its report and exits without reading the answer: the daemon's next read meets a reset
+    // connection. That is how every daemon-mode invocation ends, not a fault: no warning.
+    let report = Request::Report {
+        report: plexus_cni::daemon::proto::Report {
+            command: "ADD".into(),
+            result: "success".into(),
+            seconds: 0.01,
+            delegates: vec![],
+            hooks: vec![],
+        },
+    };
+    for _ in 0..5 {
+        let mut stream = std::os::unix::net::UnixStream::connect(&d.socket).unwrap();
+        let line = format!("{}\n", serde_json::to_string(&report).unwrap());
+        stream.write_all(line.as_bytes()).unwrap();
+        // The answer arrives and stays unread; then the process is gone.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let health = d.health().unwrap();
+    assert!(health.in_flight <= 1, "{health:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let log = std::fs::read_to_string(&d.log).unwrap();
+    // The malformed request above is one; the reports none.
+    assert_eq!(log.matches("bad request").count(), 1, "{log}");
+    assert!(!log.contains("reset by peer"), "{log}");
 }
 
 #[test]

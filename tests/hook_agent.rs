@@ -1344,3 +1344,130 @@ fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
         })
     });
 }
+
+/// The text between two markers of docs/hooks.md, without a code fence around it.
+fn doc_block(doc: &str, begin: &str, end: &str) -> String {
+    let start = doc.find(begin).expect("the begin marker") + begin.len();
+    let len = doc[start..].find(end).expect("the end marker");
+    let block = doc[start..start + len].trim();
+    let block = block.strip_prefix("```sh").expect("a sh block");
+    block
+        .strip_suffix("```")
+        .expect("a closed block")
+        .to_string()
+}
+
+/// docs/hooks.md's walkthrough, run exactly as the page writes it: its hook's code (steps 2 and 3) is the
+/// `pod-prefix` guest, built and tested with the guests; its commands, from the built component to an allowed and
+/// a denied ADD, run in an empty directory against a real API server and a real registry, as root, with only the
+/// page's own variables set (the registry's address, an admin kubeconfig, where the CNI plugins are).
+#[test]
+fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let doc = std::fs::read_to_string(root.join("docs/hooks.md")).unwrap();
+    let guest = std::fs::read_to_string(root.join("guests/pod-prefix/src/lib.rs")).unwrap();
+    let rust_blocks: Vec<&str> = doc
+        .split("```rust\n")
+        .skip(1)
+        .map(|b| b.split("```").next().unwrap())
+        .collect();
+    for needle in [
+        "impl Policy for PodPrefix",
+        "fn only_prefixed_networks_pass",
+    ] {
+        let block = rust_blocks.iter().find(|b| b.contains(needle)).unwrap();
+        assert!(
+            guest.contains(block),
+            "guests/pod-prefix differs from the page's block with {needle}"
+        );
+    }
+    let script = doc_block(
+        &doc,
+        "<!-- walkthrough:begin -->",
+        "<!-- walkthrough:end -->",
+    );
+
+    plexus_tests::netns::require_root_and_plugins();
+    // No controller manager here makes a namespace's default service account, which the ServiceAccount admission
+    // plugin looks up for every pod: it is off (a cluster makes the account as the namespace is created).
+    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.wait_for(HOOKS);
+    let registry = Registry::start();
+    let dir = tempfile::Builder::new()
+        .prefix("plx-walk-")
+        .tempdir()
+        .unwrap();
+    std::fs::copy(guest_wasm("pod-prefix"), dir.path().join("pod-prefix.wasm")).unwrap();
+    let kubeconfig = dir.path().join("admin.kubeconfig");
+    api.write_kubeconfig(&kubeconfig, "admin-token");
+    // The page's fixed names, in case an earlier run was killed half-way.
+    let cleanup = || {
+        for ns in ["demo-web", "demo-db"] {
+            let _ = Command::new("ip")
+                .args(["netns", "del", ns])
+                .stderr(Stdio::null())
+                .status();
+        }
+        for link in ["demo-cluster", "demo-lab-net"] {
+            let _ = Command::new("ip")
+                .args(["link", "del", link])
+                .stderr(Stdio::null())
+                .status();
+        }
+    };
+    cleanup();
+    let path = format!(
+        "{}:{}:{}",
+        plexus_bin().parent().unwrap().display(),
+        plexus_tests::kubelet::kube_bin("kubectl")
+            .parent()
+            .unwrap()
+            .display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = Command::new("timeout")
+        .args(["300", "bash", "-o", "pipefail", "-c", &script])
+        .current_dir(dir.path())
+        .env("PATH", path)
+        .env("REGISTRY", &registry.addr)
+        .env("KUBECONFIG", &kubeconfig)
+        .env("CNI_PATH", plexus_tests::netns::CNI_BIN_DIR)
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    cleanup();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    );
+    let log = std::fs::read_to_string(dir.path().join("daemon.log")).unwrap_or_default();
+    let context = format!("stdout:\n{stdout}\nstderr:\n{stderr}\ndaemon log:\n{log}");
+    assert!(out.status.success(), "the walkthrough failed\n{context}");
+    // Active on the node, the allowed pod with both its interfaces, the denied one told why.
+    assert!(stdout.contains("1 running it"), "{context}");
+    let address = |ifname: &str, subnet: &str| {
+        stdout
+            .lines()
+            .any(|l| l.starts_with(&format!("{ifname}@")) && l.contains(subnet))
+    };
+    assert!(address("eth0", "10.250.0."), "{context}");
+    assert!(address("net1", "10.251.0."), "{context}");
+    assert!(
+        stdout.contains("network prod-net is not allowed"),
+        "{context}"
+    );
+    let pushed: Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("pushed.json")).unwrap()).unwrap();
+    assert_eq!(pushed["networkHook"]["spec"]["kind"], "policy");
+    assert_eq!(pushed["networkHook"]["spec"]["module"], pushed["reference"]);
+    // Its clean-up left nothing: the hook and the node are gone from the API server.
+    assert_eq!(
+        api.request("GET", &format!("{HOOKS}/pod-prefix"), None)
+            .unwrap()
+            .0,
+        404
+    );
+}

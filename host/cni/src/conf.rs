@@ -252,6 +252,14 @@ impl PlexusConf {
     /// The validated conf from stdin parsed by [`stdin_json`]. `in_kubernetes` says whether
     /// `KUBERNETES_SERVICE_HOST` was set (the default source).
     pub fn from_json(value: Value, in_kubernetes: bool) -> Result<Self, PlexusError> {
+        if value.get("plugins").is_some_and(Value::is_array) && value.get("type").is_none() {
+            return Err(PlexusError::config(
+                "plugins",
+                "stdin holds a whole conflist, but a CNI plugin reads one plugin's conf: the runtime hands plexus \
+                 its entry of the list (plugins[0] with the list's cniVersion and name added; by hand: \
+                 jq '.plugins[0] + {cniVersion, name}' LIST)",
+            ));
+        }
         let raw: RawConf = serde_json::from_value(value)
             .map_err(|e| PlexusError::config("plexus configuration", e))?;
         let version_str = raw
@@ -449,6 +457,14 @@ mod tests {
         assert!(
             matches!(&e, PlexusError::Config { field, .. } if field == "clusterNetwork"),
             "{e:?}"
+        );
+        // A whole conflist on stdin says what a plugin reads instead.
+        let list = br#"{"cniVersion":"1.0.0","name":"plexus","plugins":[{"type":"plexus","clusterNetwork":"c"}]}"#;
+        let e = parse(list, false).unwrap_err();
+        assert!(
+            e.to_string().contains("stdin holds a whole conflist")
+                && e.to_string().contains("plugins[0]"),
+            "{e}"
         );
     }
 

@@ -392,12 +392,32 @@ fn push(
         Ok::<_, distribution::DistError>((digest, signed))
     })?
     .map_err(failed)?;
+    let pinned = format!(
+        "{}/{}@{digest}",
+        reference.registry(),
+        reference.repository()
+    );
+    // A NetworkHook ready to apply (`jq .networkHook | kubectl apply -f -`): the module by digest, as the CRD
+    // requires, named after the repository, of the module's (first) kind.
+    let name = reference
+        .repository()
+        .rsplit('/')
+        .next()
+        .unwrap_or("hook")
+        .to_string();
+    let network_hook = json!({
+        "apiVersion": "plexus.dev/v1alpha1",
+        "kind": "NetworkHook",
+        "metadata": {"name": name},
+        "spec": {"kind": inspected.kinds[0], "module": pinned},
+    });
     Ok(json!({
-        "reference": format!("{}/{}@{digest}", reference.registry(), reference.repository()),
+        "reference": pinned,
         "digest": digest,
         "sha256": inspected.sha256,
         "kinds": inspected.kinds,
         "signedBy": signed,
+        "networkHook": network_hook,
     }))
 }
 
