@@ -107,16 +107,23 @@ impl HostState {
     }
 }
 
+/// One kubelet at a time in the test process: each writes the same fixed paths and kernel tunables, and
+/// registers the same node.
+static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 pub struct Kubelet {
     dir: tempfile::TempDir,
     child: Option<Child>,
     host: HostState,
+    /// Held until the kubelet is stopped and the host put back (dropped last).
+    _turn: std::sync::MutexGuard<'static, ()>,
 }
 
 impl Kubelet {
     /// Starts kubelet for [`NODE`] against `api`, with the containerd listening on `runtime_socket`; returns
     /// once the node is Ready (containerd reports its network ready once a CNI conf is present).
     pub fn start(api: &KubeApiServer, runtime_socket: &Path) -> Kubelet {
+        let turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::Builder::new()
             .prefix("plx-kubelet-")
             .tempdir_in("/var/tmp")
@@ -181,6 +188,7 @@ nodeStatusUpdateFrequency: 2s
             dir,
             child: Some(child),
             host,
+            _turn: turn,
         };
         kubelet.wait_ready(api);
         kubelet

@@ -89,6 +89,8 @@ struct Inputs {
     hooks: Option<BTreeMap<String, Resource>>,
     /// The node's labels and UID, once its Node is seen.
     node: Option<(BTreeMap<String, String>, String)>,
+    /// Why its Node is not seen (missing, deleted, unreadable), once the watch knows.
+    node_wait: Option<String>,
     /// Resources that still carry this node's entry in `status.nodes`, written by an agent of an earlier
     /// version: removed by this one.
     legacy: BTreeSet<String>,
@@ -164,6 +166,7 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
     let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &api_resource());
     let hook_watch = watch_hooks(&hooks_api, &settings, &inputs, &controller);
     let node_watch = watch_node(&client, &settings, &inputs, &controller);
+    let waiting = settings.states.waiting.clone();
     let agent = Arc::new(tokio::sync::Mutex::new(Agent::new(
         settings, hooks_api, api,
     )));
@@ -172,10 +175,14 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
     let reconcile = {
         let (agent, inputs) = (agent.clone(), inputs.clone());
         move |()| {
-            let (agent, inputs) = (agent.clone(), inputs.clone());
+            let (agent, inputs, waiting) = (agent.clone(), inputs.clone(), waiting.clone());
             async move {
                 let (snapshot, legacy) = {
                     let i = inputs.lock().expect("inputs");
+                    // The wait matters (to `plexus status`) once there are NetworkHooks the node cannot decide on.
+                    let hooks_exist = i.hooks.as_ref().is_some_and(|h| !h.is_empty());
+                    *waiting.lock().unwrap_or_else(|e| e.into_inner()) =
+                        i.node_wait.clone().filter(|_| hooks_exist);
                     (i.hooks.clone().zip(i.node.clone()), i.legacy.clone())
                 };
                 let Some((hooks, (labels, uid))) = snapshot else {
@@ -257,7 +264,8 @@ fn watch_node(
     let stream = watcher::watcher(Api::<Node>::all(client.clone()), config).default_backoff();
     let waiting = NodeWait {
         node: settings.node.clone(),
-        why: settings.states.waiting.clone(),
+        inputs: inputs.clone(),
+        changed: controller.clone(),
     };
     async move {
         let mut stream = std::pin::pin!(stream);
@@ -293,10 +301,12 @@ fn watch_node(
     }
 }
 
-/// Why the agent waits for its Node, kept for `plexus status` and logged once per change.
+/// Why the agent waits for its Node: logged once per change, and kept for `plexus status` (published by the
+/// reconcile while NetworkHooks exist).
 struct NodeWait {
     node: String,
-    why: Arc<Mutex<Option<String>>>,
+    inputs: Arc<Mutex<Inputs>>,
+    changed: Controller<()>,
 }
 
 impl NodeWait {
@@ -309,15 +319,20 @@ impl NodeWait {
     }
 
     fn set(&self, why: Option<String>) {
-        let mut now = self.why.lock().unwrap_or_else(|e| e.into_inner());
-        if *now == why {
+        let mut inputs = self.inputs.lock().expect("inputs");
+        if inputs.node_wait == why {
             return;
         }
         match &why {
             Some(why) => tracing::warn!(node = %self.node, "the hook agent waits: {why}"),
-            None => tracing::info!(node = %self.node, "the hook agent sees its Node"),
+            None if inputs.node_wait.is_some() => {
+                tracing::info!(node = %self.node, "the hook agent sees its Node");
+            }
+            None => {}
         }
-        *now = why;
+        inputs.node_wait = why;
+        drop(inputs);
+        self.changed.schedule(());
     }
 }
 
