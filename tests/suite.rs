@@ -2,6 +2,7 @@
 //! (`plexus_tests`, tests/util). Run one area with `cargo test --release --test suite AREA::`.
 
 mod cli;
+mod compat;
 mod conformance;
 mod daemon;
 mod deploy_manifests;

@@ -45,6 +45,20 @@ struct RawConf {
     runtime_config: Map<String, Value>,
     #[serde(rename = "cni.dev/valid-attachments")]
     valid_attachments: Option<Vec<ValidAttachment>>,
+    compat: Option<String>,
+    system_namespaces: Option<Vec<String>>,
+}
+
+/// How inputs written for Multus are read (`"compat"`; docs/migrating-from-multus.md).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Compat {
+    /// The standard's reading, and Plexus's own choices where it is silent.
+    #[default]
+    Strict,
+    /// What worked under Multus works: NAD configs without `cniVersion`, the pod's
+    /// `v1.multus-cni.io/default-network`, `systemNamespaces`, a directory as `clusterNetwork`, unknown keys of a
+    /// selection element ignored. Where the standard decides a case, its answer holds here too.
+    Multus,
 }
 
 /// A key that is in the object, whatever its value (`null` too, which `Option` alone would take for absent).
@@ -117,6 +131,10 @@ pub struct PlexusConf {
     pub log_file: Option<PathBuf>,
     pub runtime_config: Map<String, Value>,
     pub valid_attachments: Option<Vec<ValidAttachment>>,
+    pub compat: Compat,
+    /// Under [`Compat::Multus`], the namespaces whose pods get no `defaultNetworks` (Multus's
+    /// `systemNamespaces`); empty otherwise.
+    pub system_namespaces: Vec<String>,
 }
 
 /// The range `delegateTimeoutMs` may take: below it no real plugin finishes (0 or 1 would fail every call), above
@@ -357,6 +375,27 @@ impl PlexusConf {
                 format!("must be at most {MAX_READINESS_TIMEOUT_MS}, got {readiness_timeout_ms}"),
             ));
         }
+        let compat = match raw.compat.as_deref() {
+            None | Some("strict") => Compat::Strict,
+            Some("multus") => Compat::Multus,
+            Some(other) => {
+                return Err(PlexusError::config(
+                    "compat",
+                    format!("must be \"multus\" (or \"strict\", the default), got {other:?}"),
+                ))
+            }
+        };
+        let system_namespaces = match (compat, raw.system_namespaces) {
+            (Compat::Multus, None) => vec!["kube-system".to_string()],
+            (Compat::Multus, Some(list)) => list,
+            (Compat::Strict, None) => Vec::new(),
+            (Compat::Strict, Some(_)) => {
+                return Err(PlexusError::config(
+                    "systemNamespaces",
+                    "is a Multus setting: it needs \"compat\": \"multus\"",
+                ))
+            }
+        };
         let delegate_timeout_ms = raw.delegate_timeout_ms.unwrap_or(120_000);
         if !DELEGATE_TIMEOUT_MS.contains(&delegate_timeout_ms) {
             return Err(PlexusError::config(
@@ -369,6 +408,8 @@ impl PlexusConf {
             ));
         }
         Ok(Self {
+            compat,
+            system_namespaces,
             cni_version,
             cluster_network,
             default_networks: raw.default_networks,

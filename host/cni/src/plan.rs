@@ -18,7 +18,7 @@ use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
 
 /// The key a device's ID is passed under (plugin conf and runtimeConfig).
 const DEVICE_ID: &str = "deviceID";
-use crate::conf::{read_capped, STDIN_CAP};
+use crate::conf::{read_capped, Compat, STDIN_CAP};
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
@@ -116,6 +116,15 @@ impl<'a> Planner<'a> {
         pod: Option<&Pod>,
     ) -> Result<(String, NetworkConfigList), PlexusError> {
         if reference.starts_with('/') {
+            let file = match self.inv.conf.compat {
+                // Multus takes a directory's first conf file, in libcni's order.
+                Compat::Multus if Path::new(reference).is_dir() => {
+                    first_conf_file(Path::new(reference))?
+                }
+                _ => Path::new(reference).to_path_buf(),
+            };
+            let reference = file.to_string_lossy();
+            let reference = reference.as_ref();
             // A conf file is held to the limit of a conf on stdin.
             let text =
                 read_capped(Path::new(reference), STDIN_CAP).map_err(|source| PlexusError::Io {
@@ -128,7 +137,7 @@ impl<'a> Planner<'a> {
                     format!("invalid JSON: {e}"),
                 )
             })?;
-            let list = NetworkConfigList::parse(&value).map_err(|e| {
+            let list = NetworkConfigList::parse(&self.versioned(&value)).map_err(|e| {
                 PlexusError::config(format!("network configuration {reference}"), e)
             })?;
             return Ok((list.name.clone(), list));
@@ -143,7 +152,7 @@ impl<'a> Planner<'a> {
                     annotations: BTreeMap::new(),
                 };
                 if let Ok(found) = resolve_nad(&bare, self.on_disk()) {
-                    let list = parse_list(&found.config, reference)?;
+                    let list = self.parse_list(&found.config, reference)?;
                     return Ok((list.name.clone(), list));
                 }
                 if self.fx.cluster.is_none() {
@@ -164,6 +173,62 @@ impl<'a> Planner<'a> {
         let nad = self.cluster()?.nad(&ns, &name)?;
         let list = self.resolve_nad_config(&nad, None, pod)?;
         Ok((format!("{ns}/{name}"), list))
+    }
+
+    /// A delegate config as planning reads it: under [`Compat::Multus`] one without `cniVersion` gets `0.1.0`, the
+    /// version a plugin reads a config without one as (libcni passes such a config on unchanged, as Multus does).
+    fn versioned(&self, config: &Value) -> Value {
+        match config {
+            Value::Object(m)
+                if self.inv.conf.compat == Compat::Multus && !m.contains_key("cniVersion") =>
+            {
+                let mut m = m.clone();
+                m.insert("cniVersion".into(), json!(MISSING_CNI_VERSION));
+                Value::Object(m)
+            }
+            other => other.clone(),
+        }
+    }
+
+    fn parse_list(
+        &self,
+        config: &Value,
+        default_name: &str,
+    ) -> Result<NetworkConfigList, PlexusError> {
+        parse_list(&self.versioned(config), default_name)
+    }
+
+    /// Under [`Compat::Multus`], the network the pod's `v1.multus-cni.io/default-network` names instead of the
+    /// cluster network: one NAD, `name` or `namespace/name` (a bare name is in `plexusNamespace`, as Multus reads
+    /// it in its own namespace), resolved like a selection's. `None` without the annotation or outside that mode.
+    fn pod_default_network(
+        &self,
+        pod: Option<&Pod>,
+    ) -> Option<Result<(String, NetworkConfigList), PlexusError>> {
+        if self.inv.conf.compat != Compat::Multus {
+            return None;
+        }
+        let value = pod?
+            .annotations
+            .get(MULTUS_DEFAULT_NETWORK)
+            .filter(|v| !v.trim().is_empty())?;
+        let resolve = || {
+            let bad = |why: String| PlexusError::config(MULTUS_DEFAULT_NETWORK, why);
+            let mut sels =
+                plexus_core::spec::parse_selections(value, &self.inv.conf.plexus_namespace)
+                    .map_err(|e| bad(e.to_string()))?;
+            if sels.len() != 1 {
+                return Err(bad(format!(
+                    "names {} networks; it takes exactly one",
+                    sels.len()
+                )));
+            }
+            let sel = sels.remove(0);
+            let nad = self.cluster()?.nad(&sel.namespace, &sel.name)?;
+            let list = self.resolve_nad_config(&nad, Some(&sel), pod)?;
+            Ok((sel.namespaced_name(), list))
+        };
+        Some(resolve())
     }
 
     /// Spec 3.4.1 with resolver hooks first: a hook may supply or rewrite the config.
@@ -188,12 +253,14 @@ impl<'a> Planner<'a> {
                 .cloned()
                 .unwrap_or_else(|| Selection::new(&nad.namespace, &nad.name));
             if let Some(cfg) = self.fx.hooks.resolve(pod, &sel, nad, current.as_ref())? {
-                return parse_list(&cfg, &nad.name)
+                return self
+                    .parse_list(&cfg, &nad.name)
                     .map_err(|e| e.context(format!("{label} (from resolver hook)")));
             }
         }
         let resolved = resolve_nad(nad, self.on_disk())?;
-        parse_list(&resolved.config, &nad.name).map_err(|e| e.context(label))
+        self.parse_list(&resolved.config, &nad.name)
+            .map_err(|e| e.context(label))
     }
 
     /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4). What
@@ -215,7 +282,8 @@ impl<'a> Planner<'a> {
             ..inv.context.clone()
         });
         let cluster = self
-            .resolve_ref(&inv.conf.cluster_network, pod)
+            .pod_default_network(pod)
+            .unwrap_or_else(|| self.resolve_ref(&inv.conf.cluster_network, pod))
             .map_err(|e| e.context("cluster network"));
         if let Some((name, list)) = unplannable.handle(cluster)? {
             plan.attachments.push(Attachment {
@@ -234,7 +302,11 @@ impl<'a> Planner<'a> {
         if inv.pod.is_none() {
             return Ok(plan);
         }
-        for reference in &inv.conf.default_networks {
+        // Multus gives pods of its system namespaces no default networks.
+        let system_pod = inv.pod.as_ref().is_some_and(|p| {
+            inv.conf.compat == Compat::Multus && inv.conf.system_namespaces.contains(&p.namespace)
+        });
+        for reference in inv.conf.default_networks.iter().filter(|_| !system_pod) {
             let resolved = self
                 .resolve_ref(reference, pod)
                 .map_err(|e| e.context(format!("default network {reference:?}")));
@@ -438,6 +510,14 @@ impl<'a> Planner<'a> {
         } else {
             InvalidSelectionPolicy::Fail
         };
+        let lenient;
+        let raw = match self.inv.conf.compat {
+            Compat::Multus => {
+                lenient = without_unknown_keys(raw, pod);
+                lenient.as_str()
+            }
+            Compat::Strict => raw,
+        };
         let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
             // The caller names the pod.
             .map_err(PlexusError::from)?;
@@ -465,6 +545,74 @@ impl<'a> Planner<'a> {
 fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
     NetworkConfigList::parse_with_default_name(config, Some(default_name))
         .map_err(PlexusError::from)
+}
+
+/// The pod annotation Multus reads as the pod's own cluster network.
+pub const MULTUS_DEFAULT_NETWORK: &str = "v1.multus-cni.io/default-network";
+/// The version a config without `cniVersion` is run as under [`Compat::Multus`].
+pub const MISSING_CNI_VERSION: &str = "0.1.0";
+
+/// The first conf file of `dir` in libcni's order (file names sorted; `.conf`, `.conflist`, `.json`), skipping
+/// Plexus's own (a conf whose plugin is `plexus`).
+fn first_conf_file(dir: &Path) -> Result<std::path::PathBuf, PlexusError> {
+    let ours = |c: &OnDiskConf| {
+        serde_json::from_str::<Value>(&c.contents)
+            .is_ok_and(|v| v["type"] == "plexus" || v["plugins"][0]["type"] == "plexus")
+    };
+    read_conf_dir(dir)
+        .into_iter()
+        .filter(|c| {
+            Path::new(&c.file_name)
+                .extension()
+                .is_some_and(|e| e == "conf" || e == "conflist" || e == "json")
+        })
+        .find(|c| !ours(c))
+        .map(|c| dir.join(c.file_name))
+        .ok_or_else(|| {
+            PlexusError::config(
+                "clusterNetwork",
+                format!(
+                    "directory {} holds no conf file (.conf, .conflist, .json)",
+                    dir.display()
+                ),
+            )
+        })
+}
+
+/// The annotation with the keys of its JSON elements that are neither the standard's nor reverse-DNS extension
+/// keys left out (Multus ignores them: `ipRequest`, `macRequest`, ...), each named in a warning. The comma format
+/// and JSON that does not parse are returned as they are (the parser then names what is wrong).
+fn without_unknown_keys(raw: &str, pod: &Pod) -> String {
+    let Ok(mut value) = serde_json::from_str::<Value>(raw.trim()) else {
+        return raw.to_string();
+    };
+    let mut dropped = Vec::new();
+    let elements: Vec<&mut Value> = match &mut value {
+        Value::Array(items) => items.iter_mut().collect(),
+        obj @ Value::Object(_) => vec![obj],
+        _ => return raw.to_string(),
+    };
+    for element in elements {
+        if let Value::Object(m) = element {
+            m.retain(|k, _| {
+                let keep = plexus_core::spec::selection::SELECTION_KEYS.contains(&k.as_str())
+                    || plexus_core::spec::is_extension_key(k);
+                if !keep {
+                    dropped.push(k.clone());
+                }
+                keep
+            });
+        }
+    }
+    if dropped.is_empty() {
+        return raw.to_string();
+    }
+    tracing::warn!(
+        pod = %format!("{}/{}", pod.namespace, pod.name),
+        "ignoring keys of the networks annotation that are not the standard's (compat multus): {}",
+        dropped.join(", ")
+    );
+    value.to_string()
 }
 
 fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
