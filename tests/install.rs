@@ -571,3 +571,178 @@ fn the_conflist_leads_the_cni_plugin_to_a_daemon_and_cache_that_moved() {
     assert_eq!(parsed.node_paths.daemon_socket, Some("/a/d.sock".into()));
     assert_eq!(parsed.node_paths.cache_dir, Some("/c".into()));
 }
+
+/// A thin Multus conf as Multus's quick-start writes one (the keys of its configuration reference).
+fn thin_multus() -> Value {
+    json!({
+        "cniVersion": "0.3.1",
+        "name": "multus-cni-network",
+        "type": "multus",
+        "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig",
+        "confDir": "/etc/cni/multus/net.d",
+        "cniDir": "/var/lib/cni/multus",
+        "binDir": "/opt/cni/bin",
+        "logFile": "/var/log/multus.log",
+        "logLevel": "verbose",
+        "logToStderr": true,
+        "capabilities": {"portMappings": true},
+        "readinessindicatorfile": "/run/flannel/subnet.env",
+        "namespaceIsolation": true,
+        "globalNamespaces": "default,shared",
+        "clusterNetwork": "k8s-pod-network",
+        "defaultNetworks": ["sidecar-net"],
+        "systemNamespaces": ["kube-system", "monitoring"],
+        "multusNamespace": "network-system",
+        "retryDeleteOnError": false
+    })
+}
+
+#[test]
+fn a_thin_multus_conf_becomes_the_equivalent_plexus_conflist() {
+    let converted = plexus_node::multus::from_multus(&thin_multus()).unwrap();
+    let conf = plugin_conf(&converted.conflist);
+    assert_eq!(converted.conflist["cniVersion"], "0.3.1");
+    assert_eq!(conf.compat, plexus_cni::conf::Compat::Multus);
+    assert_eq!(conf.cluster_network, "k8s-pod-network");
+    assert_eq!(conf.default_networks, vec!["sidecar-net".to_string()]);
+    assert_eq!(conf.system_namespaces, vec!["kube-system", "monitoring"]);
+    assert_eq!(conf.plexus_namespace, "network-system");
+    assert_eq!(conf.conf_dir, Path::new("/etc/cni/multus/net.d"));
+    assert_eq!(conf.bin_dir.as_deref(), Some(Path::new("/opt/cni/bin")));
+    assert_eq!(
+        conf.readiness_indicator_file.as_deref(),
+        Some(Path::new("/run/flannel/subnet.env"))
+    );
+    assert_eq!(conf.log_level, "info");
+    let plugin = &converted.conflist["plugins"][0];
+    assert_eq!(
+        plugin["cluster"],
+        json!({"source": "kube", "kubeconfig": "/etc/cni/net.d/multus.d/multus.kubeconfig"})
+    );
+    assert_eq!(plugin["capabilities"], json!({"portMappings": true}));
+    // Each key without an equivalent is named, with what to do instead.
+    let named = |key: &str| {
+        converted
+            .notes
+            .iter()
+            .any(|n| n.starts_with(&format!("{key}:")))
+    };
+    for key in [
+        "cniDir",
+        "namespaceIsolation",
+        "globalNamespaces",
+        "logToStderr",
+        "retryDeleteOnError",
+    ] {
+        assert!(named(key), "{key}: {:?}", converted.notes);
+    }
+    assert!(
+        !named("clusterNetwork") && !named("kubeconfig"),
+        "{:?}",
+        converted.notes
+    );
+    assert!(converted
+        .notes
+        .iter()
+        .any(|n| n.contains("namespace-isolation")));
+}
+
+#[test]
+fn the_thick_plugins_confs_and_what_is_not_a_multus_conf() {
+    // The shim conf the thick daemon writes, in a conflist.
+    let shim = json!({"cniVersion": "0.3.1", "name": "multus-cni-network",
+                      "plugins": [{"type": "multus-shim", "logLevel": "debug", "socketDir": "/run/multus/"}]});
+    let converted = plexus_node::multus::from_multus(&shim).unwrap();
+    let conf = plugin_conf(&converted.conflist);
+    assert_eq!(conf.log_level, "debug");
+    // What Multus's auto-configuration takes: the node's conf dir, a directory, read as Multus reads it.
+    assert_eq!(conf.cluster_network, "/etc/cni/net.d");
+    assert!(
+        converted.notes.iter().any(|n| n.starts_with("socketDir:")),
+        "{:?}",
+        converted.notes
+    );
+    // No clusterNetwork: said, and what install does instead.
+    assert!(
+        converted
+            .notes
+            .iter()
+            .any(|n| n.starts_with("clusterNetwork:")),
+        "{:?}",
+        converted.notes
+    );
+
+    // The thick daemon's configuration.
+    let daemon = json!({"chrootDir": "/hostroot", "cniVersion": "0.3.1", "logLevel": "verbose",
+                        "cniConfigDir": "/host/etc/cni/net.d", "multusAutoconfigDir": "/host/etc/cni/net.d",
+                        "multusConfigFile": "auto", "socketDir": "/host/run/multus/"});
+    let converted = plexus_node::multus::from_multus(&daemon).unwrap();
+    assert_eq!(converted.conflist["plugins"][0]["compat"], "multus");
+    assert!(converted
+        .notes
+        .iter()
+        .any(|n| n.starts_with("multusConfigFile:") && n.contains("auto")));
+
+    for (bad, why) in [
+        (
+            json!({"cniVersion": "1.0.0", "type": "bridge"}),
+            "its type is \"bridge\"",
+        ),
+        (json!([1]), "JSON object"),
+        (json!({"cniVersion": "1.0.0"}), "no \"type\""),
+    ] {
+        let err = plexus_node::multus::from_multus(&bad).unwrap_err();
+        assert!(err.contains(why), "{err}");
+    }
+}
+
+#[test]
+fn install_from_multus_prints_the_conflist_and_installs_nothing() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("00-multus.conf");
+    write_json(&file, &thin_multus());
+    let conf_dir = tmp.path().join("net.d");
+    fs::create_dir_all(&conf_dir).unwrap();
+    let out = Command::new(plexus_tests::plexus::plexus_bin())
+        .args(["install", "--from-multus"])
+        .arg(&file)
+        .arg(format!("--conf-dir={}", conf_dir.display()))
+        .arg(format!("--bin-dir={}", tmp.path().join("bin").display()))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let printed: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(
+        printed,
+        plexus_node::multus::from_multus(&thin_multus())
+            .unwrap()
+            .conflist
+    );
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not carried over: cniDir"));
+    assert_eq!(
+        fs::read_dir(&conf_dir).unwrap().count(),
+        0,
+        "nothing installed"
+    );
+    assert!(!tmp.path().join("bin").exists());
+
+    // A file that is not one fails, naming it; --watch with it is a usage mistake.
+    write_json(&file, &json!({"cniVersion": "1.0.0", "type": "bridge"}));
+    let out = Command::new(plexus_tests::plexus::plexus_bin())
+        .args(["install", "--from-multus"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("00-multus.conf"));
+    let out = Command::new(plexus_tests::plexus::plexus_bin())
+        .args(["install", "--watch", "--from-multus"])
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}

@@ -46,6 +46,8 @@ pub enum InstallError {
     ServiceAccount(String),
     #[error(transparent)]
     Uninstall(#[from] plexus_cni::uninstall::UninstallError),
+    #[error("--from-multus {0}")]
+    FromMultus(String),
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> InstallError + '_ {
@@ -76,6 +78,8 @@ pub struct InstallOptions {
     /// Where the node's Plexus processes meet, written into the conflist when they are not the CNI plugin's
     /// defaults (so a DaemonSet that moves them moves the CNI plugin with it).
     pub node_paths: NodePaths,
+    /// Only print the plexus conflist equivalent to this Multus conf (and what has no equivalent).
+    pub from_multus: Option<PathBuf>,
 }
 
 /// The plexus conf's `runDir` (locks, the daemon's socket), `daemon.socket` and `cacheDir`: `None` or the
@@ -159,6 +163,10 @@ pub struct InstallArgs {
     /// Remove the conflist (when it is Plexus's) and the kubeconfig; the binary stays
     #[arg(long)]
     pub uninstall: bool,
+    /// Print the plexus conflist that does the job of this Multus conf (thin, thick shim, or the thick daemon's
+    /// config), with "compat": "multus", and name on stderr what has no equivalent; installs nothing
+    #[arg(long, value_name = "FILE", conflicts_with_all = ["watch", "uninstall"])]
+    pub from_multus: Option<PathBuf>,
     /// Where the plexus binary goes
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BIN_DIR)]
     pub bin_dir: PathBuf,
@@ -212,6 +220,7 @@ impl InstallArgs {
             ca_file: self.ca_file.clone(),
             watch: self.watch,
             uninstall: self.uninstall,
+            from_multus: self.from_multus.clone(),
             node_paths: NodePaths {
                 run_dir: self.run_dir.clone(),
                 daemon_socket: self.daemon_socket.clone(),
@@ -600,6 +609,17 @@ pub fn refresh(
 
 /// Everything `plexus install` does, given its options and the API server's address.
 pub fn run(opts: &InstallOptions, env: &ApiServerEnv) -> Result<(), InstallError> {
+    if let Some(file) = &opts.from_multus {
+        let converted = crate::multus::from_file(file).map_err(InstallError::FromMultus)?;
+        let mut text =
+            serde_json::to_string_pretty(&converted.conflist).expect("a JSON value serializes");
+        text.push('\n');
+        print!("{text}");
+        for note in &converted.notes {
+            eprintln!("plexus install: not carried over: {note}");
+        }
+        return Ok(());
+    }
     if opts.uninstall {
         for path in uninstall(&opts.conf_dir, &opts.kubeconfig_out)? {
             eprintln!("plexus install: removed {}", path.display());

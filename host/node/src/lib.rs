@@ -14,5 +14,6 @@ pub mod hook_cli;
 pub mod hook_state;
 pub mod hotplug;
 pub mod install;
+pub mod multus;
 pub mod node_report;
 pub mod status;
