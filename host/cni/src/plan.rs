@@ -579,40 +579,19 @@ fn first_conf_file(dir: &Path) -> Result<std::path::PathBuf, PlexusError> {
         })
 }
 
-/// The annotation with the keys of its JSON elements that are neither the standard's nor reverse-DNS extension
-/// keys left out (Multus ignores them: `ipRequest`, `macRequest`, ...), each named in a warning. The comma format
-/// and JSON that does not parse are returned as they are (the parser then names what is wrong).
+/// Under compat multus: the annotation without the element keys Multus ignores, each named in a warning.
 fn without_unknown_keys(raw: &str, pod: &Pod) -> String {
-    let Ok(mut value) = serde_json::from_str::<Value>(raw.trim()) else {
-        return raw.to_string();
-    };
-    let mut dropped = Vec::new();
-    let elements: Vec<&mut Value> = match &mut value {
-        Value::Array(items) => items.iter_mut().collect(),
-        obj @ Value::Object(_) => vec![obj],
-        _ => return raw.to_string(),
-    };
-    for element in elements {
-        if let Value::Object(m) = element {
-            m.retain(|k, _| {
-                let keep = plexus_core::spec::selection::SELECTION_KEYS.contains(&k.as_str())
-                    || plexus_core::spec::is_extension_key(k);
-                if !keep {
-                    dropped.push(k.clone());
-                }
-                keep
-            });
+    match plexus_core::spec::selection::without_unknown_keys(raw) {
+        Some((lenient, dropped)) => {
+            tracing::warn!(
+                pod = %format!("{}/{}", pod.namespace, pod.name),
+                "ignoring keys of the networks annotation that are not the standard's (compat multus): {}",
+                dropped.join(", ")
+            );
+            lenient
         }
+        None => raw.to_string(),
     }
-    if dropped.is_empty() {
-        return raw.to_string();
-    }
-    tracing::warn!(
-        pod = %format!("{}/{}", pod.namespace, pod.name),
-        "ignoring keys of the networks annotation that are not the standard's (compat multus): {}",
-        dropped.join(", ")
-    );
-    value.to_string()
 }
 
 fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {

@@ -146,3 +146,397 @@ pub fn from_multus(conf: &Value) -> Result<Converted, String> {
         notes,
     })
 }
+
+/// What one object would meet under Plexus, in each mode.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Finding {
+    /// `pod NAMESPACE/NAME` or `nad NAMESPACE/NAME`.
+    pub object: String,
+    pub issue: String,
+    /// Without `compat`: what happens.
+    pub strict: String,
+    pub strict_fails: bool,
+    /// With `"compat": "multus"`.
+    pub multus: String,
+    pub multus_fails: bool,
+}
+
+/// `plexus migrate check`'s answer.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Report {
+    pub pods: usize,
+    pub nads: usize,
+    pub findings: Vec<Finding>,
+    /// Pods that would fail to start (ADD) in each mode.
+    pub pods_failing_strict: usize,
+    pub pods_failing_multus: usize,
+}
+
+/// A NAD as the check reads it.
+#[derive(Debug, Clone)]
+pub struct NadInfo {
+    pub namespace: String,
+    pub name: String,
+    pub config: Option<String>,
+}
+
+/// What a NAD's config is, for the check: no `cniVersion`, and its plugins (for their capabilities).
+struct NadConf {
+    missing_version: bool,
+    plugins: Vec<Map<String, Value>>,
+}
+
+fn nad_conf(nad: &NadInfo) -> Option<NadConf> {
+    let mut config: Value = serde_json::from_str(nad.config.as_deref()?).ok()?;
+    let obj = config.as_object_mut()?;
+    let missing_version = !obj.contains_key("cniVersion");
+    if missing_version {
+        obj.insert(
+            "cniVersion".into(),
+            json!(plexus_cni::plan::MISSING_CNI_VERSION),
+        );
+    }
+    let list =
+        plexus_core::cni::NetworkConfigList::parse_with_default_name(&config, Some(&nad.name))
+            .ok()?;
+    Some(NadConf {
+        missing_version,
+        plugins: list.plugins,
+    })
+}
+
+type NadConfs = std::collections::BTreeMap<(String, String), Option<NadConf>>;
+
+fn finding(object: &str, issue: String, strict: (bool, &str), multus: (bool, &str)) -> Finding {
+    Finding {
+        object: object.to_string(),
+        issue,
+        strict: strict.1.to_string(),
+        strict_fails: strict.0,
+        multus: multus.1.to_string(),
+        multus_fails: multus.0,
+    }
+}
+
+/// A Multus conf's `systemNamespaces` (Multus's default when absent) and `defaultNetworks`.
+fn multus_defaults(multus_conf: Option<&Value>) -> (Vec<String>, Vec<String>) {
+    let Some(c) = multus_conf else {
+        return (Vec::new(), Vec::new());
+    };
+    let conf = if c["plugins"][0].is_object() {
+        &c["plugins"][0]
+    } else {
+        c
+    };
+    let list = |key: &str| -> Vec<String> {
+        conf[key]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str().map(str::to_string))
+            .collect()
+    };
+    let system = match conf.get("systemNamespaces") {
+        Some(_) => list("systemNamespaces"),
+        None => vec!["kube-system".to_string()],
+    };
+    (system, list("defaultNetworks"))
+}
+
+/// What a pod's networks annotation meets: unknown keys, NADs without cniVersion, requests of capabilities the
+/// NAD's plugins do not declare.
+fn selection_findings(pod: &plexus_core::spec::Pod, confs: &NadConfs) -> Vec<Finding> {
+    use plexus_core::spec::selection::{parse_selections, without_unknown_keys};
+    let object = format!("pod {}/{}", pod.namespace, pod.name);
+    let mut findings = Vec::new();
+    let Some(value) = pod.networks_annotation() else {
+        return findings;
+    };
+    let selections = match parse_selections(value, &pod.namespace) {
+        Ok(s) => s,
+        Err(e) => {
+            let lenient = without_unknown_keys(value).and_then(|(lenient, dropped)| {
+                Some((parse_selections(&lenient, &pod.namespace).ok()?, dropped))
+            });
+            // Invalid for Multus as well: no difference to report.
+            let Some((s, dropped)) = lenient else {
+                return findings;
+            };
+            findings.push(finding(
+                &object,
+                format!(
+                    "its networks annotation has keys the standard does not define: {}",
+                    dropped.join(", ")
+                ),
+                (true, &format!("fails: {e}")),
+                (
+                    false,
+                    "the keys are ignored with a warning, as under Multus",
+                ),
+            ));
+            s
+        }
+    };
+    for sel in selections {
+        let Some(Some(conf)) = confs.get(&(sel.namespace.clone(), sel.name.clone())) else {
+            continue;
+        };
+        let network = sel.namespaced_name();
+        if conf.missing_version {
+            findings.push(finding(
+                &object,
+                format!("selects {network}, whose config has no cniVersion"),
+                (true, "fails: the NAD's config is refused"),
+                (false, "attached, the config run as 0.1.0"),
+            ));
+        }
+        if let Err(e) = plexus_core::spec::check_capabilities(
+            &sel.required_capabilities(),
+            &conf.plugins,
+            &network,
+        ) {
+            let why = format!(
+                "fails: {e} (the standard's rule in both modes; Multus dropped the request silently)"
+            );
+            findings.push(finding(
+                &object,
+                format!(
+                    "requests {} on {network}, whose plugins do not declare it",
+                    e.capability
+                ),
+                (true, &why),
+                (true, &why),
+            ));
+        }
+    }
+    findings
+}
+
+/// The cluster as Plexus would meet it: what each pod (and NAD) would see differently than under Multus, in
+/// each mode. `multus_conf` is a node's Multus conf, for its `defaultNetworks` and `systemNamespaces`.
+pub fn check(
+    nads: &[NadInfo],
+    pods: &[plexus_core::spec::Pod],
+    multus_conf: Option<&Value>,
+) -> Report {
+    let confs: NadConfs = nads
+        .iter()
+        .map(|n| ((n.namespace.clone(), n.name.clone()), nad_conf(n)))
+        .collect();
+    let mut findings = Vec::new();
+    for ((ns, name), conf) in &confs {
+        if conf.as_ref().is_some_and(|c| c.missing_version) {
+            findings.push(finding(
+                &format!("nad {ns}/{name}"),
+                "its config has no cniVersion".into(),
+                (false, "refused: every pod selecting it fails"),
+                (false, "run as 0.1.0, as under Multus"),
+            ));
+        }
+    }
+    let (system_namespaces, default_networks) = multus_defaults(multus_conf);
+    let (mut failing_strict, mut failing_multus) = (0, 0);
+    for pod in pods {
+        let object = format!("pod {}/{}", pod.namespace, pod.name);
+        let mut mine = selection_findings(pod, &confs);
+        if let Some(default) = pod
+            .annotations
+            .get(plexus_cni::plan::MULTUS_DEFAULT_NETWORK)
+            .filter(|v| !v.trim().is_empty())
+        {
+            mine.push(finding(
+                &object,
+                format!("{}: {default}", plexus_cni::plan::MULTUS_DEFAULT_NETWORK),
+                (false, "ignored: the pod gets the cluster network instead"),
+                (false, "replaces the cluster network, as under Multus"),
+            ));
+        }
+        if !default_networks.is_empty() && system_namespaces.contains(&pod.namespace) {
+            mine.push(finding(
+                &object,
+                format!(
+                    "in a system namespace, where Multus attaches no defaultNetworks ({})",
+                    default_networks.join(", ")
+                ),
+                (false, "gets the defaultNetworks"),
+                (false, "gets none, as under Multus"),
+            ));
+        }
+        failing_strict += usize::from(mine.iter().any(|f| f.strict_fails));
+        failing_multus += usize::from(mine.iter().any(|f| f.multus_fails));
+        findings.extend(mine);
+    }
+    Report {
+        pods: pods.len(),
+        nads: nads.len(),
+        findings,
+        pods_failing_strict: failing_strict,
+        pods_failing_multus: failing_multus,
+    }
+}
+
+impl Report {
+    /// The report for a terminal: a line per finding, then the totals.
+    pub fn text(&self) -> String {
+        let mut out = String::new();
+        for f in &self.findings {
+            out.push_str(&format!(
+                "{}: {}\n    strict: {}\n    compat multus: {}\n",
+                f.object, f.issue, f.strict, f.multus
+            ));
+        }
+        out.push_str(&format!(
+            "{} pods and {} NADs read; pods that would fail to start: {} strict, {} with \"compat\": \"multus\"\n",
+            self.pods, self.nads, self.pods_failing_strict, self.pods_failing_multus
+        ));
+        out
+    }
+}
+
+/// `plexus migrate ...`: moving a cluster from Multus.
+#[derive(Debug, clap::Args)]
+pub struct MigrateArgs {
+    #[command(subcommand)]
+    pub command: MigrateCommand,
+}
+
+#[derive(Debug, clap::Subcommand)]
+pub enum MigrateCommand {
+    /// What would behave differently under Plexus: reads every NAD and pod through the API
+    #[command(
+        long_about = "Reads every NetworkAttachmentDefinition and pod through the API (and a node's Multus conf, \
+                      with --multus-conf) and prints, per object, what would behave differently under Plexus, \
+                      strict and with \"compat\": \"multus\". Exit status: 0, or 3 when a pod would fail to \
+                      start in the --compat mode; 1 on errors, 2 for bad arguments."
+    )]
+    Check(CheckArgs),
+}
+
+#[derive(Debug, clap::Args)]
+pub struct CheckArgs {
+    /// API credentials [default: the in-cluster service account]
+    #[arg(long, value_name = "PATH")]
+    kubeconfig: Option<std::path::PathBuf>,
+    /// A node's Multus conf (00-multus.conf), for its defaultNetworks and systemNamespaces
+    #[arg(long, value_name = "FILE")]
+    multus_conf: Option<std::path::PathBuf>,
+    /// The mode the exit status is about
+    #[arg(long, value_name = "MODE", default_value = "multus", value_parser = ["multus", "strict"])]
+    compat: String,
+    /// Print JSON instead of text
+    #[arg(long)]
+    json: bool,
+}
+
+/// `plexus migrate check`'s exit status when a pod would fail to start.
+pub const PODS_WOULD_FAIL: u8 = 3;
+
+/// Runs `plexus migrate ...`.
+pub fn main(args: MigrateArgs) -> u8 {
+    let MigrateCommand::Check(args) = args.command;
+    let report = match run_check(&args) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("plexus migrate check: {e}");
+            return 1;
+        }
+    };
+    if args.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&report).unwrap_or_default()
+        );
+    } else {
+        print!("{}", report.text());
+    }
+    let failing = match args.compat.as_str() {
+        "strict" => report.pods_failing_strict,
+        _ => report.pods_failing_multus,
+    };
+    if failing > 0 {
+        PODS_WOULD_FAIL
+    } else {
+        0
+    }
+}
+
+fn run_check(args: &CheckArgs) -> Result<Report, String> {
+    let multus_conf = match &args.multus_conf {
+        Some(path) => {
+            let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
+            if text.len() as u64 > MAX_BYTES {
+                return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
+            }
+            Some(
+                serde_json::from_slice::<Value>(&text)
+                    .map_err(|e| format!("{}: not JSON: {e}", path.display()))?,
+            )
+        }
+        None => None,
+    };
+    let settings = plexus_cluster::KubeSettings {
+        kubeconfig: args.kubeconfig.clone(),
+        ..Default::default()
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| format!("tokio runtime: {e}"))?;
+    let (nads, pods) = runtime.block_on(async {
+        let api = plexus_cluster::KubeApi::connect(settings)
+            .await
+            .map_err(|e| e.to_string())?;
+        let client = api.client().clone();
+        let nad_api = kube::Api::<kube::api::DynamicObject>::all_with(
+            client.clone(),
+            &kube::api::ApiResource {
+                group: "k8s.cni.cncf.io".into(),
+                version: "v1".into(),
+                api_version: "k8s.cni.cncf.io/v1".into(),
+                kind: "NetworkAttachmentDefinition".into(),
+                plural: "network-attachment-definitions".into(),
+            },
+        );
+        let nads = list_all(&nad_api)
+            .await?
+            .into_iter()
+            .map(|o| NadInfo {
+                namespace: o.metadata.namespace.unwrap_or_default(),
+                name: o.metadata.name.unwrap_or_default(),
+                config: o.data["spec"]["config"].as_str().map(str::to_string),
+            })
+            .collect::<Vec<_>>();
+        let pods = list_all(&kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client))
+            .await?
+            .into_iter()
+            .map(|p| plexus_core::spec::Pod {
+                namespace: p.metadata.namespace.unwrap_or_default(),
+                name: p.metadata.name.unwrap_or_default(),
+                uid: p.metadata.uid,
+                labels: p.metadata.labels.unwrap_or_default(),
+                annotations: p.metadata.annotations.unwrap_or_default(),
+            })
+            .collect::<Vec<_>>();
+        Ok::<_, String>((nads, pods))
+    })?;
+    Ok(check(&nads, &pods, multus_conf.as_ref()))
+}
+
+/// Every object of `api`, 500 a page.
+async fn list_all<K>(api: &kube::Api<K>) -> Result<Vec<K>, String>
+where
+    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let mut params = kube::api::ListParams::default().limit(500);
+    let mut all = Vec::new();
+    loop {
+        let page = api.list(&params).await.map_err(|e| e.to_string())?;
+        all.extend(page.items);
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(next) => params = params.continue_token(&next),
+            None => return Ok(all),
+        }
+    }
+}

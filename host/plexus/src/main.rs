@@ -29,6 +29,8 @@ enum PlexusCommand {
     /// Inspect, compile, run, push and verify WebAssembly hooks
     Hook(plexus_node::hook_cli::HookArgs),
     Status(plexus_node::status::StatusArgs),
+    /// Moving from Multus: what would behave differently under Plexus
+    Migrate(plexus_node::multus::MigrateArgs),
     /// Print a shell completion script for plexus
     Completions {
         /// bash, elvish, fish, powershell or zsh
@@ -51,6 +53,7 @@ fn real_main() -> u8 {
         PlexusCommand::Daemon(args) => plexus_node::daemon::main(args),
         PlexusCommand::Hook(args) => plexus_node::hook_cli::main(args),
         PlexusCommand::Status(args) => plexus_node::status::main(&args),
+        PlexusCommand::Migrate(args) => plexus_node::multus::main(args),
         PlexusCommand::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "plexus", &mut std::io::stdout());
             0

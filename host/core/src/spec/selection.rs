@@ -201,6 +201,32 @@ pub fn parse_selection_annotation(
     }
 }
 
+/// The annotation's JSON form with the element keys that are neither the standard's ([`SELECTION_KEYS`]) nor
+/// reverse-DNS extension keys left out (what Multus ignores: `ipRequest`, `macRequest`, ...), and those keys;
+/// `None` when nothing was left out, for the comma format, and for text that is not JSON (its parse names what is
+/// wrong).
+pub fn without_unknown_keys(value: &str) -> Option<(String, Vec<String>)> {
+    let mut json: Value = serde_json::from_str(value.trim()).ok()?;
+    let elements: Vec<&mut Value> = match &mut json {
+        Value::Array(items) => items.iter_mut().collect(),
+        obj @ Value::Object(_) => vec![obj],
+        _ => return None,
+    };
+    let mut dropped = Vec::new();
+    for element in elements {
+        if let Value::Object(m) = element {
+            m.retain(|k, _| {
+                let keep = SELECTION_KEYS.contains(&k.as_str()) || is_extension_key(k);
+                if !keep {
+                    dropped.push(k.clone());
+                }
+                keep
+            });
+        }
+    }
+    (!dropped.is_empty()).then(|| (json.to_string(), dropped))
+}
+
 /// [`parse_selection_annotation`] with [`InvalidSelectionPolicy::Fail`], returning the selections.
 pub fn parse_selections(
     value: &str,
