@@ -560,6 +560,19 @@ fn the_conflist_leads_the_cni_plugin_to_a_daemon_and_cache_that_moved() {
         Path::new("/srv/other.sock")
     );
 
+    // Compat mode for a cluster coming from Multus.
+    opts.compat_multus = true;
+    let conf = plugin_conf(&read(&opts));
+    assert_eq!(conf.compat, plexus_cni::conf::Compat::Multus);
+    assert_eq!(conf.system_namespaces, vec!["kube-system"]);
+    assert!(
+        parse_args(&args(&["--compat", "multus"]))
+            .unwrap()
+            .compat_multus
+    );
+    assert!(!parse_args(&args(&[])).unwrap().compat_multus);
+    assert!(parse_args(&args(&["--compat", "loose"])).is_err());
+
     // From the command line.
     let parsed = parse_args(&args(&[
         "--run-dir=/a",

@@ -80,6 +80,8 @@ pub struct InstallOptions {
     pub node_paths: NodePaths,
     /// Only print the plexus conflist equivalent to this Multus conf (and what has no equivalent).
     pub from_multus: Option<PathBuf>,
+    /// Write `"compat": "multus"` into the conflist.
+    pub compat_multus: bool,
 }
 
 /// The plexus conf's `runDir` (locks, the daemon's socket), `daemon.socket` and `cacheDir`: `None` or the
@@ -167,6 +169,9 @@ pub struct InstallArgs {
     /// config), with "compat": "multus", and name on stderr what has no equivalent; installs nothing
     #[arg(long, value_name = "FILE", conflicts_with_all = ["watch", "uninstall"])]
     pub from_multus: Option<PathBuf>,
+    /// "multus": write "compat": "multus" into the conflist (inputs written for Multus behave as under Multus)
+    #[arg(long, value_name = "MODE", default_value = "strict", value_parser = ["strict", "multus"])]
+    pub compat: String,
     /// Where the plexus binary goes
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BIN_DIR)]
     pub bin_dir: PathBuf,
@@ -221,6 +226,7 @@ impl InstallArgs {
             watch: self.watch,
             uninstall: self.uninstall,
             from_multus: self.from_multus.clone(),
+            compat_multus: self.compat == "multus",
             node_paths: NodePaths {
                 run_dir: self.run_dir.clone(),
                 daemon_socket: self.daemon_socket.clone(),
@@ -594,6 +600,9 @@ pub fn refresh(
         Some((path, conf)) => {
             let mut conflist = plexus_conflist(&path, &conf, kubeconfig)?;
             opts.node_paths.apply(&mut conflist);
+            if opts.compat_multus {
+                conflist["plugins"][0]["compat"] = json!("multus");
+            }
             if write_conflist(&opts.conf_dir, &conflist)? {
                 touched.push(ours);
             }
