@@ -173,45 +173,35 @@ fn hook_inspect_and_run_a_real_component() {
     assert_eq!(info["kinds"], json!(["policy"]), "{info}");
     assert_eq!(info["kindsDeclared"], true, "{info}");
     assert_eq!(info["sha256"].as_str().map(str::len), Some(64), "{info}");
+    // `plexus hook run` of the component with the kind flags `kind` and `--input input`.
+    let run = |kind: &[&str], input: &str| {
+        let wasm = wasm.to_str().unwrap();
+        let mut args = vec!["hook", "run", wasm];
+        args.extend_from_slice(kind);
+        args.extend_from_slice(&["--input", input]);
+        plexus(&args)
+    };
 
     // `--flag=value` and `--flag value` both work.
     let input = r#"{"pod": {"namespace": "team-a", "name": "p"},
                     "selections": [{"name": "net", "namespace": "team-b"}]}"#;
-    let out = plexus(&[
-        "hook",
-        "run",
-        wasm.to_str().unwrap(),
-        "--kind=policy",
-        "--input",
-        input,
-    ]);
+    let out = run(&["--kind=policy"], input);
     // Denied: its own exit status, so a script tells allow from deny.
     assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(run["output"]["decision"], "deny", "{run}");
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["output"]["decision"], "deny", "{answer}");
     // Admitted: 0.
     let own = r#"{"pod": {"namespace": "team-a", "name": "p"},
                   "selections": [{"name": "net", "namespace": "team-a"}]}"#;
-    let out = plexus(&[
-        "hook",
-        "run",
-        wasm.to_str().unwrap(),
-        "--kind=policy",
-        "--input",
-        own,
-    ]);
+    let out = run(&["--kind=policy"], own);
     assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let run: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(run["output"]["decision"], "admit", "{run}");
+    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(answer["output"]["decision"], "admit", "{answer}");
     // A kind the module does not implement: an error (1) that says so.
-    let out = plexus(&[
-        "hook",
-        "run",
-        wasm.to_str().unwrap(),
-        "--kind=resolver",
-        "--input",
+    let out = run(
+        &["--kind=resolver"],
         r#"{"pod": {"namespace": "a", "name": "p"}, "selection": {"name": "n", "namespace": "a"}}"#,
-    ]);
+    );
     assert_eq!(out.status.code(), Some(1), "{}", text(&out.stderr));
     assert!(
         text(&out.stderr).contains("implements policy only, not resolver"),
@@ -228,15 +218,7 @@ fn hook_inspect_and_run_a_real_component() {
         ),
         (r#"{"selections": []}"#, "missing field `pod`"),
     ] {
-        let out = plexus(&[
-            "hook",
-            "run",
-            wasm.to_str().unwrap(),
-            "--kind",
-            "policy",
-            "--input",
-            input,
-        ]);
+        let out = run(&["--kind", "policy"], input);
         assert_eq!(out.status.code(), Some(2), "{input}");
         let stderr = text(&out.stderr);
         assert!(stderr.contains(named), "{input}: {stderr}");

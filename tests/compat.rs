@@ -55,6 +55,15 @@ fn call_of(sb: &Sandbox, plugin: &str) -> Call {
         .unwrap_or_else(|| panic!("no call of {plugin}: {:?}", sb.call_summary()))
 }
 
+/// NAD `ns/name` whose list is the one fake `plugin`.
+fn one_plugin_nad(sb: &Sandbox, ns: &str, name: &str, plugin: &str) {
+    sb.nad(
+        ns,
+        name,
+        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": plugin}]})),
+    );
+}
+
 fn pairs(items: &[(&str, &str)]) -> Vec<(String, String)> {
     items
         .iter()
@@ -90,16 +99,8 @@ fn a_nad_config_without_cni_version_runs_as_0_1_0_under_multus_and_is_refused_ot
 fn the_pods_default_network_annotation_replaces_the_cluster_network_under_multus_only() {
     let sb = sandbox(&["alt-plugin", "a-plugin"]);
     // A bare name is read in plexusNamespace (kube-system), as Multus reads it in its own namespace.
-    sb.nad(
-        "kube-system",
-        "alt-net",
-        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": "alt-plugin"}]})),
-    );
-    sb.nad(
-        NS,
-        "net-a",
-        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": "a-plugin"}]})),
-    );
+    one_plugin_nad(&sb, "kube-system", "alt-net", "alt-plugin");
+    one_plugin_nad(&sb, NS, "net-a", "a-plugin");
     let pod = |name: &str, default: &str| {
         let doc = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": name, "namespace": NS, "uid": format!("uid-{name}"),
@@ -148,11 +149,7 @@ fn the_pods_default_network_annotation_replaces_the_cluster_network_under_multus
 #[test]
 fn system_namespaces_get_no_default_networks_under_multus() {
     let sb = sandbox(&["extra-plugin"]);
-    sb.nad(
-        "kube-system",
-        "extra",
-        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": "extra-plugin"}]})),
-    );
+    one_plugin_nad(&sb, "kube-system", "extra", "extra-plugin");
     sb.pod("kube-system", "dns", None);
     sb.pod("team", "web", None);
     let with = |extra: Value| {
@@ -231,11 +228,7 @@ fn a_directory_as_cluster_network_means_its_first_conf_file_under_multus() {
 #[test]
 fn unknown_keys_of_a_selection_element_are_ignored_with_a_warning_under_multus() {
     let sb = sandbox(&["a-plugin"]);
-    sb.nad(
-        NS,
-        "net-a",
-        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": "a-plugin"}]})),
-    );
+    one_plugin_nad(&sb, NS, "net-a", "a-plugin");
     let networks = r#"[{"name": "net-a", "interface": "data0", "ipRequest": ["10.1.1.1/24"],
                        "org.example.vlan": 7}]"#;
     sb.pod(NS, "web", Some(networks));
@@ -262,11 +255,7 @@ fn unknown_keys_of_a_selection_element_are_ignored_with_a_warning_under_multus()
 #[test]
 fn the_standards_answers_hold_under_multus_too() {
     let sb = sandbox(&["a-plugin"]);
-    sb.nad(
-        NS,
-        "net-a",
-        Some(json!({"cniVersion": "1.0.0", "plugins": [{"type": "a-plugin"}]})),
-    );
+    one_plugin_nad(&sb, NS, "net-a", "a-plugin");
     sb.pod(
         NS,
         "web",

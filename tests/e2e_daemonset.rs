@@ -21,10 +21,10 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use base64::Engine;
+use plexus_node::install::base64;
 use plexus_tests::containerd::Containerd;
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::kubelet::{Kubelet, NODE};
+use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, links_at, require_root_and_plugins, HostBridge, IpamDir, CNI_BIN_DIR,
 };
@@ -218,8 +218,8 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "plexus-token", "namespace": "kube-system"},
         // What a service account's token secret holds.
-        "data": {"token": to_base64(b"plexus-token"), "ca.crt": to_base64(&ca),
-                 "namespace": to_base64(b"kube-system")},
+        "data": {"token": base64(b"plexus-token"), "ca.crt": base64(&ca),
+                 "namespace": base64(b"kube-system")},
     }));
     api.create(&daemonset_pod(&root, &api, ipam.path()));
 
@@ -268,17 +268,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     assert!(node("/run/plexus/daemon.sock").exists());
 
     // A pod with two NADs, started by kubelet through the installed plugin.
-    let web = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web", "namespace": NS, "annotations": {NETWORKS: "net-a,net-b"}},
-        "spec": {
-            "nodeName": NODE,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "c", "image": plexus_tests::containerd::PAUSE_IMAGE,
-                            "imagePullPolicy": "Never"}]
-        }
-    });
+    let web = pod_on_node(NS, "web", "net-a,net-b");
     api.create(&web);
     let web_path = format!("/api/v1/namespaces/{NS}/pods/web");
     within(90, "the pod with two NADs Running", &|| {
@@ -364,8 +354,4 @@ fn container_logs(prefix: &str) -> String {
         }
     }
     out
-}
-
-fn to_base64(bytes: &[u8]) -> String {
-    base64::engine::general_purpose::STANDARD.encode(bytes)
 }

@@ -10,9 +10,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus_tests::containerd::{cni_dirs, Containerd, PAUSE_IMAGE};
+use plexus_tests::containerd::{cni_dirs, Containerd};
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::kubelet::{kube_bin, Kubelet, NODE};
+use plexus_tests::kubelet::{kube_bin, pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
     IpamDir,
@@ -230,16 +230,7 @@ fn has_addr_in(ifs: &[(String, Vec<String>)], ifname: &str, prefix: &str) -> boo
 #[test]
 fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     let node = Node::start();
-    let manifest = json!({
-        "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": "web", "namespace": NS, "annotations": {NETWORKS: "net-a"}},
-        "spec": {
-            "nodeName": NODE,
-            "automountServiceAccountToken": false,
-            "terminationGracePeriodSeconds": 1,
-            "containers": [{"name": "c", "image": PAUSE_IMAGE, "imagePullPolicy": "Never"}]
-        }
-    });
+    let manifest = pod_on_node(NS, "web", "net-a");
     std::fs::write(node.sb.path("web.json"), manifest.to_string()).unwrap();
     node.kubectl(&[
         "create",

@@ -17,6 +17,22 @@ use crate::mount_points;
 pub const NODE: &str = "node1";
 pub const NODE_TOKEN: &str = "node1-token";
 
+/// A pod bound to [`NODE`] running the test pause image, selecting `networks` (the selection annotation's
+/// value); it stops within a second.
+pub fn pod_on_node(namespace: &str, name: &str, networks: &str) -> serde_json::Value {
+    serde_json::json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace,
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": networks}},
+        "spec": {
+            "nodeName": NODE,
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "c", "image": crate::containerd::PAUSE_IMAGE, "imagePullPolicy": "Never"}]
+        }
+    })
+}
+
 /// The kernel tunables kubelet's container manager sets when it starts.
 const SYSCTLS: [&str; 6] = [
     "vm.overcommit_memory",

@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod as KubePod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
 use k8s_openapi::NamespaceResourceScope;
-use kube::api::{Api, Patch, PatchParams, PostParams};
+use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
@@ -642,6 +642,68 @@ impl KubeApi {
             }
         }
         Ok(found)
+    }
+
+    /// Every object `api` reaches, 500 a page; each page bounded and retried as every call is (an operator's
+    /// command reads the whole cluster this way; the node never does).
+    pub async fn list_all<K>(
+        &self,
+        api: &Api<K>,
+        resource: &'static str,
+        group: &'static str,
+    ) -> Result<Vec<K>, ClusterError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let op = Op {
+            verb: "list",
+            resource,
+            group,
+            namespace: "",
+            name: "",
+        };
+        let mut params = ListParams::default().limit(500);
+        let mut all = Vec::new();
+        loop {
+            let page = self
+                .call(&op, self.deadline(), self.settings.retries, || {
+                    api.list(&params)
+                })
+                .await
+                .map_err(|f| match f {
+                    // No object is missing: the kind is (its CRD not applied).
+                    Failure::Api(status) if status.code == 404 => ClusterError::Invalid {
+                        what: op.describe(),
+                        reason: format!(
+                            "the API server does not serve it (404): {}",
+                            status.message
+                        ),
+                    },
+                    f => Self::generic(&op, ObjectKind::Pod, f),
+                })?;
+            all.extend(page.items);
+            match page.metadata.continue_.filter(|c| !c.is_empty()) {
+                Some(next) => params = params.continue_token(&next),
+                None => return Ok(all),
+            }
+        }
+    }
+
+    /// Every NetworkAttachmentDefinition of the cluster, as planning sees them.
+    pub async fn all_nads(&self) -> Result<Vec<NetworkAttachmentDefinition>, ClusterError> {
+        let api: Api<NadObject> = Api::all(self.client.clone());
+        let found = self.list_all(&api, NAD_PLURAL, NAD_GROUP).await?;
+        Ok(found.into_iter().map(nad_from_kube).collect())
+    }
+
+    /// Every pod of the cluster, as planning sees them.
+    pub async fn all_pods(&self) -> Result<Vec<Pod>, ClusterError> {
+        let api: Api<KubePod> = Api::all(self.client.clone());
+        let found = self.list_all(&api, "pods", "").await?;
+        Ok(found
+            .into_iter()
+            .map(|p| pod_from_meta(p.metadata))
+            .collect())
     }
 
     /// The NetworkAttachmentDefinition `namespace/name`.

@@ -198,6 +198,21 @@ fn daemon_ref(raw: Option<Value>, run_dir: &Path) -> Result<Option<DaemonRef>, P
     }))
 }
 
+/// Whether a file name is a CNI conf file as runtimes list them (`.conf`, `.conflist`, `.json`), and not a hidden
+/// one (installers write hidden temporary files before renaming them).
+pub fn is_conf_file(name: &str) -> bool {
+    !name.starts_with('.')
+        && [".conf", ".conflist", ".json"]
+            .iter()
+            .any(|ext| name.ends_with(ext))
+}
+
+/// Whether a conf (or conflist) is Plexus's own: its (first) plugin's type is `plexus`. Never a cluster network.
+pub fn is_plexus_conf(conf: &Value) -> bool {
+    let ty = conf.pointer("/plugins/0/type").or_else(|| conf.get("type"));
+    ty.and_then(Value::as_str) == Some("plexus")
+}
+
 /// The most bytes of network configuration plexus reads from stdin (a conf with a large prevResult is tens of
 /// KiB).
 pub const STDIN_CAP: usize = 4 << 20;

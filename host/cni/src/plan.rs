@@ -18,7 +18,7 @@ use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
 
 /// The key a device's ID is passed under (plugin conf and runtimeConfig).
 const DEVICE_ID: &str = "deviceID";
-use crate::conf::{read_capped, Compat, STDIN_CAP};
+use crate::conf::{is_conf_file, is_plexus_conf, read_capped, Compat, STDIN_CAP};
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
@@ -178,15 +178,9 @@ impl<'a> Planner<'a> {
     /// A delegate config as planning reads it: under [`Compat::Multus`] one without `cniVersion` gets `0.1.0`, the
     /// version a plugin reads a config without one as (libcni passes such a config on unchanged, as Multus does).
     fn versioned(&self, config: &Value) -> Value {
-        match config {
-            Value::Object(m)
-                if self.inv.conf.compat == Compat::Multus && !m.contains_key("cniVersion") =>
-            {
-                let mut m = m.clone();
-                m.insert("cniVersion".into(), json!(MISSING_CNI_VERSION));
-                Value::Object(m)
-            }
-            other => other.clone(),
+        match self.inv.conf.compat {
+            Compat::Multus => with_missing_version(config).unwrap_or_else(|| config.clone()),
+            Compat::Strict => config.clone(),
         }
     }
 
@@ -552,20 +546,26 @@ pub const MULTUS_DEFAULT_NETWORK: &str = "v1.multus-cni.io/default-network";
 /// The version a config without `cniVersion` is run as under [`Compat::Multus`].
 pub const MISSING_CNI_VERSION: &str = "0.1.0";
 
+/// `config` with `"cniVersion": "0.1.0"` added when it is an object without one (how compat multus runs such a
+/// config); `None` otherwise.
+pub fn with_missing_version(config: &Value) -> Option<Value> {
+    let mut m = config
+        .as_object()
+        .filter(|m| !m.contains_key("cniVersion"))?
+        .clone();
+    m.insert("cniVersion".into(), json!(MISSING_CNI_VERSION));
+    Some(Value::Object(m))
+}
+
 /// The first conf file of `dir` in libcni's order (file names sorted; `.conf`, `.conflist`, `.json`), skipping
-/// Plexus's own (a conf whose plugin is `plexus`).
+/// Plexus's own, as `plexus install` picks the cluster network.
 fn first_conf_file(dir: &Path) -> Result<std::path::PathBuf, PlexusError> {
     let ours = |c: &OnDiskConf| {
-        serde_json::from_str::<Value>(&c.contents)
-            .is_ok_and(|v| v["type"] == "plexus" || v["plugins"][0]["type"] == "plexus")
+        serde_json::from_str::<Value>(&c.contents).is_ok_and(|v| is_plexus_conf(&v))
     };
     read_conf_dir(dir)
         .into_iter()
-        .filter(|c| {
-            Path::new(&c.file_name)
-                .extension()
-                .is_some_and(|e| e == "conf" || e == "conflist" || e == "json")
-        })
+        .filter(|c| is_conf_file(&c.file_name))
         .find(|c| !ours(c))
         .map(|c| dir.join(c.file_name))
         .ok_or_else(|| {

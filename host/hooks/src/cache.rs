@@ -206,6 +206,15 @@ pub(crate) enum CacheUse<'a> {
     Dir(&'a Path),
 }
 
+/// The component's bytes, asked of `wasm` now, and the kinds they declare.
+fn read_wasm(
+    wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>,
+) -> Result<(Vec<u8>, Declared), String> {
+    let bytes = wasm()?;
+    let declared = crate::declared::read(&bytes)?;
+    Ok((bytes, declared))
+}
+
 /// A component ready to instantiate, the kinds it declares, and where its machine code came from.
 pub(crate) type Loaded = (Component, Declared, ArtifactSource);
 
@@ -219,8 +228,7 @@ pub(crate) fn load(
     cache: CacheUse<'_>,
 ) -> Result<Loaded, String> {
     let compile = |wasm: &mut dyn FnMut() -> Result<Vec<u8>, String>| {
-        let bytes = wasm()?;
-        let declared = crate::declared::read(&bytes)?;
+        let (bytes, declared) = read_wasm(wasm)?;
         compile_component(engine, &bytes).map(|c| (c, declared))
     };
     let dir = match cache {
@@ -259,8 +267,7 @@ pub(crate) fn load(
     // Compiled straight to the artifact's bytes, written, and then mapped like any cached artifact: the
     // compiled code is never held twice (as a loaded component and as its serialization), which kept the peak
     // memory of an ADD that compiles its hooks several MiB higher.
-    let bytes = wasm()?;
-    let declared = crate::declared::read(&bytes)?;
+    let (bytes, declared) = read_wasm(wasm)?;
     let payload = precompile(engine, &bytes)?;
     drop(bytes);
     let written = write_artifact(&path, &payload, declared);

@@ -467,7 +467,7 @@ fn verify(
 
 /// `plexus hook status NAME`: every node's report of the hook, from the API.
 fn status(args: &StatusArgs) -> Result<node_report::Summary, CliError> {
-    use kube::api::{Api, DynamicObject, ListParams};
+    use kube::api::{Api, DynamicObject};
     let settings = plexus_cluster::KubeSettings {
         kubeconfig: args.kubeconfig.clone(),
         ..Default::default()
@@ -486,21 +486,18 @@ fn status(args: &StatusArgs) -> Result<node_report::Summary, CliError> {
         };
         let per_node =
             Api::<DynamicObject>::all_with(api.client().clone(), &node_report::api_resource());
-        let mut reports = Vec::new();
-        let mut params = ListParams::default().limit(500);
-        loop {
-            let page = per_node.list(&params).await.map_err(failed)?;
-            for obj in &page.items {
+        let reports = api
+            .list_all(&per_node, node_report::PLURAL, node_report::GROUP)
+            .await
+            .map_err(failed)?
+            .into_iter()
+            .map(|obj| {
                 let node = obj.metadata.name.clone().unwrap_or_default();
                 let report: node_report::NodeReport =
                     serde_json::from_value(obj.data["status"].clone()).unwrap_or_default();
-                reports.push((node, report));
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(next) => params = params.continue_token(&next),
-                None => break,
-            }
-        }
+                (node, report)
+            })
+            .collect::<Vec<_>>();
         Ok::<_, CliError>((generation, reports))
     })??;
     Ok(node_report::summarise(&args.name, generation, &reports))

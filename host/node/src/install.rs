@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Map, Value};
 
+use plexus_cni::conf::{is_conf_file, is_plexus_conf};
 pub use plexus_cni::uninstall::{uninstall, CONFLIST_NAME, DEFAULT_CONF_DIR};
 /// The installed binary's name in the CNI bin dir (the `type` of the conflist's plugin).
 pub const BINARY_NAME: &str = "plexus";
@@ -395,19 +396,6 @@ impl ServiceAccount {
 pub fn base64(data: &[u8]) -> String {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.encode(data)
-}
-
-fn is_conf_file(name: &str) -> bool {
-    !name.starts_with('.')
-        && [".conf", ".conflist", ".json"]
-            .iter()
-            .any(|ext| name.ends_with(ext))
-}
-
-/// True for a conf whose (first) plugin is Plexus itself: never a cluster network candidate.
-fn is_plexus_conf(conf: &Value) -> bool {
-    let ty = conf.pointer("/plugins/0/type").or_else(|| conf.get("type"));
-    ty.and_then(Value::as_str) == Some(BINARY_NAME)
 }
 
 /// Finds the cluster network's conf now: by absolute path, by `name` or file name in `conf_dir`, or the first

@@ -3,13 +3,14 @@
 //! every key that has no equivalent. Thin Multus (`"type": "multus"`, its `00-multus.conf`), the thick plugin's
 //! shim conf (`"type": "multus-shim"`) and the thick daemon's own configuration (`daemon-config.json`) are read.
 
+use plexus_core::spec::NetworkAttachmentDefinition;
 use serde_json::{json, Map, Value};
 
 /// The node's CNI conf dir, where the runtime and Multus's auto-configuration look.
 const NODE_CONF_DIR: &str = "/etc/cni/net.d";
 
 /// The largest Multus conf read (they are a few KiB).
-const MAX_BYTES: u64 = 1 << 20;
+const MAX_BYTES: usize = 1 << 20;
 
 /// What a Multus conf becomes: the conflist, and a line for each key that was not carried over.
 #[derive(Debug, Clone, PartialEq)]
@@ -18,20 +19,16 @@ pub struct Converted {
     pub notes: Vec<String>,
 }
 
+/// A Multus conf file as JSON, read bounded ([`MAX_BYTES`]); errors name the file.
+fn read_conf(path: &std::path::Path) -> Result<Value, String> {
+    let text = plexus_cni::conf::read_capped(path, MAX_BYTES)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    serde_json::from_slice(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))
+}
+
 /// Reads a Multus conf from `path` (bounded) and converts it.
 pub fn from_file(path: &std::path::Path) -> Result<Converted, String> {
-    use std::io::Read;
-    let file = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    let mut text = Vec::new();
-    file.take(MAX_BYTES + 1)
-        .read_to_end(&mut text)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
-    if text.len() as u64 > MAX_BYTES {
-        return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
-    }
-    let conf: Value =
-        serde_json::from_slice(&text).map_err(|e| format!("{}: not JSON: {e}", path.display()))?;
-    from_multus(&conf).map_err(|e| format!("{}: {e}", path.display()))
+    from_multus(&read_conf(path)?).map_err(|e| format!("{}: {e}", path.display()))
 }
 
 /// Multus's `logLevel` as Plexus's (`panic` and `verbose` have no level of their own).
@@ -174,35 +171,23 @@ pub struct Report {
     pub pods_failing_multus: usize,
 }
 
-/// A NAD as the check reads it.
-#[derive(Debug, Clone)]
-pub struct NadInfo {
-    pub namespace: String,
-    pub name: String,
-    pub config: Option<String>,
-}
-
 /// What a NAD's config is, for the check: no `cniVersion`, and its plugins (for their capabilities).
 struct NadConf {
     missing_version: bool,
     plugins: Vec<Map<String, Value>>,
 }
 
-fn nad_conf(nad: &NadInfo) -> Option<NadConf> {
-    let mut config: Value = serde_json::from_str(nad.config.as_deref()?).ok()?;
-    let obj = config.as_object_mut()?;
-    let missing_version = !obj.contains_key("cniVersion");
-    if missing_version {
-        obj.insert(
-            "cniVersion".into(),
-            json!(plexus_cni::plan::MISSING_CNI_VERSION),
-        );
-    }
-    let list =
-        plexus_core::cni::NetworkConfigList::parse_with_default_name(&config, Some(&nad.name))
-            .ok()?;
+fn nad_conf(nad: &NetworkAttachmentDefinition) -> Option<NadConf> {
+    let config: Value = serde_json::from_str(nad.config.as_deref()?).ok()?;
+    // As compat mode runs it: a config without a version as 0.1.0.
+    let versioned = plexus_cni::plan::with_missing_version(&config);
+    let list = plexus_core::cni::NetworkConfigList::parse_with_default_name(
+        versioned.as_ref().unwrap_or(&config),
+        Some(&nad.name),
+    )
+    .ok()?;
     Some(NadConf {
-        missing_version,
+        missing_version: versioned.is_some(),
         plugins: list.plugins,
     })
 }
@@ -317,7 +302,7 @@ fn selection_findings(pod: &plexus_core::spec::Pod, confs: &NadConfs) -> Vec<Fin
 /// The cluster as Plexus would meet it: what each pod (and NAD) would see differently than under Multus, in
 /// each mode. `multus_conf` is a node's Multus conf, for its `defaultNetworks` and `systemNamespaces`.
 pub fn check(
-    nads: &[NadInfo],
+    nads: &[NetworkAttachmentDefinition],
     pods: &[plexus_core::spec::Pod],
     multus_conf: Option<&Value>,
 ) -> Report {
@@ -463,19 +448,7 @@ pub fn main(args: MigrateArgs) -> u8 {
 }
 
 fn run_check(args: &CheckArgs) -> Result<Report, String> {
-    let multus_conf = match &args.multus_conf {
-        Some(path) => {
-            let text = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
-            if text.len() as u64 > MAX_BYTES {
-                return Err(format!("{}: larger than {MAX_BYTES} bytes", path.display()));
-            }
-            Some(
-                serde_json::from_slice::<Value>(&text)
-                    .map_err(|e| format!("{}: not JSON: {e}", path.display()))?,
-            )
-        }
-        None => None,
-    };
+    let multus_conf = args.multus_conf.as_deref().map(read_conf).transpose()?;
     let settings = plexus_cluster::KubeSettings {
         kubeconfig: args.kubeconfig.clone(),
         ..Default::default()
@@ -484,59 +457,11 @@ fn run_check(args: &CheckArgs) -> Result<Report, String> {
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let (nads, pods) = runtime.block_on(async {
-        let api = plexus_cluster::KubeApi::connect(settings)
-            .await
-            .map_err(|e| e.to_string())?;
-        let client = api.client().clone();
-        let nad_api = kube::Api::<kube::api::DynamicObject>::all_with(
-            client.clone(),
-            &kube::api::ApiResource {
-                group: "k8s.cni.cncf.io".into(),
-                version: "v1".into(),
-                api_version: "k8s.cni.cncf.io/v1".into(),
-                kind: "NetworkAttachmentDefinition".into(),
-                plural: "network-attachment-definitions".into(),
-            },
-        );
-        let nads = list_all(&nad_api)
-            .await?
-            .into_iter()
-            .map(|o| NadInfo {
-                namespace: o.metadata.namespace.unwrap_or_default(),
-                name: o.metadata.name.unwrap_or_default(),
-                config: o.data["spec"]["config"].as_str().map(str::to_string),
-            })
-            .collect::<Vec<_>>();
-        let pods = list_all(&kube::Api::<k8s_openapi::api::core::v1::Pod>::all(client))
-            .await?
-            .into_iter()
-            .map(|p| plexus_core::spec::Pod {
-                namespace: p.metadata.namespace.unwrap_or_default(),
-                name: p.metadata.name.unwrap_or_default(),
-                uid: p.metadata.uid,
-                labels: p.metadata.labels.unwrap_or_default(),
-                annotations: p.metadata.annotations.unwrap_or_default(),
-            })
-            .collect::<Vec<_>>();
-        Ok::<_, String>((nads, pods))
-    })?;
+    let (nads, pods) = runtime
+        .block_on(async {
+            let api = plexus_cluster::KubeApi::connect(settings).await?;
+            Ok::<_, plexus_cluster::ClusterError>((api.all_nads().await?, api.all_pods().await?))
+        })
+        .map_err(|e| e.to_string())?;
     Ok(check(&nads, &pods, multus_conf.as_ref()))
-}
-
-/// Every object of `api`, 500 a page.
-async fn list_all<K>(api: &kube::Api<K>) -> Result<Vec<K>, String>
-where
-    K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
-{
-    let mut params = kube::api::ListParams::default().limit(500);
-    let mut all = Vec::new();
-    loop {
-        let page = api.list(&params).await.map_err(|e| e.to_string())?;
-        all.extend(page.items);
-        match page.metadata.continue_.filter(|c| !c.is_empty()) {
-            Some(next) => params = params.continue_token(&next),
-            None => return Ok(all),
-        }
-    }
 }
