@@ -96,6 +96,15 @@ struct Inputs {
     legacy: BTreeSet<String>,
 }
 
+impl Inputs {
+    /// Why the agent waits for its Node, as `plexus status` shows it: only while there are NetworkHooks the node
+    /// cannot decide on.
+    fn shown_wait(&self) -> Option<String> {
+        let hooks_exist = self.hooks.as_ref().is_some_and(|h| !h.is_empty());
+        self.node_wait.clone().filter(|_| hooks_exist)
+    }
+}
+
 /// A module made ready: where its component is and what was checked.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
@@ -179,10 +188,7 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
             async move {
                 let (snapshot, legacy) = {
                     let i = inputs.lock().expect("inputs");
-                    // The wait matters (to `plexus status`) once there are NetworkHooks the node cannot decide on.
-                    let hooks_exist = i.hooks.as_ref().is_some_and(|h| !h.is_empty());
-                    *waiting.lock().unwrap_or_else(|e| e.into_inner()) =
-                        i.node_wait.clone().filter(|_| hooks_exist);
+                    *waiting.lock().unwrap_or_else(|e| e.into_inner()) = i.shown_wait();
                     (i.hooks.clone().zip(i.node.clone()), i.legacy.clone())
                 };
                 let Some((hooks, (labels, uid))) = snapshot else {
@@ -318,10 +324,12 @@ impl NodeWait {
         )
     }
 
-    fn set(&self, why: Option<String>) {
+    /// Records why it waits (`None`: it does not); logs and schedules the hook set only when that changed, and
+    /// says whether it did.
+    fn set(&self, why: Option<String>) -> bool {
         let mut inputs = self.inputs.lock().expect("inputs");
         if inputs.node_wait == why {
-            return;
+            return false;
         }
         match &why {
             Some(why) => tracing::warn!(node = %self.node, "the hook agent waits: {why}"),
@@ -333,6 +341,7 @@ impl NodeWait {
         inputs.node_wait = why;
         drop(inputs);
         self.changed.schedule(());
+        true
     }
 }
 
@@ -1072,6 +1081,45 @@ mod tests {
         )
         .unwrap());
         assert!(selects(None, &labels(&[])).unwrap());
+    }
+
+    /// The wait for the Node is recorded (and logged) once per change, and `plexus status` shows it only while
+    /// there are NetworkHooks to decide on.
+    #[test]
+    fn the_wait_for_the_node_is_kept_once_per_change_and_shown_while_hooks_exist() {
+        let inputs = Arc::new(Mutex::new(Inputs::default()));
+        let wait = NodeWait {
+            node: "n1".into(),
+            inputs: inputs.clone(),
+            changed: Controller::new(controller::Settings {
+                concurrency: 1,
+                retry_first: FIRST_RETRY,
+                retry_max: MAX_RETRY,
+                resync: None,
+            }),
+        };
+        assert!(wait.set(Some(wait.missing())));
+        assert!(!wait.set(Some(wait.missing())), "the same reason again");
+        let shown = || inputs.lock().unwrap().shown_wait();
+        assert_eq!(shown(), None, "before the hooks are listed");
+        inputs.lock().unwrap().hooks = Some(BTreeMap::new());
+        assert_eq!(shown(), None, "no NetworkHook");
+        inputs.lock().unwrap().hooks = Some(
+            [(
+                "h".to_string(),
+                Resource {
+                    spec: Err("x".into()),
+                    generation: 1,
+                },
+            )]
+            .into(),
+        );
+        assert!(shown().unwrap().contains("there is no Node named n1"));
+        assert!(wait.set(Some("cannot read its Node n1: 403".into())));
+        assert_eq!(shown().as_deref(), Some("cannot read its Node n1: 403"));
+        assert!(wait.set(None));
+        assert!(!wait.set(None));
+        assert_eq!(shown(), None);
     }
 
     #[test]
