@@ -690,6 +690,81 @@ mod binary {
         (sb, conf)
     }
 
+    /// A 1.34+ server's pod names its claims in `status.resourceClaimStatuses` (claims made from templates get
+    /// generated names): those claims are the pod's, whatever `reservedFor` says, and the node's slices are
+    /// listed with the `spec.nodeName` selector (another node lists a device of the same name).
+    #[test]
+    fn a_pods_claims_come_from_its_resource_claim_statuses() {
+        let server = ApiServer::start();
+        let (sb, conf) = sandbox(&server);
+        server.add_pod(json!({
+            "metadata": {"name": "dra", "namespace": "team-a", "uid": "uid-dra",
+                "annotations": {"k8s.v1.cni.cncf.io/networks": "sriov-net"}},
+            "spec": {"nodeName": "node1"},
+            "status": {"resourceClaimStatuses": [{"name": "nic", "resourceClaimName": "dra-nic-x7k2p"}]}
+        }));
+        server.add_nad(json!({
+            "metadata": {"name": "sriov-net", "namespace": "team-a",
+                "annotations": {"k8s.v1.cni.cncf.io/resourceName": "example.com/sriov"}},
+            "spec": {"config": "{\"cniVersion\":\"1.0.0\",\"type\":\"secondary-plugin\"}"}
+        }));
+        let claim = |name: &str, device: &str, reserved: &[&str]| {
+            let reserved: Vec<Value> = reserved
+                .iter()
+                .map(|uid| json!({"resource": "pods", "name": "dra", "uid": uid}))
+                .collect();
+            json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                "metadata": {"name": name, "namespace": "team-a"},
+                "spec": {},
+                "status": {
+                    "allocation": {"devices": {"results": [
+                        {"request": "nic", "driver": "sriov.example.com", "pool": "pool-a", "device": device}
+                    ]}},
+                    "reservedFor": reserved
+                }
+            })
+        };
+        // Named by the pod's status (its reservedFor is not read when the pod names its claims).
+        server.add_claim(claim("dra-nic-x7k2p", "vf1", &[]));
+        // Reserved for the pod but not named by it: not the pod's claim on this path.
+        server.add_claim(claim("stale", "vf0", &["uid-dra"]));
+        for (node, id) in [("node2", "0000:99:00.2"), ("node1", "0000:01:00.2")] {
+            server.add_slice(json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": format!("{node}-slice")},
+                "spec": {"driver": "sriov.example.com", "nodeName": node,
+                    "pool": {"name": "pool-a", "generation": 1, "resourceSliceCount": 1},
+                    "devices": [
+                        {"name": "vf0", "attributes": {
+                            "k8s.cni.cncf.io/deviceID": {"string": "0000:01:00.1"},
+                            "k8s.cni.cncf.io/resourceName": {"string": "example.com/sriov"}}},
+                        {"name": "vf1", "attributes": {
+                            "k8s.cni.cncf.io/deviceID": {"string": id},
+                            "k8s.cni.cncf.io/resourceName": {"string": "example.com/sriov"}}}
+                    ]}
+            }));
+        }
+        sb.run("ADD", "c-dra", &Sandbox::pod_args("team-a", "dra"), &conf)
+            .ok();
+        let call = sb
+            .calls()
+            .into_iter()
+            .find(|c| c.plugin == "secondary-plugin" && c.command == "ADD")
+            .expect("the NAD's delegate ran");
+        assert_eq!(call.stdin["deviceID"], "0000:01:00.2", "{}", call.stdin);
+        let slices = server
+            .requests()
+            .into_iter()
+            .find(|r| r.path == "/apis/resource.k8s.io/v1/resourceslices")
+            .expect("the node's slices were listed");
+        let query = slices.query.unwrap_or_default();
+        assert!(
+            query.contains("fieldSelector=spec.nodeName%3Dnode1"),
+            "{query}"
+        );
+    }
+
     #[test]
     fn add_reads_pod_and_nad_then_patches_status_and_posts_an_event() {
         let server = ApiServer::start();
@@ -704,6 +779,11 @@ mod binary {
             .collect();
         let expected = [
             ("GET", POD_PATH),
+            // The pod's ResourceClaims (none: the list answers empty).
+            (
+                "GET",
+                "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims",
+            ),
             ("GET", NAD_PATH),
             ("PATCH", STATUS_PATH),
             ("POST", "/api/v1/namespaces/team-a/events"),

@@ -7,6 +7,7 @@ mod conformance;
 mod daemon;
 mod deploy_manifests;
 mod device_info;
+mod dra;
 mod e2e_containerd;
 mod e2e_daemonset;
 mod e2e_hooks;

@@ -85,6 +85,9 @@ struct FaultRule {
 struct State {
     pods: BTreeMap<(String, String), Value>,
     nads: BTreeMap<(String, String), Value>,
+    /// DRA's ResourceClaims (`resource.k8s.io/v1`, served as a 1.34+ server does) and ResourceSlices.
+    claims: BTreeMap<(String, String), Value>,
+    slices: Vec<Value>,
     events: Vec<Value>,
     requests: Vec<RecordedRequest>,
     faults: Vec<FaultRule>,
@@ -180,6 +183,17 @@ impl ApiServer {
     }
 
     /// Stores a NetworkAttachmentDefinition (a full JSON object).
+    /// Adds a ResourceClaim (served from `resource.k8s.io/v1`, list only).
+    pub fn add_claim(&self, claim: Value) {
+        let key = object_key(&claim);
+        self.shared.lock().claims.insert(key, claim);
+    }
+
+    /// Adds a ResourceSlice (listed with the `spec.nodeName` field selector honoured, as 1.34+ does).
+    pub fn add_slice(&self, slice: Value) {
+        self.shared.lock().slices.push(slice);
+    }
+
     pub fn add_nad(&self, mut nad: Value) {
         let key = object_key(&nad);
         if nad.pointer("/metadata/resourceVersion").is_none() {
@@ -506,6 +520,35 @@ fn route(shared: &Shared, req: &RecordedRequest) -> (u16, Value) {
             list_nads(shared, None)
         }
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => create_event(shared, req, ns),
+        ("GET", ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims"]) => {
+            let items: Vec<Value> = shared
+                .lock()
+                .claims
+                .iter()
+                .filter(|((n, _), _)| n == ns)
+                .map(|(_, c)| c.clone())
+                .collect();
+            (200, dra_list("ResourceClaimList", items))
+        }
+        ("GET", ["apis", "resource.k8s.io", "v1", "resourceslices"]) => {
+            let node = req.query.as_deref().and_then(|q| {
+                q.split('&')
+                    .find_map(|kv| kv.strip_prefix("fieldSelector="))
+                    .map(|v| v.replace("%3D", "=").replace("%2F", "/"))
+                    .and_then(|v| v.strip_prefix("spec.nodeName=").map(str::to_string))
+            });
+            let items: Vec<Value> = shared
+                .lock()
+                .slices
+                .iter()
+                .filter(|s| {
+                    node.as_ref()
+                        .is_none_or(|n| s["spec"]["nodeName"] == n.as_str())
+                })
+                .cloned()
+                .collect();
+            (200, dra_list("ResourceSliceList", items))
+        }
         _ => (
             404,
             status_body(
@@ -529,6 +572,10 @@ fn with_type_meta(mut nad: Value) -> Value {
             .or_insert(json!("NetworkAttachmentDefinition"));
     }
     nad
+}
+
+fn dra_list(kind: &str, items: Vec<Value>) -> Value {
+    json!({"apiVersion": "resource.k8s.io/v1", "kind": kind, "metadata": {"resourceVersion": "1"}, "items": items})
 }
 
 fn list_nads(shared: &Shared, namespace: Option<&str>) -> (u16, Value) {

@@ -256,6 +256,7 @@ impl Cluster for FileCluster {
             uid: meta.uid,
             labels: meta.labels,
             annotations: meta.annotations,
+            ..Pod::default()
         })
     }
 

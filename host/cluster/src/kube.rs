@@ -20,6 +20,7 @@ use k8s_openapi::NamespaceResourceScope;
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};
@@ -78,6 +79,9 @@ const COMPONENT: &str = "plexus";
 const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
 /// The field manager of every write, so managedFields tell Plexus's fields apart.
 const FIELD_MANAGER: &str = "plexus";
+
+mod dra;
+pub use dra::{claim_from_kube, claim_status_apply, slice_devices, DRA_API_VERSION};
 
 /// A cluster source backed by the Kubernetes API server.
 pub struct KubeCluster {
@@ -627,7 +631,20 @@ impl KubeApi {
             })
             .await
             .map_err(|f| Self::generic(&op, ObjectKind::Pod, f))?;
+        let node_name = found.spec.as_ref().and_then(|s| s.node_name.clone());
+        let resource_claims = found
+            .status
+            .as_ref()
+            .and_then(|s| s.resource_claim_statuses.as_ref())
+            .map(|all| {
+                all.iter()
+                    .filter_map(|c| c.resource_claim_name.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
         let mut found = pod_from_meta(found.metadata);
+        found.node_name = node_name;
+        found.resource_claims = resource_claims;
         if found.namespace.is_empty() {
             found.namespace = pod.namespace.clone();
         }
@@ -815,6 +832,7 @@ pub(crate) fn pod_from_meta(meta: ObjectMeta) -> Pod {
         uid: meta.uid,
         labels: meta.labels.unwrap_or_default(),
         annotations,
+        ..Pod::default()
     }
 }
 
@@ -857,6 +875,22 @@ impl Cluster for KubeCluster {
         let conn = self.connection()?;
         conn.runtime
             .block_on(conn.api.write_status(pod, network_status))
+    }
+
+    fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
+        let conn = self.connection()?;
+        conn.runtime.block_on(conn.api.pod_claims(pod))
+    }
+
+    fn write_claim_status(
+        &self,
+        _pod: &PodRef,
+        claim: &ClaimName,
+        devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        let conn = self.connection()?;
+        conn.runtime
+            .block_on(conn.api.apply_claim_status(claim, devices))
     }
     fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
         self.event(pod, ("Normal", ADDED_INTERFACE), message)

@@ -11,13 +11,15 @@ pub mod ratelimit;
 mod watch;
 
 pub use self::kube::{
-    error_chain, KubeApi, KubeCluster, KubeSettings, ADDED_INTERFACE, MAX_RESPONSE_BYTES,
+    claim_from_kube, claim_status_apply, error_chain, slice_devices, KubeApi, KubeCluster,
+    KubeSettings, ADDED_INTERFACE, DRA_API_VERSION, MAX_RESPONSE_BYTES,
 };
 pub use file::FileCluster;
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};
 #[cfg(feature = "watch")]
-pub use watch::{run_watches, NodeCache, WatchSettings};
+pub use watch::{run_watches, DraServed, NodeCache, WatchSettings};
 
 /// What a lookup in a cache found.
 #[derive(Debug, Clone, PartialEq)]
@@ -42,6 +44,17 @@ pub struct CacheHealth {
     pub nad_lists: u64,
     /// Watch errors seen (each is retried with backoff).
     pub watch_errors: u64,
+    /// Whether the cluster serves DRA (`resource.k8s.io/v1`); absent until known.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub dra: Option<bool>,
+    /// Whether the claim and slice caches have listed.
+    #[serde(default)]
+    pub dra_synced: bool,
+    /// Allocated claims cached, and devices of this node's slices.
+    #[serde(default)]
+    pub claims: usize,
+    #[serde(default)]
+    pub slice_devices: usize,
 }
 
 /// The kinds of object a cluster source reads.
@@ -52,6 +65,7 @@ pub enum ObjectKind {
     NetworkAttachmentDefinition,
     #[serde(rename = "event")]
     Event,
+    ResourceClaim,
 }
 
 impl std::fmt::Display for ObjectKind {
@@ -60,6 +74,7 @@ impl std::fmt::Display for ObjectKind {
             ObjectKind::Pod => "pod",
             ObjectKind::NetworkAttachmentDefinition => "NetworkAttachmentDefinition",
             ObjectKind::Event => "event",
+            ObjectKind::ResourceClaim => "ResourceClaim",
         })
     }
 }
@@ -129,6 +144,21 @@ pub trait Cluster {
     /// The NetworkAttachmentDefinition `namespace/name`.
     fn nad(&self, namespace: &str, name: &str)
         -> Result<NetworkAttachmentDefinition, ClusterError>;
+    /// What the pod's ResourceClaims give its networks (Dynamic Resource Allocation). A source without DRA, or a
+    /// cluster that does not serve it, has none.
+    fn pod_claims(&self, _pod: &Pod) -> Result<PodClaims, ClusterError> {
+        Ok(PodClaims::default())
+    }
+    /// Writes Plexus's entries of a claim's `status.devices[]` for `pod` (all of them: an empty list takes back
+    /// every entry written before).
+    fn write_claim_status(
+        &self,
+        _pod: &PodRef,
+        _claim: &ClaimName,
+        _devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        Ok(())
+    }
     /// Publishes the network-status annotation value (a JSON list, spec 5) on the pod.
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
     /// Records that an interface was added (a Kubernetes Event where the source supports it).

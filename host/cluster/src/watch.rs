@@ -18,13 +18,15 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod as KubePod;
+use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, PartialObjectMeta};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
+use plexus_core::spec::dra::{claims_of_pod, pod_claims, Claim, PodClaims, SliceDevice};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod};
 
-use crate::kube::{nad_from_kube, pod_from_meta, NadObject};
+use crate::kube::{claim_from_kube, nad_from_kube, pod_from_meta, slice_devices, NadObject};
 use crate::{CacheHealth, Lookup};
 
 type Key = (String, String);
@@ -92,10 +94,40 @@ impl<T> Table<T> {
     }
 }
 
+/// Whether the cluster serves DRA's `resource.k8s.io/v1`, as the daemon last found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DraServed {
+    /// Not asked yet: a pod's claims cannot be told.
+    #[default]
+    Unknown,
+    /// The API server answers 404: no pod has claims.
+    No,
+    /// Served: the claims and the node's slices are watched.
+    Yes,
+}
+
+/// A claim as the cache keeps it: `None` for one not allocated (kept so an update that takes the allocation
+/// away replaces the allocated one).
+#[derive(Clone)]
+struct ClaimEntry {
+    key: Key,
+    claim: Option<Claim>,
+}
+
+/// A slice as the cache keeps it: its devices on this node.
+#[derive(Clone)]
+struct SliceEntry {
+    name: String,
+    devices: Vec<SliceDevice>,
+}
+
 #[derive(Default)]
 struct State {
     pods: Table<Pod>,
     nads: Table<NetworkAttachmentDefinition>,
+    claims: Table<ClaimEntry>,
+    slices: Table<SliceEntry>,
+    dra: DraServed,
     watch_errors: u64,
 }
 
@@ -132,6 +164,59 @@ impl NodeCache {
         self.state().nads.get(namespace, name)
     }
 
+    /// What the claims of the pod (`namespace`, `uid`; `claim_names` from its status where known) give its
+    /// networks, from the claim and slice caches; unsynced until both have listed (or DRA is known not served).
+    pub fn pod_claims(
+        &self,
+        namespace: &str,
+        uid: Option<&str>,
+        claim_names: &[String],
+    ) -> Lookup<PodClaims> {
+        let s = self.state();
+        match s.dra {
+            DraServed::No => return Lookup::Found(PodClaims::default()),
+            DraServed::Unknown => return Lookup::Unsynced,
+            DraServed::Yes if !(s.claims.synced && s.slices.synced) => return Lookup::Unsynced,
+            DraServed::Yes => {}
+        }
+        let claims = s.claims.items.values().filter_map(|e| e.claim.as_ref());
+        let mine = claims_of_pod(namespace, uid, claim_names, claims);
+        let found = pod_claims(mine, |k| {
+            s.slices
+                .items
+                .values()
+                .flat_map(|e| e.devices.iter())
+                .find(|d| d.key == *k)
+                .cloned()
+        });
+        Lookup::Found(found)
+    }
+
+    /// Whether DRA is served, as last found.
+    pub fn dra_served(&self) -> DraServed {
+        self.state().dra
+    }
+
+    /// Records whether DRA is served.
+    pub fn set_dra_served(&self, served: DraServed) {
+        self.state().dra = served;
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Applies a claim watch event (the claim trimmed; `None` for one without an allocation).
+    fn apply_claim(&self, event: Event<ClaimEntry>) {
+        self.state().claims.apply(event, |e| Some(e.key.clone()));
+        self.changed.send_modify(|n| *n += 1);
+    }
+
+    /// Applies a slice watch event (the slice's devices on this node).
+    fn apply_slice(&self, event: Event<SliceEntry>) {
+        self.state()
+            .slices
+            .apply(event, |e| Some((String::new(), e.name.clone())));
+        self.changed.send_modify(|n| *n += 1);
+    }
+
     /// Every pod of the node, once the pods are listed (`None` before).
     pub fn pods(&self) -> Option<Vec<Pod>> {
         let s = self.state();
@@ -150,6 +235,19 @@ impl NodeCache {
             pod_lists: s.pods.lists,
             nad_lists: s.nads.lists,
             watch_errors: s.watch_errors,
+            dra: match s.dra {
+                DraServed::Unknown => None,
+                DraServed::No => Some(false),
+                DraServed::Yes => Some(true),
+            },
+            dra_synced: s.dra == DraServed::Yes && s.claims.synced && s.slices.synced,
+            claims: s
+                .claims
+                .items
+                .values()
+                .filter(|e| e.claim.is_some())
+                .count(),
+            slice_devices: s.slices.items.values().map(|e| e.devices.len()).sum(),
         }
     }
 
@@ -203,12 +301,100 @@ pub async fn run_watches(client: Client, cache: Arc<NodeCache>, settings: WatchS
     let nad_config = watcher::Config::default()
         .timeout(settings.timeout_secs)
         .any_semantic();
-    let nads = watcher::watcher(Api::<NadObject>::all(client), nad_config).default_backoff();
+    let nads =
+        watcher::watcher(Api::<NadObject>::all(client.clone()), nad_config).default_backoff();
     tokio::join!(
         drive("pods", pods, &cache, |c, ev| c
             .apply_pod(map_event(ev, |m| pod_from_meta(m.metadata)))),
         drive("network-attachment-definitions", nads, &cache, |c, ev| c
             .apply_nad(map_event(ev, nad_from_kube))),
+        run_dra_watches(client, &cache, &settings),
+    );
+}
+
+/// How often the daemon asks again whether DRA is served, while it is not.
+const DRA_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Whether the API server serves ResourceSlices, and whether it can select them by `spec.nodeName` (CRD
+/// stand-ins of older servers answer 400). `Err` when it did not answer.
+async fn probe_dra(client: &Client, node: &str) -> Result<Option<bool>, kube::Error> {
+    let api = Api::<ResourceSlice>::all(client.clone());
+    let selected = kube::api::ListParams::default()
+        .limit(1)
+        .fields(&format!("spec.nodeName={node}"));
+    match api.list_metadata(&selected).await {
+        Ok(_) => Ok(Some(true)),
+        Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+        Err(kube::Error::Api(s)) if s.code == 400 => {
+            match api
+                .list_metadata(&kube::api::ListParams::default().limit(1))
+                .await
+            {
+                Ok(_) => Ok(Some(false)),
+                Err(kube::Error::Api(s)) if s.code == 404 => Ok(None),
+                Err(e) => Err(e),
+            }
+        }
+        Err(e) => Err(e),
+    }
+}
+
+/// The DRA watches: every allocated ResourceClaim (trimmed to what planning reads) and this node's
+/// ResourceSlices' devices. Until the API server says whether it serves DRA, a pod's claims are unsynced; where
+/// it does not, they are none, and it is asked again every minute.
+async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSettings) {
+    let node = settings.node.clone();
+    let by_field = loop {
+        match probe_dra(&client, &node).await {
+            Ok(Some(by_field)) => break by_field,
+            Ok(None) => {
+                if cache.dra_served() != DraServed::No {
+                    tracing::info!("resource.k8s.io/v1 is not served: no pod has ResourceClaims");
+                }
+                cache.set_dra_served(DraServed::No);
+                tokio::time::sleep(DRA_PROBE_INTERVAL).await;
+            }
+            Err(e) => {
+                cache.watch_error();
+                tracing::warn!(error = %e, "cannot tell whether resource.k8s.io/v1 is served; asking again");
+                tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+            }
+        }
+    };
+    tracing::info!(
+        by_field,
+        "watching ResourceClaims and this node's ResourceSlices"
+    );
+    let mut slice_config = watcher::Config::default()
+        .timeout(settings.timeout_secs)
+        .any_semantic();
+    if by_field {
+        slice_config = slice_config.fields(&format!("spec.nodeName={node}"));
+    }
+    let claim_config = watcher::Config::default()
+        .timeout(settings.timeout_secs)
+        .any_semantic();
+    let claims =
+        watcher::watcher(Api::<ResourceClaim>::all(client.clone()), claim_config).default_backoff();
+    let slices =
+        watcher::watcher(Api::<ResourceSlice>::all(client), slice_config).default_backoff();
+    cache.set_dra_served(DraServed::Yes);
+    let claim_entry = |c: ResourceClaim| ClaimEntry {
+        key: (
+            c.metadata.namespace.clone().unwrap_or_default(),
+            c.metadata.name.clone().unwrap_or_default(),
+        ),
+        claim: claim_from_kube(c),
+    };
+    let slice_entry = |s: ResourceSlice| SliceEntry {
+        name: s.metadata.name.clone().unwrap_or_default(),
+        devices: slice_devices(s, &node),
+    };
+    tokio::join!(
+        drive("resourceclaims", claims, cache, |c, ev| c
+            .apply_claim(map_event(ev, claim_entry))),
+        drive("resourceslices", slices, cache, |c, ev| c
+            .apply_slice(map_event(ev, slice_entry))),
     );
 }
 

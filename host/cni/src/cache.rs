@@ -118,14 +118,20 @@ pub struct Attachment {
     pub result: Option<Value>,
 }
 
-/// A device a device plugin allocated to the pod, as one attachment uses it.
+/// A device allocated to the pod (by a device plugin, or through one of its ResourceClaims), as one attachment
+/// uses it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Device {
-    /// The resource (`k8s.v1.cni.cncf.io/resourceName` of the NAD), e.g. `intel.com/sriov_netdevice`.
+    /// The resource (`k8s.v1.cni.cncf.io/resourceName` of the NAD), e.g. `intel.com/sriov_netdevice`; empty for
+    /// the device of a network a claim asks for without one.
     pub resource: String,
-    /// The device ID kubelet reported (a PCI address for SR-IOV).
+    /// The device ID kubelet or the device's ResourceSlice reported (a PCI address for SR-IOV); empty when a
+    /// claim's device has none (no `deviceID` is passed then).
     pub id: String,
+    /// The claim the device came from (Dynamic Resource Allocation); none for a device plugin's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<plexus_core::spec::dra::ClaimDevice>,
 }
 
 /// A configuration list in the cache: its `.conflist` object, parsed back by the CNI rules.

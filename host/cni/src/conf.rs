@@ -39,6 +39,7 @@ struct RawConf {
     #[serde(default)]
     hooks: Vec<Value>,
     cluster_hooks: Option<bool>,
+    dynamic_resource_allocation: Option<bool>,
     log_level: Option<String>,
     log_file: Option<PathBuf>,
     #[serde(default)]
@@ -127,6 +128,8 @@ pub struct PlexusConf {
     /// Whether an ADD also runs the node's active hook set (published by the node agent from the cluster's
     /// NetworkHook resources) after the `hooks` of this file.
     pub cluster_hooks: bool,
+    /// Whether planning reads the pod's ResourceClaims (`"dynamicResourceAllocation"`, default true).
+    pub dra: bool,
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub runtime_config: Map<String, Value>,
@@ -466,6 +469,7 @@ impl PlexusConf {
             ignore_invalid_selections,
             hooks: raw.hooks,
             cluster_hooks: raw.cluster_hooks.unwrap_or(true),
+            dra: raw.dynamic_resource_allocation.unwrap_or(true),
             log_level,
             log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
             runtime_config: raw.runtime_config,

@@ -15,7 +15,7 @@ const DEVICE_INFO_CAP: usize = 64 << 10;
 
 /// The device plugin's device-info file of the attachment's device, if it has one.
 fn device_plugin_file(inv: &Invocation, att: &Attachment) -> Option<std::path::PathBuf> {
-    let d = att.device.as_ref()?;
+    let d = att.device.as_ref().filter(|d| d.claim.is_none())?;
     Some(device_plugin_info_file(
         &inv.conf.device_plugin_info_dir,
         &d.resource,

@@ -152,6 +152,8 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             errors,
         });
     }
+    // The claims' device status written by the ADD goes with the attachments.
+    crate::publish::write_claim_statuses(inv, fx, &plan, false);
     let _p = phase("forget");
     if let Some(cache) = &cache {
         match cache.remove(&inv.container_id) {

@@ -7,6 +7,7 @@ use std::path::Path;
 
 use plexus_cluster::Cluster;
 use plexus_core::cni::NetworkConfigList;
+use plexus_core::spec::dra::{ClaimDevices, ClaimName, PodClaims};
 use plexus_core::spec::naming::IfNameAllocator;
 use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
 use plexus_core::spec::selection::{parse_selection_annotation, InvalidSelectionPolicy, Selection};
@@ -66,6 +67,12 @@ pub(crate) struct Planner<'a> {
     on_disk: std::cell::OnceCell<Vec<OnDiskConf>>,
     /// The pod's devices, asked for once, when the first network needs one.
     devices: std::cell::RefCell<Option<DeviceAllocator>>,
+    /// What the pod's ResourceClaims give its networks, asked for once.
+    claims: std::cell::OnceCell<PodClaims>,
+    /// The claims' devices not yet given to a network.
+    claim_devices: std::cell::RefCell<Option<ClaimDevices>>,
+    /// The networks a claim asks for (namespaced name), with the claim and request whose device each uses.
+    claim_networks: std::cell::RefCell<BTreeMap<String, (ClaimName, String)>>,
 }
 
 impl<'a> Planner<'a> {
@@ -75,17 +82,116 @@ impl<'a> Planner<'a> {
             fx,
             on_disk: std::cell::OnceCell::new(),
             devices: std::cell::RefCell::new(None),
+            claims: std::cell::OnceCell::new(),
+            claim_devices: std::cell::RefCell::new(None),
+            claim_networks: std::cell::RefCell::new(BTreeMap::new()),
         }
     }
 
-    /// The next of the pod's devices of `resource` (Device Information Specification 4.1).
-    fn device(&self, resource: &str) -> Result<String, PlexusError> {
+    /// What the pod's ResourceClaims give its networks, asked for once: none with `dynamicResourceAllocation`
+    /// off or without a cluster source. A source that may not read claims (RBAC from before DRA) gives none, with
+    /// a warning: the pod's other networks still attach.
+    fn pod_claims(&self, pod: &Pod) -> Result<&PodClaims, PlexusError> {
+        if let Some(found) = self.claims.get() {
+            return Ok(found);
+        }
+        let found = match (self.inv.conf.dra, self.fx.cluster) {
+            (true, Some(cluster)) => match cluster.pod_claims(pod) {
+                Ok(found) => found,
+                Err(e @ plexus_cluster::ClusterError::Forbidden { .. }) => {
+                    tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "not reading the pod's ResourceClaims: {e}");
+                    PodClaims::default()
+                }
+                Err(e) => return Err(PlexusError::from(e).context("the pod's ResourceClaims")),
+            },
+            _ => PodClaims::default(),
+        };
+        Ok(self.claims.get_or_init(|| found))
+    }
+
+    /// The claims' devices not yet given out, filled on first use.
+    fn with_claim_devices<T>(
+        &self,
+        pod: &Pod,
+        f: impl FnOnce(&mut ClaimDevices) -> T,
+    ) -> Result<T, PlexusError> {
+        let claims = self.pod_claims(pod)?;
+        let mut slot = self.claim_devices.borrow_mut();
+        let devices = slot.get_or_insert_with(|| ClaimDevices::new(claims.devices.clone()));
+        Ok(f(devices))
+    }
+
+    /// The next of the pod's devices of `resource`: a claim's device with that resourceName where the pod's
+    /// claims have one (Dynamic Resource Allocation), else a device plugin's (Device Information Specification
+    /// 4.1).
+    fn device(&self, resource: &str, pod: &Pod) -> Result<Device, PlexusError> {
+        let from_claims = self.with_claim_devices(pod, |d| {
+            d.has_resource(resource).then(|| d.take_resource(resource))
+        })?;
+        match from_claims {
+            Some(Some(d)) => {
+                return Ok(Device {
+                    resource: resource.to_string(),
+                    id: d.device_id.clone().unwrap_or_default(),
+                    claim: Some(d),
+                })
+            }
+            Some(None) => {
+                return Err(PlexusError::config(
+                    self.inv.pod_label(),
+                    format!(
+                        "the pod's ResourceClaims have no device of resource {resource} left for this network                          (each network takes its own)"
+                    ),
+                ))
+            }
+            None => {}
+        }
+        let id = self.plugin_device(resource)?;
+        Ok(Device {
+            resource: resource.to_string(),
+            id,
+            claim: None,
+        })
+    }
+
+    /// The device of `claim`'s `request` for a network the claim asks for; `resource` is the NAD's resourceName,
+    /// if it names one.
+    fn claim_device(
+        &self,
+        claim: &ClaimName,
+        request: &str,
+        resource: Option<String>,
+        pod: &Pod,
+    ) -> Result<Device, PlexusError> {
+        let found = self.with_claim_devices(pod, |d| d.take_request(claim, request))?;
+        let d = found.ok_or_else(|| {
+            PlexusError::config(
+                format!("ResourceClaim {claim}"),
+                format!("request {request:?} has no allocated device left for its network"),
+            )
+        })?;
+        Ok(Device {
+            resource: resource
+                .or_else(|| d.resource_name.clone())
+                .unwrap_or_default(),
+            id: d.device_id.clone().unwrap_or_default(),
+            claim: Some(d),
+        })
+    }
+
+    /// The next of the pod's device-plugin devices of `resource`.
+    fn plugin_device(&self, resource: &str) -> Result<String, PlexusError> {
         let mut slot = self.devices.borrow_mut();
         if slot.is_none() {
             let pod = self.inv.pod.as_ref().ok_or_else(|| {
                 PlexusError::config(format!("resource {resource}"), "no pod to ask devices for")
             })?;
-            *slot = Some(DeviceAllocator::new(self.fx.devices.allocated(pod)?));
+            let allocated = self
+                .fx
+                .devices
+                .allocated(pod)
+                .map_err(|e| e.context(format!("devices of resource {resource}")))?;
+            *slot = Some(DeviceAllocator::new(allocated));
         }
         let alloc = slot.as_mut().expect("filled above");
         alloc
@@ -329,7 +435,15 @@ impl<'a> Planner<'a> {
         for sel in selections {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let resolved = self.resolve_selection(&sel, pod);
+            let from_claim = self.claim_networks.borrow().get(&network).cloned();
+            let resolved = self
+                .resolve_selection(&sel, pod)
+                .map_err(|e| match &from_claim {
+                    Some((claim, request)) => {
+                        e.context(format!("ResourceClaim {claim} (request {request:?})"))
+                    }
+                    None => e,
+                });
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
@@ -341,10 +455,13 @@ impl<'a> Planner<'a> {
             let Some(ifname) = unplannable.handle(ifname)? else {
                 continue;
             };
-            let device = match resource {
-                None => None,
-                Some(resource) => match self.device(&resource) {
-                    Ok(id) => Some(Device { resource, id }),
+            let device = match (resource, &from_claim) {
+                (None, None) => None,
+                (resource, from_claim) => match match from_claim {
+                    Some((claim, request)) => self.claim_device(claim, request, resource, pod),
+                    None => self.device(resource.as_deref().unwrap_or_default(), pod),
+                } {
+                    Ok(device) => Some(device),
                     Err(e) => match &unplannable {
                         Unplannable::Fail => return Err(ctx(e)),
                         // A DEL without a cache tears down without the device rather than not at all.
@@ -402,7 +519,7 @@ impl<'a> Planner<'a> {
             }
         }
         let mut capability_args = sel.runtime_config();
-        if let Some(d) = &device {
+        if let Some(d) = device.as_ref().filter(|d| !d.id.is_empty()) {
             // As SR-IOV's plugin and Multus expect it: `deviceID` in every plugin of the list, and in
             // runtimeConfig for plugins that declare the `deviceID` capability (host-device).
             for plugin in &mut list.plugins {
@@ -494,10 +611,49 @@ impl<'a> Planner<'a> {
         (plan, cluster_answered)
     }
 
-    /// The pod's selections after parsing (spec 4.1) and policy hooks (spec 7.4).
+    /// The networks the pod's ResourceClaims ask for, after the annotation's: one the annotation names already is
+    /// attached once, with the claim's device. A malformed request fails, naming the claim.
+    fn add_claim_networks(
+        &self,
+        pod: &Pod,
+        selections: &mut Vec<Selection>,
+    ) -> Result<(), PlexusError> {
+        let claims = self.pod_claims(pod)?;
+        let mut bound = self.claim_networks.borrow_mut();
+        for net in &claims.networks {
+            let sel = net.selection().map_err(|why| {
+                PlexusError::config(
+                    format!(
+                        "ResourceClaim {} (request {:?}): opaque parameters",
+                        net.claim, net.request
+                    ),
+                    why,
+                )
+            })?;
+            let name = sel.namespaced_name();
+            if bound.contains_key(&name) {
+                tracing::warn!(claim = %net.claim, network = %name, "another claim asks for this network already; attaching it once");
+                continue;
+            }
+            bound.insert(name.clone(), (net.claim.clone(), net.request.clone()));
+            if !selections.iter().any(|s| s.namespaced_name() == name) {
+                selections.push(sel);
+            }
+        }
+        Ok(())
+    }
+
+    /// The pod's selections after parsing (spec 4.1), with the networks its ResourceClaims ask for, and policy
+    /// hooks (spec 7.4).
     pub(crate) fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
         let Some(raw) = pod.networks_annotation() else {
-            return Ok(Vec::new());
+            // No annotation: the claims' networks alone, if they ask for any.
+            let mut selections = Vec::new();
+            self.add_claim_networks(pod, &mut selections)?;
+            if selections.is_empty() {
+                return Ok(selections);
+            }
+            return self.admitted(pod, selections);
         };
         let policy = if self.inv.conf.ignore_invalid_selections {
             InvalidSelectionPolicy::Ignore
@@ -515,19 +671,30 @@ impl<'a> Planner<'a> {
         let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
             // The caller names the pod.
             .map_err(PlexusError::from)?;
-        if parsed.selections.len() > MAX_SELECTIONS {
+        if let Some(ignored) = &parsed.ignored {
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
+        }
+        let mut selections = parsed.selections;
+        self.add_claim_networks(pod, &mut selections)?;
+        if selections.len() > MAX_SELECTIONS {
             return Err(PlexusError::config(
                 plexus_core::spec::objects::NETWORKS_ANNOTATION,
                 format!(
                     "selects {} networks; at most {MAX_SELECTIONS} are allowed",
-                    parsed.selections.len()
+                    selections.len()
                 ),
             ));
         }
-        if let Some(ignored) = &parsed.ignored {
-            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
-        }
-        match self.fx.hooks.policy(pod, parsed.selections)? {
+        self.admitted(pod, selections)
+    }
+
+    /// The selections the policy hooks admit (spec 7.4).
+    fn admitted(
+        &self,
+        pod: &Pod,
+        selections: Vec<Selection>,
+    ) -> Result<Vec<Selection>, PlexusError> {
+        match self.fx.hooks.policy(pod, selections)? {
             PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
                 "selection rejected by policy hook {hook:?}: {reason}"
             ))),

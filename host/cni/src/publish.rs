@@ -1,12 +1,15 @@
 //! ADD's publish step: the network-status annotation (spec 5) after the status hooks, the attachment events, and
 //! the reply the runtime prints (the cluster network's result in the cniVersion it asked for).
 
+use std::collections::BTreeMap;
+
 use plexus_core::cni::CniResult;
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData};
 use plexus_core::spec::status::{network_status, status_default_route, NetworkStatus};
 use plexus_core::spec::Pod;
 use serde_json::Value;
 
-use crate::cache::AttachmentPlan;
+use crate::cache::{Attachment, AttachmentPlan};
 use crate::device_info::read_device_info;
 use crate::effects::Effects;
 use crate::error::PlexusError;
@@ -67,8 +70,75 @@ pub(crate) fn publish_announcing(
         if let Err(e) = cluster.publish(pod_ref, &value, &added) {
             tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
         }
+        write_claim_statuses(inv, fx, plan, true);
     }
     Ok(())
+}
+
+/// The network data of each attachment that uses a claim's device, by claim: written to the claims'
+/// `status.devices[]` after an ADD (`attached`), taken back (an empty list per claim) after a DEL. Best effort,
+/// as network-status: the claim's data is informative, and a failure is logged.
+pub(crate) fn write_claim_statuses(
+    inv: &Invocation,
+    fx: &Effects<'_>,
+    plan: &AttachmentPlan,
+    attached: bool,
+) {
+    let (Some(cluster), Some(pod_ref)) = (fx.cluster, inv.pod.as_ref()) else {
+        return;
+    };
+    let mut by_claim: BTreeMap<ClaimName, Vec<DeviceNetworkData>> = BTreeMap::new();
+    for att in &plan.attachments {
+        let Some(used) = att.device.as_ref().and_then(|d| d.claim.as_ref()) else {
+            continue;
+        };
+        let entries = by_claim.entry(used.claim.clone()).or_default();
+        if attached {
+            entries.push(network_data(att, used.key.clone()));
+        }
+    }
+    for (claim, devices) in by_claim {
+        if let Err(e) = cluster.write_claim_status(pod_ref, &claim, &devices) {
+            tracing::warn!(pod = %pod_ref, claim = %claim, "cannot write the claim's device status: {e}");
+        }
+    }
+}
+
+/// What the attachment made of its device: the pod-side interface's name and MAC and its addresses with their
+/// prefix length, from the CNI result.
+fn network_data(att: &Attachment, key: plexus_core::spec::dra::DeviceKey) -> DeviceNetworkData {
+    let mut data = DeviceNetworkData {
+        key,
+        interface_name: Some(att.ifname.clone()),
+        ips: Vec::new(),
+        hardware_address: None,
+    };
+    let Some(result) = att.result.as_ref().and_then(|r| CniResult::parse(r).ok()) else {
+        return data;
+    };
+    let pod_side = result
+        .interfaces
+        .iter()
+        .position(|i| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()) && i.name == att.ifname)
+        .or_else(|| {
+            result
+                .interfaces
+                .iter()
+                .position(|i| i.sandbox.as_deref().is_some_and(|s| !s.is_empty()))
+        });
+    if let Some(i) = pod_side {
+        data.hardware_address = result.interfaces[i].mac.clone().filter(|m| !m.is_empty());
+    }
+    data.ips = result
+        .ips
+        .iter()
+        .filter(|ip| match (ip.interface, pod_side) {
+            (Some(n), Some(i)) => n as usize == i,
+            _ => true,
+        })
+        .map(|ip| ip.address.to_string())
+        .collect();
+    data
 }
 
 /// The cluster network's result (the plan's first attachment), in the cniVersion the runtime asked for.

@@ -3,6 +3,7 @@
 //! Every function here is pure. `docs/conformance.md` maps each clause to the code and the test that
 //! checks it, and records the choices made where the spec's text is ambiguous.
 
+pub mod dra;
 pub mod naming;
 pub mod objects;
 pub mod resolve;

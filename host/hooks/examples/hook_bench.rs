@@ -96,6 +96,7 @@ fn main() -> Result<(), String> {
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         annotations: Default::default(),
+        ..Default::default()
     };
     let selections = vec![
         json!({"name": "lab", "namespace": "team-a", "interface": "net1"}),

@@ -45,6 +45,7 @@ fn pod() -> Pod {
         uid: Some("uid-1".into()),
         labels: [("app".to_string(), "web".to_string())].into(),
         annotations: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -14,6 +14,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use plexus_cluster::{Cluster, ClusterError};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::proto::{read_message, write_message, Answer, ReadError, Request, MAX_ANSWER_BYTES};
@@ -312,6 +313,41 @@ impl Cluster for DaemonCluster<'_> {
             Some(Answer::Failed { error }) => Err(error),
             Some(other) => Err(unexpected("a NetworkAttachmentDefinition", other)),
             None => self.thin.nad(namespace, name),
+        }
+    }
+
+    fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
+        let request = Request::Claims {
+            pod: PodRef {
+                namespace: pod.namespace.clone(),
+                name: pod.name.clone(),
+                uid: pod.uid.clone(),
+            },
+            claim_names: pod.resource_claims.clone(),
+        };
+        match self.ask(&request, self.conf.timeout) {
+            Some(Answer::Claims { claims }) => Ok(claims),
+            Some(Answer::Failed { error }) => Err(error),
+            Some(other) => Err(unexpected("a pod's claims", other)),
+            None => self.thin.pod_claims(pod),
+        }
+    }
+
+    fn write_claim_status(
+        &self,
+        pod: &PodRef,
+        claim: &ClaimName,
+        devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        let request = Request::ClaimStatus {
+            pod: pod.clone(),
+            claim: claim.clone(),
+            devices: devices.to_vec(),
+        };
+        match self.ask(&request, self.conf.timeout) {
+            Some(Answer::Done) => Ok(()),
+            Some(Answer::Failed { error }) => Err(error),
+            _ => self.thin.write_claim_status(pod, claim, devices),
         }
     }
 

@@ -7,6 +7,7 @@
 use std::io::{BufRead, Read, Write};
 
 use plexus_cluster::{CacheHealth, ClusterError};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};
 
@@ -38,6 +39,20 @@ pub enum Request {
         message: String,
     },
     Health,
+    /// What the pod's ResourceClaims give its networks, from the daemon's DRA caches. `claimNames` are the pod's
+    /// `status.resourceClaimStatuses` where the CNI process knows them (the daemon's pods are metadata only).
+    Claims {
+        pod: PodRef,
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        claim_names: Vec<String>,
+    },
+    /// Write Plexus's entries of a claim's `status.devices[]` (all of them; none takes them back); answered once
+    /// accepted, sent by the daemon with retries.
+    ClaimStatus {
+        pod: PodRef,
+        claim: ClaimName,
+        devices: Vec<DeviceNetworkData>,
+    },
     /// What one CNI invocation did, for the daemon's metrics. Sent after the runtime has its answer and never
     /// waited for: the CNI process reads no answer.
     Report {
@@ -95,6 +110,9 @@ pub enum Answer {
     },
     Nad {
         nad: NetworkAttachmentDefinition,
+    },
+    Claims {
+        claims: PodClaims,
     },
     Done,
     Health(DaemonHealth),

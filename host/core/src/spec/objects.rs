@@ -35,6 +35,16 @@ pub struct Pod {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
+    /// `spec.nodeName`, where the source read the pod whole (the node daemon's cache keeps metadata only).
+    #[serde(default, rename = "nodeName", skip_serializing_if = "Option::is_none")]
+    pub node_name: Option<String>,
+    /// The names of the pod's ResourceClaims, from `status.resourceClaimStatuses[]`, where the source read it.
+    #[serde(
+        default,
+        rename = "resourceClaims",
+        skip_serializing_if = "Vec::is_empty"
+    )]
+    pub resource_claims: Vec<String>,
 }
 
 impl Pod {

@@ -942,6 +942,7 @@ fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
         uid: Some("00000000-0000-0000-0000-000000000000".into()),
         labels: [("app".to_string(), "probe".to_string())].into(),
         annotations: Default::default(),
+        ..Default::default()
     };
     let selection = json!({"name": "probe-net", "namespace": "plexus-probe"});
     let config = json!({"cniVersion": "1.0.0", "name": "probe-net", "type": "bridge"});

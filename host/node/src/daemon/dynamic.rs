@@ -457,6 +457,20 @@ impl Cluster for LocalCluster {
         })
     }
 
+    fn pod_claims(&self, pod: &Pod) -> Result<plexus_core::spec::dra::PodClaims, ClusterError> {
+        match self
+            .shared
+            .cache
+            .pod_claims(&pod.namespace, pod.uid.as_deref(), &pod.resource_claims)
+        {
+            plexus_cluster::Lookup::Found(claims) => Ok(claims),
+            // A change must not take a claim's network for absent because the caches cannot tell yet.
+            _ => Err(ClusterError::unavailable(
+                "the daemon's ResourceClaim caches have not listed yet",
+            )),
+        }
+    }
+
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
         if enqueue_status(&self.shared, pod.clone(), network_status.to_string()) {
             Ok(())

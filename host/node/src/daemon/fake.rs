@@ -202,6 +202,7 @@ pub fn pod(namespace: &str, name: &str, uid: &str) -> Pod {
         uid: Some(uid.into()),
         labels: Default::default(),
         annotations: Default::default(),
+        ..Default::default()
     }
 }
 

@@ -376,6 +376,22 @@ async fn answer(state: &Arc<NodeState>, request: Request) -> Answer {
         Request::Nad { namespace, name } => looked_up(state.nad(&namespace, &name).await, |nad| {
             Answer::Nad { nad }
         }),
+        Request::Claims { pod, claim_names } => {
+            match state
+                .cache
+                .pod_claims(&pod.namespace, pod.uid.as_deref(), &claim_names)
+            {
+                plexus_cluster::Lookup::Found(claims) => Answer::Claims { claims },
+                _ => Answer::Unsynced,
+            }
+        }
+        Request::ClaimStatus { claim, devices, .. } => {
+            if state::enqueue_claim_status(state, claim, devices) {
+                Answer::Done
+            } else {
+                Answer::Busy
+            }
+        }
         Request::Status {
             pod,
             network_status,

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use plexus_cluster::{ClusterError, KubeApi, Lookup, NodeCache};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
@@ -39,6 +40,16 @@ pub trait NodeApi: Send + Sync + 'static {
     ) -> Result<(), ClusterError>;
     /// Whether events are posted at all (the `events` setting of the API source).
     fn events(&self) -> bool;
+    /// Applies Plexus's entries of a claim's `status.devices[]` (server-side apply).
+    async fn apply_claim_status(
+        &self,
+        _claim: &ClaimName,
+        _devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        Err(ClusterError::unavailable(
+            "this API side writes no claim status",
+        ))
+    }
 }
 
 #[async_trait::async_trait]
@@ -74,6 +85,13 @@ impl NodeApi for KubeApi {
     }
     fn events(&self) -> bool {
         self.settings().events
+    }
+    async fn apply_claim_status(
+        &self,
+        claim: &ClaimName,
+        devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        KubeApi::apply_claim_status(self, claim, devices).await
     }
 }
 
@@ -134,7 +152,21 @@ pub struct NodeState {
     api_reads: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
     events_seen: Arc<std::sync::Mutex<std::collections::HashMap<EventKey, Seen>>>,
+    claim_writes: std::sync::Mutex<ClaimWrites>,
 }
+
+/// Claim status writes accepted and not yet sent: the newest of each claim, and the claims whose writer runs.
+#[derive(Default)]
+struct ClaimWrites {
+    pending: std::collections::HashMap<ClaimName, Vec<DeviceNetworkData>>,
+    busy: std::collections::HashSet<ClaimName>,
+}
+
+/// Claims with a write waiting at most; past that the CNI process writes its own.
+pub const MAX_CLAIM_WRITES: usize = 4096;
+/// Attempts at one claim write before it is dropped (with a warning): a claim the API server keeps refusing
+/// must not hold a task for ever.
+const CLAIM_WRITE_ATTEMPTS: u32 = 12;
 
 /// What [`NodeState::new`] takes besides the caches and the API.
 pub struct StateParts {
@@ -160,6 +192,7 @@ impl NodeState {
             api_reads: AtomicU64::new(0),
             events_in_flight: Arc::new(AtomicUsize::new(0)),
             events_seen: Arc::default(),
+            claim_writes: std::sync::Mutex::default(),
         }
     }
 
@@ -262,6 +295,61 @@ pub fn enqueue_status(state: &Arc<NodeState>, pod: PodRef, value: String) -> boo
         Err(e) => {
             tracing::warn!(error = %e, "status write not kept; the CNI process writes it");
             false
+        }
+    }
+}
+
+/// Accepts a claim status write: answered at once, sent by the claim's writer task with retries (the newest
+/// write of a claim replaces one not sent yet). Kept in memory only: a daemon's restart loses what it had not
+/// sent (docs/operations.md). `false` past [`MAX_CLAIM_WRITES`] (the CNI process then writes it itself).
+pub fn enqueue_claim_status(
+    state: &Arc<NodeState>,
+    claim: ClaimName,
+    devices: Vec<DeviceNetworkData>,
+) -> bool {
+    {
+        let mut w = state.claim_writes.lock().unwrap_or_else(|p| p.into_inner());
+        if !w.pending.contains_key(&claim) && w.pending.len() >= MAX_CLAIM_WRITES {
+            return false;
+        }
+        w.pending.insert(claim.clone(), devices);
+        if !w.busy.insert(claim.clone()) {
+            return true;
+        }
+    }
+    let state = state.clone();
+    tokio::spawn(async move {
+        loop {
+            let next = {
+                let mut w = state.claim_writes.lock().unwrap_or_else(|p| p.into_inner());
+                let next = w.pending.remove(&claim);
+                if next.is_none() {
+                    w.busy.remove(&claim);
+                }
+                next
+            };
+            let Some(devices) = next else { return };
+            send_claim_status(&state, &claim, &devices).await;
+        }
+    });
+    true
+}
+
+/// One claim write, retried with backoff up to [`CLAIM_WRITE_ATTEMPTS`] times.
+async fn send_claim_status(state: &NodeState, claim: &ClaimName, devices: &[DeviceNetworkData]) {
+    let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
+    for attempt in 1..=CLAIM_WRITE_ATTEMPTS {
+        match state.api.apply_claim_status(claim, devices).await {
+            Ok(()) => return,
+            Err(e) if attempt == CLAIM_WRITE_ATTEMPTS => {
+                tracing::warn!(claim = %claim, error = %e, "giving up the claim's device status after {attempt} attempts");
+                return;
+            }
+            Err(e) => {
+                let wait = backoff.next_delay();
+                tracing::warn!(claim = %claim, error = %e, retry_in = ?wait, "cannot write the claim's device status yet");
+                tokio::time::sleep(wait).await;
+            }
         }
     }
 }

@@ -1,0 +1,459 @@
+//! Devices from Dynamic Resource Allocation (`resource.k8s.io/v1`): which devices a pod's ResourceClaims were
+//! allocated, what the node's ResourceSlices say of them, and the networks a claim asks for itself.
+//!
+//! The contract for NADs is the one Multus reads: a device's attributes `k8s.cni.cncf.io/deviceID` and
+//! `k8s.cni.cncf.io/resourceName` (string values) in the node's ResourceSlices; a NAD whose
+//! `k8s.v1.cni.cncf.io/resourceName` annotation equals a device's resourceName gets that device's ID. Beyond it, a
+//! claim's opaque device configuration of the form [`ATTACHMENT_API_VERSION`] / [`ATTACHMENT_KIND`] attaches a
+//! network with the device of its request (docs/conformance.md, "Networks from ResourceClaims").
+//!
+//! Pure: the cluster sources trim claims and slices to these types, and [`pod_claims`] joins them.
+
+use std::collections::{BTreeMap, HashSet};
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+
+use super::selection::{parse_selections, Selection};
+use super::{json_excerpt, json_type};
+
+/// The device attribute holding the ID a delegate is given (a PCI address for SR-IOV).
+pub const DEVICE_ID_ATTRIBUTE: &str = "k8s.cni.cncf.io/deviceID";
+/// The device attribute a NAD's `k8s.v1.cni.cncf.io/resourceName` is compared with.
+pub const RESOURCE_NAME_ATTRIBUTE: &str = "k8s.cni.cncf.io/resourceName";
+/// The `apiVersion` of a claim's opaque configuration that asks for a network.
+pub const ATTACHMENT_API_VERSION: &str = "plexus.dev/v1alpha1";
+/// Its `kind`.
+pub const ATTACHMENT_KIND: &str = "NetworkAttachment";
+/// The most claims, devices or claim networks one pod's answer carries: past that the rest are left out.
+pub const MAX_POD_CLAIM_ITEMS: usize = 64;
+
+/// A device as DRA names it: the driver, its pool, and the device's name in the pool.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct DeviceKey {
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+}
+
+impl std::fmt::Display for DeviceKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}/{}", self.driver, self.pool, self.device)
+    }
+}
+
+/// A ResourceClaim's namespace and name.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ClaimName {
+    pub namespace: String,
+    pub name: String,
+}
+
+impl std::fmt::Display for ClaimName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+/// One device of a claim's allocation (`status.allocation.devices.results[]`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AllocatedDevice {
+    pub request: String,
+    #[serde(flatten)]
+    pub key: DeviceKey,
+}
+
+/// An opaque device configuration of the claim that asks for a network: the requests it applies to (all of the
+/// claim's when empty) and its `parameters` as written.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AttachmentConfig {
+    #[serde(default)]
+    pub requests: Vec<String>,
+    pub parameters: Value,
+}
+
+/// A ResourceClaim as planning reads it: only allocated claims matter.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct Claim {
+    #[serde(flatten)]
+    pub name: ClaimName,
+    /// The UIDs of the pods in `status.reservedFor[]`.
+    #[serde(default)]
+    pub reserved_for: Vec<String>,
+    #[serde(default)]
+    pub results: Vec<AllocatedDevice>,
+    /// The configurations of [`ATTACHMENT_API_VERSION`], from `spec.devices.config[]` and
+    /// `status.allocation.devices.config[]` (the same one once).
+    #[serde(default)]
+    pub attachments: Vec<AttachmentConfig>,
+}
+
+impl Claim {
+    /// Whether `config` (an opaque configuration's `parameters`) is one this module reads.
+    pub fn is_attachment(parameters: &Value) -> bool {
+        parameters.get("apiVersion").and_then(Value::as_str) == Some(ATTACHMENT_API_VERSION)
+    }
+
+    /// Adds `config` unless the claim has it already.
+    pub fn add_attachment(&mut self, config: AttachmentConfig) {
+        if !self.attachments.contains(&config) {
+            self.attachments.push(config);
+        }
+    }
+}
+
+/// A device of one of the node's ResourceSlices, with the attributes networks read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct SliceDevice {
+    #[serde(flatten)]
+    pub key: DeviceKey,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
+}
+
+/// A device one of the pod's claims was allocated, with what the node's slices say of it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClaimDevice {
+    pub claim: ClaimName,
+    pub request: String,
+    #[serde(flatten)]
+    pub key: DeviceKey,
+    /// `k8s.cni.cncf.io/deviceID`, when a slice of this node lists the device with it.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub device_id: Option<String>,
+    /// `k8s.cni.cncf.io/resourceName`, likewise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resource_name: Option<String>,
+}
+
+/// A network a claim asks for (an [`AttachmentConfig`] of one request).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimNetwork {
+    pub claim: ClaimName,
+    pub request: String,
+    pub parameters: Value,
+}
+
+impl ClaimNetwork {
+    /// The selection the parameters describe: one element of the `networks` annotation's JSON-list form plus
+    /// `apiVersion` and `kind`; its namespace defaults to the claim's. The error says what is wrong, without
+    /// naming the claim (the caller does).
+    pub fn selection(&self) -> Result<Selection, String> {
+        let Value::Object(body) = &self.parameters else {
+            return Err(format!(
+                "opaque parameters of apiVersion {ATTACHMENT_API_VERSION} must be an object, not {}",
+                json_type(&self.parameters)
+            ));
+        };
+        match body.get("kind") {
+            Some(Value::String(k)) if k == ATTACHMENT_KIND => {}
+            other => {
+                return Err(format!(
+                    "kind must be {ATTACHMENT_KIND:?}, not {}",
+                    other.map_or("missing".into(), |v| json_excerpt(v, 60))
+                ))
+            }
+        }
+        let element: Map<String, Value> = body
+            .iter()
+            .filter(|(k, _)| k.as_str() != "apiVersion" && k.as_str() != "kind")
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        let text = Value::Array(vec![Value::Object(element)]).to_string();
+        let mut parsed =
+            parse_selections(&text, &self.claim.namespace).map_err(|e| e.to_string())?;
+        match parsed.len() {
+            1 => Ok(parsed.remove(0)),
+            n => Err(format!("describes {n} networks; it takes one")),
+        }
+    }
+}
+
+/// What the network made of a claim's device, for the claim's `status.devices[]` (`networkData`).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct DeviceNetworkData {
+    #[serde(flatten)]
+    pub key: DeviceKey,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub interface_name: Option<String>,
+    /// Addresses with their prefix length (`10.1.0.5/24`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub ips: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hardware_address: Option<String>,
+}
+
+/// What a pod's claims give its networks: their devices in order (claims in order, each claim's results in
+/// order) and the networks they ask for.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct PodClaims {
+    #[serde(default)]
+    pub devices: Vec<ClaimDevice>,
+    #[serde(default)]
+    pub networks: Vec<ClaimNetwork>,
+}
+
+impl PodClaims {
+    pub fn is_empty(&self) -> bool {
+        self.devices.is_empty() && self.networks.is_empty()
+    }
+}
+
+/// The claims of a pod: those `claim_names` names (its `status.resourceClaimStatuses`) in the pod's namespace,
+/// in that order; without names, those whose `reservedFor` lists `pod_uid`, by name. `claims` may hold claims of
+/// other pods and namespaces.
+pub fn claims_of_pod<'c>(
+    namespace: &str,
+    pod_uid: Option<&str>,
+    claim_names: &[String],
+    claims: impl IntoIterator<Item = &'c Claim>,
+) -> Vec<&'c Claim> {
+    let in_namespace = claims.into_iter().filter(|c| c.name.namespace == namespace);
+    let mut found: Vec<&Claim> = if claim_names.is_empty() {
+        let Some(uid) = pod_uid.filter(|u| !u.is_empty()) else {
+            return Vec::new();
+        };
+        let mut by_uid: Vec<&Claim> = in_namespace
+            .filter(|c| c.reserved_for.iter().any(|r| r == uid))
+            .collect();
+        by_uid.sort_by(|a, b| a.name.name.cmp(&b.name.name));
+        by_uid
+    } else {
+        let by_name: BTreeMap<&str, &Claim> =
+            in_namespace.map(|c| (c.name.name.as_str(), c)).collect();
+        let mut seen = HashSet::new();
+        claim_names
+            .iter()
+            .filter(|n| seen.insert(n.as_str()))
+            .filter_map(|n| by_name.get(n.as_str()).copied())
+            .collect()
+    };
+    found.truncate(MAX_POD_CLAIM_ITEMS);
+    found
+}
+
+/// Joins a pod's claims with the node's slice devices: every allocated device with its attributes (a device no
+/// slice of the node lists has none, so it never matches a NAD's resourceName), and every network the claims ask
+/// for, one per configuration and request.
+pub fn pod_claims<'c>(
+    claims: impl IntoIterator<Item = &'c Claim>,
+    node_devices: impl Fn(&DeviceKey) -> Option<SliceDevice>,
+) -> PodClaims {
+    let mut out = PodClaims::default();
+    for claim in claims {
+        for result in &claim.results {
+            let attrs = node_devices(&result.key);
+            out.devices.push(ClaimDevice {
+                claim: claim.name.clone(),
+                request: result.request.clone(),
+                key: result.key.clone(),
+                device_id: attrs.as_ref().and_then(|a| a.device_id.clone()),
+                resource_name: attrs.and_then(|a| a.resource_name),
+            });
+        }
+        for config in &claim.attachments {
+            let requests: Vec<&str> = if config.requests.is_empty() {
+                let mut all = Vec::new();
+                for r in &claim.results {
+                    if !all.contains(&r.request.as_str()) {
+                        all.push(r.request.as_str());
+                    }
+                }
+                all
+            } else {
+                config.requests.iter().map(String::as_str).collect()
+            };
+            for request in requests {
+                out.networks.push(ClaimNetwork {
+                    claim: claim.name.clone(),
+                    request: request.to_string(),
+                    parameters: config.parameters.clone(),
+                });
+            }
+        }
+    }
+    out.devices.truncate(MAX_POD_CLAIM_ITEMS);
+    out.networks.truncate(MAX_POD_CLAIM_ITEMS);
+    out
+}
+
+/// Hands out a pod's claim devices to its networks, each device once: by a claim's request (a claim network) or
+/// by resourceName (a NAD naming one), in the order [`pod_claims`] lists them.
+#[derive(Debug, Default)]
+pub struct ClaimDevices {
+    devices: Vec<ClaimDevice>,
+    used: Vec<bool>,
+}
+
+impl ClaimDevices {
+    pub fn new(devices: Vec<ClaimDevice>) -> Self {
+        let used = vec![false; devices.len()];
+        ClaimDevices { devices, used }
+    }
+
+    /// Whether some device of the claims carries `resource` (both attributes), used or not.
+    pub fn has_resource(&self, resource: &str) -> bool {
+        self.devices
+            .iter()
+            .any(|d| d.device_id.is_some() && d.resource_name.as_deref() == Some(resource))
+    }
+
+    fn take_where(&mut self, f: impl Fn(&ClaimDevice) -> bool) -> Option<ClaimDevice> {
+        let i = (0..self.devices.len()).find(|&i| !self.used[i] && f(&self.devices[i]))?;
+        self.used[i] = true;
+        Some(self.devices[i].clone())
+    }
+
+    /// The next unused device with `resource` and a device ID.
+    pub fn take_resource(&mut self, resource: &str) -> Option<ClaimDevice> {
+        self.take_where(|d| d.device_id.is_some() && d.resource_name.as_deref() == Some(resource))
+    }
+
+    /// The next unused device of `claim`'s `request`.
+    pub fn take_request(&mut self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
+        self.take_where(|d| d.claim == *claim && d.request == request)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn key(device: &str) -> DeviceKey {
+        DeviceKey {
+            driver: "sriov.example.com".into(),
+            pool: "node-a".into(),
+            device: device.into(),
+        }
+    }
+
+    fn claim(ns: &str, name: &str, uids: &[&str], results: &[(&str, &str)]) -> Claim {
+        Claim {
+            name: ClaimName {
+                namespace: ns.into(),
+                name: name.into(),
+            },
+            reserved_for: uids.iter().map(|u| u.to_string()).collect(),
+            results: results
+                .iter()
+                .map(|(request, device)| AllocatedDevice {
+                    request: request.to_string(),
+                    key: key(device),
+                })
+                .collect(),
+            attachments: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn a_pods_claims_by_name_in_order_else_by_reservation() {
+        let claims = [
+            claim("ns", "b", &["uid-1"], &[]),
+            claim("ns", "a", &["uid-1", "uid-2"], &[]),
+            claim("other", "c", &["uid-1"], &[]),
+            claim("ns", "d", &["uid-2"], &[]),
+        ];
+        let names = |found: Vec<&Claim>| -> Vec<String> {
+            found.iter().map(|c| c.name.name.clone()).collect()
+        };
+        assert_eq!(
+            names(claims_of_pod("ns", Some("uid-1"), &[], &claims)),
+            ["a", "b"]
+        );
+        // Names win over reservations, in the pod's order; a name with no claim is skipped.
+        let listed = ["d".to_string(), "x".to_string(), "b".to_string()];
+        assert_eq!(
+            names(claims_of_pod("ns", Some("uid-1"), &listed, &claims)),
+            ["d", "b"]
+        );
+        assert!(claims_of_pod("ns", None, &[], &claims).is_empty());
+    }
+
+    #[test]
+    fn devices_take_attributes_from_the_nodes_slices_only() {
+        let mut c = claim("ns", "c", &["u"], &[("nic", "vf0"), ("nic", "vf1")]);
+        c.attachments.push(AttachmentConfig {
+            requests: Vec::new(),
+            parameters: json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND, "name": "n"}),
+        });
+        let slices = |k: &DeviceKey| {
+            (k.device == "vf0").then(|| SliceDevice {
+                key: k.clone(),
+                device_id: Some("0000:01:00.1".into()),
+                resource_name: Some("example.com/sriov".into()),
+            })
+        };
+        let got = pod_claims([&c], slices);
+        assert_eq!(got.devices.len(), 2);
+        assert_eq!(got.devices[0].device_id.as_deref(), Some("0000:01:00.1"));
+        assert_eq!(got.devices[1].device_id, None);
+        // One network for the one request the configuration applies to (all of them: it names none).
+        assert_eq!(got.networks.len(), 1);
+        assert_eq!(got.networks[0].request, "nic");
+
+        let mut devices = ClaimDevices::new(got.devices);
+        assert!(devices.has_resource("example.com/sriov"));
+        assert_eq!(
+            devices
+                .take_resource("example.com/sriov")
+                .unwrap()
+                .key
+                .device,
+            "vf0"
+        );
+        // vf1 has no attributes: it is no device of that resource.
+        assert!(devices.take_resource("example.com/sriov").is_none());
+        let name = c.name.clone();
+        assert_eq!(
+            devices.take_request(&name, "nic").unwrap().key.device,
+            "vf1"
+        );
+        assert!(devices.take_request(&name, "nic").is_none());
+    }
+
+    #[test]
+    fn a_claim_network_is_one_selection_element() {
+        let net = |parameters: Value| ClaimNetwork {
+            claim: ClaimName {
+                namespace: "team".into(),
+                name: "c".into(),
+            },
+            request: "nic".into(),
+            parameters,
+        };
+        let sel = net(json!({
+            "apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND,
+            "name": "fast", "interface": "fast0", "ips": ["10.1.0.5/24"]
+        }))
+        .selection()
+        .unwrap();
+        assert_eq!(sel.namespaced_name(), "team/fast");
+        assert_eq!(sel.interface.as_deref(), Some("fast0"));
+        assert_eq!(sel.ips, ["10.1.0.5/24"]);
+        let other = net(
+            json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND,
+            "name": "n", "namespace": "infra"}),
+        )
+        .selection()
+        .unwrap();
+        assert_eq!(other.namespaced_name(), "infra/n");
+
+        let err = net(json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": "Other", "name": "n"}))
+            .selection()
+            .unwrap_err();
+        assert!(err.contains("kind must be"), "{err}");
+        let err = net(json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND}))
+            .selection()
+            .unwrap_err();
+        assert!(err.contains("name"), "{err}");
+        let err = net(json!(["x"])).selection().unwrap_err();
+        assert!(err.contains("must be an object"), "{err}");
+    }
+}

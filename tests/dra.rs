@@ -1,0 +1,439 @@
+//! Networks from Dynamic Resource Allocation on the real API server (1.20.2) with CRD stand-ins of
+//! `resource.k8s.io/v1` ResourceClaim and ResourceSlice (tests/data/dra-crds.yaml): RBAC, watches, the status
+//! subresource and server-side apply are the real server's. The test plays the scheduler and the DRA driver: it
+//! writes the node's ResourceSlices and each claim's allocation and `reservedFor` (1.20 drops a pod's
+//! `resourceClaimStatuses`, so claims are found by `reservedFor`). The delegates are the recording fake.
+
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use plexus_tests::deploy_manifest;
+use plexus_tests::kubeapi::KubeApiServer;
+use plexus_tests::plexus::{NodeDaemon, Sandbox};
+use serde_json::{json, Value};
+
+const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+const NODE: &str = "node1";
+const DRIVER: &str = "sriov.example.com";
+const RESOURCE: &str = "example.com/sriov";
+
+struct Dra {
+    api: KubeApiServer,
+    sb: Sandbox,
+}
+
+fn data_file(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name)
+}
+
+/// The API server with the project's CRDs and RBAC and the DRA stand-ins; the CNI binary's own account bound to
+/// the project's role; `node1`'s slice (vf0, vf1 with both attributes, vf3 with none) and `node2`'s (vf2, the
+/// only slice that lists it); NADs `sriov-net` (resourceName example.com/sriov) and `fast`.
+fn dra_cluster() -> Dra {
+    let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], &[]);
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.apply_file(&data_file("dra-crds.yaml"));
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "plexus-cni"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
+        "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
+    }));
+    api.wait_for("/apis/resource.k8s.io/v1/resourceslices");
+    api.wait_for("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
+    api.namespace("team-a");
+    let device = |name: &str, id: Option<&str>| {
+        let mut attributes = serde_json::Map::new();
+        if let Some(id) = id {
+            attributes.insert("k8s.cni.cncf.io/deviceID".into(), json!({ "string": id }));
+            attributes.insert(
+                "k8s.cni.cncf.io/resourceName".into(),
+                json!({ "string": RESOURCE }),
+            );
+        }
+        json!({"name": name, "attributes": attributes})
+    };
+    for (node, devices) in [
+        (
+            "node1",
+            vec![
+                device("vf0", Some("0000:01:00.1")),
+                device("vf1", Some("0000:01:00.2")),
+                device("vf3", None),
+            ],
+        ),
+        ("node2", vec![device("vf2", Some("0000:02:00.1"))]),
+    ] {
+        api.create(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+            "metadata": {"name": format!("{node}-{}", DRIVER.replace('.', "-"))},
+            "spec": {
+                "driver": DRIVER, "nodeName": node,
+                "pool": {"name": node, "generation": 1, "resourceSliceCount": 1},
+                "devices": devices
+            }
+        }));
+    }
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    sb.fakes(&["secondary-plugin"]);
+    api.write_kubeconfig(&sb.path("cni.kubeconfig"), "cni-token");
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    let nad = |name: &str, resource: Option<&str>| {
+        let mut annotations = serde_json::Map::new();
+        if let Some(r) = resource {
+            annotations.insert("k8s.v1.cni.cncf.io/resourceName".into(), json!(r));
+        }
+        let config = json!({"cniVersion": "1.0.0", "name": name, "type": "secondary-plugin",
+            "capabilities": {"deviceID": true}});
+        api.create(&json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": "team-a", "annotations": annotations},
+            "spec": {"config": config.to_string()}
+        }));
+    };
+    nad("sriov-net", Some(RESOURCE));
+    nad("fast", None);
+    Dra { api, sb }
+}
+
+/// A NetworkAttachment request in a claim's opaque configuration.
+fn attachment(requests: &[&str], body: Value) -> Value {
+    json!({"requests": requests, "opaque": {"driver": DRIVER, "parameters": body}})
+}
+
+impl Dra {
+    fn conf(&self, daemon: bool) -> Value {
+        let mut extra = json!({
+            "cluster": {
+                "source": "kube", "kubeconfig": self.sb.path("cni.kubeconfig"),
+                "requestTimeoutMs": 2000, "deadlineMs": 5000, "retries": 2,
+                "initialBackoffMs": 20, "maxBackoffMs": 100
+            },
+        });
+        extra["daemon"] = match daemon {
+            true => json!({"socket": self.sb.path("run/daemon.sock"), "timeoutMs": 5000}),
+            false => json!(false),
+        };
+        self.sb.conf(extra)
+    }
+
+    /// A pod of `team-a` on `node1`; its UID.
+    fn pod(&self, name: &str, networks: Option<&str>) -> String {
+        let annotations = match networks {
+            Some(n) => json!({"k8s.v1.cni.cncf.io/networks": n}),
+            None => json!({}),
+        };
+        let pod = self.api.pod("team-a", name, NODE, annotations);
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+
+    /// A claim of `team-a` with `config`, allocated (as the scheduler does) `results` of (request, pool, device)
+    /// and reserved for the pod `uid`.
+    fn claim(
+        &self,
+        name: &str,
+        config: Vec<Value>,
+        results: &[(&str, &str, &str)],
+        pod: (&str, &str),
+    ) {
+        let requests: Vec<&str> = results.iter().map(|r| r.0).collect();
+        let requests: Vec<Value> = requests
+            .iter()
+            .map(|r| json!({"name": r, "exactly": {"deviceClassName": "sriov"}}))
+            .collect();
+        self.api.create(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team-a"},
+            "spec": {"devices": {"requests": requests, "config": config}}
+        }));
+        let results: Vec<Value> = results
+            .iter()
+            .map(|(request, pool, device)| {
+                json!({"request": request, "driver": DRIVER, "pool": pool, "device": device})
+            })
+            .collect();
+        self.api.must(
+            "PATCH",
+            &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}/status"),
+            Some(&json!({"status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
+            }})),
+        );
+    }
+
+    fn claim_object(&self, name: &str) -> Value {
+        self.api.must(
+            "GET",
+            &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}"),
+            None,
+        )
+    }
+
+    /// Waits (at most 20 s) until the claim's `status.devices` satisfies `ok`; the claim.
+    #[track_caller]
+    fn wait_claim(&self, name: &str, what: &str, ok: impl Fn(&[Value]) -> bool) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let claim = self.claim_object(name);
+            let devices = claim["status"]["devices"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default();
+            if ok(&devices) {
+                return claim;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "claim {name}: {what} not reached: {claim:#}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    fn add(&self, id: &str, pod: &str, uid: &str, conf: &Value) -> plexus_tests::plexus::Run {
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+        );
+        self.sb.run("ADD", id, &args, conf)
+    }
+
+    fn del(&self, id: &str, pod: &str, uid: &str, conf: &Value) -> plexus_tests::plexus::Run {
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE=team-a;K8S_POD_NAME={pod};K8S_POD_UID={uid}"
+        );
+        self.sb.run("DEL", id, &args, conf)
+    }
+
+    /// Each secondary delegate ADD since the last clear: (ifname, top-level deviceID, runtimeConfig deviceID).
+    fn device_calls(&self) -> Vec<(String, String, String)> {
+        self.sb
+            .calls()
+            .iter()
+            .filter(|c| c.plugin == "secondary-plugin" && c.command == "ADD")
+            .map(|c| {
+                let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+                (
+                    c.env.get("CNI_IFNAME").cloned().unwrap_or_default(),
+                    s(&c.stdin["deviceID"]),
+                    s(&c.stdin["runtimeConfig"]["deviceID"]),
+                )
+            })
+            .collect()
+    }
+
+    fn cni_requests(&self) -> Vec<String> {
+        self.api
+            .audit()
+            .into_iter()
+            .filter(|(u, _, _)| u == CNI_USER)
+            .map(|(_, verb, uri)| format!("{verb} {uri}"))
+            .collect()
+    }
+}
+
+/// The claim's `status.devices[]` entry of `device`.
+fn entry<'a>(devices: &'a [Value], device: &str) -> Option<&'a Value> {
+    devices.iter().find(|d| d["device"] == device)
+}
+
+/// One pod with a NAD naming the resource and a claim that asks for a second network: in thin mode and through the
+/// daemon, each network gets its device's ID, the claim's network attaches with its interface name, the claim's
+/// status carries each device's network data after ADD and not after DEL, and the allocation stays.
+#[test]
+fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
+    let c = dra_cluster();
+    let uid = c.pod("web", Some("sriov-net"));
+    c.claim(
+        "web-nics",
+        vec![attachment(
+            &["extra"],
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment",
+                   "name": "fast", "interface": "fast0"}),
+        )],
+        &[("nic", "node1", "vf0"), ("extra", "node1", "vf1")],
+        ("web", &uid),
+    );
+
+    // Thin mode: the CNI process reads the claims and the node's slices itself.
+    let conf = c.conf(false);
+    c.add("c-thin", "web", &uid, &conf).ok();
+    assert_eq!(
+        c.device_calls(),
+        [
+            (
+                "net1".to_string(),
+                "0000:01:00.1".to_string(),
+                "0000:01:00.1".to_string()
+            ),
+            (
+                "fast0".to_string(),
+                "0000:01:00.2".to_string(),
+                "0000:01:00.2".to_string()
+            ),
+        ],
+        "the NAD gets the device of its resource, the claim's network its request's device"
+    );
+    let status = c.api.network_status("team-a", "web");
+    let names: Vec<&str> = status.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(
+        names,
+        ["cluster-net", "team-a/sriov-net", "team-a/fast"],
+        "{status:?}"
+    );
+    assert_eq!(status[2].1, "fast0");
+
+    let claim = c.wait_claim("web-nics", "network data of both devices", |d| d.len() == 2);
+    let devices = claim["status"]["devices"].as_array().unwrap();
+    let vf0 = entry(devices, "vf0").expect("vf0's entry");
+    assert_eq!(vf0["driver"], DRIVER);
+    assert_eq!(vf0["pool"], "node1");
+    assert_eq!(vf0["networkData"]["interfaceName"], "net1");
+    let ips = vf0["networkData"]["ips"].as_array().expect("ips");
+    assert!(
+        !ips.is_empty() && ips.iter().all(|ip| ip.as_str().unwrap().contains('/')),
+        "{vf0}"
+    );
+    assert!(
+        vf0["networkData"]["hardwareAddress"]
+            .as_str()
+            .is_some_and(|m| m.len() == 17),
+        "{vf0}"
+    );
+    assert_eq!(vf0["conditions"][0]["type"], "Ready");
+    assert_eq!(vf0["conditions"][0]["status"], "True");
+    assert_eq!(
+        entry(devices, "vf1").unwrap()["networkData"]["interfaceName"],
+        "fast0"
+    );
+    let managers: Vec<String> = claim["metadata"]["managedFields"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["manager"].as_str().unwrap_or_default().to_string())
+        .collect();
+    assert!(managers.contains(&"plexus".to_string()), "{managers:?}");
+
+    c.del("c-thin", "web", &uid, &conf).ok();
+    let claim = c.wait_claim("web-nics", "no network data after DEL", |d| d.is_empty());
+    assert_eq!(
+        claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .map(Vec::len),
+        Some(2),
+        "the allocation stays: {claim:#}"
+    );
+    assert_eq!(claim["status"]["reservedFor"][0]["uid"], uid.as_str());
+
+    // Through the daemon: the same plan, and the ADD reads nothing from the API.
+    let d = NodeDaemon::start(
+        NODE,
+        &c.sb.path("daemon.kubeconfig"),
+        &c.sb.path("run/daemon.sock"),
+        &c.sb.path("cache"),
+        &c.sb.path("daemon.log"),
+        &[],
+    );
+    let h = d.wait("caches synced, DRA included", |h| {
+        h.cache.pods_synced && h.cache.nads_synced && h.cache.dra_synced
+    });
+    assert_eq!(h.cache.dra, Some(true));
+    assert_eq!(h.cache.slice_devices, 3, "node1's devices only: {h:?}");
+    c.sb.clear_calls();
+    let before = c.cni_requests().len();
+    let conf = c.conf(true);
+    c.add("c-daemon", "web", &uid, &conf).ok();
+    assert_eq!(c.device_calls().len(), 2);
+    assert_eq!(c.device_calls()[0].1, "0000:01:00.1");
+    assert_eq!(c.device_calls()[1].0, "fast0");
+    assert_eq!(
+        c.cni_requests()[before..].to_vec(),
+        Vec::<String>::new(),
+        "a daemon-mode ADD reads nothing from the API"
+    );
+    c.wait_claim("web-nics", "network data written by the daemon", |d| {
+        entry(d, "vf1").is_some_and(|e| e["networkData"]["interfaceName"] == "fast0")
+    });
+    c.del("c-daemon", "web", &uid, &conf).ok();
+    c.wait_claim("web-nics", "taken back through the daemon", |d| {
+        d.is_empty()
+    });
+    drop(d);
+}
+
+/// A claim naming a NAD that does not exist, or with a malformed request, fails the ADD naming the claim, and
+/// leaves nothing attached; a device only another node's slice lists is no device of the resource here.
+#[test]
+fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
+    let c = dra_cluster();
+    let conf = c.conf(false);
+
+    let uid = c.pod("missing", None);
+    c.claim(
+        "missing-nic",
+        vec![attachment(
+            &[],
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment", "name": "nope"}),
+        )],
+        &[("nic", "node1", "vf0")],
+        ("missing", &uid),
+    );
+    let run = c.add("c-missing", "missing", &uid, &conf);
+    let msg = run.msg();
+    assert!(run.code() != 0, "{msg}");
+    assert!(msg.contains("ResourceClaim team-a/missing-nic"), "{msg}");
+    assert!(msg.contains("nope"), "{msg}");
+    let adds = c.sb.calls().iter().filter(|x| x.command == "ADD").count();
+    let dels = c.sb.calls().iter().filter(|x| x.command == "DEL").count();
+    assert!(
+        adds <= dels,
+        "everything added was taken back: {:?}",
+        c.sb.call_summary()
+    );
+    assert!(
+        c.sb.cached_plan("c-missing").is_none(),
+        "no cache entry stays"
+    );
+
+    let uid = c.pod("malformed", None);
+    c.claim(
+        "malformed-nic",
+        vec![attachment(
+            &["nic"],
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "Other", "name": "fast"}),
+        )],
+        &[("nic", "node1", "vf0")],
+        ("malformed", &uid),
+    );
+    let run = c.add("c-malformed", "malformed", &uid, &conf);
+    let msg = run.msg();
+    assert_eq!(run.code(), 7, "{msg}");
+    assert!(msg.contains("ResourceClaim team-a/malformed-nic"), "{msg}");
+    assert!(msg.contains("kind must be"), "{msg}");
+
+    // vf2 is listed by node2's slice only: on node1 it has no attributes, so the NAD finds no device.
+    let uid = c.pod("elsewhere", Some("sriov-net"));
+    c.claim(
+        "elsewhere-nic",
+        Vec::new(),
+        &[("nic", "node2", "vf2")],
+        ("elsewhere", &uid),
+    );
+    let run = c.add("c-elsewhere", "elsewhere", &uid, &conf);
+    let msg = run.msg();
+    assert!(run.code() != 0, "{msg}");
+    assert!(msg.contains(RESOURCE), "{msg}");
+
+    // A pod without claims or devices attaches as before: the claims list answers empty.
+    let uid = c.pod("plain", Some("fast"));
+    c.sb.clear_calls();
+    c.add("c-plain", "plain", &uid, &conf).ok();
+    assert_eq!(
+        c.device_calls(),
+        [("net1".to_string(), String::new(), String::new())]
+    );
+}
