@@ -414,6 +414,12 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
     assert_eq!(run.code(), 7, "{msg}");
     assert!(msg.contains("ResourceClaim team-a/malformed-nic"), "{msg}");
     assert!(msg.contains("kind must be"), "{msg}");
+    // With DRA switched off in the conf, the claims are not read: the pod attaches its cluster network alone.
+    let mut off = conf.clone();
+    off["dynamicResourceAllocation"] = json!(false);
+    c.sb.clear_calls();
+    c.add("c-off", "malformed", &uid, &off).ok();
+    assert!(c.device_calls().is_empty(), "{:?}", c.sb.call_summary());
 
     // vf2 is listed by node2's slice only: on node1 it has no attributes, so the NAD finds no device.
     let uid = c.pod("elsewhere", Some("sriov-net"));
