@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::plexus::{NodeDaemon, Sandbox};
+use plexus_tests::plexus::{guest_wasm, NodeDaemon, Sandbox};
 use serde_json::{json, Value};
 
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
@@ -97,6 +97,11 @@ fn dra_cluster() -> Dra {
     };
     nad("sriov-net", Some(RESOURCE));
     nad("fast", None);
+    // A NAD without a config, for a resolver hook to fill.
+    api.create(&json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "bare", "namespace": "team-a"}, "spec": {}
+    }));
     Dra { api, sb }
 }
 
@@ -363,6 +368,45 @@ fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
         d.is_empty()
     });
     drop(d);
+}
+
+/// Hooks see the device (WIT 0.1.2): the example resolver `network-templates` fills a NAD without a config with
+/// the template of the DRA driver whose device the selection uses, and leaves a selection without one alone.
+#[test]
+fn a_resolver_hook_sees_the_claim_device_of_its_selection() {
+    let c = dra_cluster();
+    let mut conf = c.conf(false);
+    conf["hooks"] = json!([{
+        "name": "templates", "kind": "resolver", "module": guest_wasm("network-templates"),
+        "settings": {"driverTemplates": {DRIVER: {
+            "cniVersion": "1.0.0", "type": "secondary-plugin", "marker": "driver-template"}}}
+    }]);
+    let uid = c.pod("templated", None);
+    c.claim(
+        "templated-nic",
+        vec![attachment(
+            &["nic"],
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment", "name": "bare",
+                   "interface": "dra0"}),
+        )],
+        &[("nic", "node1", "vf1")],
+        ("templated", &uid),
+    );
+    c.add("c-templated", "templated", &uid, &conf).ok();
+    let call =
+        c.sb.calls()
+            .into_iter()
+            .find(|x| x.plugin == "secondary-plugin" && x.command == "ADD")
+            .expect("the templated network's delegate ran");
+    assert_eq!(call.stdin["marker"], "driver-template", "{}", call.stdin);
+    assert_eq!(call.stdin["deviceID"], "0000:01:00.2");
+    assert_eq!(call.env["CNI_IFNAME"], "dra0");
+
+    // Without a claim device the NAD has no config and no template: the ADD fails naming it.
+    let uid = c.pod("untemplated", Some("bare"));
+    let run = c.add("c-untemplated", "untemplated", &uid, &conf);
+    assert!(run.code() != 0, "{}", run.msg());
+    assert!(run.msg().contains("bare"), "{}", run.msg());
 }
 
 /// A claim naming a NAD that does not exist, or with a malformed request, fails the ADD naming the claim, and

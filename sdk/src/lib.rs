@@ -68,7 +68,9 @@ pub mod testing;
 mod types;
 
 pub use serde_json::Value;
-pub use types::{Bandwidth, Decision, Dns, Error, Pod, PortMapping, Selection, StatusEntry};
+pub use types::{
+    Bandwidth, ClaimDevice, Decision, Dns, Error, Pod, PortMapping, Selection, StatusEntry,
+};
 
 /// The generated wire bindings; use the SDK's types and [`export!`] instead.
 #[doc(hidden)]
@@ -125,6 +127,13 @@ pub trait Status {
 /// (the node daemon's dynamic networks), `false` during the ADD that makes its sandbox (WIT 0.1.1).
 pub fn pod_running() -> bool {
     host::pod_running()
+}
+
+/// The claim device `selection`'s network will use, if it uses one (Dynamic Resource Allocation, WIT 0.1.2): in
+/// a resolver call the device planning gave that selection; in a policy call the device of each network a
+/// ResourceClaim asks for. `None` otherwise. In native tests: [`testing::Harness::device`].
+pub fn selection_device(selection: &Selection) -> Option<ClaimDevice> {
+    host::selection_device(&selection.namespace, &selection.name)
 }
 
 /// The hook's settings (the `settings` of its entry in the plexus configuration), deserialized.
@@ -304,6 +313,21 @@ mod host {
     }
 
     #[cfg(target_arch = "wasm32")]
+    pub(crate) fn selection_device(namespace: &str, name: &str) -> Option<crate::ClaimDevice> {
+        crate::wit::plexus::hooks::host::selection_device(namespace, name).map(|d| {
+            crate::ClaimDevice {
+                claim: d.claim,
+                request: d.request,
+                driver: d.driver,
+                pool: d.pool,
+                device: d.device,
+                device_id: d.device_id,
+                resource_name: d.resource_name,
+            }
+        })
+    }
+
+    #[cfg(target_arch = "wasm32")]
     pub(crate) fn log(level: crate::log::Level, message: &str) {
         use crate::log::Level;
         use crate::wit::plexus::hooks::host::{self as h, Level as W};
@@ -318,5 +342,5 @@ mod host {
     }
 
     #[cfg(not(target_arch = "wasm32"))]
-    pub(crate) use crate::testing::native::{log, pod_running, settings};
+    pub(crate) use crate::testing::native::{log, pod_running, selection_device, settings};
 }

@@ -19,7 +19,7 @@
 
 use crate::glue;
 use crate::log::Level;
-use crate::types::{Decision, Error, Pod, Selection, StatusEntry};
+use crate::types::{ClaimDevice, Decision, Error, Pod, Selection, StatusEntry};
 use crate::{Policy, Resolver, Status};
 use serde_json::Value;
 use std::cell::RefCell;
@@ -30,6 +30,7 @@ pub struct Harness {
     settings: Value,
     pod: Pod,
     pod_running: bool,
+    devices: Vec<((String, String), ClaimDevice)>,
     logs: RefCell<Vec<(Level, String)>>,
 }
 
@@ -40,6 +41,7 @@ impl Harness {
             settings: Value::Null,
             pod: Pod::new("default", "test-pod"),
             pod_running: false,
+            devices: Vec::new(),
             logs: RefCell::new(Vec::new()),
         }
     }
@@ -53,6 +55,13 @@ impl Harness {
     /// What `pod_running()` answers in every call (`false`: the ADD that makes the sandbox).
     pub fn pod_running(mut self, running: bool) -> Self {
         self.pod_running = running;
+        self
+    }
+
+    /// What `selection_device()` answers for the selection of network `namespace`/`name` in every call.
+    pub fn device(mut self, namespace: &str, name: &str, device: ClaimDevice) -> Self {
+        self.devices
+            .push(((namespace.to_string(), name.to_string()), device));
         self
     }
 
@@ -105,6 +114,7 @@ impl Harness {
     fn run<T>(&self, call: impl FnOnce() -> Result<T, String>) -> Result<T, Error> {
         native::SETTINGS.with(|s| *s.borrow_mut() = self.settings.to_string());
         native::POD_RUNNING.with(|r| r.set(self.pod_running));
+        native::DEVICES.with(|d| *d.borrow_mut() = self.devices.clone());
         native::LOGS.with(|l| l.borrow_mut().clear());
         let out = call();
         let logs = native::LOGS.with(|l| std::mem::take(&mut *l.borrow_mut()));
@@ -122,6 +132,18 @@ pub(crate) mod native {
         pub(crate) static SETTINGS: RefCell<String> = RefCell::new("null".to_string());
         pub(crate) static POD_RUNNING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
         pub(crate) static LOGS: RefCell<Vec<(Level, String)>> = const { RefCell::new(Vec::new()) };
+        pub(crate) static DEVICES: RefCell<Vec<((String, String), crate::ClaimDevice)>> =
+            const { RefCell::new(Vec::new()) };
+    }
+
+    #[allow(dead_code)]
+    pub(crate) fn selection_device(namespace: &str, name: &str) -> Option<crate::ClaimDevice> {
+        DEVICES.with(|d| {
+            d.borrow()
+                .iter()
+                .find(|((ns, n), _)| ns == namespace && n == name)
+                .map(|(_, device)| device.clone())
+        })
     }
 
     #[allow(dead_code)]

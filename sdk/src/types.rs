@@ -4,6 +4,21 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 use std::collections::BTreeMap;
 
+/// A device of one of the pod's ResourceClaims (Dynamic Resource Allocation) as a network uses it (WIT 0.1.2).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClaimDevice {
+    /// The ResourceClaim's name (in the pod's namespace) and the request the device was allocated for.
+    pub claim: String,
+    pub request: String,
+    /// The device as DRA names it: driver, pool, and its name in the pool.
+    pub driver: String,
+    pub pool: String,
+    pub device: String,
+    /// Its `k8s.cni.cncf.io/deviceID` and `k8s.cni.cncf.io/resourceName` attributes on this node.
+    pub device_id: Option<String>,
+    pub resource_name: Option<String>,
+}
+
 /// The pod being attached.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Pod {

@@ -1,5 +1,7 @@
 //! A resolver hook: a NetworkAttachmentDefinition without a config (spec 3.2.4) whose name has an
-//! entry in `templates` resolves to that CNI configuration.
+//! entry in `templates` resolves to that CNI configuration; one whose selection uses a ResourceClaim's
+//! device (WIT 0.1.2) and has no template of its own resolves to the template of the device's DRA driver
+//! in `driverTemplates`.
 
 use plexus_sdk::{Error, Pod, Resolver, Selection, Value};
 use serde::Deserialize;
@@ -10,6 +12,9 @@ use serde_json::Map;
 struct Settings {
     #[serde(default)]
     templates: Map<String, Value>,
+    /// Templates by DRA driver name, for selections that use a claim's device.
+    #[serde(default, rename = "driverTemplates")]
+    driver_templates: Map<String, Value>,
 }
 
 pub struct NetworkTemplates;
@@ -26,15 +31,31 @@ impl Resolver for NetworkTemplates {
             return Ok(None);
         }
         let settings: Settings = plexus_sdk::settings()?;
-        match settings.templates.get(&selection.name) {
-            None => Ok(None),
-            Some(template @ Value::Object(_)) => {
+        let (key, template) = match settings.templates.get(&selection.name) {
+            Some(t) => (selection.name.clone(), t),
+            None => {
+                let Some(device) = plexus_sdk::selection_device(selection) else {
+                    return Ok(None);
+                };
+                match settings.driver_templates.get(&device.driver) {
+                    Some(t) => {
+                        plexus_sdk::log::debug(format!(
+                            "{} uses {} of claim {}: template of its driver",
+                            selection.name, device.device, device.claim
+                        ));
+                        (device.driver, t)
+                    }
+                    None => return Ok(None),
+                }
+            }
+        };
+        match template {
+            Value::Object(_) => {
                 plexus_sdk::log::debug(format!("template for {}", selection.name));
                 Ok(Some(template.clone()))
             }
-            Some(_) => Err(Error::msg(format_args!(
-                "template {:?} is not a JSON object",
-                selection.name
+            _ => Err(Error::msg(format_args!(
+                "template {key:?} is not a JSON object"
             ))),
         }
     }
@@ -75,6 +96,31 @@ mod tests {
     #[test]
     fn names_without_template_are_left_alone() {
         let out = harness()
+            .resolve::<NetworkTemplates>(&Selection::new("default", "other"), None, None)
+            .unwrap();
+        assert_eq!(out, None);
+    }
+
+    #[test]
+    fn a_selection_with_a_claim_device_gets_its_drivers_template() {
+        let device = plexus_sdk::ClaimDevice {
+            claim: "web-nics".into(),
+            request: "nic".into(),
+            driver: "sriov.example.com".into(),
+            pool: "node1".into(),
+            device: "vf1".into(),
+            device_id: Some("0000:01:00.2".into()),
+            resource_name: None,
+        };
+        let h = Harness::new()
+            .settings(json!({"driverTemplates": {"sriov.example.com": {"type": "sriov"}}}))
+            .device("default", "fast", device);
+        let out = h
+            .resolve::<NetworkTemplates>(&Selection::new("default", "fast"), None, None)
+            .unwrap();
+        assert_eq!(out.unwrap()["type"], "sriov");
+        // Another selection has no device: nothing to template.
+        let out = h
             .resolve::<NetworkTemplates>(&Selection::new("default", "other"), None, None)
             .unwrap();
         assert_eq!(out, None);

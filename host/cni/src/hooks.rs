@@ -30,6 +30,9 @@ pub trait HookRunner {
     ) -> Result<Option<Value>, PlexusError>;
     /// The status entries after the status hooks; they follow the spec's rules (section 5).
     fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
+    /// The claim devices the selections of the next calls use, by network (what `host.selection-device`
+    /// answers).
+    fn set_devices(&self, _devices: plexus_hooks::SelectionDevices) {}
     /// Every hook call made so far, for the report to the node daemon.
     fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {
         Vec::new()
@@ -170,6 +173,10 @@ impl HookSet {
 impl HookRunner for Hooks {
     fn is_empty(&self) -> bool {
         Hooks::is_empty(self)
+    }
+
+    fn set_devices(&self, devices: plexus_hooks::SelectionDevices) {
+        Hooks::set_devices(self, devices);
     }
 
     fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {

@@ -436,25 +436,25 @@ impl<'a> Planner<'a> {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
             let from_claim = self.claim_networks.borrow().get(&network).cloned();
-            let resolved = self
-                .resolve_selection(&sel, pod)
-                .map_err(|e| match &from_claim {
-                    Some((claim, request)) => {
-                        e.context(format!("ResourceClaim {claim} (request {request:?})"))
-                    }
-                    None => e,
-                });
+            let in_claim = |e: PlexusError| match &from_claim {
+                Some((claim, request)) => {
+                    e.context(format!("ResourceClaim {claim} (request {request:?})"))
+                }
+                None => e,
+            };
+            let fetched = self.fetch_nad(&sel).map_err(in_claim);
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
                 .next(sel.interface.as_deref())
                 .map_err(|e| ctx(e.into()));
-            let Some((list, resource)) = unplannable.handle(resolved)? else {
+            let Some((nad, resource)) = unplannable.handle(fetched)? else {
                 continue;
             };
             let Some(ifname) = unplannable.handle(ifname)? else {
                 continue;
             };
+            // The device first: resolver hooks see it (`host.selection-device`).
             let device = match (resource, &from_claim) {
                 (None, None) => None,
                 (resource, from_claim) => match match from_claim {
@@ -472,35 +472,60 @@ impl<'a> Planner<'a> {
                     },
                 },
             };
+            self.show_devices(&sel, device.as_ref());
+            let resolved = self.resolve_fetched(&sel, &nad, pod).map_err(in_claim);
+            let Some(list) = unplannable.handle(resolved)? else {
+                continue;
+            };
             plan.attachments
                 .push(self.attachment(sel, ifname, list, device));
         }
         Ok(plan)
     }
 
-    /// A selection's NAD, resolved (resolver hooks, then spec 3.4.1) and checked against the capabilities the
-    /// selection needs; with the device-plugin resource the NAD names, if any. Errors name the network.
-    fn resolve_selection(
+    /// What `host.selection-device` answers the resolver hooks of `sel`: its claim device, if it has one.
+    fn show_devices(&self, sel: &Selection, device: Option<&Device>) {
+        if self.fx.hooks.is_empty() {
+            return;
+        }
+        let shown = device
+            .and_then(|d| d.claim.clone())
+            .map(|d| ((sel.namespace.clone(), sel.name.clone()), d));
+        self.fx.hooks.set_devices(shown.into_iter().collect());
+    }
+
+    /// A selection's NAD, with the device-plugin resource it names, if any. Errors name the network.
+    fn fetch_nad(
         &self,
         sel: &Selection,
-        pod: &Pod,
-    ) -> Result<(NetworkConfigList, Option<String>), PlexusError> {
+    ) -> Result<(NetworkAttachmentDefinition, Option<String>), PlexusError> {
         let network = sel.namespaced_name();
-        let ctx = |e: PlexusError| e.context(format!("network {network}"));
         let nad = self
             .cluster()?
             .nad(&sel.namespace, &sel.name)
-            .map_err(|e| ctx(e.into()))?;
-        let list = self
-            .resolve_nad_config(&nad, Some(sel), Some(pod))
-            .map_err(ctx)?;
-        check_capabilities(&sel.required_capabilities(), &list.plugins, &network)?;
+            .map_err(|e| PlexusError::from(e).context(format!("network {network}")))?;
         let resource = nad
             .annotations
             .get(RESOURCE_NAME_ANNOTATION)
             .filter(|r| !r.trim().is_empty())
             .cloned();
-        Ok((list, resource))
+        Ok((nad, resource))
+    }
+
+    /// A fetched NAD resolved for `sel` (resolver hooks, then spec 3.4.1) and checked against the capabilities
+    /// the selection needs. Errors name the network.
+    fn resolve_fetched(
+        &self,
+        sel: &Selection,
+        nad: &NetworkAttachmentDefinition,
+        pod: &Pod,
+    ) -> Result<NetworkConfigList, PlexusError> {
+        let network = sel.namespaced_name();
+        let list = self
+            .resolve_nad_config(nad, Some(sel), Some(pod))
+            .map_err(|e| e.context(format!("network {network}")))?;
+        check_capabilities(&sel.required_capabilities(), &list.plugins, &network)?;
+        Ok(list)
     }
 
     /// The attachment of a resolved selection on `ifname`: its `cni-args` merged into every plugin, its
@@ -555,7 +580,7 @@ impl<'a> Planner<'a> {
         ifname: String,
         pod: &Pod,
     ) -> Result<Attachment, PlexusError> {
-        let (list, resource) = self.resolve_selection(&sel, pod)?;
+        let (nad, resource) = self.fetch_nad(&sel)?;
         if let Some(resource) = resource {
             return Err(PlexusError::config(
                 format!("network {}", sel.namespaced_name()),
@@ -565,6 +590,8 @@ impl<'a> Planner<'a> {
                 ),
             ));
         }
+        self.show_devices(&sel, None);
+        let list = self.resolve_fetched(&sel, &nad, pod)?;
         Ok(self.attachment(sel, ifname, list, None))
     }
 
@@ -688,12 +715,24 @@ impl<'a> Planner<'a> {
         self.admitted(pod, selections)
     }
 
-    /// The selections the policy hooks admit (spec 7.4).
+    /// The selections the policy hooks admit (spec 7.4). The hooks see the device of each network a claim asks
+    /// for (`host.selection-device`).
     fn admitted(
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
     ) -> Result<Vec<Selection>, PlexusError> {
+        if !self.fx.hooks.is_empty() {
+            let bound = self.claim_networks.borrow().clone();
+            let mut shown = plexus_hooks::SelectionDevices::new();
+            for (network, (claim, request)) in bound {
+                let found = self.with_claim_devices(pod, |d| d.peek_request(&claim, &request))?;
+                if let (Some(d), Some((ns, name))) = (found, network.split_once('/')) {
+                    shown.insert((ns.to_string(), name.to_string()), d);
+                }
+            }
+            self.fx.hooks.set_devices(shown);
+        }
         match self.fx.hooks.policy(pod, selections)? {
             PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
                 "selection rejected by policy hook {hook:?}: {reason}"

@@ -29,7 +29,7 @@ use wasmtime::component::{Component, HasSelf, Instance, InstancePre, Linker};
 use wasmtime::{Engine, Store, Trap};
 
 /// The version of the `plexus:hooks` WIT package this host implements.
-pub const WIT_VERSION: &str = "0.1.1";
+pub const WIT_VERSION: &str = "0.1.2";
 
 /// Longest deny reason passed on (the rest is cut).
 const REASON_CAP: usize = 4096;
@@ -120,7 +120,14 @@ pub struct Hooks {
     calls: std::sync::Mutex<Vec<HookCall>>,
     /// What `host.pod-running` answers (see [`Hooks::set_pod_running`]).
     pod_running: bool,
+    /// What `host.selection-device` answers in the next calls (see [`Hooks::set_devices`]).
+    devices: std::sync::Mutex<Arc<SelectionDevices>>,
 }
+
+/// The claim devices selections will use, by the network's (namespace, name): what `host.selection-device`
+/// answers.
+pub type SelectionDevices =
+    std::collections::BTreeMap<(String, String), plexus_core::spec::dra::ClaimDevice>;
 
 /// One hook call and how it ended: `allow` (admitted, rewrote, resolved or shaped), `deny` (a policy hook
 /// refused the selections), `timeout` (cut off at its deadline) or `error` (any other fault, whatever the
@@ -256,6 +263,7 @@ impl Hooks {
             return Ok(Hooks {
                 calls: Default::default(),
                 pod_running: false,
+                devices: Default::default(),
                 hooks: Vec::new(),
                 artifacts: Vec::new(),
                 runtime: None,
@@ -406,6 +414,7 @@ impl Hooks {
         Ok(Hooks {
             calls: Default::default(),
             pod_running: false,
+            devices: Default::default(),
             hooks,
             artifacts,
             runtime: Some(Runtime { engine, ticker }),
@@ -439,6 +448,12 @@ impl Hooks {
             _ => "error",
         };
         self.record(hook, outcome);
+    }
+
+    /// The claim devices the selections of the next calls use (what `host.selection-device` answers, WIT
+    /// 0.1.2); replaces the earlier ones.
+    pub fn set_devices(&self, devices: SelectionDevices) {
+        *self.devices.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(devices);
     }
 
     /// How each distinct component was made ready (compiled or loaded from the cache).
@@ -638,6 +653,10 @@ impl Hooks {
                 hook.info.clone(),
                 Duration::from_millis(hook.timeout_ms),
                 self.pod_running,
+                self.devices
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .clone(),
             ),
         );
         store.limiter(|s| &mut s.limits);

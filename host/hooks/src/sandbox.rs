@@ -217,10 +217,16 @@ pub(crate) struct State {
     log_bytes: usize,
     pub(crate) log_dropped: usize,
     pod_running: bool,
+    devices: Arc<crate::SelectionDevices>,
 }
 
 impl State {
-    pub(crate) fn new(info: Arc<HookInfo>, timeout: Duration, pod_running: bool) -> Self {
+    pub(crate) fn new(
+        info: Arc<HookInfo>,
+        timeout: Duration,
+        pod_running: bool,
+        devices: Arc<crate::SelectionDevices>,
+    ) -> Self {
         let clock_base = Instant::now();
         let stdout = CappedPipe::new(OUTPUT_CAP);
         let stderr = CappedPipe::new(OUTPUT_CAP);
@@ -249,6 +255,7 @@ impl State {
             log_bytes: 0,
             log_dropped: 0,
             pod_running,
+            devices,
         }
     }
 }
@@ -310,6 +317,19 @@ impl host::Host for State {
 
     fn pod_running(&mut self) -> bool {
         self.pod_running
+    }
+
+    fn selection_device(&mut self, namespace: String, name: String) -> Option<host::ClaimDevice> {
+        let d = self.devices.get(&(namespace, name))?;
+        Some(host::ClaimDevice {
+            claim: d.claim.name.clone(),
+            request: d.request.clone(),
+            driver: d.key.driver.clone(),
+            pool: d.key.pool.clone(),
+            device: d.key.device.clone(),
+            device_id: d.device_id.clone(),
+            resource_name: d.resource_name.clone(),
+        })
     }
 }
 

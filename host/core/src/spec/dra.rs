@@ -315,6 +315,17 @@ impl ClaimDevices {
         self.take_where(|d| d.device_id.is_some() && d.resource_name.as_deref() == Some(resource))
     }
 
+    /// The device [`ClaimDevices::take_request`] would give, without taking it.
+    pub fn peek_request(&self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
+        (0..self.devices.len())
+            .find(|&i| {
+                !self.used[i]
+                    && self.devices[i].claim == *claim
+                    && self.devices[i].request == request
+            })
+            .map(|i| self.devices[i].clone())
+    }
+
     /// The next unused device of `claim`'s `request`.
     pub fn take_request(&mut self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
         self.take_where(|d| d.claim == *claim && d.request == request)
