@@ -4,12 +4,11 @@
 //! writes the node's ResourceSlices and each claim's allocation and `reservedFor` (1.20 drops a pod's
 //! `resourceClaimStatuses`, so claims are found by `reservedFor`). The delegates are the recording fake.
 
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::plexus::{guest_wasm, NodeDaemon, Sandbox};
+use plexus_tests::{deploy_manifest, test_data};
 use serde_json::{json, Value};
 
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
@@ -22,12 +21,6 @@ struct Dra {
     sb: Sandbox,
 }
 
-fn data_file(name: &str) -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("data")
-        .join(name)
-}
-
 /// The API server with the project's CRDs and RBAC and the DRA stand-ins; the CNI binary's own account bound to
 /// the project's role; `node1`'s slice (vf0, vf1 with both attributes, vf3 with none) and `node2`'s (vf2, the
 /// only slice that lists it); NADs `sriov-net` (resourceName example.com/sriov) and `fast`.
@@ -35,7 +28,7 @@ fn dra_cluster() -> Dra {
     let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], &[]);
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
-    api.apply_file(&data_file("dra-crds.yaml"));
+    api.apply_file(&test_data("dra-crds.yaml"));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},

@@ -17,8 +17,10 @@ use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
     IpamDir,
 };
-use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox};
-use plexus_tests::{deploy_manifest, tail};
+use plexus_tests::plexus::{
+    fake_cni_bin, guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox,
+};
+use plexus_tests::{deploy_manifest, tail, test_data};
 use serde_json::{json, Value};
 
 const NS: &str = "team";
@@ -38,12 +40,40 @@ struct Node {
     sb: Sandbox,
 }
 
+/// The DRA driver of the test's devices.
+const DRIVER: &str = "sriov.example.com";
+const RESOURCE: &str = "example.com/sriov";
+
 impl Node {
     fn start() -> Node {
+        Node::start_with(false)
+    }
+
+    /// With `dra`: the stand-in DRA CRDs, this node's ResourceSlice (vf0, vf1 with both network attributes), NAD
+    /// `sriov-net` (net-b's bridge and a recording chained plugin, `resourceName` example.com/sriov), and the
+    /// daemon waits for its DRA caches too.
+    fn start_with(dra: bool) -> Node {
         require_root_and_plugins();
         let api = KubeApiServer::start(&[], &[]);
         api.apply_file(&deploy_manifest("crds.yaml"));
         api.apply_file(&deploy_manifest("rbac.yaml"));
+        if dra {
+            api.apply_file(&test_data("dra-crds.yaml"));
+            api.wait_for("/apis/resource.k8s.io/v1/resourceslices");
+            api.wait_for("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
+            let device = |name: &str, id: &str| {
+                json!({"name": name, "attributes": {
+                    "k8s.cni.cncf.io/deviceID": {"string": id},
+                    "k8s.cni.cncf.io/resourceName": {"string": RESOURCE}}})
+            };
+            api.create(&json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+                "metadata": {"name": "node-sriov"},
+                "spec": {"driver": DRIVER, "nodeName": NODE,
+                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
+                    "devices": [device("vf0", "0000:01:00.1"), device("vf1", "0000:01:00.2")]}
+            }));
+        }
         api.namespace(NS);
         api.namespace("other");
         let sb = Sandbox::new();
@@ -68,6 +98,19 @@ impl Node {
         api.nad(NS, "net-a", &confs[1].1);
         api.nad(NS, "net-b", &confs[2].1);
         api.nad("other", "net-c", &confs[3].1);
+        if dra {
+            let mut list = confs[2].1.clone();
+            list["plugins"]
+                .as_array_mut()
+                .unwrap()
+                .push(json!({"type": "recorder", "capabilities": {"deviceID": true}}));
+            api.create(&json!({
+                "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                "metadata": {"name": "sriov-net", "namespace": NS,
+                    "annotations": {"k8s.v1.cni.cncf.io/resourceName": RESOURCE}},
+                "spec": {"config": list.to_string()}
+            }));
+        }
         api.write_kubeconfig(&sb.path("plexus.kubeconfig"), "plexus-token");
         api.write_kubeconfig(&sb.path("admin.kubeconfig"), "admin-token");
 
@@ -83,6 +126,9 @@ impl Node {
                        "module": guest_wasm("namespace-isolation")}],
         }));
         let (bin, conf_dir) = cni_dirs(&sb, &plexus_cni_bin(), plexus);
+        // The recording fake, chained after a real plugin: it passes the result on and keeps what it was given.
+        std::os::unix::fs::symlink(fake_cni_bin(), bin.join("recorder"))
+            .expect("link the recorder");
 
         // The CNI binary carries no wasm compiler: a hook of the conf is compiled once with the full binary, as an
         // operator does from the daemon's container (docs/operations.md).
@@ -106,7 +152,7 @@ impl Node {
             &sb.path("daemon.log"),
             &["--dynamic-networks"],
         );
-        daemon.wait("synced", |h| h.synced());
+        daemon.wait("synced", |h| h.synced() && (!dra || h.cache.dra_synced));
         let containerd = Containerd::start(&bin, &conf_dir);
         let kubelet = Kubelet::start(&api, &containerd.socket());
         Node {
@@ -344,4 +390,206 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
             host_links_on_bridge(bridge.name())
         );
     }
+}
+
+/// What the recording chained plugin was given on ADD: (CNI_IFNAME, top-level deviceID, runtimeConfig deviceID).
+fn recorded_devices(sb: &Sandbox) -> Vec<(String, String, String)> {
+    let text = std::fs::read_to_string(sb.path("cni-bin/calls.jsonl")).unwrap_or_default();
+    text.lines()
+        .filter_map(|l| serde_json::from_str::<Value>(l).ok())
+        .filter(|c| c["command"] == "ADD")
+        .map(|c| {
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (
+                s(&c["env"]["CNI_IFNAME"]),
+                s(&c["stdin"]["deviceID"]),
+                s(&c["stdin"]["runtimeConfig"]["deviceID"]),
+            )
+        })
+        .collect()
+}
+
+impl Node {
+    /// Plays the scheduler and the DRA driver for pod `name` (created unbound, selecting `networks`): claim
+    /// `<name>-nics` with `config`, allocated `results` of (request, device) and reserved for the pod, then the
+    /// pod bound to this node, which kubelet then starts.
+    fn schedule_with_claim(
+        &self,
+        name: &str,
+        networks: Option<&str>,
+        config: Value,
+        results: &[(&str, &str)],
+    ) {
+        let mut pod = pod_on_node(NS, name, networks.unwrap_or(""));
+        pod["spec"].as_object_mut().unwrap().remove("nodeName");
+        if networks.is_none() {
+            pod["metadata"]
+                .as_object_mut()
+                .unwrap()
+                .remove("annotations");
+        }
+        let uid = self.api.create(&pod)["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        let claim = format!("{name}-nics");
+        let requests: Vec<Value> = results
+            .iter()
+            .map(|(r, _)| json!({"name": r, "exactly": {"deviceClassName": DRIVER}}))
+            .collect();
+        self.api.create(&json!({
+            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim, "namespace": NS},
+            "spec": {"devices": {"requests": requests, "config": config}}
+        }));
+        let results: Vec<Value> = results
+            .iter()
+            .map(|(r, d)| json!({"request": r, "driver": DRIVER, "pool": NODE, "device": d}))
+            .collect();
+        self.api.must(
+            "PATCH",
+            &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}/status"),
+            Some(&json!({"status": {
+                "allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]
+            }})),
+        );
+        self.api.must(
+            "POST",
+            &format!("/api/v1/namespaces/{NS}/pods/{name}/binding"),
+            Some(
+                &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
+                         "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}),
+            ),
+        );
+    }
+
+    fn claim_devices(&self, claim: &str) -> Vec<Value> {
+        let c = self.api.must(
+            "GET",
+            &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}"),
+            None,
+        );
+        c["status"]["devices"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+/// Dynamic Resource Allocation on a real node: a pod whose NAD takes its claim's device (the chained plugin sees
+/// the device ID), the claim's own network on its interface name, the claim's `status.devices[]` with the
+/// interfaces' real addresses and MACs after ADD and none after the pod is gone while the allocation stays; a
+/// claim naming a missing NAD fails the sandbox, naming the claim, and leaves no address behind.
+#[test]
+fn a_pods_resource_claims_give_its_networks_their_devices() {
+    let node = Node::start_with(true);
+    let attachment = |name: &str, interface: &str| {
+        json!([{"requests": ["extra"], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment",
+            "name": name, "interface": interface}}}])
+    };
+    node.schedule_with_claim(
+        "web",
+        Some("sriov-net"),
+        attachment("net-a", "dra0"),
+        &[("nic", "vf0"), ("extra", "vf1")],
+    );
+    node.within(90, "the pod Running", || {
+        node.pod()
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    let ids = node.sb.cached();
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    let plan = node
+        .sb
+        .cached_plan(ids[0].trim_end_matches(".json"))
+        .unwrap();
+    let netns = PathBuf::from(plan["netns"].as_str().unwrap());
+    let ifs = interfaces(&netns);
+    assert!(has_addr_in(&ifs, "net1", &node.prefix("net-b")), "{ifs:?}");
+    assert!(has_addr_in(&ifs, "dra0", &node.prefix("net-a")), "{ifs:?}");
+    assert_eq!(
+        recorded_devices(&node.sb),
+        [(
+            "net1".to_string(),
+            "0000:01:00.1".to_string(),
+            "0000:01:00.1".to_string()
+        )],
+        "the NAD's chained plugin got the claim device's ID"
+    );
+    node.within(20, "the network-status of three", || {
+        node.status()
+            == [
+                ("cluster-net".to_string(), "eth0".to_string()),
+                (format!("{NS}/sriov-net"), "net1".to_string()),
+                (format!("{NS}/net-a"), "dra0".to_string()),
+            ]
+    });
+
+    // The claim's status: each device's interface, its real addresses and MAC.
+    node.within(20, "the claim's network data", || {
+        node.claim_devices("web-nics").len() == 2
+    });
+    let links = links_at(&netns);
+    for (device, ifname) in [("vf0", "net1"), ("vf1", "dra0")] {
+        let devices = node.claim_devices("web-nics");
+        let entry = devices.iter().find(|d| d["device"] == device).unwrap();
+        let link = links.iter().find(|l| l.ifname == ifname).unwrap();
+        let data = &entry["networkData"];
+        assert_eq!(data["interfaceName"], ifname, "{entry}");
+        assert_eq!(
+            data["hardwareAddress"].as_str(),
+            link.address.as_deref(),
+            "{entry}"
+        );
+        let ips: Vec<String> = data["ips"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_string())
+            .collect();
+        let real: Vec<String> = link
+            .cidrs()
+            .into_iter()
+            .filter(|c| !c.contains(':'))
+            .collect();
+        assert_eq!(ips, real, "{entry}");
+        assert_eq!(entry["conditions"][0]["type"], "Ready");
+    }
+
+    // A claim naming a NAD that does not exist: the sandbox fails, naming the claim, and nothing stays.
+    node.schedule_with_claim("bad", None, attachment("nope", "bad0"), &[("extra", "vf0")]);
+    node.within(60, "a Warning naming the claim", || {
+        node.api
+            .events_of(NS, "bad", "NetworkAttachFailed")
+            .iter()
+            .any(|(_, m)| m.contains(&format!("ResourceClaim {NS}/bad-nics")) && m.contains("nope"))
+    });
+    assert_eq!(node.reserved("cluster-net").len(), 1, "only web's address");
+
+    // Gone: the claim's network data goes with the pod; the allocation stays.
+    node.kubectl(&["-n", NS, "delete", "pod", "web", "bad", "--wait=false"]);
+    node.within(90, "the pods gone", || {
+        node.pod().is_none() && node.sb.cached().is_empty()
+    });
+    node.within(30, "the claim's network data taken back", || {
+        node.claim_devices("web-nics").is_empty()
+    });
+    let claim = node.api.must(
+        "GET",
+        &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/web-nics"),
+        None,
+    );
+    assert_eq!(
+        claim["status"]["allocation"]["devices"]["results"]
+            .as_array()
+            .map(Vec::len),
+        Some(2)
+    );
+    node.within(30, "every address released", || {
+        ["cluster-net", "net-a", "net-b"]
+            .iter()
+            .all(|n| node.reserved(n).is_empty())
+    });
 }

@@ -21,6 +21,13 @@ pub fn tail(path: &std::path::Path, n: usize) -> String {
 }
 
 /// A manifest of the project's deployment (`examples/deploy/<name>`), applied as written.
+/// A file of the suite's own data (`tests/data`), e.g. the DRA stand-in CRDs.
+pub fn test_data(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("data")
+        .join(name)
+}
+
 pub fn deploy_manifest(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples/deploy")
