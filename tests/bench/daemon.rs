@@ -23,6 +23,9 @@ const NADS: usize = 10_000;
 const BURST: usize = 200;
 /// The namespace of the pods that select 10 NADs, and how many there are.
 const NS_10: &str = "bench-10";
+/// The namespace of the DRA comparison's pods, and how many of each kind.
+const NS_DRA: &str = "bench-dra";
+const PODS_DRA: usize = 10;
 const PODS_10: usize = 10;
 
 struct Daemon {
@@ -234,6 +237,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
     api.apply_file(&deploy.join("crds.yaml"));
     api.apply_file(&deploy.join("rbac.yaml"));
+    api.apply_file(&plexus_tests::test_data("dra-crds.yaml"));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},
@@ -280,8 +284,9 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         &socket,
         &w.root.join("daemon-1.log"),
     )?;
+    let dra_pods = dra_setup(&api, &w)?;
     d.wait("synced", Duration::from_secs(60), |h| {
-        h.synced() && h.cache.pods == PODS + PODS_10
+        h.synced() && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA && h.cache.dra_synced
     })?;
     // Multus's thick plugin on the same node, pods and NADs, when one is provided.
     let multus = match &multus_bins {
@@ -469,6 +474,8 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         Ok(json!({"cni": per(before.0, after.0), "daemon": per(before.1, after.1)}))
     };
     let requests = json!({"thin": per_add(&thin, "thin")?, "daemon": per_add(&served, "daemon")?});
+    let dra = dra_cycles(o, &api, &w, &dra_pods, runs)?;
+
     let total = |key: &str| -> Vec<f64> {
         let (add, del) = &samples[key];
         add.iter().zip(del).map(|(a, d)| a + d).collect()
@@ -519,6 +526,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "requestsPerAdd": requests,
         "breakdown": breakdown,
         "breakdownThin": breakdown_thin,
+        "dra": dra,
         "multus": match &multus {
             Some(m) => json!({
                 "version": m.version,
@@ -571,12 +579,14 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let started = Instant::now();
     d.wait("synced with everything", Duration::from_secs(120), |h| {
-        h.synced() && h.cache.pods == PODS + PODS_10 && h.cache.nads == NADS + 3 + 10
+        h.synced()
+            && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA
+            && h.cache.nads == NADS + 3 + 10 + 4
     })?;
     let sync_seconds = started.elapsed().as_secs_f64();
     std::thread::sleep(Duration::from_secs(2));
     let (rss, hwm) = d.memory_kib();
-    let memory = json!({"pods": PODS + PODS_10, "nads": NADS + 13, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
+    let memory = json!({"pods": PODS + PODS_10 + 2 * PODS_DRA, "nads": NADS + 17, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
     log(&format!(
         "daemon: {rss} KiB resident with {PODS} pods and {NADS} NADs"
     ));
@@ -757,7 +767,7 @@ fn hotplug_latency(
     d.wait(
         "synced with the hot-plug pod",
         Duration::from_secs(120),
-        |h| h.synced() && h.cache.pods == PODS + PODS_10 + 1,
+        |h| h.synced() && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA + 1,
     )?;
     let cni = |command: &str| {
         w.plexus_args(
@@ -829,4 +839,155 @@ fn sorted(v: &[f64]) -> Vec<f64> {
     let mut s = v.to_vec();
     s.sort_by(f64::total_cmp);
     s
+}
+
+/// Reads of one identity, gets and lists (a thin-mode ADD lists the namespace's claims).
+fn reads_of(api: &KubeApiServer, user: &str) -> usize {
+    api.audit()
+        .into_iter()
+        .filter(|(u, verb, _)| u == user && (verb == "get" || verb == "list"))
+        .count()
+}
+
+/// The DRA comparison's pods: `(dra pod UIDs, device-plugin pod UIDs)`.
+type DraPods = (Vec<String>, Vec<String>);
+
+/// Two NADs per resource in [`NS_DRA`] (the world's first two networks): `dra-a`, `dra-b` on resource
+/// `example.com/dra`, whose devices come from ResourceClaims, and `dp-a`, `dp-b` on `example.com/dp`, from a
+/// device plugin. The node's ResourceSlice lists two devices per DRA pod; each DRA pod `dra-<i>` has a claim
+/// allocated two of them and reserved for it; pods `dp-<i>` select the device-plugin NADs.
+fn dra_setup(api: &KubeApiServer, w: &World) -> Result<DraPods, String> {
+    api.namespace(NS_DRA);
+    for (name, resource, net) in [
+        ("dra-a", "example.com/dra", 1),
+        ("dra-b", "example.com/dra", 2),
+        ("dp-a", "example.com/dp", 1),
+        ("dp-b", "example.com/dp", 2),
+    ] {
+        api.create(&json!({
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"name": name, "namespace": NS_DRA,
+                "annotations": {"k8s.v1.cni.cncf.io/resourceName": resource}},
+            "spec": {"config": w.nets[net].list.to_string()}
+        }));
+    }
+    let devices: Vec<Value> = (0..2 * PODS_DRA)
+        .map(|i| {
+            json!({"name": format!("vf{i}"), "attributes": {
+                "k8s.cni.cncf.io/deviceID": {"string": format!("0000:03:{:02x}.1", i)},
+                "k8s.cni.cncf.io/resourceName": {"string": "example.com/dra"}}})
+        })
+        .collect();
+    api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
+        "metadata": {"name": "bench-node-dra"},
+        "spec": {"driver": "dra.bench.example.com", "nodeName": NODE,
+            "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
+    }));
+    let pods = |prefix: &str, networks: &str| -> Result<Vec<String>, String> {
+        (0..PODS_DRA)
+            .map(|i| {
+                let pod = api.create(&json!({"apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": format!("{prefix}-{i}"), "namespace": NS_DRA,
+                        "annotations": {"k8s.v1.cni.cncf.io/networks": networks}},
+                    "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                        "containers": [{"name": "c", "image": "pause"}]}}));
+                pod["metadata"]["uid"]
+                    .as_str()
+                    .map(str::to_string)
+                    .ok_or_else(|| format!("pod {prefix}-{i}: no uid"))
+            })
+            .collect()
+    };
+    let dra = pods("dra", "dra-a,dra-b")?;
+    let dp = pods("dp", "dp-a,dp-b")?;
+    for (i, uid) in dra.iter().enumerate() {
+        let claim = format!("dra-{i}-nics");
+        api.create(&json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": claim, "namespace": NS_DRA}, "spec": {"devices": {"requests": [
+                {"name": "nic", "exactly": {"deviceClassName": "dra.bench.example.com", "count": 2}}]}}}));
+        let results: Vec<Value> = (0..2)
+            .map(|k| {
+                json!({"request": "nic", "driver": "dra.bench.example.com", "pool": NODE,
+                            "device": format!("vf{}", 2 * i + k)})
+            })
+            .collect();
+        api.must(
+            "PATCH",
+            &format!("/apis/resource.k8s.io/v1/namespaces/{NS_DRA}/resourceclaims/{claim}/status"),
+            Some(
+                &json!({"status": {"allocation": {"devices": {"results": results}},
+                "reservedFor": [{"resource": "pods", "name": format!("dra-{i}"), "uid": uid}]}}),
+            ),
+        );
+    }
+    Ok((dra, dp))
+}
+
+/// Daemon-mode ADD+DEL of a pod with 2 NADs whose devices come from its ResourceClaim, against the same pod shape
+/// with device-plugin devices (kubelet's PodResources API, a stand-in serving the real protocol on a local
+/// socket), interleaved run by run through plexus-cni; and the API requests per ADD of each.
+fn dra_cycles(
+    o: &Opts,
+    api: &KubeApiServer,
+    w: &World,
+    (dra, dp): &DraPods,
+    runs: usize,
+) -> Result<Value, String> {
+    let socket = w.root.join("pod-resources.sock");
+    let allocation = (0..PODS_DRA)
+        .map(|i| {
+            let ids = vec![
+                format!("0000:04:{:02x}.1", 2 * i),
+                format!("0000:04:{:02x}.1", 2 * i + 1),
+            ];
+            (
+                NS_DRA.to_string(),
+                format!("dp-{i}"),
+                vec![("c".to_string(), "example.com/dp".to_string(), ids)],
+            )
+        })
+        .collect();
+    let _kubelet = plexus_tests::podresources::PodResourcesServer::start(&socket, allocation, true);
+    let cni_kubeconfig = w.root.join("cni.kubeconfig");
+    let mut conf = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+    conf["podResourcesSocket"] = json!(socket);
+    let args = |prefix: &str, i: usize, uids: &[String]| {
+        args_in(NS_DRA, &format!("{prefix}-{i}"), &uids[i])
+    };
+    let one = |prefix: &str, id: String, i: usize, uids: &[String]| -> Result<(f64, f64), String> {
+        let r = cycle(&o.plexus_cni, w, &conf, &id, &args(prefix, i, uids))?;
+        Ok(r)
+    };
+    one("dra", "warm-dra".into(), 0, dra)?;
+    one("dp", "warm-dp".into(), 0, dp)?;
+    let (mut claims, mut plugins) = (Vec::new(), Vec::new());
+    for i in 0..runs {
+        let p = i % PODS_DRA;
+        let (a, d) = one("dra", format!("dra-{i}"), p, dra)?;
+        claims.push(a + d);
+        let (a, d) = one("dp", format!("dp-{i}"), p, dp)?;
+        plugins.push(a + d);
+    }
+    // Requests per ADD: 10 ADDs of each, the CNI process's and the daemon's reads from the audit log.
+    let reads_per_add = |prefix: &str, uids: &[String]| -> Result<Value, String> {
+        let before = (reads_of(api, CNI_USER), counts(api, PLEXUS_USER)[0]);
+        for i in 0..PODS_DRA {
+            one(prefix, format!("count-{prefix}-{i}"), i, uids)?;
+        }
+        let after = (reads_of(api, CNI_USER), counts(api, PLEXUS_USER)[0]);
+        let n = PODS_DRA as f64;
+        Ok(json!({"cniReads": (after.0 - before.0) as f64 / n,
+                  "daemonReads": (after.1 - before.1) as f64 / n}))
+    };
+    let requests =
+        json!({"claims": reads_per_add("dra", dra)?, "devicePlugin": reads_per_add("dp", dp)?});
+    Ok(json!({
+        "runs": runs,
+        "nads": 2,
+        "claims": stats::summary(&claims),
+        "devicePlugin": stats::summary(&plugins),
+        "claimsOverDevicePlugin": stats::median(&sorted(&claims)) / stats::median(&sorted(&plugins)),
+        "requestsPerAdd": requests,
+    }))
 }

@@ -240,6 +240,17 @@ def main():
                          f"API server stopped: daemon mode {f(hs['daemonOverFloor'])}, thin mode {f(hs['thinOverFloor'])} "
                          f"({f(hs['daemon']['median'])}, {f(hs['thin']['median'])} / {f(hs['floor']['median'])} ms)",
                          worst <= 1.2))
+        dra = cy.get("dra")
+        if dra:
+            dq = dra["requestsPerAdd"]
+            dreads = sum(dq[k]["cniReads"] + dq[k]["daemonReads"] for k in ("claims", "devicePlugin"))
+            rows.append((f"Daemon mode, a pod with {dra['nads']} NADs whose devices come from its ResourceClaim / the same "
+                         "pod with device-plugin devices (kubelet PodResources API), ADD+DEL cycle, plexus-cni; API reads per ADD",
+                         "≤ 1.1, 0 reads",
+                         f"{f(dra['claimsOverDevicePlugin'])} ({f(dra['claims']['median'])} / {f(dra['devicePlugin']['median'])} ms); "
+                         f"reads per ADD: claims {f(dq['claims']['cniReads'] + dq['claims']['daemonReads'], 1)}, device plugin "
+                         f"{f(dq['devicePlugin']['cniReads'] + dq['devicePlugin']['daemonReads'], 1)}",
+                         dra["claimsOverDevicePlugin"] <= 1.1 and dreads == 0))
         rq = cy["requestsPerAdd"]["daemon"]
         reads = rq["cni"]["reads"] + rq["daemon"]["reads"]
         writes = rq["cni"]["statusWrites"] + rq["daemon"]["statusWrites"]

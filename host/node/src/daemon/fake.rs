@@ -34,6 +34,11 @@ pub enum Call {
         event: String,
         count: i32,
     },
+    /// A claim's device status applied: the claim and the interfaces of its entries.
+    Claim {
+        claim: String,
+        interfaces: Vec<String>,
+    },
 }
 
 /// An API server in memory: pods and NADs by `namespace/name`, down (every call `Unavailable`) when told so,
@@ -192,6 +197,21 @@ impl NodeApi for FakeApi {
 
     fn events(&self) -> bool {
         !self.no_events.load(Ordering::SeqCst)
+    }
+
+    async fn apply_claim_status(
+        &self,
+        claim: &plexus_core::spec::dra::ClaimName,
+        devices: &[plexus_core::spec::dra::DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        let call = Call::Claim {
+            claim: claim.to_string(),
+            interfaces: devices
+                .iter()
+                .filter_map(|d| d.interface_name.clone())
+                .collect(),
+        };
+        self.call(call, || Ok(())).await
     }
 }
 

@@ -385,8 +385,12 @@ async fn answer(state: &Arc<NodeState>, request: Request) -> Answer {
                 _ => Answer::Unsynced,
             }
         }
-        Request::ClaimStatus { claim, devices, .. } => {
-            if state::enqueue_claim_status(state, claim, devices) {
+        Request::ClaimStatus {
+            pod,
+            claim,
+            devices,
+        } => {
+            if state::enqueue_claim_status(state, pod, claim, devices) {
                 Answer::Done
             } else {
                 Answer::Busy

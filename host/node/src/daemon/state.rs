@@ -152,21 +152,7 @@ pub struct NodeState {
     api_reads: AtomicU64,
     events_in_flight: Arc<AtomicUsize>,
     events_seen: Arc<std::sync::Mutex<std::collections::HashMap<EventKey, Seen>>>,
-    claim_writes: std::sync::Mutex<ClaimWrites>,
 }
-
-/// Claim status writes accepted and not yet sent: the newest of each claim, and the claims whose writer runs.
-#[derive(Default)]
-struct ClaimWrites {
-    pending: std::collections::HashMap<ClaimName, Vec<DeviceNetworkData>>,
-    busy: std::collections::HashSet<ClaimName>,
-}
-
-/// Claims with a write waiting at most; past that the CNI process writes its own.
-pub const MAX_CLAIM_WRITES: usize = 4096;
-/// Attempts at one claim write before it is dropped (with a warning): a claim the API server keeps refusing
-/// must not hold a task for ever.
-const CLAIM_WRITE_ATTEMPTS: u32 = 12;
 
 /// What [`NodeState::new`] takes besides the caches and the API.
 pub struct StateParts {
@@ -192,7 +178,6 @@ impl NodeState {
             api_reads: AtomicU64::new(0),
             events_in_flight: Arc::new(AtomicUsize::new(0)),
             events_seen: Arc::default(),
-            claim_writes: std::sync::Mutex::default(),
         }
     }
 
@@ -299,57 +284,52 @@ pub fn enqueue_status(state: &Arc<NodeState>, pod: PodRef, value: String) -> boo
     }
 }
 
-/// Accepts a claim status write: answered at once, sent by the claim's writer task with retries (the newest
-/// write of a claim replaces one not sent yet). Kept in memory only: a daemon's restart loses what it had not
-/// sent (docs/operations.md). `false` past [`MAX_CLAIM_WRITES`] (the CNI process then writes it itself).
+/// Accepts a claim status write for `pod`: kept on disk beside the status writes (see [`StatusQueue`]),
+/// answered at once, and sent by the claim's writer task (the newest write of a claim replaces one not sent
+/// yet). `false` when the queue is full or cannot be written (the CNI process then writes it itself).
 pub fn enqueue_claim_status(
     state: &Arc<NodeState>,
+    pod: PodRef,
     claim: ClaimName,
     devices: Vec<DeviceNetworkData>,
 ) -> bool {
-    {
-        let mut w = state.claim_writes.lock().unwrap_or_else(|p| p.into_inner());
-        if !w.pending.contains_key(&claim) && w.pending.len() >= MAX_CLAIM_WRITES {
-            return false;
+    let key = super::status_queue::claim_key(&claim);
+    match state.writes.accept_claim(pod, claim, devices) {
+        Ok(true) => {
+            start_writer(state, key);
+            true
         }
-        w.pending.insert(claim.clone(), devices);
-        if !w.busy.insert(claim.clone()) {
-            return true;
+        Ok(false) => true,
+        Err(e) => {
+            tracing::warn!(error = %e, "claim status write not kept; the CNI process writes it");
+            false
         }
     }
-    let state = state.clone();
-    tokio::spawn(async move {
-        loop {
-            let next = {
-                let mut w = state.claim_writes.lock().unwrap_or_else(|p| p.into_inner());
-                let next = w.pending.remove(&claim);
-                if next.is_none() {
-                    w.busy.remove(&claim);
-                }
-                next
-            };
-            let Some(devices) = next else { return };
-            send_claim_status(&state, &claim, &devices).await;
-        }
-    });
-    true
 }
 
-/// One claim write, retried with backoff up to [`CLAIM_WRITE_ATTEMPTS`] times.
-async fn send_claim_status(state: &NodeState, claim: &ClaimName, devices: &[DeviceNetworkData]) {
+/// One kept claim write, until the API server takes it (a newer write of the claim replaces it meanwhile) or
+/// refuses it for good (forbidden, invalid: dropped with a warning; a claim that is gone is taken as written).
+async fn send_claim(state: &NodeState, key: &Key, mut write: super::status_queue::ClaimWrite) {
     let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
-    for attempt in 1..=CLAIM_WRITE_ATTEMPTS {
-        match state.api.apply_claim_status(claim, devices).await {
+    loop {
+        match state
+            .api
+            .apply_claim_status(&write.claim, &write.devices)
+            .await
+        {
             Ok(()) => return,
-            Err(e) if attempt == CLAIM_WRITE_ATTEMPTS => {
-                tracing::warn!(claim = %claim, error = %e, "giving up the claim's device status after {attempt} attempts");
+            Err(e) if !e.is_transient() => {
+                tracing::warn!(claim = %write.claim, error = %e, "the claim's device status is refused: dropped");
                 return;
             }
             Err(e) => {
                 let wait = backoff.next_delay();
-                tracing::warn!(claim = %claim, error = %e, retry_in = ?wait, "cannot write the claim's device status yet");
+                tracing::warn!(claim = %write.claim, error = %e, retry_in = ?wait, "cannot write the claim's device status yet; kept and retried");
                 tokio::time::sleep(wait).await;
             }
+        }
+        if let Some(newer) = state.writes.newer(key).and_then(|k| k.claim) {
+            write = newer;
         }
     }
 }
@@ -369,6 +349,9 @@ pub fn start_writer(state: &Arc<NodeState>, key: Key) {
 
 /// One kept write, until the API server takes it (a newer write of the same pod replaces it meanwhile).
 async fn send_kept(state: &NodeState, key: &Key, mut kept: super::status_queue::Kept) {
+    if let Some(write) = kept.claim.take() {
+        return send_claim(state, key, write).await;
+    }
     let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
     loop {
         if let Lookup::Found(p) = state.cache.pod(&key.0, &key.1) {

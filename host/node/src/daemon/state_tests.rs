@@ -9,7 +9,9 @@ use tokio::time::Instant;
 
 use super::fake::{self, pod, pod_ref, synced_cache, Call, FakeApi};
 use super::metrics::ResultLabel;
-use super::state::{enqueue_status, send_event, start_writer, MAX_EVENTS_IN_FLIGHT};
+use super::state::{
+    enqueue_claim_status, enqueue_status, send_event, start_writer, MAX_EVENTS_IN_FLIGHT,
+};
 
 fn writes_counted(state: &super::state::NodeState, result: &str) -> u64 {
     state
@@ -385,4 +387,64 @@ async fn a_repeated_event_increments_the_first_ones_count_within_the_window() {
         matches!(after.as_slice(), [Call::Event { .. }]),
         "{after:?}"
     );
+}
+
+/// A claim's device status written across an outage and a restart: kept on disk under the claim, the newest
+/// write wins, and the next daemon sends what the last one kept.
+#[tokio::test(start_paused = true)]
+async fn a_claim_status_write_is_kept_across_an_outage_and_a_restart() {
+    use plexus_core::spec::dra::{ClaimName, DeviceKey, DeviceNetworkData};
+    let dir = tempfile::tempdir().unwrap();
+    let claim = ClaimName {
+        namespace: "ns".into(),
+        name: "web-nics".into(),
+    };
+    let data = |ifname: &str| DeviceNetworkData {
+        key: DeviceKey {
+            driver: "d".into(),
+            pool: "p".into(),
+            device: "vf0".into(),
+        },
+        interface_name: Some(ifname.into()),
+        ips: vec!["10.1.0.5/24".into()],
+        hardware_address: None,
+    };
+    {
+        let api = FakeApi::new();
+        api.set_down(true);
+        let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+        let web = pod_ref("ns", "web", "u1");
+        assert!(enqueue_claim_status(
+            &state,
+            web.clone(),
+            claim.clone(),
+            vec![data("net1")]
+        ));
+        assert!(enqueue_claim_status(
+            &state,
+            web,
+            claim.clone(),
+            vec![data("net2")]
+        ));
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert!(!api.attempts().is_empty());
+        assert_eq!(api.answered(), 0);
+        assert_eq!(state.pending_writes(), 1, "one file for the claim");
+    }
+    // The next daemon finds it and sends the newest.
+    let api = FakeApi::new();
+    let (state, found) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    for key in found {
+        start_writer(&state, key);
+    }
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let sent: Vec<Call> = api.calls().into_iter().map(|(_, c)| c).collect();
+    assert_eq!(
+        sent,
+        vec![Call::Claim {
+            claim: "ns/web-nics".into(),
+            interfaces: vec!["net2".into()]
+        }]
+    );
+    assert_eq!(state.pending_writes(), 0);
 }

@@ -1,4 +1,5 @@
-//! The daemon's durable queue of accepted network-status writes.
+//! The daemon's durable queue of accepted network-status writes, and of the network data written into
+//! ResourceClaims' `status.devices[]` (one file per claim, newest write wins, as per pod).
 //!
 //! A write the daemon answers `done` to is first kept in a file of its own (one per pod, newest write wins) in a
 //! root-only directory, so that an API outage of any length, a restart or a `kill -9` does not lose it: it stays
@@ -13,6 +14,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData};
 use plexus_core::spec::PodRef;
 use serde::{Deserialize, Serialize};
 
@@ -26,12 +28,22 @@ pub const MAX_BYTES: usize = 64 << 20;
 /// A kept write's mode: root's alone.
 const FILE_MODE: u32 = 0o600;
 
-/// One pod's write, as kept.
+/// One pod's write, as kept; or, with `claim`, a claim's device status written for that pod.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct Kept {
     pub pod: PodRef,
+    #[serde(default)]
     pub network_status: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<ClaimWrite>,
+}
+
+/// Plexus's entries of a claim's `status.devices[]` (all of them: none takes them back).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClaimWrite {
+    pub claim: ClaimName,
+    pub devices: Vec<DeviceNetworkData>,
 }
 
 pub type Key = (String, String);
@@ -68,6 +80,23 @@ fn key_of(pod: &PodRef) -> Key {
     (pod.namespace.clone(), pod.name.clone())
 }
 
+/// A claim's key: its namespace behind a prefix no namespace name can have (a `/`), so a claim and a pod of the
+/// same name never share a file.
+pub fn claim_key(claim: &ClaimName) -> Key {
+    (
+        format!("resourceclaims/{}", claim.namespace),
+        claim.name.clone(),
+    )
+}
+
+/// What a kept write is filed under: its claim, or its pod.
+fn key_of_kept(kept: &Kept) -> Key {
+    match &kept.claim {
+        Some(c) => claim_key(&c.claim),
+        None => key_of(&kept.pod),
+    }
+}
+
 impl StatusQueue {
     /// Opens (creating it, root's alone) the queue in `dir`; answers the pods whose writes an earlier run kept
     /// there: they are pending again, and marked as having a writer, which the caller starts for each. A file
@@ -88,7 +117,7 @@ impl StatusQueue {
         for path in names {
             match queue.read_kept(&path) {
                 Ok((kept, size)) => {
-                    let key = key_of(&kept.pod);
+                    let key = key_of_kept(&kept);
                     let mut s = queue.lock();
                     if s.pending.len() >= MAX_PODS || s.bytes + size > MAX_BYTES {
                         tracing::warn!(path = %path.display(), "status queue over its bounds: dropped a kept write");
@@ -127,11 +156,30 @@ impl StatusQueue {
     /// Keeps a pod's write (replacing one not yet taken); true when the pod has no writer yet (the caller
     /// starts one). The write is on disk when this returns.
     pub fn accept(&self, pod: PodRef, network_status: String) -> Result<bool, AcceptError> {
-        let key = key_of(&pod);
-        let kept = Kept {
+        self.accept_kept(Kept {
             pod,
             network_status,
-        };
+            claim: None,
+        })
+    }
+
+    /// Keeps a claim's device status written for `pod` (replacing one of the claim not yet taken), as
+    /// [`StatusQueue::accept`] keeps a pod's.
+    pub fn accept_claim(
+        &self,
+        pod: PodRef,
+        claim: ClaimName,
+        devices: Vec<DeviceNetworkData>,
+    ) -> Result<bool, AcceptError> {
+        self.accept_kept(Kept {
+            pod,
+            network_status: String::new(),
+            claim: Some(ClaimWrite { claim, devices }),
+        })
+    }
+
+    fn accept_kept(&self, kept: Kept) -> Result<bool, AcceptError> {
+        let key = key_of_kept(&kept);
         let bytes = serde_json::to_vec(&kept).expect("a write serializes");
         let path = self.path_of(&key);
         // Under the lock, so that the file and the map always agree on which write is the newest.
@@ -230,7 +278,7 @@ pub fn read_kept(dir: &Path, path: &Path) -> Result<(Kept, usize), String> {
     let bytes = plexus_cni::conf::read_to_cap(std::fs::File::from(fd), MAX_REQUEST_BYTES + 4096)
         .map_err(|e| e.to_string())?;
     let kept: Kept = serde_json::from_slice(&bytes).map_err(|e| format!("not a write: {e}"))?;
-    if path_in(dir, &key_of(&kept.pod)) != path {
+    if path_in(dir, &key_of_kept(&kept)) != path {
         return Err("not under its pod's name".into());
     }
     Ok((kept, bytes.len()))
@@ -310,6 +358,37 @@ mod tests {
         assert_eq!(q.take(&found[0]).unwrap().pod.uid.as_deref(), Some("u1"));
         let left: Vec<_> = std::fs::read_dir(&qdir).unwrap().flatten().collect();
         assert_eq!(left.len(), 2, "{left:?}");
+    }
+
+    #[test]
+    fn a_claims_write_is_kept_under_the_claim_beside_its_pods() {
+        let dir = tempfile::tempdir().unwrap();
+        let qdir = dir.path().join("q");
+        let claim = ClaimName {
+            namespace: "ns".into(),
+            name: "a".into(),
+        };
+        {
+            let (q, _) = StatusQueue::open(&qdir).unwrap();
+            assert!(q.accept(pod("a", "u1"), "[1]".into()).unwrap());
+            // A claim named as the pod: its own file and writer.
+            assert!(q
+                .accept_claim(pod("a", "u1"), claim.clone(), Vec::new())
+                .unwrap());
+            assert!(!q
+                .accept_claim(pod("a", "u1"), claim.clone(), Vec::new())
+                .unwrap());
+            assert_eq!(q.len(), 2);
+        }
+        let (q, mut found) = StatusQueue::open(&qdir).unwrap();
+        found.sort();
+        assert_eq!(
+            found,
+            vec![("ns".to_string(), "a".to_string()), claim_key(&claim)]
+        );
+        let kept = q.take(&claim_key(&claim)).unwrap();
+        assert_eq!(kept.claim.unwrap().claim, claim);
+        assert_eq!(q.take(&found[0]).unwrap().network_status, "[1]");
     }
 
     #[test]
