@@ -123,6 +123,10 @@ struct FakeCluster {
     statuses: RefCell<Vec<(String, Value)>>,
     warnings: RefCell<Vec<(String, String)>>,
     down: bool,
+    /// What the pod's ResourceClaims give (every pod's).
+    claims: plexus_core::spec::dra::PodClaims,
+    /// Claim status writes: (claim, interfaces of its entries).
+    claim_writes: RefCell<Vec<(String, Vec<String>)>>,
 }
 
 impl FakeCluster {
@@ -191,6 +195,26 @@ impl Cluster for FakeCluster {
                 namespace: namespace.into(),
                 name: name.into(),
             })
+    }
+
+    fn pod_claims(&self, _pod: &Pod) -> Result<plexus_core::spec::dra::PodClaims, ClusterError> {
+        Ok(self.claims.clone())
+    }
+
+    fn write_claim_status(
+        &self,
+        _pod: &PodRef,
+        claim: &plexus_core::spec::dra::ClaimName,
+        devices: &[plexus_core::spec::dra::DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        let interfaces = devices
+            .iter()
+            .filter_map(|d| d.interface_name.clone())
+            .collect();
+        self.claim_writes
+            .borrow_mut()
+            .push((claim.to_string(), interfaces));
+        Ok(())
     }
 
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
@@ -387,6 +411,136 @@ fn every_failed_add_leaves_a_warning_but_not_when_the_cluster_did_not_answer() {
     };
     orchestrate::add(&node.invocation("ADD", json!({})), &effects(&exec, &down)).unwrap_err();
     assert!(down.warnings.borrow().is_empty());
+}
+
+/// Claims for [`FakeCluster`]: claim `ns/c` with request `nic` allocated `vf0` (resourceName `example.com/sriov`,
+/// deviceID `0000:01:00.1`) and request `extra` allocated `vf1` (no attributes), and `networks` asking for NADs
+/// by (request, NAD name, interface).
+fn claims(networks: &[(&str, &str, Option<&str>)]) -> plexus_core::spec::dra::PodClaims {
+    use plexus_core::spec::dra::{ClaimDevice, ClaimName, ClaimNetwork, DeviceKey};
+    let claim = ClaimName {
+        namespace: "ns".into(),
+        name: "c".into(),
+    };
+    let device = |request: &str, device: &str, id: Option<&str>| ClaimDevice {
+        claim: claim.clone(),
+        request: request.into(),
+        key: DeviceKey {
+            driver: "d".into(),
+            pool: "p".into(),
+            device: device.into(),
+        },
+        device_id: id.map(str::to_string),
+        resource_name: id.map(|_| "example.com/sriov".to_string()),
+    };
+    plexus_core::spec::dra::PodClaims {
+        devices: vec![
+            device("nic", "vf0", Some("0000:01:00.1")),
+            device("extra", "vf1", None),
+        ],
+        networks: networks
+            .iter()
+            .map(|(request, name, ifname)| {
+                let mut parameters = json!({"apiVersion": "plexus.dev/v1alpha1",
+                    "kind": "NetworkAttachment", "name": name});
+                if let Some(i) = ifname {
+                    parameters["interface"] = json!(i);
+                }
+                ClaimNetwork {
+                    claim: claim.clone(),
+                    request: request.to_string(),
+                    parameters,
+                }
+            })
+            .collect(),
+    }
+}
+
+#[test]
+fn a_network_the_annotation_and_a_claim_both_name_is_attached_once_with_the_claims_device() {
+    let node = Node::new("1.0.0");
+    let exec = FakeExec::default();
+    let mut cluster = FakeCluster::with_pod("a");
+    cluster.claims = claims(&[("extra", "a", Some("ignored0")), ("nic", "b", None)]);
+    orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    // `a` once, on the annotation's interface, with the claim's `extra` device (no deviceID: it has none);
+    // `b` after it, with `nic`'s device and its ID.
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("cluster-plugin", "ADD", "eth0"),
+            s("a-plugin", "ADD", "net1"),
+            s("b-plugin", "ADD", "net2")
+        ]
+    );
+    let calls = exec.calls.borrow();
+    assert!(
+        calls[1].stdin.get("deviceID").is_none(),
+        "{}",
+        calls[1].stdin
+    );
+    assert_eq!(calls[2].stdin["deviceID"], "0000:01:00.1");
+    drop(calls);
+    let plan: Value =
+        serde_json::from_slice(&std::fs::read(node.path("cache/attachments/c1.json")).unwrap())
+            .unwrap();
+    assert_eq!(plan["attachments"][1]["device"]["claim"]["device"], "vf1");
+    // Each claim's entries in one write, after the ADD; taken back (an empty write) by the DEL.
+    assert_eq!(
+        *cluster.claim_writes.borrow(),
+        vec![(
+            "ns/c".to_string(),
+            vec!["net1".to_string(), "net2".to_string()]
+        )]
+    );
+    orchestrate::del(
+        &node.invocation("DEL", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        cluster.claim_writes.borrow()[1],
+        ("ns/c".to_string(), Vec::new())
+    );
+}
+
+#[test]
+fn a_nad_takes_a_claim_device_of_its_resource_before_a_device_plugins() {
+    let node = Node::new("1.0.0");
+    let exec = FakeExec::default();
+    let mut cluster = FakeCluster::with_pod("a,b");
+    for name in ["a", "b"] {
+        cluster
+            .nads
+            .get_mut(&("ns".to_string(), name.to_string()))
+            .unwrap()
+            .annotations
+            .insert(
+                "k8s.v1.cni.cncf.io/resourceName".into(),
+                "example.com/sriov".into(),
+            );
+    }
+    cluster.claims = claims(&[]);
+    // One claim device of the resource for two networks: the second finds none left, and the error says so
+    // (a device plugin is not asked for a resource the claims serve).
+    let err = orchestrate::add(
+        &node.invocation("ADD", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap_err();
+    assert_eq!(err.cni_code(), 7, "{err}");
+    assert!(
+        err.to_string()
+            .contains("no device of resource example.com/sriov left"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("network ns/b"), "{err}");
+    assert!(!node.cached());
+    assert!(cluster.claim_writes.borrow().is_empty());
 }
 
 #[test]
