@@ -180,6 +180,24 @@ pub trait Cluster {
         }
         status
     }
+    /// [`Cluster::publish`], then each claim's device status (`claims`: every claim an attachment's device came
+    /// from, with Plexus's entries). Claim writes are best effort as events are: a failure is logged. A source that
+    /// can send them all together does so.
+    fn publish_with_claims(
+        &self,
+        pod: &PodRef,
+        network_status: &str,
+        attachments: &[String],
+        claims: &[(ClaimName, Vec<DeviceNetworkData>)],
+    ) -> Result<(), ClusterError> {
+        let status = self.publish(pod, network_status, attachments);
+        for (claim, devices) in claims {
+            if let Err(e) = self.write_claim_status(pod, claim, devices) {
+                tracing::warn!(pod = %pod, claim = %claim, "cannot write the claim's device status: {e}");
+            }
+        }
+        status
+    }
     /// Records a problem an operator should see on the pod (a Warning event where the source supports it).
     fn record_warning(
         &self,

@@ -1,7 +1,9 @@
 //! A client-side bound on the requests one client sends: a token bucket (`qps` tokens a second, at most `burst`
 //! saved up), as kubelet's `--kube-api-qps`/`--kube-api-burst`, in a tower layer under kube's client. A request
 //! waits for its token before it is sent; reservations are taken in order, so waiting requests go out in the
-//! order they asked, each `1/qps` after the one before.
+//! order they asked, each `1/qps` after the one before. A request given up while it waits (its caller's timeout)
+//! gives its token back: requests that time out in the queue must not use up the bucket for those behind them
+//! (a daemon starting with hundreds of kept writes would otherwise starve its own watches).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -49,11 +51,27 @@ impl TokenBucket {
         }
     }
 
-    /// Waits for a token.
+    /// Gives back a token reserved and not used.
+    fn give_back(&self) {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        s.0 += 1.0;
+    }
+
+    /// Waits for a token; dropped while it waits, it gives the token back.
     pub async fn acquire(&self) {
         let wait = self.reserve();
         if !wait.is_zero() {
+            struct Reserved<'a>(Option<&'a TokenBucket>);
+            impl Drop for Reserved<'_> {
+                fn drop(&mut self) {
+                    if let Some(bucket) = self.0 {
+                        bucket.give_back();
+                    }
+                }
+            }
+            let mut reserved = Reserved(Some(self));
             tokio::time::sleep(wait).await;
+            reserved.0 = None;
         }
     }
 }
@@ -134,6 +152,18 @@ mod tests {
                 "request {i} went at {at:?}, due {due:?}"
             );
         }
+        // A waiter given up gives its token back: the next request waits no longer than if it had never asked.
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        for _ in 0..5 {
+            assert_eq!(bucket.reserve(), Duration::ZERO);
+        }
+        let given_up = tokio::time::timeout(Duration::from_millis(10), bucket.acquire()).await;
+        assert!(given_up.is_err(), "it had to wait");
+        let next = bucket.reserve();
+        assert!(
+            next <= Duration::from_millis(95),
+            "waits {next:?}: the abandoned token was not given back"
+        );
         // Idle, the bucket fills up to its burst again, not beyond.
         tokio::time::sleep(Duration::from_secs(60)).await;
         let waits: Vec<Duration> = (0..7).map(|_| bucket.reserve()).collect();

@@ -153,7 +153,7 @@ pub fn del(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
         });
     }
     // The claims' device status written by the ADD goes with the attachments.
-    crate::publish::write_claim_statuses(inv, fx, &plan, false);
+    crate::publish::take_back_claim_statuses(inv, fx, &plan);
     let _p = phase("forget");
     if let Some(cache) = &cache {
         match cache.remove(&inv.container_id) {

@@ -67,26 +67,66 @@ pub(crate) fn publish_announcing(
             .collect();
         // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
         // fail a pod whose networks are all attached.
-        if let Err(e) = cluster.publish(pod_ref, &value, &added) {
+        let claims = claim_statuses(plan, true);
+        if let Err(e) = cluster.publish_with_claims(pod_ref, &value, &added, &claims) {
             tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
         }
-        write_claim_statuses(inv, fx, plan, true);
     }
     Ok(())
 }
 
-/// The network data of each attachment that uses a claim's device, by claim: written to the claims'
-/// `status.devices[]` after an ADD (`attached`), taken back (an empty list per claim) after a DEL. Best effort,
-/// as network-status: the claim's data is informative, and a failure is logged.
-pub(crate) fn write_claim_statuses(
-    inv: &Invocation,
-    fx: &Effects<'_>,
-    plan: &AttachmentPlan,
-    attached: bool,
-) {
-    let (Some(cluster), Some(pod_ref)) = (fx.cluster, inv.pod.as_ref()) else {
+/// How long a DEL gives the claims' device status, each way (the daemon's answer, or one direct request).
+const TAKE_BACK_BOUND: std::time::Duration = std::time::Duration::from_millis(1000);
+
+/// After a DEL: the claims' device status the ADD wrote, taken back (an empty list per claim). Teardown never
+/// waits on the API server: the node daemon takes it when one is configured (its durable queue sends it);
+/// without one, or when it does not answer, one direct request bounded by [`TAKE_BACK_BOUND`]; a failure is
+/// logged and the entries stay (they are informative, as network-status).
+pub(crate) fn take_back_claim_statuses(inv: &Invocation, fx: &Effects<'_>, plan: &AttachmentPlan) {
+    let Some(pod_ref) = inv.pod.as_ref() else {
         return;
     };
+    for (claim, devices) in claim_statuses(plan, false) {
+        let request = crate::daemon::proto::Request::ClaimStatus {
+            pod: pod_ref.clone(),
+            claim: claim.clone(),
+            devices: devices.clone(),
+        };
+        let taken = inv.conf.daemon.as_ref().is_some_and(|d| {
+            matches!(
+                crate::daemon::client::ask(&d.socket, &request, d.timeout.min(TAKE_BACK_BOUND)),
+                Ok(crate::daemon::proto::Answer::Done)
+            )
+        });
+        if taken {
+            continue;
+        }
+        let written = match &inv.conf.cluster {
+            crate::conf::ClusterSource::Kube(settings) => {
+                let mut bounded = settings.clone();
+                bounded.retries = 0;
+                bounded.deadline_ms = TAKE_BACK_BOUND.as_millis() as u64;
+                bounded.request_timeout_ms = bounded.deadline_ms;
+                plexus_cluster::KubeCluster::new(bounded)
+                    .map(|c| Box::new(c) as Box<dyn plexus_cluster::Cluster>)
+                    .and_then(|c| c.write_claim_status(pod_ref, &claim, &devices))
+            }
+            _ => fx
+                .cluster
+                .map_or(Ok(()), |c| c.write_claim_status(pod_ref, &claim, &devices)),
+        };
+        if let Err(e) = written {
+            tracing::warn!(pod = %pod_ref, claim = %claim, "cannot take back the claim's device status: {e}");
+        }
+    }
+}
+
+/// Each claim an attachment's device came from, with Plexus's entries: the attachments' network data after an ADD
+/// (`attached`), none after a DEL.
+fn claim_statuses(
+    plan: &AttachmentPlan,
+    attached: bool,
+) -> Vec<(ClaimName, Vec<DeviceNetworkData>)> {
     let mut by_claim: BTreeMap<ClaimName, Vec<DeviceNetworkData>> = BTreeMap::new();
     for att in &plan.attachments {
         let Some(used) = att.device.as_ref().and_then(|d| d.claim.as_ref()) else {
@@ -97,11 +137,7 @@ pub(crate) fn write_claim_statuses(
             entries.push(network_data(att, used.key.clone()));
         }
     }
-    for (claim, devices) in by_claim {
-        if let Err(e) = cluster.write_claim_status(pod_ref, &claim, &devices) {
-            tracing::warn!(pod = %pod_ref, claim = %claim, "cannot write the claim's device status: {e}");
-        }
-    }
+    by_claim.into_iter().collect()
 }
 
 /// What the attachment made of its device: the pod-side interface's name and MAC and its addresses with their

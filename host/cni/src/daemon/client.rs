@@ -387,6 +387,51 @@ impl Cluster for DaemonCluster<'_> {
         status
     }
 
+    /// [`Cluster::publish`]'s round trip with the claim writes in it.
+    fn publish_with_claims(
+        &self,
+        pod: &PodRef,
+        network_status: &str,
+        attachments: &[String],
+        claims: &[(ClaimName, Vec<DeviceNetworkData>)],
+    ) -> Result<(), ClusterError> {
+        if claims.is_empty() {
+            return self.publish(pod, network_status, attachments);
+        }
+        let mut requests = vec![status_request(pod, network_status)];
+        requests.extend(claims.iter().map(|(claim, devices)| Request::ClaimStatus {
+            pod: pod.clone(),
+            claim: claim.clone(),
+            devices: devices.clone(),
+        }));
+        let events = if self.conf.events { attachments } else { &[] };
+        requests.extend(
+            events
+                .iter()
+                .map(|m| event_request(pod, false, plexus_cluster::ADDED_INTERFACE, m)),
+        );
+        let Some(answers) = self.ask_all(&requests, self.conf.timeout) else {
+            return self
+                .thin
+                .publish_with_claims(pod, network_status, attachments, claims);
+        };
+        let mut answers = answers.into_iter();
+        let status = self.status_written(answers.next(), pod, network_status);
+        for (claim, devices) in claims {
+            if !matches!(answers.next(), Some(Answer::Done)) {
+                if let Err(e) = self.thin.write_claim_status(pod, claim, devices) {
+                    tracing::warn!(pod = %pod, claim = %claim, "cannot write the claim's device status: {e}");
+                }
+            }
+        }
+        for (message, answer) in events.iter().zip(answers) {
+            if matches!(answer, Answer::Unsynced | Answer::Busy) {
+                let _ = self.thin.record_attachment(pod, message);
+            }
+        }
+        status
+    }
+
     fn record_warning(
         &self,
         pod: &PodRef,
