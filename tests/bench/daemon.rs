@@ -467,8 +467,12 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
                 &pod_args(20 + i),
             )?;
         }
-        // Events are posted by the daemon after it answered: let them land in the audit log.
-        std::thread::sleep(Duration::from_millis(500));
+        // The daemon writes and posts after it answered, paced by its --kube-api-qps: count once its writes are
+        // sent, and its events (not queued) had the time the bucket gives them (3 per ADD at 5 a second).
+        d.wait("the writes sent", Duration::from_secs(60), |h| {
+            h.pending_writes == 0
+        })?;
+        std::thread::sleep(Duration::from_secs(8));
         let after = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
         let per = |a: [usize; 3], b: [usize; 3]| {
             let d = |i: usize| (b[i] - a[i]) as f64 / 10.0;
