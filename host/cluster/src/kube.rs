@@ -679,26 +679,44 @@ impl KubeApi {
             namespace: "",
             name: "",
         };
-        let mut params = ListParams::default().limit(500);
+        self.list_pages(api, &op, ListParams::default(), usize::MAX)
+            .await
+            .map_err(|f| match f {
+                // No object is missing: the kind is (its CRD not applied).
+                Failure::Api(status) if status.code == 404 => ClusterError::Invalid {
+                    what: op.describe(),
+                    reason: format!("the API server does not serve it (404): {}", status.message),
+                },
+                f => Self::generic(&op, ObjectKind::Pod, f),
+            })
+    }
+
+    /// Every object of `api`'s list with `params`, 500 a page, each page bounded and retried as every call is;
+    /// more than `max_items` fails.
+    async fn list_pages<K>(
+        &self,
+        api: &Api<K>,
+        op: &Op<'_>,
+        params: ListParams,
+        max_items: usize,
+    ) -> Result<Vec<K>, Failure>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let mut params = params.limit(500);
         let mut all = Vec::new();
         loop {
             let page = self
-                .call(&op, self.deadline(), self.settings.retries, || {
+                .call(op, self.deadline(), self.settings.retries, || {
                     api.list(&params)
                 })
-                .await
-                .map_err(|f| match f {
-                    // No object is missing: the kind is (its CRD not applied).
-                    Failure::Api(status) if status.code == 404 => ClusterError::Invalid {
-                        what: op.describe(),
-                        reason: format!(
-                            "the API server does not serve it (404): {}",
-                            status.message
-                        ),
-                    },
-                    f => Self::generic(&op, ObjectKind::Pod, f),
-                })?;
+                .await?;
             all.extend(page.items);
+            if all.len() > max_items {
+                return Err(Failure::Broken(format!(
+                    "more than {max_items} objects listed; refusing to read further"
+                )));
+            }
             match page.metadata.continue_.filter(|c| !c.is_empty()) {
                 Some(next) => params = params.continue_token(&next),
                 None => return Ok(all),

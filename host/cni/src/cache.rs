@@ -134,6 +134,23 @@ pub struct Device {
     pub claim: Option<plexus_core::spec::dra::ClaimDevice>,
 }
 
+impl Device {
+    /// A claim's device used for `resource` (a NAD's resourceName, else the device's own, else none): its ID is
+    /// the slice's `deviceID` attribute, empty without one.
+    pub fn of_claim(
+        resource: Option<String>,
+        claim: plexus_core::spec::dra::ClaimDevice,
+    ) -> Device {
+        Device {
+            resource: resource
+                .or_else(|| claim.resource_name.clone())
+                .unwrap_or_default(),
+            id: claim.device_id.clone().unwrap_or_default(),
+            claim: Some(claim),
+        }
+    }
+}
+
 /// A configuration list in the cache: its `.conflist` object, parsed back by the CNI rules.
 mod conflist {
     use plexus_core::cni::NetworkConfigList;

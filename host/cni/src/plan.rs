@@ -129,13 +129,7 @@ impl<'a> Planner<'a> {
             d.has_resource(resource).then(|| d.take_resource(resource))
         })?;
         match from_claims {
-            Some(Some(d)) => {
-                return Ok(Device {
-                    resource: resource.to_string(),
-                    id: d.device_id.clone().unwrap_or_default(),
-                    claim: Some(d),
-                })
-            }
+            Some(Some(d)) => return Ok(Device::of_claim(Some(resource.to_string()), d)),
             Some(None) => {
                 return Err(PlexusError::config(
                     self.inv.pod_label(),
@@ -170,13 +164,7 @@ impl<'a> Planner<'a> {
                 format!("request {request:?} has no allocated device left for its network"),
             )
         })?;
-        Ok(Device {
-            resource: resource
-                .or_else(|| d.resource_name.clone())
-                .unwrap_or_default(),
-            id: d.device_id.clone().unwrap_or_default(),
-            claim: Some(d),
-        })
+        Ok(Device::of_claim(resource, d))
     }
 
     /// The next of the pod's device-plugin devices of `resource`.

@@ -155,34 +155,15 @@ impl KubeApi {
         &self,
         api: &Api<K>,
         op: &Op<'_>,
-        mut params: ListParams,
+        params: ListParams,
     ) -> Result<Option<Vec<K>>, Failure>
     where
         K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
-        params = params.limit(500);
-        let mut all = Vec::new();
-        loop {
-            let page = match self
-                .call(op, self.deadline(), self.settings.retries, || {
-                    api.list(&params)
-                })
-                .await
-            {
-                Ok(page) => page,
-                Err(Failure::Api(status)) if status.code == 404 => return Ok(None),
-                Err(f) => return Err(f),
-            };
-            all.extend(page.items);
-            if all.len() > MAX_LISTED {
-                return Err(Failure::Broken(format!(
-                    "more than {MAX_LISTED} objects listed; refusing to read further"
-                )));
-            }
-            match page.metadata.continue_.filter(|c| !c.is_empty()) {
-                Some(next) => params = params.continue_token(&next),
-                None => return Ok(Some(all)),
-            }
+        match self.list_pages(api, op, params, MAX_LISTED).await {
+            Ok(all) => Ok(Some(all)),
+            Err(Failure::Api(status)) if status.code == 404 => Ok(None),
+            Err(f) => Err(f),
         }
     }
 

@@ -368,23 +368,7 @@ impl Cluster for DaemonCluster<'_> {
         network_status: &str,
         attachments: &[String],
     ) -> Result<(), ClusterError> {
-        let mut requests = vec![status_request(pod, network_status)];
-        if self.conf.events {
-            requests.extend(attachments.iter().map(|message| {
-                event_request(pod, false, plexus_cluster::ADDED_INTERFACE, message)
-            }));
-        }
-        let Some(answers) = self.ask_all(&requests, self.conf.timeout) else {
-            return self.thin.publish(pod, network_status, attachments);
-        };
-        let mut answers = answers.into_iter();
-        let status = self.status_written(answers.next(), pod, network_status);
-        for (message, answer) in attachments.iter().zip(answers) {
-            if matches!(answer, Answer::Unsynced | Answer::Busy) {
-                let _ = self.thin.record_attachment(pod, message);
-            }
-        }
-        status
+        self.publish_with_claims(pod, network_status, attachments, &[])
     }
 
     /// [`Cluster::publish`]'s round trip with the claim writes in it.
@@ -395,9 +379,6 @@ impl Cluster for DaemonCluster<'_> {
         attachments: &[String],
         claims: &[(ClaimName, Vec<DeviceNetworkData>)],
     ) -> Result<(), ClusterError> {
-        if claims.is_empty() {
-            return self.publish(pod, network_status, attachments);
-        }
         let mut requests = vec![status_request(pod, network_status)];
         requests.extend(claims.iter().map(|(claim, devices)| Request::ClaimStatus {
             pod: pod.clone(),

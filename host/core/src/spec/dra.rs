@@ -304,10 +304,23 @@ impl ClaimDevices {
             .any(|d| d.device_id.is_some() && d.resource_name.as_deref() == Some(resource))
     }
 
+    /// The first unused device `f` accepts.
+    fn find(&self, f: impl Fn(&ClaimDevice) -> bool) -> Option<usize> {
+        (0..self.devices.len()).find(|&i| !self.used[i] && f(&self.devices[i]))
+    }
+
     fn take_where(&mut self, f: impl Fn(&ClaimDevice) -> bool) -> Option<ClaimDevice> {
-        let i = (0..self.devices.len()).find(|&i| !self.used[i] && f(&self.devices[i]))?;
+        let i = self.find(f)?;
         self.used[i] = true;
         Some(self.devices[i].clone())
+    }
+
+    /// Whether a device is of `claim`'s `request`.
+    fn of_request<'a>(
+        claim: &'a ClaimName,
+        request: &'a str,
+    ) -> impl Fn(&ClaimDevice) -> bool + 'a {
+        move |d| d.claim == *claim && d.request == request
     }
 
     /// The next unused device with `resource` and a device ID.
@@ -317,18 +330,13 @@ impl ClaimDevices {
 
     /// The device [`ClaimDevices::take_request`] would give, without taking it.
     pub fn peek_request(&self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
-        (0..self.devices.len())
-            .find(|&i| {
-                !self.used[i]
-                    && self.devices[i].claim == *claim
-                    && self.devices[i].request == request
-            })
+        self.find(Self::of_request(claim, request))
             .map(|i| self.devices[i].clone())
     }
 
     /// The next unused device of `claim`'s `request`.
     pub fn take_request(&mut self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
-        self.take_where(|d| d.claim == *claim && d.request == request)
+        self.take_where(Self::of_request(claim, request))
     }
 }
 
