@@ -80,7 +80,8 @@ rm -f vendor/github.com/modern-go/reflect2/*_test.go
 mkdir -p .go/src/k8s.io
 ln -sfn ../../.. .go/src/k8s.io/kubernetes
 log "building kube-apiserver, kubelet and kube-controller-manager (about 10 minutes on 2 cores)"
-GOPATH=$PWD/.go CGO_ENABLED=0 \
+# Debian's Go (golang-go): the 1.20 tree's GOPATH build and vendored code predate the Go first on PATH.
+PATH=/usr/lib/go/bin:$PATH GOPATH=$PWD/.go CGO_ENABLED=0 \
   timeout 3000 make WHAT="cmd/kube-apiserver cmd/kubelet cmd/kube-controller-manager" >"$work/build.log" 2>&1 || {
   tail -n 40 "$work/build.log" >&2
   log "build failed"

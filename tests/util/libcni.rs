@@ -43,13 +43,10 @@ fn target_dir() -> PathBuf {
     }
 }
 
+/// Debian's Go (the `golang-go` package, what `/usr/share/gocode` is packaged for), which still builds in GOPATH mode;
+/// a newer Go first on PATH is not asked to.
 fn go_binary() -> PathBuf {
-    let on_path = std::env::var_os("PATH")
-        .into_iter()
-        .flat_map(|p| std::env::split_paths(&p).collect::<Vec<_>>())
-        .map(|d| d.join("go"))
-        .find(|p| p.is_file());
-    on_path.unwrap_or_else(|| PathBuf::from("/usr/lib/go/bin/go"))
+    PathBuf::from("/usr/lib/go/bin/go")
 }
 
 fn modified(path: &Path) -> Option<std::time::SystemTime> {
