@@ -22,8 +22,8 @@ fi
 bash "$here/setup.sh"
 cd "$root"
 # The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
-PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
-export PLEXUS_KUBE_BIN
+PLEXUS_PARTS=$(bash tests/parts.sh)
+export PLEXUS_PARTS
 mkdir -p "${CARGO_TARGET_DIR:-$root/target}"
 target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
 

@@ -1315,7 +1315,7 @@ fn within_20s(what: &str, d: &NodeDaemon, ok: impl Fn() -> bool) -> Duration {
 #[test]
 fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace() {
     use plexus_tests::netns::{
-        bridge_host_local, require_root_and_plugins, HostBridge, IpamDir, NetNs, CNI_BIN_DIR,
+        bridge_host_local, cni_bin_dir, require_root_and_plugins, HostBridge, IpamDir, NetNs,
     };
     require_root_and_plugins();
     let c = cluster(&[]);
@@ -1364,7 +1364,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
             ("CNI_IFNAME", "eth0".to_string()),
             (
                 "CNI_PATH",
-                format!("{}:{CNI_BIN_DIR}", c.sb.path("bin").display()),
+                format!("{}:{}", c.sb.path("bin").display(), cni_bin_dir()),
             ),
             ("CNI_ARGS", pod_args(pod, uid)),
         ]

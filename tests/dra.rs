@@ -1,14 +1,16 @@
-//! Networks from Dynamic Resource Allocation on the real API server (1.20.2) with CRD stand-ins of
-//! `resource.k8s.io/v1` ResourceClaim and ResourceSlice (tests/data/dra-crds.yaml): RBAC, watches, the status
+//! Networks from Dynamic Resource Allocation on the real API server (1.37, `resource.k8s.io/v1` as it serves it):
+//! validation, RBAC with the per-driver authorization of a claim's `status.devices`, watches, the status
 //! subresource and server-side apply are the real server's. The test plays the scheduler and the DRA driver: it
-//! writes the node's ResourceSlices and each claim's allocation and `reservedFor` (1.20 drops a pod's
-//! `resourceClaimStatuses`, so claims are found by `reservedFor`). The delegates are the recording fake.
+//! writes the node's ResourceSlices and each claim's allocation (node-local, as the scheduler writes it) and
+//! `reservedFor`; the claims are found by `reservedFor`. The CNI binary and the daemon authenticate with real
+//! service-account tokens bound to a pod on the node, as a DaemonSet pod's are. The delegates are the recording
+//! fake. (tests/e2e_kubelet.rs has the real scheduler, controllers and kubelet.)
 
 use std::time::{Duration, Instant};
 
+use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::plexus::{guest_wasm, NodeDaemon, Sandbox};
-use plexus_tests::{deploy_manifest, test_data};
 use serde_json::{json, Value};
 
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
@@ -21,22 +23,21 @@ struct Dra {
     sb: Sandbox,
 }
 
-/// The API server with the project's CRDs and RBAC and the DRA stand-ins; the CNI binary's own account bound to
-/// the project's role; `node1`'s slice (vf0, vf1 with both attributes, vf3 with none) and `node2`'s (vf2, the
+/// The API server with the project's CRDs and RBAC; the CNI binary's own account bound to the project's role, its
+/// and the daemon's kubeconfigs with tokens bound to a pod on `node1`; `node1`'s slice (vf0, vf1 with both attributes, vf3 with none) and `node2`'s (vf2, the
 /// only slice that lists it); NADs `sriov-net` (resourceName example.com/sriov) and `fast`.
 fn dra_cluster() -> Dra {
-    let api = KubeApiServer::start(&[("cni-token", "kube-system/plexus-cni")], &[]);
+    let api = KubeApiServer::start(&[], &[]);
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
-    api.apply_file(&test_data("dra-crds.yaml"));
+    api.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                       "metadata": {"name": "plexus-cni", "namespace": "kube-system"}}));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
         "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
     }));
-    api.wait_for("/apis/resource.k8s.io/v1/resourceslices");
-    api.wait_for("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
     api.namespace("team-a");
     let device = |name: &str, id: Option<&str>| {
         let mut attributes = serde_json::Map::new();
@@ -73,8 +74,10 @@ fn dra_cluster() -> Dra {
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0");
     sb.fakes(&["secondary-plugin"]);
-    api.write_kubeconfig(&sb.path("cni.kubeconfig"), "cni-token");
-    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    let cni_token = api.node_bound_token("kube-system", "plexus-cni", NODE);
+    api.write_kubeconfig(&sb.path("cni.kubeconfig"), &cni_token);
+    let daemon_token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), &daemon_token);
     let nad = |name: &str, resource: Option<&str>| {
         let mut annotations = serde_json::Map::new();
         if let Some(r) = resource {
@@ -129,8 +132,8 @@ impl Dra {
         pod["metadata"]["uid"].as_str().unwrap().to_string()
     }
 
-    /// A claim of `team-a` with `config`, allocated (as the scheduler does) `results` of (request, pool, device)
-    /// and reserved for the pod `uid`.
+    /// A claim of `team-a` with `config`, allocated (as the scheduler does for node-local devices: the pool's node
+    /// in the allocation's node selector) `results` of (request, pool, device) and reserved for the pod `uid`.
     fn claim(
         &self,
         name: &str,
@@ -148,6 +151,7 @@ impl Dra {
             "metadata": {"name": name, "namespace": "team-a"},
             "spec": {"devices": {"requests": requests, "config": config}}
         }));
+        let node = results.first().map_or(NODE, |r| r.1);
         let results: Vec<Value> = results
             .iter()
             .map(|(request, pool, device)| {
@@ -158,7 +162,11 @@ impl Dra {
             "PATCH",
             &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}/status"),
             Some(&json!({"status": {
-                "allocation": {"devices": {"results": results}},
+                "allocation": {
+                    "devices": {"results": results},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+                },
                 "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
             }})),
         );
@@ -479,4 +487,101 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
         c.device_calls(),
         [("net1".to_string(), String::new(), String::new())]
     );
+}
+
+/// Kubernetes 1.36+ authorizes each driver's entries of a claim's `status.devices` on top of `resourceclaims/status`
+/// (`resourceclaims/driver`, named after the driver, with `associated-node:` verbs for a service account whose
+/// token names the claim's node). The project's RBAC lets the node-bound identity write them (the first test); the
+/// same account without the node in its token is refused, and so is a role whose `resourceNames` list only other
+/// drivers, while one that lists the claim's driver is enough. A refused write fails no ADD: the claim keeps no
+/// network data and the log names the rule.
+#[test]
+fn the_claims_network_data_needs_the_drivers_rule_and_the_node_bound_identity() {
+    let c = dra_cluster();
+    // The project's role with its driver rule narrowed to `drivers`, bound to the account `narrow`.
+    let narrowed = |drivers: &[&str]| {
+        let mut role = c.api.must(
+            "GET",
+            "/apis/rbac.authorization.k8s.io/v1/clusterroles/plexus",
+            None,
+        );
+        let rules = role["rules"].as_array_mut().unwrap();
+        let driver_rule = rules
+            .iter_mut()
+            .find(|r| r["resources"] == json!(["resourceclaims/driver"]))
+            .expect("the project's role has a resourceclaims/driver rule");
+        assert_eq!(driver_rule["verbs"], json!(["associated-node:patch"]));
+        driver_rule["resourceNames"] = json!(drivers);
+        json!({"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+               "metadata": {"name": "plexus-narrow"}, "rules": role["rules"]})
+    };
+    c.api.create(&narrowed(&["other.example.com"]));
+    c.api
+        .create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
+                         "metadata": {"name": "narrow", "namespace": "kube-system"}}));
+    c.api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "plexus-narrow"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus-narrow"},
+        "subjects": [{"kind": "ServiceAccount", "name": "narrow", "namespace": "kube-system"}]
+    }));
+    let narrow_token = c.api.node_bound_token("kube-system", "narrow", NODE);
+    c.api
+        .write_kubeconfig(&c.sb.path("narrow.kubeconfig"), &narrow_token);
+    // The plexus account's static token: the same user and RBAC, but no node in the identity.
+    c.api
+        .write_kubeconfig(&c.sb.path("static.kubeconfig"), "plexus-token");
+
+    let uid = c.pod("auth", Some("sriov-net"));
+    c.claim(
+        "auth-nic",
+        Vec::new(),
+        &[("nic", "node1", "vf0")],
+        ("auth", &uid),
+    );
+    let with = |kubeconfig: &str| {
+        let mut conf = c.conf(false);
+        conf["cluster"]["kubeconfig"] = json!(c.sb.path(kubeconfig));
+        conf
+    };
+    for (id, kubeconfig, who) in [
+        ("c-static", "static.kubeconfig", "a token without the node"),
+        (
+            "c-narrow",
+            "narrow.kubeconfig",
+            "a role for other drivers only",
+        ),
+    ] {
+        let conf = with(kubeconfig);
+        let run = c.add(id, "auth", &uid, &conf);
+        run.ok();
+        assert!(
+            run.stderr.contains("resourceclaims/driver"),
+            "{who}: the refusal is logged naming the rule: {}",
+            run.stderr
+        );
+        let claim = c.claim_object("auth-nic");
+        assert!(
+            claim["status"]["devices"]
+                .as_array()
+                .is_none_or(Vec::is_empty),
+            "{who}: no network data written: {claim:#}"
+        );
+        c.del(id, "auth", &uid, &conf).ok();
+    }
+
+    c.api.must(
+        "PUT",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles/plexus-narrow",
+        Some(&narrowed(&["other.example.com", DRIVER])),
+    );
+    let conf = with("narrow.kubeconfig");
+    c.add("c-listed", "auth", &uid, &conf).ok();
+    c.wait_claim(
+        "auth-nic",
+        "network data under a role listing the driver",
+        |d| entry(d, "vf0").is_some_and(|e| e["networkData"]["interfaceName"] == "net1"),
+    );
+    c.del("c-listed", "auth", &uid, &conf).ok();
+    c.wait_claim("auth-nic", "taken back", |d| d.is_empty());
 }

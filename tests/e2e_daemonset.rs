@@ -26,7 +26,7 @@ use plexus_tests::containerd::Containerd;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
-    bridge_host_local, links_at, require_root_and_plugins, HostBridge, IpamDir, CNI_BIN_DIR,
+    bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir,
 };
 use plexus_tests::plexus::{list_cache, read_cached_plan};
 use plexus_tests::{deploy_manifest, image, tail};
@@ -177,7 +177,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     // The plugins as files (a symlink to a host path would not resolve in the daemon's container).
     for plugin in ["bridge", "host-local", "loopback"] {
         std::fs::copy(
-            Path::new(CNI_BIN_DIR).join(plugin),
+            Path::new(cni_bin_dir()).join(plugin),
             node("/opt/cni/bin").join(plugin),
         )
         .unwrap();

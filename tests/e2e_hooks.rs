@@ -57,7 +57,7 @@ fn env(w: &World, id: &str, pod: &str) -> Vec<(String, String)> {
         ("CNI_CONTAINERID", id),
         ("CNI_NETNS", w.ns.path().to_str().unwrap()),
         ("CNI_IFNAME", "eth0"),
-        ("CNI_PATH", netns::CNI_BIN_DIR),
+        ("CNI_PATH", netns::cni_bin_dir()),
     ]
     .iter()
     .map(|(k, v)| (k.to_string(), v.to_string()))

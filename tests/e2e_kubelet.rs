@@ -1,18 +1,19 @@
-//! A node as in production: a real kubelet (1.20.2) runs pods through Debian's containerd 1.6, which calls the
-//! plexus CNI binary; the node daemon runs beside them with `--dynamic-networks`; all against a real
-//! kube-apiserver with the project's CRDs and RBAC. The pod's networks are Debian's bridge + host-local in the
+//! A node as in production: a real kubelet (1.37) runs pods through containerd 2, which calls the plexus CNI
+//! binary; the node daemon runs beside them with `--dynamic-networks`; all against a real kube-apiserver (1.37)
+//! with the project's CRDs and RBAC. The pod's networks are the reference bridge + host-local (v1.10.0) in the
 //! namespace containerd made for it, and the user's side is Kubernetes' own `kubectl`.
 //!
-//! Needs root, containerd, runc, busybox-static and the Kubernetes build of `tests/kubernetes.sh` (tests/run.sh
-//! sets up both).
+//! Needs root, runc, busybox-static (tests/setup.sh) and the build of `tests/parts.sh` (tests/run.sh runs both).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
 use plexus_tests::containerd::{cni_dirs, Containerd};
+use plexus_tests::control_plane::Component;
+use plexus_tests::dra_driver::{allocated, DraDriver};
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::kubelet::{kube_bin, pod_on_node, Kubelet, NODE};
+use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
     IpamDir,
@@ -20,16 +21,19 @@ use plexus_tests::netns::{
 use plexus_tests::plexus::{
     fake_cni_bin, guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox,
 };
-use plexus_tests::{deploy_manifest, tail, test_data};
+use plexus_tests::{deploy_manifest, tail};
 use serde_json::{json, Value};
 
 const NS: &str = "team";
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 
-/// One node and its cluster. Fields drop in order: kubelet first (it must not start pods again), then
-/// containerd (its sandboxes' DEL releases what they hold), the daemon, the API server.
+/// One node and its cluster. Fields drop in order: the control plane's controllers (they must not schedule or
+/// allocate again), kubelet (it must not start pods again), the DRA driver, then containerd (its sandboxes' DEL
+/// releases what they hold), the daemon, the API server.
 struct Node {
+    _control: Vec<Component>,
     kubelet: Kubelet,
+    driver: Option<DraDriver>,
     containerd: Containerd,
     daemon: NodeDaemon,
     api: KubeApiServer,
@@ -49,7 +53,9 @@ impl Node {
         Node::start_with(false)
     }
 
-    /// With `dra`: the stand-in DRA CRDs, this node's ResourceSlice (vf0, vf1 with both network attributes), NAD
+    /// With `dra`: the cluster allocates devices as a current one does: the DeviceClass of the driver, the
+    /// kube-scheduler, the controller-manager's resourceclaim controller, and the driver's kubelet plugin, which
+    /// publishes this node's ResourceSlice (vf0-vf3 with both network attributes) and prepares claims; NAD
     /// `sriov-net` (net-b's bridge and a recording chained plugin, `resourceName` example.com/sriov), and the
     /// daemon waits for its DRA caches too.
     fn start_with(dra: bool) -> Node {
@@ -58,20 +64,10 @@ impl Node {
         api.apply_file(&deploy_manifest("crds.yaml"));
         api.apply_file(&deploy_manifest("rbac.yaml"));
         if dra {
-            api.apply_file(&test_data("dra-crds.yaml"));
-            api.wait_for("/apis/resource.k8s.io/v1/resourceslices");
-            api.wait_for("/apis/resource.k8s.io/v1/namespaces/default/resourceclaims");
-            let device = |name: &str, id: &str| {
-                json!({"name": name, "attributes": {
-                    "k8s.cni.cncf.io/deviceID": {"string": id},
-                    "k8s.cni.cncf.io/resourceName": {"string": RESOURCE}}})
-            };
             api.create(&json!({
-                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceSlice",
-                "metadata": {"name": "node-sriov"},
-                "spec": {"driver": DRIVER, "nodeName": NODE,
-                    "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1},
-                    "devices": [device("vf0", "0000:01:00.1"), device("vf1", "0000:01:00.2")]}
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": DRIVER},
+                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]}
             }));
         }
         api.namespace(NS);
@@ -111,7 +107,10 @@ impl Node {
                 "spec": {"config": list.to_string()}
             }));
         }
-        api.write_kubeconfig(&sb.path("plexus.kubeconfig"), "plexus-token");
+        // The node's identity: a token bound to a pod on the node, as the DaemonSet pod's projected token is (the
+        // API server authorizes a claim's network data by it).
+        let token = api.node_bound_token("kube-system", "plexus", NODE);
+        api.write_kubeconfig(&sb.path("plexus.kubeconfig"), &token);
         api.write_kubeconfig(&sb.path("admin.kubeconfig"), "admin-token");
 
         // containerd's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
@@ -155,8 +154,36 @@ impl Node {
         daemon.wait("synced", |h| h.synced() && (!dra || h.cache.dra_synced));
         let containerd = Containerd::start(&bin, &conf_dir);
         let kubelet = Kubelet::start(&api, &containerd.socket());
+        let (control, driver) = match dra {
+            true => {
+                let control = vec![
+                    Component::scheduler(&api, &sb.path("")),
+                    Component::controller_manager(
+                        &api,
+                        &sb.path(""),
+                        &[
+                            "resourceclaim-controller",
+                            "garbage-collector-controller",
+                            "node-lifecycle-controller",
+                        ],
+                    ),
+                ];
+                let devices = [
+                    ("vf0", "0000:01:00.1"),
+                    ("vf1", "0000:01:00.2"),
+                    ("vf2", "0000:01:00.3"),
+                    ("vf3", "0000:01:00.4"),
+                ];
+                let driver =
+                    DraDriver::start(&api, &kubelet, DRIVER, RESOURCE, &devices, sb.path("dra"));
+                (control, Some(driver))
+            }
+            false => (Vec::new(), None),
+        };
         Node {
+            _control: control,
             kubelet,
+            driver,
             containerd,
             daemon,
             api,
@@ -176,7 +203,7 @@ impl Node {
     /// `kubectl` as the cluster's admin; its stdout, failing the test unless it succeeds.
     #[track_caller]
     fn kubectl(&self, args: &[&str]) -> String {
-        let out = Command::new(kube_bin("kubectl"))
+        let out = Command::new(plexus_tests::parts::bin("kubectl"))
             .arg(format!(
                 "--kubeconfig={}",
                 self.sb.path("admin.kubeconfig").display()
@@ -226,7 +253,7 @@ impl Node {
     }
 
     fn logs(&self) -> String {
-        format!(
+        let mut text = format!(
             "plexus log:\n{}\ndaemon log:\n{}\ncontainerd log:\n{}\nkubelet log:\n{}",
             tail(&self.sb.path("plexus.log"), 40),
             tail(&self.daemon.log, 40),
@@ -236,7 +263,23 @@ impl Node {
                 lines[lines.len().saturating_sub(20)..].join("\n")
             },
             self.kubelet.log_tail(40)
-        )
+        );
+        if let Some(pod) = self.pod() {
+            text.push_str(&format!("\npod web's status: {}", pod["status"]));
+        }
+        if let Some(claim) = self.claim("web-nics") {
+            text.push_str(&format!("\nclaim web-nics: {claim}"));
+        }
+        for log in [
+            "kube-scheduler.log",
+            "kube-controller-manager.log",
+            "dra/dra-driver.log",
+        ] {
+            if self.sb.path(log).exists() {
+                text.push_str(&format!("\n{log}:\n{}", tail(&self.sb.path(log), 20)));
+            }
+        }
+        text
     }
 
     /// Waits (at most `secs`) until `ok` holds; names what was awaited and shows the logs if it does not.
@@ -409,17 +452,32 @@ fn recorded_devices(sb: &Sandbox) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// How a pod names its device claim.
+enum ClaimRef<'a> {
+    /// A ResourceClaim of that name.
+    Claim(&'a str),
+    /// A ResourceClaimTemplate of that name: the resourceclaim controller makes the pod's claim from it.
+    Template(&'a str),
+}
+
+/// A claim's spec asking for one device of the driver per request (request, PCI address): each request's device is
+/// picked by its `k8s.cni.cncf.io/deviceID` attribute (a CEL selector), so the test knows what the scheduler
+/// allocates; `config` is the claim's device configuration.
+fn claim_spec(requests: &[(&str, &str)], config: Value) -> Value {
+    let requests: Vec<Value> = requests
+        .iter()
+        .map(|(name, pci)| {
+            let cel = format!("device.attributes['k8s.cni.cncf.io'].deviceID == '{pci}'");
+            json!({"name": name, "exactly": {"deviceClassName": DRIVER,
+                                             "selectors": [{"cel": {"expression": cel}}]}})
+        })
+        .collect();
+    json!({"devices": {"requests": requests, "config": config}})
+}
+
 impl Node {
-    /// Plays the scheduler and the DRA driver for pod `name` (created unbound, selecting `networks`): claim
-    /// `<name>-nics` with `config`, allocated `results` of (request, device) and reserved for the pod, then the
-    /// pod bound to this node, which kubelet then starts.
-    fn schedule_with_claim(
-        &self,
-        name: &str,
-        networks: Option<&str>,
-        config: Value,
-        results: &[(&str, &str)],
-    ) {
+    /// Pod `name` selecting `networks`, with the device claim `claim`, left to the scheduler (no node named).
+    fn pod_with_claim(&self, name: &str, networks: Option<&str>, claim: ClaimRef<'_>) {
         let mut pod = pod_on_node(NS, name, networks.unwrap_or(""));
         pod["spec"].as_object_mut().unwrap().remove("nodeName");
         if networks.is_none() {
@@ -428,77 +486,96 @@ impl Node {
                 .unwrap()
                 .remove("annotations");
         }
-        let uid = self.api.create(&pod)["metadata"]["uid"]
-            .as_str()
-            .unwrap()
-            .to_string();
-        let claim = format!("{name}-nics");
-        let requests: Vec<Value> = results
-            .iter()
-            .map(|(r, _)| json!({"name": r, "exactly": {"deviceClassName": DRIVER}}))
-            .collect();
-        self.api.create(&json!({
-            "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-            "metadata": {"name": claim, "namespace": NS},
-            "spec": {"devices": {"requests": requests, "config": config}}
-        }));
-        let results: Vec<Value> = results
-            .iter()
-            .map(|(r, d)| json!({"request": r, "driver": DRIVER, "pool": NODE, "device": d}))
-            .collect();
-        self.api.must(
-            "PATCH",
-            &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}/status"),
-            Some(&json!({"status": {
-                "allocation": {"devices": {"results": results}},
-                "reservedFor": [{"resource": "pods", "name": name, "uid": uid}]
-            }})),
-        );
-        self.api.must(
-            "POST",
-            &format!("/api/v1/namespaces/{NS}/pods/{name}/binding"),
-            Some(
-                &json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
-                         "target": {"apiVersion": "v1", "kind": "Node", "name": NODE}}),
-            ),
-        );
+        pod["spec"]["resourceClaims"] = match claim {
+            ClaimRef::Claim(c) => json!([{"name": "nics", "resourceClaimName": c}]),
+            ClaimRef::Template(t) => json!([{"name": "nics", "resourceClaimTemplateName": t}]),
+        };
+        pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "nics"}]});
+        self.api.create(&pod);
+    }
+
+    fn claim(&self, claim: &str) -> Option<Value> {
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}");
+        match self.api.request("GET", &path, None) {
+            Ok((200, body)) => serde_json::from_str(&body).ok(),
+            _ => None,
+        }
     }
 
     fn claim_devices(&self, claim: &str) -> Vec<Value> {
-        let c = self.api.must(
-            "GET",
-            &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}"),
-            None,
-        );
-        c["status"]["devices"]
-            .as_array()
-            .cloned()
+        self.claim(claim)
+            .and_then(|c| c["status"]["devices"].as_array().cloned())
             .unwrap_or_default()
+    }
+
+    /// The name of the claim the resourceclaim controller made for pod `pod` (`status.resourceClaimStatuses`).
+    fn generated_claim(&self, pod: &str) -> Option<String> {
+        let (code, body) = self
+            .api
+            .request("GET", &format!("/api/v1/namespaces/{NS}/pods/{pod}"), None)
+            .ok()?;
+        let pod: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
+        pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"]
+            .as_str()
+            .map(str::to_string)
     }
 }
 
-/// Dynamic Resource Allocation on a real node: a pod whose NAD takes its claim's device (the chained plugin sees
-/// the device ID), the claim's own network on its interface name, the claim's `status.devices[]` with the
-/// interfaces' real addresses and MACs after ADD and none after the pod is gone while the allocation stays; a
-/// claim naming a missing NAD fails the sandbox, naming the claim, and leaves no address behind.
+/// Dynamic Resource Allocation on a real node, as a current cluster does it: the kube-scheduler allocates a pod's
+/// claims from the ResourceSlice the driver's kubelet plugin published and binds the pod, the kubelet has the plugin
+/// prepare them (NodePrepareResources) before it makes the sandbox, and the resourceclaim controller makes a claim
+/// from a template and names it in the pod's status. Through Plexus: a pod whose NAD takes its claim's device (the
+/// chained plugin sees the device ID), the claim's own network on its interface name, the claim's
+/// `status.devices[]` with the interfaces' real addresses and MACs, accepted by the API server from the node's
+/// identity; a claim (from a template) naming a missing NAD fails the sandbox, naming the claim, and leaves no
+/// address behind; once the pods are gone the network data is taken back, the driver unprepares the claims and the
+/// controller deallocates them.
 #[test]
 fn a_pods_resource_claims_give_its_networks_their_devices() {
     let node = Node::start_with(true);
+    let driver = node.driver.as_ref().unwrap();
     let attachment = |name: &str, interface: &str| {
         json!([{"requests": ["extra"], "opaque": {"driver": DRIVER, "parameters": {
             "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment",
             "name": name, "interface": interface}}}])
     };
-    node.schedule_with_claim(
-        "web",
-        Some("sriov-net"),
-        attachment("net-a", "dra0"),
-        &[("nic", "vf0"), ("extra", "vf1")],
-    );
+    node.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "web-nics", "namespace": NS},
+        "spec": claim_spec(&[("nic", "0000:01:00.1"), ("extra", "0000:01:00.2")],
+                           attachment("net-a", "dra0"))
+    }));
+    node.pod_with_claim("web", Some("sriov-net"), ClaimRef::Claim("web-nics"));
     node.within(90, "the pod Running", || {
         node.pod()
             .is_some_and(|p| p["status"]["phase"] == "Running")
     });
+    assert_eq!(
+        node.pod().unwrap()["spec"]["nodeName"],
+        NODE,
+        "the scheduler placed it"
+    );
+    let claim = node.claim("web-nics").unwrap();
+    assert_eq!(
+        allocated(&claim),
+        [
+            ("nic".to_string(), "vf0".to_string()),
+            ("extra".to_string(), "vf1".to_string())
+        ],
+        "the scheduler allocated the selected devices: {claim:#}"
+    );
+    assert_eq!(claim["status"]["reservedFor"][0]["name"], "web");
+    let prepared: Vec<String> = driver
+        .calls()
+        .into_iter()
+        .filter(|c| c.starts_with(&format!("prepare {NS}/web-nics ")))
+        .collect();
+    assert!(
+        prepared.len() == 1 && prepared[0].ends_with("nic=node1/vf0 extra=node1/vf1"),
+        "the kubelet had the driver prepare the claim: {:?}",
+        driver.calls()
+    );
+
     let ids = node.sb.cached();
     assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
     let plan = node
@@ -558,17 +635,39 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
         assert_eq!(entry["conditions"][0]["type"], "Ready");
     }
 
-    // A claim naming a NAD that does not exist: the sandbox fails, naming the claim, and nothing stays.
-    node.schedule_with_claim("bad", None, attachment("nope", "bad0"), &[("extra", "vf0")]);
+    // A claim made from a template, naming a NAD that does not exist: the sandbox fails, naming the claim the
+    // controller made, and nothing stays.
+    node.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "bad-nics", "namespace": NS},
+        "spec": {"spec": claim_spec(&[("extra", "0000:01:00.3")], attachment("nope", "bad0"))}
+    }));
+    node.pod_with_claim("bad", None, ClaimRef::Template("bad-nics"));
+    node.within(60, "the claim made from the template", || {
+        node.generated_claim("bad").is_some()
+    });
+    let bad_claim = node.generated_claim("bad").unwrap();
     node.within(60, "a Warning naming the claim", || {
         node.api
             .events_of(NS, "bad", "NetworkAttachFailed")
             .iter()
-            .any(|(_, m)| m.contains(&format!("ResourceClaim {NS}/bad-nics")) && m.contains("nope"))
+            .any(|(_, m)| {
+                m.contains(&format!("ResourceClaim {NS}/{bad_claim}")) && m.contains("nope")
+            })
     });
+    assert!(
+        driver
+            .calls()
+            .iter()
+            .any(|c| c.starts_with(&format!("prepare {NS}/{bad_claim} "))
+                && c.ends_with("extra=node1/vf2")),
+        "{:?}",
+        driver.calls()
+    );
     assert_eq!(node.reserved("cluster-net").len(), 1, "only web's address");
 
-    // Gone: the claim's network data goes with the pod; the allocation stays.
+    // Gone: the claim's network data goes with the pod, the driver unprepares the claims, the controller
+    // deallocates the claim and deletes the one it made.
     node.kubectl(&["-n", NS, "delete", "pod", "web", "bad", "--wait=false"]);
     node.within(90, "the pods gone", || {
         node.pod().is_none() && node.sb.cached().is_empty()
@@ -576,17 +675,25 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
     node.within(30, "the claim's network data taken back", || {
         node.claim_devices("web-nics").is_empty()
     });
-    let claim = node.api.must(
-        "GET",
-        &format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/web-nics"),
-        None,
+    node.within(
+        30,
+        "the claim deallocated, the template's claim deleted",
+        || {
+            node.claim("web-nics")
+                .is_some_and(|c| c["status"]["allocation"].is_null())
+                && node.claim(&bad_claim).is_none()
+        },
     );
-    assert_eq!(
-        claim["status"]["allocation"]["devices"]["results"]
-            .as_array()
-            .map(Vec::len),
-        Some(2)
-    );
+    for claim in ["web-nics", bad_claim.as_str()] {
+        assert!(
+            driver
+                .calls()
+                .iter()
+                .any(|c| c.starts_with(&format!("unprepare {NS}/{claim} "))),
+            "{claim} unprepared: {:?}",
+            driver.calls()
+        );
+    }
     node.within(30, "every address released", || {
         ["cluster-net", "net-a", "net-b"]
             .iter()

@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use plexus_tests::libcni::Libcni;
 use plexus_tests::netns::{
-    host_links_on_bridge, iptables_nat, require_root_and_plugins, unique_subnet24, HostBridge,
-    IpamDir, Link, NetNs, Subnet24, CNI_BIN_DIR,
+    cni_bin_dir, host_links_on_bridge, iptables_nat, require_root_and_plugins, unique_subnet24,
+    HostBridge, IpamDir, Link, NetNs, Subnet24,
 };
 use plexus_tests::plexus::{plexus_bin, Sandbox};
 use serde_json::{json, Value};
@@ -102,7 +102,7 @@ impl Setup {
         Libcni::new(conflist, self.sb.path("libcni-cache"))
             .netns(self.ns.path())
             .container_id(format!("lc-{}-{}", self.pod, std::process::id()))
-            .bin_dirs([self.sb.path("bin"), PathBuf::from(CNI_BIN_DIR)])
+            .bin_dirs([self.sb.path("bin"), PathBuf::from(cni_bin_dir())])
             .arg("IgnoreUnknown", "1")
             .arg("K8S_POD_NAMESPACE", POD_NS)
             .arg("K8S_POD_NAME", &self.pod)

@@ -9,8 +9,8 @@ use std::net::IpAddr;
 use std::process::Command;
 
 use plexus_tests::netns::{
-    host_link, host_links_on_bridge, iptables_nat, require_root_and_plugins, unique_subnet24,
-    HostBridge, IpamDir, Link, NetNs, Subnet24, VethPair, CNI_BIN_DIR,
+    cni_bin_dir, host_link, host_links_on_bridge, iptables_nat, require_root_and_plugins,
+    unique_subnet24, HostBridge, IpamDir, Link, NetNs, Subnet24, VethPair,
 };
 use plexus_tests::plexus::{Run, Sandbox};
 use serde_json::{json, Value};
@@ -87,7 +87,7 @@ impl Pod {
             ("CNI_CONTAINERID", self.id.clone()),
             ("CNI_NETNS", self.ns.path().display().to_string()),
             ("CNI_IFNAME", "eth0".to_string()),
-            ("CNI_PATH", CNI_BIN_DIR.to_string()),
+            ("CNI_PATH", cni_bin_dir().to_string()),
             ("CNI_ARGS", args.to_string()),
         ];
         let env: Vec<(String, String)> = env

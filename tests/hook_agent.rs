@@ -546,10 +546,7 @@ fn a_nodes_report_is_garbage_collected_with_its_node() {
     let w = world();
     let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
     w.hook("labels", &reference, &["app"], json!({}));
-    let _gc = plexus_tests::controller_manager::ControllerManager::garbage_collector(
-        &w.api,
-        &w.sb.path(""),
-    );
+    let _gc = plexus_tests::control_plane::Component::garbage_collector(&w.api, &w.sb.path(""));
     let daemon = w.daemon(&[]);
     w.wait(&daemon, "the node's report written", |w| {
         w.node_status("labels").is_some_and(|s| s["active"] == true)
@@ -1422,7 +1419,7 @@ fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
     let path = format!(
         "{}:{}:{}",
         plexus_bin().parent().unwrap().display(),
-        plexus_tests::kubelet::kube_bin("kubectl")
+        plexus_tests::parts::bin("kubectl")
             .parent()
             .unwrap()
             .display(),
@@ -1434,7 +1431,7 @@ fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
         .env("PATH", path)
         .env("REGISTRY", &registry.addr)
         .env("KUBECONFIG", &kubeconfig)
-        .env("CNI_PATH", plexus_tests::netns::CNI_BIN_DIR)
+        .env("CNI_PATH", plexus_tests::netns::cni_bin_dir())
         .stdin(Stdio::null())
         .output()
         .unwrap();

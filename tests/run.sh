@@ -16,9 +16,9 @@ step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*" >&2; }
 step "set-up (apt packages, guest toolchain)"
 bash tests/setup.sh
 
-step "set-up: a real kube-apiserver and kubelet for the node tests (built once per machine, then cached)"
-PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
-export PLEXUS_KUBE_BIN
+step "set-up: Kubernetes, etcd, containerd, cri-tools and the CNI plugins from the Go module proxy (built once per machine, then cached)"
+PLEXUS_PARTS=$(bash tests/parts.sh)
+export PLEXUS_PARTS
 
 step "style: cargo fmt --check"
 cargo fmt --all --check

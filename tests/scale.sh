@@ -14,8 +14,8 @@ root=$(cd "$here/.." && pwd)
 [[ $(id -u) == 0 ]] || { echo "scale: run as root (the agents' cache and run directories are root's)" >&2; exit 1; }
 bash "$here/setup.sh"
 cd "$root"
-PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
-export PLEXUS_KUBE_BIN
+PLEXUS_PARTS=$(bash tests/parts.sh)
+export PLEXUS_PARTS
 cargo build --release --workspace --bins --examples
 bash guests/build.sh
 target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)

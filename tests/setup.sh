@@ -4,7 +4,8 @@
 set -euo pipefail
 
 PKGS=(
-  # the CNI reference plugins (bridge, host-local, macvlan, static, tuning, portmap, bandwidth, ...)
+  # the CNI reference plugins (bridge, host-local, static, tuning, bandwidth) for the demo; the tests run release
+  # v1.10.0 of tests/parts.sh
   containernetworking-plugins
   # the reference runtime library libcni, for the Go client driver used in tests
   golang-go golang-github-appc-cni-dev
@@ -12,12 +13,10 @@ PKGS=(
   iproute2 iptables nftables
   # the Debian route to wasm32-wasip1 guests (see ../shared/guest-toolchain.md)
   rustc-web cargo-web rust-web-src lld-22 wasi-libc
-  # a real container runtime for the teardown tests: containerd (CRI plugin) with runc, and a static busybox
-  # for the pause image the tests build
-  containerd runc busybox-static
-  # the node daemon's tests: etcd under a real kube-apiserver (tests/kubernetes.sh builds that), TLS keys,
-  # HTTP to both
-  etcd-server openssl curl
+  # runc under containerd 2 (tests/parts.sh builds containerd), and a static busybox for the images the tests build
+  runc busybox-static
+  # TLS keys for the API server, HTTP to it and to etcd (tests/parts.sh builds both)
+  openssl curl
   # hook distribution: the CNCF distribution registry (docker-registry) as the OCI registry, on loopback
   docker-registry
   # promtool (Prometheus's checker) for the metrics endpoint's output and the example alert rules; the

@@ -25,8 +25,8 @@ echo "soak: building (release)" >&2
 cargo build --release --workspace --bins
 bash guests/build.sh
 # The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
-PLEXUS_KUBE_BIN=$(bash tests/kubernetes.sh)
-export PLEXUS_KUBE_BIN
+PLEXUS_PARTS=$(bash tests/parts.sh)
+export PLEXUS_PARTS
 
 out=$(mktemp)
 trap 'rm -f "$out"' EXIT

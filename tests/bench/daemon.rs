@@ -240,7 +240,6 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     // and every retry takes a token of the daemon's --kube-api-qps from the writes measured here.
     api.apply_file(&deploy.join("networkhooks.yaml"));
     api.apply_file(&deploy.join("rbac.yaml"));
-    api.apply_file(&plexus_tests::test_data("dra-crds.yaml"));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},
@@ -269,7 +268,10 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let cni_kubeconfig = w.root.join("cni.kubeconfig");
     let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
     api.write_kubeconfig(&cni_kubeconfig, "cni-token");
-    api.write_kubeconfig(&daemon_kubeconfig, "plexus-token");
+    // The node's identity, as the DaemonSet pod's token carries it: the API server authorizes the claims' network
+    // data by it.
+    let daemon_token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&daemon_kubeconfig, &daemon_token);
     let socket = w.run.join("daemon.sock");
     let thin = w.kube_conf(&cni_kubeconfig, json!(false));
     let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));

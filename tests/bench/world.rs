@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use plexus_tests::netns::{unique_subnet24, HostBridge, IpamDir, CNI_BIN_DIR};
+use plexus_tests::netns::{cni_bin_dir, unique_subnet24, HostBridge, IpamDir};
 use serde_json::{json, Value};
 
 use crate::floor;
@@ -102,7 +102,7 @@ impl World {
                     .expect("symlink the no-op delegate");
                 root.join("bin").display().to_string()
             }
-            Delegates::Real => CNI_BIN_DIR.to_string(),
+            Delegates::Real => cni_bin_dir().to_string(),
         };
         let plugin = |bridges: &mut Vec<HostBridge>| -> Value {
             let mut p = match delegates {

@@ -5,8 +5,8 @@
 //! writes `docs/reliability.md` from what this prints on stdout (Markdown).
 //!
 //! Usage: `plexus-soak [--iterations N] [--pods N] [--daemon-pods N] [--outage-secs N]` (defaults 200, 64, 100
-//! and 60). The node daemon's rows need the real kube-apiserver (`PLEXUS_KUBE_APISERVER`, which `tests/soak.sh`
-//! sets) and the wasm guests.
+//! and 60). The node daemon's rows need the real kube-apiserver (the build of `tests/parts.sh`, which
+//! `tests/soak.sh` runs) and the wasm guests.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -19,8 +19,8 @@ use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::apiserver::{ApiServer, Fault};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
-    bridge_host_local, host_links_on_bridge, require_root_and_plugins, HostBridge, IpamDir, NetNs,
-    CNI_BIN_DIR,
+    bridge_host_local, cni_bin_dir, host_links_on_bridge, require_root_and_plugins, HostBridge,
+    IpamDir, NetNs,
 };
 use plexus_tests::plexus::{self, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
@@ -172,7 +172,7 @@ impl RealWorld {
             command,
             id,
             netns,
-            CNI_BIN_DIR,
+            cni_bin_dir(),
             &Sandbox::pod_args(POD_NS, &format!("pod-{pod}")),
         )
     }

@@ -1,4 +1,5 @@
-//! A private containerd (Debian's 1.6, CRI plugin, runc) started for one test, with plexus as its CNI plugin.
+//! A private containerd (2.x with its runc shim, of the build of `tests/parts.sh`; Debian's runc) started for one
+//! test, with plexus as its CNI plugin.
 //!
 //! Everything lives in a temp dir: root, state, the gRPC socket, the CNI bin and conf dirs. No image can be
 //! pulled here, so the sandbox ("pause") image is built by [`pause_image`] from Debian's static busybox and
@@ -28,23 +29,24 @@ pub struct Containerd {
     sandboxes: Vec<String>,
 }
 
-/// Skips (returns false) with a message when containerd, runc or busybox are missing; tests/setup.sh installs
-/// them.
+/// Fails the test with a message when containerd's build, runc or busybox are missing; tests/setup.sh and
+/// tests/parts.sh provide them.
 pub fn available() -> bool {
-    let missing: Vec<&str> = [
-        "/usr/bin/containerd",
-        "/usr/bin/ctr",
-        "/usr/sbin/runc",
-        "/usr/bin/busybox",
-    ]
-    .into_iter()
-    .filter(|p| !Path::new(p).exists())
-    .collect();
+    let missing: Vec<&str> = ["/usr/sbin/runc", "/usr/bin/busybox"]
+        .into_iter()
+        .filter(|p| !Path::new(p).exists())
+        .collect();
     assert!(
         missing.is_empty(),
-        "missing {missing:?}: run tests/setup.sh (apt-get install containerd runc busybox-static)"
+        "missing {missing:?}: run tests/setup.sh (apt-get install runc busybox-static)"
     );
+    crate::parts::bin("containerd-shim-runc-v2");
     true
+}
+
+/// `ctr` of the same build as containerd.
+pub fn ctr_bin() -> PathBuf {
+    crate::parts::bin("ctr")
 }
 
 impl Containerd {
@@ -58,10 +60,10 @@ impl Containerd {
             .expect("containerd dir");
         let root = dir.path();
         let config = format!(
-            r#"version = 2
+            r#"version = 3
 root = "{root}/root"
 state = "{root}/state"
-disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.aufs"]
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.erofs"]
 
 [grpc]
   address = "{root}/containerd.sock"
@@ -69,17 +71,31 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [ttrpc]
   address = "{root}/containerd.sock.ttrpc"
 
-[plugins."io.containerd.grpc.v1.cri"]
-  sandbox_image = "{PAUSE_IMAGE}"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "native"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "{PAUSE_IMAGE}"
+
+[plugins.'io.containerd.cri.v1.runtime']
   disable_cgroup = true
   restrict_oom_score_adj = true
   disable_apparmor = true
-  stream_server_address = "127.0.0.1"
-  [plugins."io.containerd.grpc.v1.cri".containerd]
-    snapshotter = "native"
-  [plugins."io.containerd.grpc.v1.cri".cni]
-    bin_dir = "{bin}"
+  cdi_spec_dirs = ["{root}/cdi"]
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["{bin}"]
     conf_dir = "{conf}"
+
+[plugins.'io.containerd.grpc.v1.cri']
+  stream_server_address = "127.0.0.1"
+
+# What the transfer service (ctr images import) unpacks into: the snapshotter the CRI uses.
+[[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
+  platform = "linux/amd64"
+  snapshotter = "native"
+
+# NRI is on by default in containerd 2: its socket is this containerd's own, not the host's.
+[plugins.'io.containerd.nri.v1.nri']
+  socket_path = "{root}/nri.sock"
 "#,
             root = root.display(),
             bin = cni_bin.display(),
@@ -92,7 +108,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             sandboxes: Vec::new(),
         };
         c.spawn();
-        let import = Command::new("ctr")
+        let import = Command::new(ctr_bin())
             .arg("--address")
             .arg(c.socket())
             .args([
@@ -129,7 +145,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             .append(true)
             .open(self.dir.path().join("containerd.log"))
             .expect("containerd log");
-        let child = Command::new("containerd")
+        // The runc shim is found on PATH, beside containerd.
+        let path = std::env::join_paths(std::iter::once(crate::parts::dir().to_path_buf()).chain(
+            std::env::split_paths(&std::env::var_os("PATH").unwrap_or_default()),
+        ))
+        .expect("PATH");
+        let child = Command::new(crate::parts::bin("containerd"))
+            .env("PATH", path)
             .arg("--config")
             .arg(self.dir.path().join("config.toml"))
             .stdin(Stdio::null())
@@ -237,7 +259,7 @@ pub fn cni_dirs(
     let bin = sb.path("cni-bin");
     std::fs::create_dir_all(&bin).expect("cni-bin");
     std::os::unix::fs::symlink(plexus, bin.join("plexus")).expect("link plexus");
-    for plugin in std::fs::read_dir(crate::netns::CNI_BIN_DIR)
+    for plugin in std::fs::read_dir(crate::netns::cni_bin_dir())
         .expect("the reference plugins")
         .flatten()
     {

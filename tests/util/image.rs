@@ -37,7 +37,7 @@ pub fn build(out: &Path) {
 pub fn ctr(containerd: &Containerd, args: &[&str]) -> Output {
     Command::new("timeout")
         .arg("120")
-        .arg("ctr")
+        .arg(crate::containerd::ctr_bin())
         .arg("--address")
         .arg(containerd.socket())
         .args(["-n", "k8s.io"])

@@ -1,6 +1,6 @@
-//! A real Kubernetes API server for the tests: kube-apiserver 1.20.2 (built from Debian's sources by
-//! `tests/kubernetes.sh`, once per machine) over Debian's etcd, both on loopback, both stopped and their
-//! data removed when the value is dropped.
+//! A real Kubernetes API server for the tests: kube-apiserver over etcd, both of the build of `tests/parts.sh`
+//! (Kubernetes 1.37, etcd 3.7, from the Go module proxy, once per machine), both on loopback, both stopped and
+//! their data removed when the value is dropped.
 //!
 //! Static tokens stand in for credentials: `admin` (system:masters) sets up, and each other token is a service
 //! account whose permissions come from the RBAC the test applies, so the project's manifests are exercised as
@@ -25,9 +25,9 @@ pub struct KubeApiServer {
     etcd_port: u16,
 }
 
-/// The kube-apiserver binary of the cached Kubernetes build.
+/// The kube-apiserver binary of the cached build.
 pub fn apiserver_bin() -> PathBuf {
-    crate::kubelet::kube_bin("kube-apiserver")
+    crate::parts::bin("kube-apiserver")
 }
 
 fn free_port() -> u16 {
@@ -58,7 +58,7 @@ impl KubeApiServer {
         let d = dir.path();
         let (etcd_port, peer_port, port) = (free_port(), free_port(), free_port());
         let etcd_log = std::fs::File::create(d.join("etcd.log")).unwrap();
-        let etcd = Command::new("etcd")
+        let etcd = Command::new(crate::parts::bin("etcd"))
             .args([
                 "--data-dir",
                 &d.join("etcd").display().to_string(),
@@ -76,7 +76,7 @@ impl KubeApiServer {
             .stdout(Stdio::null())
             .stderr(etcd_log)
             .spawn()
-            .expect("etcd (Debian's etcd-server) must be installed: tests/setup.sh");
+            .expect("start etcd");
 
         run(Command::new("openssl").args([
             "genrsa",
@@ -345,6 +345,54 @@ impl KubeApiServer {
                 }
             }
         }
+    }
+
+    /// A real token of the service account `namespace/account` as a pod of it on `node` gets one: a pod
+    /// `<account>-<node>` (bound to the node, created with the Node if they do not exist) and a TokenRequest bound
+    /// to that pod, so the server writes the node into the token (`authentication.kubernetes.io/node-name`), as it
+    /// does for a DaemonSet pod's projected token. The token is valid while the pod exists. The pod is a host-network
+    /// pod of the test's pause image, so that a kubelet of the node runs it without calling any CNI plugin.
+    pub fn node_bound_token(&self, namespace: &str, account: &str, node: &str) -> String {
+        if !matches!(
+            self.request("GET", &format!("/api/v1/nodes/{node}"), None),
+            Ok((200, _))
+        ) {
+            self.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
+        }
+        let pod_name = format!("{account}-{node}");
+        let path = format!("/api/v1/namespaces/{namespace}/pods/{pod_name}");
+        let pod = match self.request("GET", &path, None) {
+            Ok((200, body)) => serde_json::from_str(&body).unwrap(),
+            _ => self.create(&json!({
+                "apiVersion": "v1", "kind": "Pod",
+                "metadata": {"name": pod_name, "namespace": namespace},
+                "spec": {
+                    "nodeName": node,
+                    "serviceAccountName": account,
+                    "automountServiceAccountToken": false,
+                    "hostNetwork": true,
+                    "terminationGracePeriodSeconds": 1,
+                    "containers": [{"name": "c", "image": crate::containerd::PAUSE_IMAGE,
+                                    "imagePullPolicy": "Never"}]
+                }
+            })),
+        };
+        let answer = self.must(
+            "POST",
+            &format!("/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token"),
+            Some(&json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {
+                    "expirationSeconds": 3600,
+                    "boundObjectRef": {"apiVersion": "v1", "kind": "Pod",
+                                       "name": pod_name, "uid": pod["metadata"]["uid"]}
+                }
+            })),
+        );
+        answer["status"]["token"]
+            .as_str()
+            .unwrap_or_else(|| panic!("no token in {answer}"))
+            .to_string()
     }
 
     /// A namespace with its `default` service account (there is no controller-manager to create it).

@@ -1,12 +1,12 @@
-//! A real kubelet (1.20.2, built from Debian's sources with the API server by `tests/kubernetes.sh`) running
-//! node `node1` over a private containerd ([`crate::containerd::Containerd`]): it registers the node, runs the
+//! A real kubelet (1.37, of the build of `tests/parts.sh`, the API server's release) running node `node1` over a
+//! private containerd 2 ([`crate::containerd::Containerd`]): it registers the node, runs the
 //! pods bound to it and calls their CNI plugin exactly as on a production node.
 //!
 //! kubelet changes the host beyond its `--root-dir`: kernel tunables it sets at start, the device-plugin socket
 //! and the pod log directories it writes at fixed paths, and a bind mount of its root dir onto itself. A
 //! [`Kubelet`] records all of them before the start and puts them back when dropped (during unwinding too).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -52,29 +52,25 @@ const FIXED_PATHS: [&str; 5] = [
     "/var/log/containers",
 ];
 
-/// A binary of the cached Kubernetes build: `$PLEXUS_KUBE_BIN/<name>`, else the build script's cache.
-pub fn kube_bin(name: &str) -> PathBuf {
-    let dir = match std::env::var_os("PLEXUS_KUBE_BIN") {
-        Some(d) => PathBuf::from(d),
-        None => std::env::var_os("PLEXUS_KUBE_CACHE")
-            .map(PathBuf::from)
-            .unwrap_or_else(|| "/var/cache/plexus-tests".into())
-            .join("kubernetes-1.20.2"),
-    };
-    let bin = dir.join(name);
-    assert!(
-        bin.exists(),
-        "{} is missing: run `bash tests/kubernetes.sh` (tests/run.sh does)",
-        bin.display()
-    );
-    bin
-}
-
 /// What kubelet changes outside its root dir, as it was before.
 struct HostState {
     sysctls: Vec<(&'static str, String)>,
     absent: Vec<&'static str>,
     mounts: Vec<String>,
+    /// The node's address was added to `lo` for this kubelet (it was not there before).
+    node_ip_added: bool,
+}
+
+/// The node's address: a documentation address (kubelet refuses a loopback one, and 1.37 wants it on an interface
+/// of the host), put on `lo` while the kubelet runs. Nothing but the node's own processes use it.
+pub const NODE_IP: &str = "192.0.2.10";
+
+fn lo_has_node_ip() -> bool {
+    let out = Command::new("ip")
+        .args(["-4", "-o", "addr", "show", "dev", "lo"])
+        .output()
+        .expect("run ip");
+    String::from_utf8_lossy(&out.stdout).contains(&format!(" {NODE_IP}/"))
 }
 
 impl HostState {
@@ -94,11 +90,29 @@ impl HostState {
                 .filter(|p| !Path::new(p).exists())
                 .collect(),
             mounts: mount_points(),
+            node_ip_added: false,
+        }
+    }
+
+    /// Puts [`NODE_IP`] on `lo` unless it is there already (then it is left there when the kubelet stops).
+    fn add_node_ip(&mut self) {
+        if !lo_has_node_ip() {
+            let ok = Command::new("ip")
+                .args(["addr", "add", &format!("{NODE_IP}/32"), "dev", "lo"])
+                .status()
+                .is_ok_and(|s| s.success());
+            assert!(ok, "ip addr add {NODE_IP}/32 dev lo");
+            self.node_ip_added = true;
         }
     }
 
     /// Puts back what kubelet changed; `root` is its root dir (the mounts under it are kubelet's).
     fn restore(&self, root: &Path) {
+        if self.node_ip_added {
+            let _ = Command::new("ip")
+                .args(["addr", "del", &format!("{NODE_IP}/32"), "dev", "lo"])
+                .status();
+        }
         // kubelet's mounts made since (its root dir onto itself, volumes), deepest first.
         let root = root.display().to_string();
         crate::unmount_deepest_first(
@@ -168,19 +182,19 @@ volumePluginDir: {root}/volume-plugins
 staticPodPath: ''
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 2s
+containerRuntimeEndpoint: unix://{runtime}
+# The project's machines have cgroup v1, which kubelet 1.35+ refuses unless told otherwise.
+failCgroupV1: false
 ",
-            root = d.display()
+            root = d.display(),
+            runtime = runtime_socket.display(),
         );
         std::fs::write(d.join("kubelet.yaml"), config).expect("kubelet config");
         // Recorded before kubelet runs, so that a start that fails half-way is undone too.
-        let host = HostState::record();
+        let mut host = HostState::record();
+        host.add_node_ip();
         let log = std::fs::File::create(d.join("kubelet.log")).expect("kubelet log");
-        let child = Command::new(kube_bin("kubelet"))
-            .arg("--container-runtime=remote")
-            .arg(format!(
-                "--container-runtime-endpoint=unix://{}",
-                runtime_socket.display()
-            ))
+        let child = Command::new(crate::parts::bin("kubelet"))
             .arg(format!(
                 "--kubeconfig={}",
                 d.join("node.kubeconfig").display()
@@ -190,8 +204,8 @@ nodeStatusUpdateFrequency: 2s
             .arg(format!("--root-dir={}", d.join("root").display()))
             .arg(format!("--cert-dir={}", d.join("pki").display()))
             .arg(format!("--config={}", d.join("kubelet.yaml").display()))
-            // 1.20 refuses a loopback node IP; nothing connects to this documentation address.
-            .arg("--node-ip=192.0.2.10")
+            // A documentation address, as a node's would be (kubelet refuses a loopback one); nothing connects to it.
+            .arg(format!("--node-ip={NODE_IP}"))
             .arg("--v=2")
             // Its built-in credential provider would otherwise probe a cloud metadata address.
             .env("AWS_EC2_METADATA_DISABLED", "true")
@@ -231,6 +245,12 @@ nodeStatusUpdateFrequency: 2s
             );
             std::thread::sleep(Duration::from_millis(250));
         }
+    }
+
+    /// kubelet's `--root-dir`: its plugin registration directory (`plugins_registry`) and plugins' directories
+    /// (`plugins/<name>`) are under it.
+    pub fn root_dir(&self) -> std::path::PathBuf {
+        self.dir.path().join("root")
     }
 
     /// The last `n` lines of kubelet's log, for failure messages.

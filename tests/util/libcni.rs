@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use serde::Deserialize;
 
-use crate::netns::CNI_BIN_DIR;
+use crate::netns::cni_bin_dir;
 
 /// Where Debian installs Go sources, libcni among them.
 pub const GOPATH: &str = "/usr/share/gocode";
@@ -178,7 +178,7 @@ pub struct Libcni {
 impl Libcni {
     /// `conflist` is a `.conflist` or a single-plugin `.conf`; `cache_dir` is libcni's cache (use a per-test
     /// temp dir, never `/var/lib/cni`). Defaults: a unique container id, ifname `eth0`, plugins from
-    /// [`CNI_BIN_DIR`], no namespace, no CNI_ARGS, no capability args.
+    /// [`cni_bin_dir`], no namespace, no CNI_ARGS, no capability args.
     pub fn new(conflist: impl Into<PathBuf>, cache_dir: impl Into<PathBuf>) -> Libcni {
         static IDS: AtomicU32 = AtomicU32::new(0);
         Libcni {
@@ -191,7 +191,7 @@ impl Libcni {
                 IDS.fetch_add(1, Ordering::Relaxed)
             ),
             ifname: "eth0".to_owned(),
-            bin_dirs: vec![PathBuf::from(CNI_BIN_DIR)],
+            bin_dirs: vec![PathBuf::from(cni_bin_dir())],
             args: Vec::new(),
             capability_args: None,
             env: Vec::new(),

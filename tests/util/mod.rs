@@ -2,13 +2,15 @@
 
 pub mod apiserver;
 pub mod containerd;
-pub mod controller_manager;
+pub mod control_plane;
 pub mod cri;
+pub mod dra_driver;
 pub mod image;
 pub mod kubeapi;
 pub mod kubelet;
 pub mod libcni;
 pub mod netns;
+pub mod parts;
 pub mod plexus;
 pub mod podresources;
 pub mod registry;

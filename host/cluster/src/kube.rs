@@ -81,7 +81,7 @@ const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
 const FIELD_MANAGER: &str = "plexus";
 
 mod dra;
-pub use dra::{claim_from_kube, claim_status_apply, slice_devices, DRA_API_VERSION};
+pub use dra::{claim_from_kube, claim_status_patch, slice_devices, DRA_API_VERSION};
 
 /// A cluster source backed by the Kubernetes API server.
 pub struct KubeCluster {

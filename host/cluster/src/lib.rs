@@ -11,7 +11,7 @@ pub mod ratelimit;
 mod watch;
 
 pub use self::kube::{
-    claim_from_kube, claim_status_apply, error_chain, slice_devices, KubeApi, KubeCluster,
+    claim_from_kube, claim_status_patch, error_chain, slice_devices, KubeApi, KubeCluster,
     KubeSettings, ADDED_INTERFACE, DRA_API_VERSION, MAX_RESPONSE_BYTES,
 };
 pub use file::FileCluster;

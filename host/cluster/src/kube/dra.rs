@@ -6,7 +6,7 @@
 //! slice, and the client keeps the node's.
 
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, ListParams, Patch, PatchParams};
+use kube::api::{Api, ListParams};
 use plexus_core::spec::dra::{
     pod_claims, AllocatedDevice, AttachmentConfig, Claim, ClaimName, DeviceKey, DeviceNetworkData,
     PodClaims, SliceDevice, DEVICE_ID_ATTRIBUTE, RESOURCE_NAME_ATTRIBUTE,
@@ -20,6 +20,8 @@ use crate::{ClusterError, ObjectKind};
 /// The API group and version of DRA's objects.
 pub const DRA_API_VERSION: &str = "resource.k8s.io/v1";
 const DRA_GROUP: &str = "resource.k8s.io";
+/// How often a claim's device status is read and written again when the claim changed in between.
+pub const CLAIM_WRITE_ATTEMPTS: u32 = 5;
 /// The most objects of one kind a node reads in one list (pages of 500).
 const MAX_LISTED: usize = 20_000;
 
@@ -110,43 +112,151 @@ pub fn slice_devices(slice: ResourceSlice, node: &str) -> Vec<SliceDevice> {
         .collect()
 }
 
-/// The server-side apply body of Plexus's part of a claim's `status.devices[]`: one entry per device with its
-/// network data and a `Ready` condition. An empty `devices` gives up every entry Plexus wrote.
-pub fn claim_status_apply(claim: &ClaimName, devices: &[DeviceNetworkData], now: &str) -> Value {
-    let entries: Vec<Value> = devices
-        .iter()
-        .map(|d| {
-            let mut network = serde_json::Map::new();
-            if let Some(i) = &d.interface_name {
-                network.insert("interfaceName".into(), json!(i));
-            }
-            if !d.ips.is_empty() {
-                network.insert("ips".into(), json!(d.ips));
-            }
-            if let Some(m) = &d.hardware_address {
-                network.insert("hardwareAddress".into(), json!(m));
-            }
-            json!({
-                "driver": d.key.driver,
-                "pool": d.key.pool,
-                "device": d.key.device,
-                "networkData": network,
-                "conditions": [{
-                    "type": "Ready",
-                    "status": "True",
-                    "reason": "NetworkAttached",
-                    "message": format!("attached by Plexus as {}", d.interface_name.as_deref().unwrap_or("?")),
-                    "lastTransitionTime": now,
-                }],
-            })
-        })
-        .collect();
+/// The condition Plexus sets on the entry of each device its network used; its reason marks the network data in
+/// that entry as Plexus's (what a DEL takes back).
+const ATTACHED_REASON: &str = "NetworkAttached";
+
+/// The `networkData` of one device's entry.
+fn network_data_json(d: &DeviceNetworkData) -> Value {
+    let mut network = serde_json::Map::new();
+    if let Some(i) = &d.interface_name {
+        network.insert("interfaceName".into(), json!(i));
+    }
+    if !d.ips.is_empty() {
+        network.insert("ips".into(), json!(d.ips));
+    }
+    if let Some(m) = &d.hardware_address {
+        network.insert("hardwareAddress".into(), json!(m));
+    }
+    Value::Object(network)
+}
+
+fn attached_condition(d: &DeviceNetworkData, now: &str) -> Value {
     json!({
-        "apiVersion": DRA_API_VERSION,
-        "kind": "ResourceClaim",
-        "metadata": { "name": claim.name, "namespace": claim.namespace },
-        "status": { "devices": entries },
+        "type": "Ready",
+        "status": "True",
+        "reason": ATTACHED_REASON,
+        "message": format!("attached by Plexus as {}", d.interface_name.as_deref().unwrap_or("?")),
+        "lastTransitionTime": now,
     })
+}
+
+/// Where in an entry's `conditions` Plexus's condition is.
+fn attached_condition_index(entry: &Value) -> Option<usize> {
+    entry["conditions"]
+        .as_array()?
+        .iter()
+        .position(|c| c["reason"] == ATTACHED_REASON)
+}
+
+fn same_device(entry: &Value, key: &DeviceKey) -> bool {
+    entry["driver"] == key.driver.as_str()
+        && entry["pool"] == key.pool.as_str()
+        && entry["device"] == key.device.as_str()
+}
+
+/// The JSON patch (RFC 6902) that makes Plexus's part of a claim's `status.devices` (`current`, read at
+/// `resource_version`) exactly `devices`: each device's entry gets its `networkData` and Plexus's `Ready` condition
+/// (an entry is added for a device that has none), and what Plexus wrote for devices not in `devices` is taken back
+/// (its condition and `networkData`; the whole entry when nothing else is in it). Entries and fields of others
+/// (the DRA driver's `data`, its conditions) are not touched, and a driver's own `Ready` condition is not
+/// overridden. The first operation tests the resourceVersion, so that the indices hold: a claim changed in between
+/// fails the patch, and the caller reads it again. `None` when nothing would change.
+///
+/// A JSON patch rather than a server-side apply: Kubernetes 1.37's server-side apply of a claim's status round
+/// trips the whole object through its field schema, which rewrites the allocation's opaque configuration (its keys
+/// sorted) and then refuses the write as a change of the allocation, whenever the user wrote that configuration
+/// with its keys in another order.
+pub fn claim_status_patch(
+    current: &[Value],
+    resource_version: &str,
+    devices: &[DeviceNetworkData],
+    now: &str,
+) -> Option<Value> {
+    let mut edits = Vec::new();
+    let mut removals = Vec::new();
+    let mut appends = Vec::new();
+    for (i, entry) in current.iter().enumerate() {
+        let path = format!("/status/devices/{i}");
+        match devices.iter().find(|d| same_device(entry, &d.key)) {
+            Some(d) => {
+                let network = network_data_json(d);
+                if entry["networkData"] != network {
+                    edits.push(json!({"op": "add", "path": format!("{path}/networkData"), "value": network}));
+                }
+                let condition = attached_condition(d, now);
+                match (
+                    attached_condition_index(entry),
+                    entry["conditions"].as_array(),
+                ) {
+                    (Some(j), _) => {
+                        let mine = &entry["conditions"][j];
+                        if mine["message"] != condition["message"] || mine["status"] != "True" {
+                            edits.push(json!({"op": "replace", "path": format!("{path}/conditions/{j}"), "value": condition}));
+                        }
+                    }
+                    (None, Some(list)) if list.iter().any(|c| c["type"] == "Ready") => {}
+                    (None, Some(list)) if !list.is_empty() => {
+                        edits.push(json!({"op": "add", "path": format!("{path}/conditions/-"), "value": condition}));
+                    }
+                    (None, _) => {
+                        edits.push(json!({"op": "add", "path": format!("{path}/conditions"), "value": [condition]}));
+                    }
+                }
+            }
+            None => {
+                let Some(j) = attached_condition_index(entry) else {
+                    continue;
+                };
+                let others = entry.as_object().map_or(0, |m| {
+                    m.iter()
+                        .filter(|(k, v)| {
+                            !matches!(
+                                k.as_str(),
+                                "driver" | "pool" | "device" | "networkData" | "conditions"
+                            ) && !v.is_null()
+                        })
+                        .count()
+                });
+                let conditions = entry["conditions"].as_array().map_or(0, Vec::len);
+                if others == 0 && conditions == 1 {
+                    removals.push(json!({"op": "remove", "path": path}));
+                } else {
+                    edits.push(json!({"op": "remove", "path": format!("{path}/conditions/{j}")}));
+                    if !entry["networkData"].is_null() {
+                        edits.push(json!({"op": "remove", "path": format!("{path}/networkData")}));
+                    }
+                }
+            }
+        }
+    }
+    for d in devices {
+        if !current.iter().any(|e| same_device(e, &d.key)) {
+            appends.push(json!({
+                "op": "add", "path": "/status/devices/-",
+                "value": {
+                    "driver": d.key.driver, "pool": d.key.pool, "device": d.key.device,
+                    "networkData": network_data_json(d),
+                    "conditions": [attached_condition(d, now)],
+                }
+            }));
+        }
+    }
+    if edits.is_empty() && removals.is_empty() && appends.is_empty() {
+        return None;
+    }
+    let mut ops =
+        vec![json!({"op": "test", "path": "/metadata/resourceVersion", "value": resource_version})];
+    if current.is_empty() && !appends.is_empty() {
+        // `/status/devices/-` needs the list to exist.
+        ops.push(json!({"op": "add", "path": "/status/devices", "value": []}));
+    }
+    ops.extend(edits);
+    // Whole entries last and from the end, so that the indices above still name the entries they were read for.
+    removals.reverse();
+    ops.extend(removals);
+    ops.extend(appends);
+    Some(Value::Array(ops))
 }
 
 impl KubeApi {
@@ -240,40 +350,213 @@ impl KubeApi {
         }))
     }
 
-    /// Applies Plexus's entries of `claim`'s `status.devices[]` (server-side apply on the status subresource,
-    /// field manager `plexus`, forced: the entries are Plexus's own). A claim that is gone is no error.
+    /// Makes Plexus's part of `claim`'s `status.devices[]` exactly `devices` (empty: takes back what Plexus wrote),
+    /// by a JSON patch against the claim as read just before ([`claim_status_patch`]); a claim changed in between
+    /// is read again (at most [`CLAIM_WRITE_ATTEMPTS`] times). A claim that is gone needs nothing.
     pub async fn apply_claim_status(
         &self,
         claim: &ClaimName,
         devices: &[DeviceNetworkData],
     ) -> Result<(), ClusterError> {
         let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
-        let op = Op {
-            verb: "patch",
-            resource: "resourceclaims/status",
+        let read = Op {
+            verb: "get",
+            resource: "resourceclaims",
             group: DRA_GROUP,
             namespace: &claim.namespace,
             name: &claim.name,
         };
-        let now = k8s_openapi::jiff::Timestamp::now()
-            .round(k8s_openapi::jiff::Unit::Second)
-            .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
-            .to_string();
-        let body = claim_status_apply(claim, devices, &now);
-        let params = PatchParams::apply(FIELD_MANAGER).force();
-        let patch = Patch::Apply(&body);
-        match self
-            .call(&op, self.deadline(), self.settings.retries, || {
-                api.patch_status(&claim.name, &params, &patch)
-            })
-            .await
-        {
-            Ok(_) => Ok(()),
-            Err(Failure::Api(status)) if status.code == 404 => {
-                tracing::debug!(claim = %claim, "claim gone before its device status was written");
-                Ok(())
+        let write = Op {
+            verb: "patch",
+            resource: "resourceclaims/status",
+            ..read
+        };
+        let deadline = self.deadline();
+        let url = format!(
+            "/apis/{DRA_API_VERSION}/namespaces/{}/resourceclaims/{}/status?fieldManager={FIELD_MANAGER}",
+            claim.namespace, claim.name
+        );
+        for attempt in 1..=CLAIM_WRITE_ATTEMPTS {
+            let found = match self
+                .call(&read, deadline, self.settings.retries, || {
+                    api.get(&claim.name)
+                })
+                .await
+            {
+                Ok(found) => found,
+                Err(Failure::Api(status)) if status.code == 404 => {
+                    tracing::debug!(claim = %claim, "claim gone before its device status was written");
+                    return Ok(());
+                }
+                Err(f) => return Err(Self::generic(&read, ObjectKind::ResourceClaim, f)),
+            };
+            let current: Vec<Value> = found
+                .status
+                .as_ref()
+                .and_then(|s| s.devices.as_ref())
+                .map(|d| {
+                    d.iter()
+                        .filter_map(|e| serde_json::to_value(e).ok())
+                        .collect()
+                })
+                .unwrap_or_default();
+            let version = found.metadata.resource_version.unwrap_or_default();
+            let now = k8s_openapi::jiff::Timestamp::now()
+                .round(k8s_openapi::jiff::Unit::Second)
+                .unwrap_or_else(|_| k8s_openapi::jiff::Timestamp::now())
+                .to_string();
+            let Some(patch) = claim_status_patch(&current, &version, devices, &now) else {
+                return Ok(());
+            };
+            let body = patch.to_string().into_bytes();
+            let answer = self
+                .call(&write, deadline, self.settings.retries, || {
+                    let request = http::Request::patch(url.as_str())
+                        .header(http::header::CONTENT_TYPE, "application/json-patch+json")
+                        .body(body.clone())
+                        .expect("a valid request");
+                    self.client.request::<ResourceClaim>(request)
+                })
+                .await;
+            match answer {
+                Ok(_) => return Ok(()),
+                Err(Failure::Api(status)) if status.code == 404 => return Ok(()),
+                // The test of the resourceVersion failed: the claim changed since it was read.
+                Err(Failure::Api(status))
+                    if attempt < CLAIM_WRITE_ATTEMPTS
+                        && (status.code == 409
+                            || (status.code == 422 && status.message.contains("test"))) =>
+                {
+                    tracing::debug!(claim = %claim, attempt, "claim changed while its device status was written; reading it again");
+                }
+                Err(f) => return Err(Self::generic(&write, ObjectKind::ResourceClaim, f)),
             }
-            Err(f) => Err(Self::generic(&op, ObjectKind::ResourceClaim, f)),
         }
+        Err(ClusterError::unavailable(format!(
+            "{}: the claim kept changing while its device status was written ({CLAIM_WRITE_ATTEMPTS} attempts)",
+            write.describe()
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(device: &str, ifname: &str) -> DeviceNetworkData {
+        DeviceNetworkData {
+            key: DeviceKey {
+                driver: "sriov.example.com".into(),
+                pool: "node1".into(),
+                device: device.into(),
+            },
+            interface_name: Some(ifname.into()),
+            ips: vec!["10.1.0.5/24".into()],
+            hardware_address: Some("aa:bb:cc:dd:ee:ff".into()),
+        }
+    }
+
+    fn ops(patch: Option<Value>) -> Vec<(String, String)> {
+        patch
+            .expect("a patch")
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| {
+                (
+                    o["op"].as_str().unwrap().to_string(),
+                    o["path"].as_str().unwrap().to_string(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn new_entries_are_appended_after_the_resource_version_test() {
+        let patch = claim_status_patch(&[], "42", &[data("vf0", "net1"), data("vf1", "dra0")], "t");
+        let p = patch.clone().unwrap();
+        assert_eq!(
+            p[0],
+            json!({"op": "test", "path": "/metadata/resourceVersion", "value": "42"})
+        );
+        assert_eq!(
+            ops(patch),
+            [
+                ("test", "/metadata/resourceVersion"),
+                ("add", "/status/devices"),
+                ("add", "/status/devices/-"),
+                ("add", "/status/devices/-"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        assert_eq!(p[2]["value"]["device"], "vf0");
+        assert_eq!(p[2]["value"]["networkData"]["interfaceName"], "net1");
+        assert_eq!(p[2]["value"]["networkData"]["ips"], json!(["10.1.0.5/24"]));
+        assert_eq!(p[2]["value"]["conditions"][0]["reason"], ATTACHED_REASON);
+    }
+
+    #[test]
+    fn a_drivers_entry_keeps_its_fields_and_its_own_ready_condition() {
+        let driver_entry = json!({"driver": "sriov.example.com", "pool": "node1", "device": "vf0",
+                                  "data": {"vendor": "x"},
+                                  "conditions": [{"type": "Ready", "status": "False", "reason": "Driver"}]});
+        let bare_entry = json!({"driver": "sriov.example.com", "pool": "node1", "device": "vf1",
+                                "data": {"vendor": "y"}});
+        let patch = claim_status_patch(
+            &[driver_entry, bare_entry],
+            "7",
+            &[data("vf0", "net1"), data("vf1", "dra0")],
+            "t",
+        );
+        assert_eq!(
+            ops(patch),
+            [
+                ("test", "/metadata/resourceVersion"),
+                ("add", "/status/devices/0/networkData"),
+                ("add", "/status/devices/1/networkData"),
+                ("add", "/status/devices/1/conditions"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+    }
+
+    #[test]
+    fn taking_back_removes_only_what_plexus_wrote() {
+        let mine = |device: &str, extra: Value| {
+            let mut e = json!({"driver": "sriov.example.com", "pool": "node1", "device": device,
+                               "networkData": network_data_json(&data(device, "net1")),
+                               "conditions": [{"type": "Ready", "status": "True", "reason": ATTACHED_REASON,
+                                               "message": "attached by Plexus as net1"}]});
+            if let (Some(m), Some(x)) = (e.as_object_mut(), extra.as_object()) {
+                m.extend(x.clone());
+            }
+            e
+        };
+        let others =
+            json!({"driver": "gpu.example.com", "pool": "node1", "device": "g0", "data": {}});
+        let current = [
+            mine("vf0", json!({})),
+            others,
+            mine("vf1", json!({"data": {"vendor": "x"}})),
+            mine("vf2", json!({})),
+        ];
+        // vf2 stays attached; vf0 and vf1 were detached.
+        let patch = claim_status_patch(&current, "9", &[data("vf2", "net1")], "t");
+        assert_eq!(
+            ops(patch),
+            [
+                ("test", "/metadata/resourceVersion"),
+                ("remove", "/status/devices/2/conditions/0"),
+                ("remove", "/status/devices/2/networkData"),
+                ("remove", "/status/devices/0"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string())),
+            "the driver's entry keeps its data, the entry that was Plexus's alone goes, vf2 is as written"
+        );
+        assert_eq!(
+            claim_status_patch(&current[1..2], "9", &[], "t"),
+            None,
+            "nothing of Plexus's: nothing to do"
+        );
     }
 }
