@@ -1,6 +1,6 @@
-//! Teardown through a real container runtime: Debian's containerd 1.6 with its CRI plugin and runc, plexus as its
+//! Teardown through a real container runtime: containerd 2 with its CRI plugin and runc, plexus as its
 //! CNI plugin, driven over CRI as kubelet drives it (RunPodSandbox, StopPodSandbox, RemovePodSandbox). The pod's
-//! networks are Debian's bridge + host-local, the cluster source the API server emulator over real HTTP.
+//! networks are the reference bridge + host-local, the cluster source the API server emulator over real HTTP.
 //!
 //! containerd calls DEL on StopPodSandbox and again on RemovePodSandbox (the second with an empty CNI_NETNS): the
 //! repeated DEL these tests watch. Needs root, containerd, runc and busybox-static (tests/setup.sh).

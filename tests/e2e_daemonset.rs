@@ -1,5 +1,5 @@
 //! The DaemonSet as an operator installs it: the project's image in a real containerd, the pod of
-//! examples/deploy/daemonset.yaml run by a real kubelet (1.20.2) against a real API server with the project's CRDs
+//! examples/deploy/daemonset.yaml run by a real kubelet (1.37) against a real API server with the project's CRDs
 //! and RBAC. Its init container installs the CNI plugin and the conflist onto the node, its daemon goes Ready, a
 //! pod with two NADs starts through the installed plugin, and the daemon, in its container, attaches a third
 //! network to that pod's namespace, which the runtime made after the daemon had started: the `/run/netns` mount
@@ -14,7 +14,7 @@
 //! - the node's directories (`/opt/cni/bin`, `/etc/cni/net.d`, `/var/lib/cni`, `/run/plexus`, `/var/lib/plexus`)
 //!   are directories of the test, mounted at the same paths in the pod (every path of the pod spec is moved
 //!   alike); `/run/netns` is the host's own;
-//! - the node's address is a documentation address (1.20's kubelet refuses loopback), so metrics listen on
+//! - the node's address is a documentation address (kubelet refuses loopback), so metrics listen on
 //!   loopback; the networks' host-local store is one more host directory.
 
 use std::path::{Path, PathBuf};

@@ -151,7 +151,9 @@ impl Node {
             &sb.path("daemon.log"),
             &["--dynamic-networks"],
         );
-        daemon.wait("synced", |h| h.synced() && (!dra || h.cache.dra_synced));
+        daemon.wait("synced", |h| {
+            plexus_tests::plexus::settled(h) && (!dra || h.cache.dra_synced)
+        });
         let containerd = Containerd::start(&bin, &conf_dir);
         let kubelet = Kubelet::start(&api, &containerd.socket());
         let (control, driver) = match dra {

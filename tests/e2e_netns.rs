@@ -1,8 +1,8 @@
-//! Plexus end to end on a real network: the `plexus` binary drives Debian's CNI reference plugins (bridge,
+//! Plexus end to end on a real network: the `plexus` binary drives the CNI reference plugins (v1.10.0; bridge,
 //! macvlan, host-local, static, tuning, portmap, bandwidth) inside network namespaces these tests create, and
 //! every assertion reads what the kernel (or host-local's dataDir, or iptables) really holds.
 //!
-//! Needs root and the reference plugins in `/usr/lib/cni`; `cargo build --release -p plexus -p plexus-tests
+//! Needs root and the reference plugins of `tests/parts.sh`; `cargo build --release -p plexus -p plexus-tests
 //! --bin plexus --bin fake-cni` first.
 
 use std::net::IpAddr;

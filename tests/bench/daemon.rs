@@ -291,7 +291,9 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let dra_pods = dra_setup(&api, &w)?;
     d.wait("synced", Duration::from_secs(60), |h| {
-        h.synced() && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA && h.cache.dra_synced
+        plexus_tests::plexus::settled(h)
+            && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA
+            && h.cache.dra_synced
     })?;
     // Multus's thick plugin on the same node, pods and NADs, when one is provided.
     let multus = match &multus_bins {
@@ -588,7 +590,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let started = Instant::now();
     d.wait("synced with everything", Duration::from_secs(120), |h| {
-        h.synced()
+        plexus_tests::plexus::settled(h)
             && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA
             && h.cache.nads == NADS + 3 + 10 + 4
     })?;
@@ -776,7 +778,7 @@ fn hotplug_latency(
     d.wait(
         "synced with the hot-plug pod",
         Duration::from_secs(120),
-        |h| h.synced() && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA + 1,
+        |h| plexus_tests::plexus::settled(h) && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA + 1,
     )?;
     // The writes the daemon killed mid-burst kept are sent first (at --kube-api-qps): measured once they are.
     d.wait("the kept writes sent", Duration::from_secs(180), |h| {

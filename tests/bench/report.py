@@ -466,7 +466,7 @@ def main():
     if dm:
         w("## Node daemon: the kube source with and without `plexus daemon`")
         w("")
-        w("A real kube-apiserver 1.20.2 with etcd on loopback (TLS, token authentication, RBAC from "
+        w("A real kube-apiserver 1.37.2 with etcd 3.7.0 on loopback (TLS, token authentication, RBAC from "
           "`examples/deploy/rbac.yaml`, an audit log). The pod selects 3 NADs (4 attachments with the cluster network), "
           "no-op delegates. *Thin*: the CNI process reads the pod and the NADs and writes the status and events itself "
           "(`\"daemon\": false`). *Daemon*: `plexus daemon` runs on the node and the CNI process asks it over its socket. "

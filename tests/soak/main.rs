@@ -917,7 +917,7 @@ impl DaemonWorld {
             .spawn()
             .unwrap();
         self.daemon = Some(child);
-        self.wait_health("synced", |h| h.synced());
+        self.wait_health("synced", |h| plexus_tests::plexus::settled(h));
     }
 
     fn kill_daemon(&mut self) {

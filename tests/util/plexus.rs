@@ -479,6 +479,18 @@ pub struct NodeDaemon {
     pub log: PathBuf,
 }
 
+/// The daemon answers ADDs from its caches alone: pods and NADs synced, and it knows whether the API server serves
+/// Dynamic Resource Allocation and, where it does, has synced the claims and slices (until then the CNI process
+/// reads a pod's claims, and writes what follows from them, itself).
+pub fn settled(h: &plexus_cni::daemon::proto::DaemonHealth) -> bool {
+    h.synced()
+        && match h.cache.dra {
+            Some(true) => h.cache.dra_synced,
+            Some(false) => true,
+            None => false,
+        }
+}
+
 impl NodeDaemon {
     /// Starts `plexus daemon` for node `node`, logging at debug level to `log`, with `--kubeconfig`, `--socket`
     /// and `--cache-dir` set and no metrics endpoint unless `extra` asks for one (tests run daemons side by
