@@ -20,7 +20,9 @@ parts="$root/tests/parts"
 CACHE=${PLEXUS_PARTS_CACHE:-/var/cache/plexus-tests}
 log() { echo "parts: $*" >&2; }
 
-command -v go >/dev/null || { log "no go on PATH (the project's machines have Go 1.26)"; exit 1; }
+# The project's machines have Go 1.26 first on PATH, installed at /usr/local/go.
+command -v go >/dev/null || PATH=/usr/local/go/bin:$PATH
+command -v go >/dev/null || { log "no go on PATH (the project's machines have Go 1.26 at /usr/local/go)"; exit 1; }
 key=$( { go env GOVERSION; find "$parts" -type f | LC_ALL=C sort | xargs cat; cat "${BASH_SOURCE[0]}"; } | sha256sum | cut -c1-16)
 OUT="$CACHE/parts-$key"
 

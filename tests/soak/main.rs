@@ -917,7 +917,7 @@ impl DaemonWorld {
             .spawn()
             .unwrap();
         self.daemon = Some(child);
-        self.wait_health("synced", |h| plexus_tests::plexus::settled(h));
+        self.wait_health("synced", plexus_tests::plexus::settled);
     }
 
     fn kill_daemon(&mut self) {
