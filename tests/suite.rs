@@ -4,6 +4,7 @@
 mod cli;
 mod compat;
 mod conformance;
+mod critest;
 mod daemon;
 mod deploy_manifests;
 mod device_info;

@@ -53,12 +53,27 @@ impl Containerd {
     /// Starts containerd with `cni_bin` (plexus and the reference plugins) and `cni_conf` (plexus's conflist) as
     /// its CNI directories, imports the pause image and waits until its CRI answers.
     pub fn start(cni_bin: &Path, cni_conf: &Path) -> Containerd {
+        Containerd::start_with(cni_bin, cni_conf, None)
+    }
+
+    /// [`Containerd::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) when one is given.
+    pub fn start_with(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> Containerd {
         available();
         let dir = tempfile::Builder::new()
             .prefix("plx-containerd-")
             .tempdir_in("/var/tmp")
             .expect("containerd dir");
         let root = dir.path();
+        let hosts = root.join("certs.d");
+        if let Some(addr) = registry {
+            let host = hosts.join(addr);
+            std::fs::create_dir_all(&host).expect("certs.d");
+            std::fs::write(
+                host.join("hosts.toml"),
+                format!("server = \"http://{addr}\"\n[host.\"http://{addr}\"]\n  capabilities = [\"pull\", \"resolve\", \"push\"]\n"),
+            )
+            .expect("hosts.toml");
+        }
         let config = format!(
             r#"version = 3
 root = "{root}/root"
@@ -75,6 +90,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   snapshotter = "native"
   [plugins.'io.containerd.cri.v1.images'.pinned_images]
     sandbox = "{PAUSE_IMAGE}"
+  [plugins.'io.containerd.cri.v1.images'.registry]
+    config_path = "{hosts}"
 
 [plugins.'io.containerd.cri.v1.runtime']
   disable_cgroup = true
@@ -88,7 +105,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
 
-# What the transfer service (ctr images import) unpacks into: the snapshotter the CRI uses.
+# What the transfer service (ctr images import, push) unpacks into, and where it finds registries.
+[plugins.'io.containerd.transfer.v1.local']
+  config_path = "{hosts}"
 [[plugins.'io.containerd.transfer.v1.local'.unpack_config]]
   platform = "linux/amd64"
   snapshotter = "native"
@@ -98,6 +117,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   socket_path = "{root}/nri.sock"
 "#,
             root = root.display(),
+            hosts = hosts.display(),
             bin = cni_bin.display(),
             conf = cni_conf.display(),
         );
@@ -280,80 +300,124 @@ pub fn cni_dirs(
 pub fn pause_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
-        // One per test process (it lives as long as the process); those of processes that are gone are removed.
-        for entry in std::fs::read_dir(std::env::temp_dir()).into_iter().flatten().flatten() {
-            let name = entry.file_name().to_string_lossy().into_owned();
-            if let Some(pid) = name.strip_prefix("plx-pause-") {
-                if !Path::new("/proc").join(pid).exists() {
-                    let _ = std::fs::remove_dir_all(entry.path());
-                }
+        busybox_image(
+            PAUSE_IMAGE,
+            json!(["/bin/busybox", "sleep", "2147483647"]),
+            false,
+            &[],
+        )
+    })
+}
+
+/// An OCI image layout (tar), image `name` (`host/path:tag`): Debian's static busybox as `/bin/busybox` (with a
+/// link for each of its applets when `applets`, so `sh`, `top`, `httpd`... are on `PATH=/bin`), the `files`
+/// (path in the image, content), and `entrypoint` (JSON, `null` for none). Kept in a directory of this process.
+pub fn busybox_image(
+    name: &str,
+    entrypoint: serde_json::Value,
+    applets: bool,
+    files: &[(&str, &str)],
+) -> PathBuf {
+    // One directory per test process (it lives as long as the process); those of processes that are gone are
+    // removed.
+    for entry in std::fs::read_dir(std::env::temp_dir())
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let entry_name = entry.file_name().to_string_lossy().into_owned();
+        if let Some(pid) = entry_name.strip_prefix("plx-images-") {
+            if !Path::new("/proc").join(pid).exists() {
+                let _ = std::fs::remove_dir_all(entry.path());
             }
         }
-        let dir = std::env::temp_dir().join(format!("plx-pause-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let rootfs = dir.join("rootfs");
-        std::fs::create_dir_all(rootfs.join("bin")).expect("rootfs");
-        std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).expect("copy busybox");
-        let layer = dir.join("layer.tar");
-        let ok = Command::new("tar")
-            .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
-            .arg(&rootfs)
-            .arg("-cf")
-            .arg(&layer)
-            .arg(".")
-            .status()
-            .expect("tar")
-            .success();
-        assert!(ok, "tar the pause rootfs");
-        let layout = dir.join("layout");
-        let blobs = layout.join("blobs/sha256");
-        std::fs::create_dir_all(&blobs).expect("blobs dir");
-        let put = |bytes: &[u8]| -> (String, usize) {
-            let digest = hex::encode(Sha256::digest(bytes));
-            std::fs::write(blobs.join(&digest), bytes).expect("write blob");
-            (format!("sha256:{digest}"), bytes.len())
-        };
-        let (layer_digest, layer_size) = put(&std::fs::read(&layer).expect("layer"));
-        let config = json!({
-            "architecture": "amd64", "os": "linux",
-            "config": {"Entrypoint": ["/bin/busybox", "sleep", "2147483647"], "Env": ["PATH=/bin"]},
-            "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
-        });
-        let (config_digest, config_size) = put(config.to_string().as_bytes());
-        let manifest = json!({
-            "schemaVersion": 2,
+    }
+    let tag = name.replace(['/', ':', '.'], "-");
+    let dir = std::env::temp_dir()
+        .join(format!("plx-images-{}", std::process::id()))
+        .join(tag);
+    let _ = std::fs::remove_dir_all(&dir);
+    let rootfs = dir.join("rootfs");
+    std::fs::create_dir_all(rootfs.join("bin")).expect("rootfs");
+    std::fs::copy("/usr/bin/busybox", rootfs.join("bin/busybox")).expect("copy busybox");
+    if applets {
+        let list = Command::new("/usr/bin/busybox")
+            .arg("--list")
+            .output()
+            .expect("busybox --list");
+        for applet in String::from_utf8_lossy(&list.stdout).lines() {
+            if applet != "busybox" && !applet.is_empty() {
+                std::os::unix::fs::symlink("busybox", rootfs.join("bin").join(applet))
+                    .expect("link an applet");
+            }
+        }
+    }
+    for (path, content) in files {
+        let file = rootfs.join(path.trim_start_matches('/'));
+        std::fs::create_dir_all(file.parent().expect("a file in a directory")).expect("dir");
+        std::fs::write(&file, content).expect("write a file of the image");
+    }
+    let layer = dir.join("layer.tar");
+    let ok = Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(&rootfs)
+        .arg("-cf")
+        .arg(&layer)
+        .arg(".")
+        .status()
+        .expect("tar")
+        .success();
+    assert!(ok, "tar the pause rootfs");
+    let layout = dir.join("layout");
+    let blobs = layout.join("blobs/sha256");
+    std::fs::create_dir_all(&blobs).expect("blobs dir");
+    let put = |bytes: &[u8]| -> (String, usize) {
+        let digest = hex::encode(Sha256::digest(bytes));
+        std::fs::write(blobs.join(&digest), bytes).expect("write blob");
+        (format!("sha256:{digest}"), bytes.len())
+    };
+    let (layer_digest, layer_size) = put(&std::fs::read(&layer).expect("layer"));
+    let config = json!({
+        "architecture": "amd64", "os": "linux",
+        "config": {"Entrypoint": entrypoint, "Env": ["PATH=/bin"]},
+        "rootfs": {"type": "layers", "diff_ids": [layer_digest]},
+    });
+    let (config_digest, config_size) = put(config.to_string().as_bytes());
+    let manifest = json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
+        "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
+    });
+    let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
+    let index = json!({
+        "schemaVersion": 2,
+        "manifests": [{
             "mediaType": "application/vnd.oci.image.manifest.v1+json",
-            "config": {"mediaType": "application/vnd.oci.image.config.v1+json", "digest": config_digest, "size": config_size},
-            "layers": [{"mediaType": "application/vnd.oci.image.layer.v1.tar", "digest": layer_digest, "size": layer_size}],
-        });
-        let (manifest_digest, manifest_size) = put(manifest.to_string().as_bytes());
-        let index = json!({
-            "schemaVersion": 2,
-            "manifests": [{
-                "mediaType": "application/vnd.oci.image.manifest.v1+json",
-                "digest": manifest_digest, "size": manifest_size,
-                "platform": {"architecture": "amd64", "os": "linux"},
-                "annotations": {"io.containerd.image.name": PAUSE_IMAGE, "org.opencontainers.image.ref.name": "1"},
-            }],
-        });
-        std::fs::write(layout.join("index.json"), index.to_string()).expect("index.json");
-        let mut f = std::fs::File::create(layout.join("oci-layout")).expect("oci-layout");
-        f.write_all(br#"{"imageLayoutVersion":"1.0.0"}"#).expect("oci-layout");
-        let tar = dir.join("pause.tar");
-        let ok = Command::new("tar")
-            .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
-            .arg(&layout)
-            .arg("-cf")
-            .arg(&tar)
-            .args(["oci-layout", "index.json", "blobs"])
-            .status()
-            .expect("tar")
-            .success();
-        assert!(ok, "tar the pause image layout");
-        // Only the image is kept.
-        let _ = std::fs::remove_dir_all(&rootfs);
-        let _ = std::fs::remove_file(&layer);
-        let _ = std::fs::remove_dir_all(&layout);
-        tar
-    })
+            "digest": manifest_digest, "size": manifest_size,
+            "platform": {"architecture": "amd64", "os": "linux"},
+            "annotations": {"io.containerd.image.name": name,
+                            "org.opencontainers.image.ref.name": name.rsplit(':').next().unwrap_or("latest")},
+        }],
+    });
+    std::fs::write(layout.join("index.json"), index.to_string()).expect("index.json");
+    let mut f = std::fs::File::create(layout.join("oci-layout")).expect("oci-layout");
+    f.write_all(br#"{"imageLayoutVersion":"1.0.0"}"#)
+        .expect("oci-layout");
+    let tar = dir.join("pause.tar");
+    let ok = Command::new("tar")
+        .args(["--owner=0", "--group=0", "--numeric-owner", "-C"])
+        .arg(&layout)
+        .arg("-cf")
+        .arg(&tar)
+        .args(["oci-layout", "index.json", "blobs"])
+        .status()
+        .expect("tar")
+        .success();
+    assert!(ok, "tar the pause image layout");
+    // Only the image is kept.
+    let _ = std::fs::remove_dir_all(&rootfs);
+    let _ = std::fs::remove_file(&layer);
+    let _ = std::fs::remove_dir_all(&layout);
+    tar
 }

@@ -1,0 +1,181 @@
+//! A peer's test suite: the networking cases of `critest` (cri-tools v1.37.0, the CRI validation suite) run against
+//! containerd 2 whose CNI is Plexus (the cluster network, bridge + host-local + portmap, and a second bridge network
+//! for every pod through `defaultNetworks`), and, as the reference, against the same containerd with the cluster
+//! network's conflist alone. critest pulls its images through the CRI, so they are built here (Debian's static
+//! busybox: a test image, and a web server image running busybox `httpd` on port 80) and served by a registry on
+//! loopback; `--test-images-file` names them.
+//!
+//! The cases: DNS config, hostname, port mapping with a container port only (the pod's IP from the CRI status), and
+//! with a host port (127.0.0.1:12000 through portmap).
+
+use std::path::Path;
+use std::process::Command;
+
+use plexus_tests::containerd::{busybox_image, ctr_bin, Containerd};
+use plexus_tests::netns::{bridge_host_local, require_root_and_plugins, HostBridge, IpamDir};
+use plexus_tests::plexus::{plexus_cni_bin, Sandbox};
+use plexus_tests::registry::Registry;
+use serde_json::{json, Value};
+
+/// Builds critest's two images, pushes them to `registry` through `containerd`, and removes them from it again (so
+/// that critest's pulls go to the registry); returns the `--test-images-file` naming them.
+fn push_images(containerd: &Containerd, registry: &Registry, dir: &Path) -> std::path::PathBuf {
+    let test_image = format!("{}/critest/busybox:1", registry.addr);
+    let web_image = format!("{}/critest/web:1", registry.addr);
+    let images = [
+        busybox_image(&test_image, Value::Null, true, &[]),
+        busybox_image(
+            &web_image,
+            json!(["/bin/httpd", "-f", "-p", "80", "-h", "/www"]),
+            true,
+            &[("/www/index.html", "plexus critest\n")],
+        ),
+    ];
+    let ctr = |args: &[&str]| {
+        let out = Command::new("timeout")
+            .arg("120")
+            .arg(ctr_bin())
+            .arg("--address")
+            .arg(containerd.socket())
+            .args(["-n", "k8s.io"])
+            .args(args)
+            .output()
+            .expect("run ctr");
+        assert!(
+            out.status.success(),
+            "ctr {}: {}",
+            args.join(" "),
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    for (image, name) in images.iter().zip([&test_image, &web_image]) {
+        let tar = image.display().to_string();
+        ctr(&["images", "import", "--snapshotter", "native", &tar]);
+        ctr(&["images", "push", "--plain-http", name]);
+        ctr(&["images", "rm", name]);
+    }
+    let file = dir.join("critest-images.yaml");
+    std::fs::write(
+        &file,
+        format!("defaultTestContainerImage: {test_image}\nwebServerTestImage: {web_image}\n"),
+    )
+    .expect("the images file");
+    file
+}
+
+/// critest's networking cases against `containerd`: its exit status and what it printed.
+fn critest(containerd: &Containerd, images: &Path) -> (bool, String) {
+    let endpoint = format!("unix://{}", containerd.socket().display());
+    let out = Command::new("timeout")
+        .arg("300")
+        .arg(plexus_tests::parts::bin("critest"))
+        .arg(format!("--runtime-endpoint={endpoint}"))
+        .arg(format!("--image-endpoint={endpoint}"))
+        .arg(format!("--test-images-file={}", images.display()))
+        .args(["--ginkgo.focus=Networking", "--ginkgo.no-color"])
+        // critest looks for a crictl config in the working directory's temp dir first.
+        .current_dir(images.parent().unwrap())
+        .output()
+        .expect("run critest");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (out.status.success(), text)
+}
+
+#[test]
+fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist() {
+    require_root_and_plugins();
+    let registry = Registry::start();
+    let sb = Sandbox::new();
+    let ipam = IpamDir::new();
+    let (cluster_bridge, second_bridge) = (HostBridge::reserve("ccl"), HostBridge::reserve("csc"));
+    let mut cluster = bridge_host_local("critest-net", &cluster_bridge, &ipam);
+    cluster["plugins"]
+        .as_array_mut()
+        .unwrap()
+        .push(json!({"type": "portmap", "capabilities": {"portMappings": true}}));
+    let second = bridge_host_local("critest-second", &second_bridge, &ipam);
+    let nets = sb.path("nets");
+    std::fs::create_dir_all(&nets).unwrap();
+    std::fs::write(nets.join("cluster.conflist"), cluster.to_string()).unwrap();
+    std::fs::write(nets.join("second.conflist"), second.to_string()).unwrap();
+
+    // The reference: containerd with the cluster network's conflist as its CNI configuration.
+    let bin = sb.path("cni-bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    std::os::unix::fs::symlink(plexus_cni_bin(), bin.join("plexus")).unwrap();
+    for plugin in std::fs::read_dir(plexus_tests::netns::cni_bin_dir())
+        .unwrap()
+        .flatten()
+    {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+    }
+    let plain_conf = sb.path("conf-plain");
+    std::fs::create_dir_all(&plain_conf).unwrap();
+    std::fs::copy(
+        nets.join("cluster.conflist"),
+        plain_conf.join("10-critest.conflist"),
+    )
+    .unwrap();
+    let images;
+    {
+        let containerd = Containerd::start_with(&bin, &plain_conf, Some(&registry.addr));
+        images = push_images(&containerd, &registry, sb.root.path());
+        let (ok, out) = critest(&containerd, &images);
+        assert!(
+            ok && out.contains("4 Passed | 0 Failed"),
+            "critest with the bridge conflist:\n{out}"
+        );
+    }
+    assert!(
+        ipam.reserved_ips("critest-net").is_empty(),
+        "critest's pods released their addresses"
+    );
+
+    // Plexus: the same cluster network, and a second network in every pod.
+    let plexus_conf = sb.path("conf-plexus");
+    std::fs::create_dir_all(&plexus_conf).unwrap();
+    let conf = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [{
+        "type": "plexus",
+        "clusterNetwork": nets.join("cluster.conflist"),
+        "defaultNetworks": [nets.join("second.conflist")],
+        "cacheDir": sb.path("cache"), "runDir": sb.path("run"),
+        "logFile": sb.path("plexus.log"), "logLevel": "debug",
+        "capabilities": {"portMappings": true}
+    }]});
+    std::fs::write(plexus_conf.join("00-plexus.conflist"), conf.to_string()).unwrap();
+    {
+        let containerd = Containerd::start_with(&bin, &plexus_conf, Some(&registry.addr));
+        let (ok, out) = critest(&containerd, &images);
+        assert!(
+            ok && out.contains("4 Passed | 0 Failed"),
+            "critest with Plexus:\n{out}\nplexus log:\n{}",
+            plexus_tests::tail(&sb.path("plexus.log"), 40)
+        );
+    }
+    let log = std::fs::read_to_string(sb.path("plexus.log")).unwrap_or_default();
+    let second_adds = log
+        .lines()
+        .filter(|l| {
+            l.contains("network=critest-second")
+                && l.contains("command=\"ADD\"")
+                && l.contains("exec delegate")
+        })
+        .count();
+    // Each of the four cases runs one pod in a network namespace of its own.
+    assert!(
+        second_adds >= 4,
+        "every pod got the second network through Plexus ({second_adds} ADDs of it):\n{log}"
+    );
+    for net in ["critest-net", "critest-second"] {
+        assert!(
+            ipam.reserved_ips(net).is_empty(),
+            "{net}: every address released: {:?}",
+            ipam.reserved_ips(net)
+        );
+    }
+    assert_eq!(sb.cached(), Vec::<String>::new(), "no cache entry left");
+}
