@@ -17,6 +17,8 @@ use crate::world::{Delegates, World, POD_NS};
 use crate::{log, ms, multus, phases, stats, Opts};
 
 const NODE: &str = "bench-node";
+/// The node's pods the daemon caches: the measured ones, and the pod whose token is the daemon's node-bound identity.
+const NODE_PODS: usize = PODS + PODS_10 + 2 * PODS_DRA + 1;
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
 const PODS: usize = 500;
 const NADS: usize = 10_000;
@@ -291,9 +293,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     )?;
     let dra_pods = dra_setup(&api, &w)?;
     d.wait("synced", Duration::from_secs(60), |h| {
-        plexus_tests::plexus::settled(h)
-            && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA
-            && h.cache.dra_synced
+        plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS && h.cache.dra_synced
     })?;
     // Multus's thick plugin on the same node, pods and NADs, when one is provided.
     let multus = match &multus_bins {
@@ -591,7 +591,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     let started = Instant::now();
     d.wait("synced with everything", Duration::from_secs(120), |h| {
         plexus_tests::plexus::settled(h)
-            && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA
+            && h.cache.pods == NODE_PODS
             && h.cache.nads == NADS + 3 + 10 + 4
     })?;
     let sync_seconds = started.elapsed().as_secs_f64();
@@ -778,7 +778,7 @@ fn hotplug_latency(
     d.wait(
         "synced with the hot-plug pod",
         Duration::from_secs(120),
-        |h| plexus_tests::plexus::settled(h) && h.cache.pods == PODS + PODS_10 + 2 * PODS_DRA + 1,
+        |h| plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS + 1,
     )?;
     // The writes the daemon killed mid-burst kept are sent first (at --kube-api-qps): measured once they are.
     d.wait("the kept writes sent", Duration::from_secs(180), |h| {

@@ -69,11 +69,32 @@ impl Cluster {
         }
     }
 
-    /// `plexus hook push` of a guest, signed: the pinned reference.
-    fn push(&self, guest: &str, tag: &str) -> String {
+    /// `plexus hook push` of a guest, signed: the pinned reference. With `release`, a new release of the same
+    /// guest: its component with a custom section naming the release appended (other bytes, the same code).
+    fn push(&self, guest: &str, tag: &str, release: Option<&str>) -> String {
+        let mut wasm = guest_wasm(guest);
+        if let Some(name) = release {
+            let mut bytes = std::fs::read(&wasm).unwrap();
+            // A custom section (id 0): its size (LEB128), then the name as a vector of bytes, then no payload.
+            let mut body = vec![name.len() as u8];
+            body.extend_from_slice(name.as_bytes());
+            bytes.push(0);
+            let mut size = body.len();
+            loop {
+                let byte = (size & 0x7f) as u8;
+                size >>= 7;
+                bytes.push(if size == 0 { byte } else { byte | 0x80 });
+                if size == 0 {
+                    break;
+                }
+            }
+            bytes.extend_from_slice(&body);
+            wasm = self.sb.path(&format!("{guest}-{name}.wasm"));
+            std::fs::write(&wasm, bytes).unwrap();
+        }
         let out = Command::new(plexus_bin())
             .args(["hook", "push"])
-            .arg(guest_wasm(guest))
+            .arg(&wasm)
             .arg(format!("{}/vendor/labels:{tag}", self.registry.addr))
             .args(["--insecure-registry", &self.registry.addr, "--key"])
             .arg(&self.keys.0)
@@ -118,12 +139,18 @@ impl Cluster {
                 .api
                 .request("GET", &format!("{REPORTS}/{node}"), None)
                 .unwrap();
+            // Compact, whatever layout the server chose (it pretty-prints for curl).
+            let text = serde_json::from_str::<Value>(&text).map_or(text, |v| v.to_string());
             code == 200 && text.contains(digest) && text.contains("\"active\":1")
         };
         while !nodes.iter().all(running) {
             assert!(
                 start.elapsed() < Duration::from_secs(300),
-                "not every node runs {digest} within 300 s"
+                "not every node runs {digest} within 300 s; {}'s report: {:?}; its log:\n{}",
+                nodes[0],
+                self.api
+                    .request("GET", &format!("{REPORTS}/{}", nodes[0]), None),
+                plexus_tests::tail(&self.sb.path(&nodes[0]).join("daemon.log"), 30)
             );
             std::thread::sleep(Duration::from_millis(250));
         }
@@ -163,9 +190,9 @@ fn rss_kib(pid: u32) -> u64 {
 
 fn measure(n: usize) -> Value {
     let c = Cluster::new();
-    // The rollout goes to another artifact (the example guests export every kind; a status call passes through).
-    let v1 = c.push("status-labels", "v1");
-    let v2 = c.push("network-templates", "v2");
+    // The rollout goes to another artifact: a new release of the same status hook.
+    let v1 = c.push("status-labels", "v1", None);
+    let v2 = c.push("status-labels", "v2", Some("release-2"));
     let digest = |r: &str| r.split_once('@').unwrap().1.to_string();
     c.api.create(
         &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
