@@ -11,7 +11,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use plexus_tests::containerd::{busybox_image, ctr_bin, Containerd};
+use plexus_tests::containerd::{busybox_image, cni_dirs, Containerd};
 use plexus_tests::netns::{bridge_host_local, require_root_and_plugins, HostBridge, IpamDir};
 use plexus_tests::plexus::{plexus_cni_bin, Sandbox};
 use plexus_tests::registry::Registry;
@@ -32,15 +32,7 @@ fn push_images(containerd: &Containerd, registry: &Registry, dir: &Path) -> std:
         ),
     ];
     let ctr = |args: &[&str]| {
-        let out = Command::new("timeout")
-            .arg("120")
-            .arg(ctr_bin())
-            .arg("--address")
-            .arg(containerd.socket())
-            .args(["-n", "k8s.io"])
-            .args(args)
-            .output()
-            .expect("run ctr");
+        let out = plexus_tests::image::ctr(containerd, args);
         assert!(
             out.status.success(),
             "ctr {}: {}",
@@ -103,16 +95,22 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
     std::fs::write(nets.join("cluster.conflist"), cluster.to_string()).unwrap();
     std::fs::write(nets.join("second.conflist"), second.to_string()).unwrap();
 
+    // containerd's CNI directories: the reference plugins and plexus, and Plexus's conflist with the same cluster
+    // network and a second network in every pod.
+    let (bin, plexus_conf) = cni_dirs(
+        &sb,
+        &plexus_cni_bin(),
+        json!({
+            "type": "plexus",
+            "clusterNetwork": nets.join("cluster.conflist"),
+            "defaultNetworks": [nets.join("second.conflist")],
+            "cacheDir": sb.path("cache"), "runDir": sb.path("run"),
+            "logFile": sb.path("plexus.log"), "logLevel": "debug",
+            "capabilities": {"portMappings": true}
+        }),
+    );
+
     // The reference: containerd with the cluster network's conflist as its CNI configuration.
-    let bin = sb.path("cni-bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    std::os::unix::fs::symlink(plexus_cni_bin(), bin.join("plexus")).unwrap();
-    for plugin in std::fs::read_dir(plexus_tests::netns::cni_bin_dir())
-        .unwrap()
-        .flatten()
-    {
-        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
-    }
     let plain_conf = sb.path("conf-plain");
     std::fs::create_dir_all(&plain_conf).unwrap();
     std::fs::copy(
@@ -136,17 +134,6 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
     );
 
     // Plexus: the same cluster network, and a second network in every pod.
-    let plexus_conf = sb.path("conf-plexus");
-    std::fs::create_dir_all(&plexus_conf).unwrap();
-    let conf = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [{
-        "type": "plexus",
-        "clusterNetwork": nets.join("cluster.conflist"),
-        "defaultNetworks": [nets.join("second.conflist")],
-        "cacheDir": sb.path("cache"), "runDir": sb.path("run"),
-        "logFile": sb.path("plexus.log"), "logLevel": "debug",
-        "capabilities": {"portMappings": true}
-    }]});
-    std::fs::write(plexus_conf.join("00-plexus.conflist"), conf.to_string()).unwrap();
     {
         let containerd = Containerd::start_with(&bin, &plexus_conf, Some(&registry.addr));
         let (ok, out) = critest(&containerd, &images);

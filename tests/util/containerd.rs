@@ -128,20 +128,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             sandboxes: Vec::new(),
         };
         c.spawn();
-        let import = Command::new(ctr_bin())
-            .arg("--address")
-            .arg(c.socket())
-            .args([
-                "-n",
-                "k8s.io",
+        let import = crate::image::ctr(
+            &c,
+            &[
                 "images",
                 "import",
                 "--snapshotter",
                 "native",
-            ])
-            .arg(pause_image())
-            .output()
-            .expect("run ctr");
+                &pause_image().display().to_string(),
+            ],
+        );
         assert!(
             import.status.success(),
             "ctr images import: {}",
