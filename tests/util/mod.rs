@@ -22,14 +22,14 @@ pub fn tail(path: &std::path::Path, n: usize) -> String {
     lines[lines.len().saturating_sub(n)..].join("\n")
 }
 
-/// A manifest of the project's deployment (`examples/deploy/<name>`), applied as written.
-/// A file of the suite's own data (`tests/data`), e.g. the DRA stand-in CRDs.
+/// A file of the suite's own data (`tests/data`).
 pub fn test_data(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("data")
         .join(name)
 }
 
+/// A manifest of the project's deployment (`examples/deploy/<name>`), applied as written.
 pub fn deploy_manifest(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../examples/deploy")

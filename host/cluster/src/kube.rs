@@ -81,7 +81,13 @@ const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
 const FIELD_MANAGER: &str = "plexus";
 
 mod dra;
+mod explain;
+mod resolve;
 pub use dra::{claim_from_kube, claim_status_patch, slice_devices, DRA_API_VERSION};
+#[cfg(feature = "watch")]
+pub use explain::explain_watch;
+pub use explain::{explain, Unreachable};
+pub use resolve::{ConfigSource, KubectlSelection};
 
 /// A cluster source backed by the Kubernetes API server.
 pub struct KubeCluster {
@@ -153,23 +159,29 @@ struct Op<'a> {
 }
 
 impl Op<'_> {
-    fn forbidden(&self) -> ClusterError {
+    fn forbidden(&self, server: &str) -> ClusterError {
         let group = if self.group.is_empty() {
             "core".to_string()
         } else {
             format!("{:?}", self.group)
         };
+        let scope = if self.namespace.is_empty() {
+            "across the cluster".to_string()
+        } else {
+            format!("in namespace {:?}", self.namespace)
+        };
         ClusterError::forbidden(format!(
-            "missing permission to {} {} (API group {group}) in namespace {:?}",
-            self.verb, self.resource, self.namespace
+            "missing permission to {} {} (API group {group}) {scope} on the server {server}",
+            self.verb, self.resource
         ))
     }
 
     fn describe(&self) -> String {
-        format!(
-            "{} {} {}/{}",
-            self.verb, self.resource, self.namespace, self.name
-        )
+        match (self.namespace, self.name) {
+            ("", "") => format!("{} {}", self.verb, self.resource),
+            ("", name) => format!("{} {} {name}", self.verb, self.resource),
+            (ns, name) => format!("{} {} {ns}/{name}", self.verb, self.resource),
+        }
     }
 }
 
@@ -199,9 +211,8 @@ fn classify(err: kube::Error) -> Attempt {
         }
         kube::Error::Api(status) => Attempt::Final(Failure::Api(status)),
         kube::Error::HyperError(e) => Attempt::Transient(format!("connection error: {e}")),
-        kube::Error::Service(e) => {
-            Attempt::Transient(format!("connection error: {}", error_chain(&*e)))
-        }
+        // In words already, naming the server (see explain::Unreachable).
+        kube::Error::Service(e) => Attempt::Transient(error_chain(&*e)),
         kube::Error::SerdeError(e) => {
             Attempt::Final(Failure::Broken(format!("malformed response: {e}")))
         }
@@ -222,6 +233,14 @@ pub fn error_chain(err: &(dyn std::error::Error + 'static)) -> String {
         source = s.source();
     }
     out
+}
+
+/// `config` with the settings' bounds: retries are Plexus's own (bounded by the deadline; kube-rs's policy would
+/// multiply them), the connection set-up bounded by the request timeout.
+fn bounded(mut config: Config, settings: &KubeSettings) -> Config {
+    config.default_retry = false;
+    config.connect_timeout = Some(Duration::from_millis(settings.request_timeout_ms));
+    config
 }
 
 impl KubeCluster {
@@ -282,6 +301,20 @@ impl KubeCluster {
 
 impl KubeSettings {
     fn validate(&self) -> Result<(), ClusterError> {
+        self.validate_bounds()?;
+        if self.kubeconfig.is_none() && std::env::var_os(SERVICE_HOST_ENV).is_none() {
+            return Err(ClusterError::Invalid {
+                what: "kube cluster settings".into(),
+                reason: format!(
+                    "no kubeconfig given and not running in a cluster ({SERVICE_HOST_ENV} is not set)"
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The time and retry bounds alone (an operator's command finds its kubeconfig as kubectl does).
+    fn validate_bounds(&self) -> Result<(), ClusterError> {
         let invalid = |reason: String| ClusterError::Invalid {
             what: "kube cluster settings".into(),
             reason,
@@ -298,11 +331,6 @@ impl KubeSettings {
                 self.initial_backoff_ms, self.max_backoff_ms
             )));
         }
-        if self.kubeconfig.is_none() && std::env::var_os(SERVICE_HOST_ENV).is_none() {
-            return Err(invalid(format!(
-                "no kubeconfig given and not running in a cluster ({SERVICE_HOST_ENV} is not set)"
-            )));
-        }
         Ok(())
     }
 }
@@ -314,6 +342,8 @@ impl KubeSettings {
 pub struct KubeApi {
     settings: KubeSettings,
     client: Client,
+    /// The API server's `host:port`, named in errors.
+    server: Arc<str>,
 }
 
 impl KubeApi {
@@ -331,12 +361,50 @@ impl KubeApi {
     ) -> Result<KubeApi, ClusterError> {
         settings.validate()?;
         let config = Self::config(&settings).await?;
-        let client =
-            Self::client_of(config, observer, rate).map_err(|e| ClusterError::Invalid {
+        Self::with_config(settings, config, observer, rate)
+    }
+
+    /// For a person's command: the cluster found as kubectl finds it (see [`KubectlSelection`]); `settings`'
+    /// kubeconfig is not used. Also says where the configuration came from.
+    pub async fn connect_as_kubectl(
+        settings: KubeSettings,
+        selection: &KubectlSelection,
+    ) -> Result<(KubeApi, ConfigSource), ClusterError> {
+        settings.validate_bounds()?;
+        let source = resolve::choose(selection, &resolve::Environment::of_process())?;
+        let config = resolve::load(&source, selection).await?;
+        let api = Self::with_config(settings.clone(), bounded(config, &settings), None, None)?;
+        Ok((api, source))
+    }
+
+    fn with_config(
+        settings: KubeSettings,
+        config: Config,
+        observer: Option<crate::observe::RequestObserver>,
+        rate: Option<crate::ratelimit::RateLimit>,
+    ) -> Result<KubeApi, ClusterError> {
+        let server: Arc<str> = explain::server_of(&config.cluster_url).into();
+        let client = Self::client_of(config, server.clone(), observer, rate).map_err(|e| {
+            ClusterError::Invalid {
                 what: "kube client configuration".into(),
                 reason: error_chain(&e),
-            })?;
-        Ok(KubeApi { settings, client })
+            }
+        })?;
+        Ok(KubeApi {
+            settings,
+            client,
+            server,
+        })
+    }
+
+    /// The API server's `host:port`.
+    pub fn server(&self) -> &str {
+        &self.server
+    }
+
+    /// An error of this client in words, naming the server.
+    pub fn explain(&self, err: &kube::Error) -> String {
+        explain::explain(&self.server, err)
     }
 
     /// The client: kube's layers (base URI, authentication, extra headers) over a hyper client whose TCP
@@ -349,6 +417,7 @@ impl KubeApi {
     /// configuration (rustls, the connect/read/write timeouts; no retry layer, as `default_retry` is off).
     fn client_of(
         config: kube::Config,
+        server: Arc<str>,
         observer: Option<crate::observe::RequestObserver>,
         rate: Option<crate::ratelimit::RateLimit>,
     ) -> Result<Client, kube::Error> {
@@ -384,7 +453,12 @@ impl KubeApi {
                     response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
                 },
             ))
-            .map_err(tower::BoxError::from)
+            // A request that does not reach the server fails in words naming the server and the cause.
+            .map_err(
+                move |e: hyper_util::client::legacy::Error| -> tower::BoxError {
+                    Box::new(explain::Unreachable::new(server.clone(), &e))
+                },
+            )
             // Every attempt waits for its token (retries too), before it is counted and sent.
             .option_layer(rate.map(|r| {
                 crate::ratelimit::RateLimitLayer(Arc::new(crate::ratelimit::TokenBucket::new(r)))
@@ -406,7 +480,7 @@ impl KubeApi {
     }
 
     async fn config(settings: &KubeSettings) -> Result<Config, ClusterError> {
-        let mut config = match &settings.kubeconfig {
+        let config = match &settings.kubeconfig {
             Some(path) => {
                 let what = || format!("kubeconfig {}", path.display());
                 let kubeconfig =
@@ -426,10 +500,7 @@ impl KubeApi {
                 reason: error_chain(&e),
             })?,
         };
-        // Retries are ours (bounded by the deadline); kube-rs's own policy would multiply them.
-        config.default_retry = false;
-        config.connect_timeout = Some(Duration::from_millis(settings.request_timeout_ms));
-        Ok(config)
+        Ok(bounded(config, settings))
     }
 
     fn deadline(&self) -> Instant {
@@ -463,7 +534,11 @@ impl KubeApi {
                     Attempt::Transient(reason) => reason,
                     Attempt::Final(failure) => return Err(failure),
                 },
-                Err(_) => format!("no answer within {} ms", limit.as_millis()),
+                Err(_) => format!(
+                    "no answer from the server {} within {} ms",
+                    self.server,
+                    limit.as_millis()
+                ),
             };
             let out_of_time = Instant::now() + backoff >= deadline;
             if attempts > retries || out_of_time {
@@ -481,7 +556,7 @@ impl KubeApi {
     }
 
     /// The error for a failure that has no more specific meaning for the operation.
-    fn generic(op: &Op<'_>, object: ObjectKind, failure: Failure) -> ClusterError {
+    fn generic(&self, op: &Op<'_>, object: ObjectKind, failure: Failure) -> ClusterError {
         match failure {
             Failure::Exhausted(reason) => ClusterError::unavailable(reason),
             Failure::Broken(reason) => ClusterError::Invalid {
@@ -495,11 +570,12 @@ impl KubeApi {
                     name: op.name.into(),
                 },
                 403 => {
-                    tracing::warn!(request = %op.describe(), message = %status.message, "forbidden");
-                    op.forbidden()
+                    tracing::warn!(request = %op.describe(), server = %self.server, message = %status.message, "forbidden");
+                    op.forbidden(&self.server)
                 }
                 401 => ClusterError::forbidden(format!(
-                    "the API server rejected the credentials (401 Unauthorized) for {}",
+                    "the server {} rejected the credentials (401 Unauthorized) for {}",
+                    self.server,
                     op.describe()
                 )),
                 code => ClusterError::Invalid {
@@ -581,7 +657,7 @@ impl KubeApi {
         self.call(&op, self.deadline(), 0, || api.create(&params, &event))
             .await
             .map(|e| e.metadata.name.unwrap_or_default())
-            .map_err(|f| Self::generic(&op, ObjectKind::Event, f))
+            .map_err(|f| self.generic(&op, ObjectKind::Event, f))
     }
 
     /// An event seen again: its `count` set to `count` and its `lastTimestamp` to now, as kubelet aggregates a
@@ -612,7 +688,7 @@ impl KubeApi {
         self.call(&op, self.deadline(), 0, || api.patch(name, &params, &patch))
             .await
             .map(drop)
-            .map_err(|f| Self::generic(&op, ObjectKind::Event, f))
+            .map_err(|f| self.generic(&op, ObjectKind::Event, f))
     }
 
     /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
@@ -630,7 +706,7 @@ impl KubeApi {
                 api.get(&pod.name)
             })
             .await
-            .map_err(|f| Self::generic(&op, ObjectKind::Pod, f))?;
+            .map_err(|f| self.generic(&op, ObjectKind::Pod, f))?;
         let node_name = found.spec.as_ref().and_then(|s| s.node_name.clone());
         let resource_claims = found
             .status
@@ -672,11 +748,24 @@ impl KubeApi {
     where
         K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
     {
+        self.list_in(api, (resource, group), "").await
+    }
+
+    /// The same for `api` made for one namespace, named in errors (empty: the whole cluster).
+    pub async fn list_in<K>(
+        &self,
+        api: &Api<K>,
+        (resource, group): (&'static str, &'static str),
+        namespace: &str,
+    ) -> Result<Vec<K>, ClusterError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
         let op = Op {
             verb: "list",
             resource,
             group,
-            namespace: "",
+            namespace,
             name: "",
         };
         self.list_pages(api, &op, ListParams::default(), usize::MAX)
@@ -687,7 +776,7 @@ impl KubeApi {
                     what: op.describe(),
                     reason: format!("the API server does not serve it (404): {}", status.message),
                 },
-                f => Self::generic(&op, ObjectKind::Pod, f),
+                f => self.generic(&op, ObjectKind::Pod, f),
             })
     }
 
@@ -724,17 +813,59 @@ impl KubeApi {
         }
     }
 
-    /// Every NetworkAttachmentDefinition of the cluster, as planning sees them.
-    pub async fn all_nads(&self) -> Result<Vec<NetworkAttachmentDefinition>, ClusterError> {
-        let api: Api<NadObject> = Api::all(self.client.clone());
-        let found = self.list_all(&api, NAD_PLURAL, NAD_GROUP).await?;
+    /// The cluster-scoped object `name` of `api`, or none; bounded and retried as every call is.
+    pub async fn get_cluster_scoped<K>(
+        &self,
+        api: &Api<K>,
+        (resource, group): (&'static str, &'static str),
+        name: &str,
+    ) -> Result<Option<K>, ClusterError>
+    where
+        K: Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+    {
+        let op = Op {
+            verb: "get",
+            resource,
+            group,
+            namespace: "",
+            name,
+        };
+        match self
+            .call(&op, self.deadline(), self.settings.retries, || {
+                api.get(name)
+            })
+            .await
+        {
+            Ok(found) => Ok(Some(found)),
+            Err(Failure::Api(status)) if status.code == 404 => Ok(None),
+            Err(f) => Err(self.generic(&op, ObjectKind::Pod, f)),
+        }
+    }
+
+    /// Every NetworkAttachmentDefinition of `namespace` (of the cluster without one), as planning sees them.
+    pub async fn nads(
+        &self,
+        namespace: Option<&str>,
+    ) -> Result<Vec<NetworkAttachmentDefinition>, ClusterError> {
+        let api: Api<NadObject> = match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let found = self
+            .list_in(&api, (NAD_PLURAL, NAD_GROUP), namespace.unwrap_or(""))
+            .await?;
         Ok(found.into_iter().map(nad_from_kube).collect())
     }
 
-    /// Every pod of the cluster, as planning sees them.
-    pub async fn all_pods(&self) -> Result<Vec<Pod>, ClusterError> {
-        let api: Api<KubePod> = Api::all(self.client.clone());
-        let found = self.list_all(&api, "pods", "").await?;
+    /// Every pod of `namespace` (of the cluster without one), as planning sees them.
+    pub async fn pods(&self, namespace: Option<&str>) -> Result<Vec<Pod>, ClusterError> {
+        let api: Api<KubePod> = match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        };
+        let found = self
+            .list_in(&api, ("pods", ""), namespace.unwrap_or(""))
+            .await?;
         Ok(found
             .into_iter()
             .map(|p| pod_from_meta(p.metadata))
@@ -760,7 +891,7 @@ impl KubeApi {
                 api.get(name)
             })
             .await
-            .map_err(|f| Self::generic(&op, ObjectKind::NetworkAttachmentDefinition, f))?;
+            .map_err(|f| self.generic(&op, ObjectKind::NetworkAttachmentDefinition, f))?;
         let mut nad = nad_from_kube(found);
         // Answers normally carry both; the request's own names are the fallback.
         if nad.namespace.is_empty() {
@@ -822,7 +953,7 @@ impl KubeApi {
                     backoff =
                         (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
                 }
-                Err(failure) => return Err(Self::generic(&op, ObjectKind::Pod, failure)),
+                Err(failure) => return Err(self.generic(&op, ObjectKind::Pod, failure)),
             }
         }
     }
@@ -1004,7 +1135,7 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let client = KubeApi::client_of(config, None, None).unwrap();
+            let client = KubeApi::client_of(config, "test:0".into(), None, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
                 .await
@@ -1129,8 +1260,8 @@ mod tests {
             name: "n",
         };
         assert_eq!(
-            op.forbidden().to_string(),
-            r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a""#
+            op.forbidden("10.0.0.1:6443").to_string(),
+            r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a" on the server 10.0.0.1:6443"#
         );
     }
 }

@@ -284,6 +284,8 @@ pub struct WatchSettings {
     pub node: String,
     /// How long one watch request stays open before the client renews it (from the last resourceVersion).
     pub timeout_secs: u32,
+    /// The API server's `host:port`, named in the log's errors.
+    pub server: String,
 }
 
 /// Runs the pod and NAD watches into `cache` until the future is dropped. Errors (connection loss, 410 Gone,
@@ -304,10 +306,14 @@ pub async fn run_watches(client: Client, cache: Arc<NodeCache>, settings: WatchS
     let nads =
         watcher::watcher(Api::<NadObject>::all(client.clone()), nad_config).default_backoff();
     tokio::join!(
-        drive("pods", pods, &cache, |c, ev| c
+        drive(("pods", &settings.server), pods, &cache, |c, ev| c
             .apply_pod(map_event(ev, |m| pod_from_meta(m.metadata)))),
-        drive("network-attachment-definitions", nads, &cache, |c, ev| c
-            .apply_nad(map_event(ev, nad_from_kube))),
+        drive(
+            ("network-attachment-definitions", &settings.server),
+            nads,
+            &cache,
+            |c, ev| c.apply_nad(map_event(ev, nad_from_kube))
+        ),
         run_dra_watches(client, &cache, &settings),
     );
 }
@@ -356,7 +362,8 @@ async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSett
             }
             Err(e) => {
                 cache.watch_error();
-                tracing::warn!(error = %e, "cannot tell whether resource.k8s.io/v1 is served; asking again");
+                let error = crate::explain(&settings.server, &e);
+                tracing::warn!(%error, "cannot tell whether resource.k8s.io/v1 is served; asking again");
                 tokio::time::sleep(std::time::Duration::from_secs(5)).await;
             }
         }
@@ -391,16 +398,24 @@ async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSett
         devices: slice_devices(s, &node),
     };
     tokio::join!(
-        drive("resourceclaims", claims, cache, |c, ev| c
-            .apply_claim(map_event(ev, claim_entry))),
-        drive("resourceslices", slices, cache, |c, ev| c
-            .apply_slice(map_event(ev, slice_entry))),
+        drive(
+            ("resourceclaims", &settings.server),
+            claims,
+            cache,
+            |c, ev| c.apply_claim(map_event(ev, claim_entry))
+        ),
+        drive(
+            ("resourceslices", &settings.server),
+            slices,
+            cache,
+            |c, ev| c.apply_slice(map_event(ev, slice_entry))
+        ),
     );
 }
 
 /// Feeds one watch stream into `cache` through `apply`, counting and logging its errors.
 async fn drive<K, S>(
-    what: &'static str,
+    (what, server): (&'static str, &str),
     stream: S,
     cache: &NodeCache,
     apply: impl Fn(&NodeCache, Event<K>),
@@ -418,7 +433,8 @@ async fn drive<K, S>(
             }
             Err(err) => {
                 cache.watch_error();
-                tracing::warn!(watch = what, error = %err, "watch failed; retrying");
+                let error = crate::explain_watch(server, &err);
+                tracing::warn!(watch = what, %error, "watch failed; retrying");
             }
         }
     }

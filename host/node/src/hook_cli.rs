@@ -91,7 +91,8 @@ pub enum HookCommand {
         long_about = "Reads every node's NodeHookStatus (one object per node, written by its agent) and the \
                       NetworkHook, and prints how many nodes, and which, run each digest of NAME, which fail and \
                       why (one message as an example), and which have not yet seen its latest generation. Text \
-                      for a person, or --json."
+                      for a person, or --json.",
+        after_help = crate::cluster_args::CLUSTER_HELP
     )]
     Status(StatusArgs),
 }
@@ -104,9 +105,8 @@ pub struct StatusArgs {
     /// Print JSON instead of text
     #[arg(long)]
     json: bool,
-    /// API credentials [default: the in-cluster service account]
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<PathBuf>,
+    #[command(flatten)]
+    cluster: crate::cluster_args::ClusterArgs,
 }
 
 /// `plexus hook run`'s flags.
@@ -465,40 +465,47 @@ fn verify(
     }))
 }
 
+/// The NetworkHook's generation (none when it does not exist) and every node's report.
+async fn read_reports(
+    api: &plexus_cluster::KubeApi,
+    name: &str,
+) -> Result<(Option<i64>, Vec<(String, node_report::NodeReport)>), String> {
+    use kube::api::{Api, DynamicObject};
+    let hooks =
+        Api::<DynamicObject>::all_with(api.client().clone(), &crate::daemon::agent::api_resource());
+    let generation = api
+        .get_cluster_scoped(
+            &hooks,
+            (crate::daemon::agent::PLURAL, node_report::GROUP),
+            name,
+        )
+        .await
+        .map_err(|e| e.to_string())?
+        .and_then(|h| h.metadata.generation);
+    let per_node =
+        Api::<DynamicObject>::all_with(api.client().clone(), &node_report::api_resource());
+    let reports = api
+        .list_all(&per_node, node_report::PLURAL, node_report::GROUP)
+        .await
+        .map_err(|e| e.to_string())?
+        .into_iter()
+        .map(|obj| {
+            let node = obj.metadata.name.clone().unwrap_or_default();
+            let report: node_report::NodeReport =
+                serde_json::from_value(obj.data["status"].clone()).unwrap_or_default();
+            (node, report)
+        })
+        .collect();
+    Ok((generation, reports))
+}
+
 /// `plexus hook status NAME`: every node's report of the hook, from the API.
 fn status(args: &StatusArgs) -> Result<node_report::Summary, CliError> {
-    use kube::api::{Api, DynamicObject};
-    let settings = plexus_cluster::KubeSettings {
-        kubeconfig: args.kubeconfig.clone(),
-        ..Default::default()
-    };
     let (generation, reports) = block_on(async {
-        let api = plexus_cluster::KubeApi::connect(settings)
-            .await
-            .map_err(failed)?;
-        let hooks = Api::<DynamicObject>::all_with(
-            api.client().clone(),
-            &crate::daemon::agent::api_resource(),
-        );
-        let generation = match hooks.get_opt(&args.name).await.map_err(failed)? {
-            Some(h) => h.metadata.generation,
-            None => None,
-        };
-        let per_node =
-            Api::<DynamicObject>::all_with(api.client().clone(), &node_report::api_resource());
-        let reports = api
-            .list_all(&per_node, node_report::PLURAL, node_report::GROUP)
-            .await
-            .map_err(failed)?
-            .into_iter()
-            .map(|obj| {
-                let node = obj.metadata.name.clone().unwrap_or_default();
-                let report: node_report::NodeReport =
-                    serde_json::from_value(obj.data["status"].clone()).unwrap_or_default();
-                (node, report)
-            })
-            .collect::<Vec<_>>();
-        Ok::<_, CliError>((generation, reports))
+        let (api, source) = args.cluster.connect().await.map_err(failed)?;
+        // An error names the server; this says which configuration named it.
+        let failed_on = |e: String| CliError::Failed(format!("{e} (the cluster of {source})"));
+        read_reports(&api, &args.name).await.map_err(failed_on)
     })??;
     Ok(node_report::summarise(&args.name, generation, &reports))
 }

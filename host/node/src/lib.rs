@@ -7,6 +7,7 @@
 #![warn(clippy::too_many_lines)]
 
 pub mod backoff;
+pub mod cluster_args;
 pub mod controller;
 pub mod daemon;
 pub mod distribution;

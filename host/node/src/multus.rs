@@ -3,8 +3,10 @@
 //! every key that has no equivalent. Thin Multus (`"type": "multus"`, its `00-multus.conf`), the thick plugin's
 //! shim conf (`"type": "multus-shim"`) and the thick daemon's own configuration (`daemon-config.json`) are read.
 
+use plexus_cluster::ClusterError;
 use plexus_core::spec::NetworkAttachmentDefinition;
 use serde_json::{json, Map, Value};
+use std::collections::BTreeSet;
 
 /// The node's CNI conf dir, where the runtime and Multus's auto-configuration look.
 const NODE_CONF_DIR: &str = "/etc/cni/net.d";
@@ -394,16 +396,20 @@ pub enum MigrateCommand {
         long_about = "Reads every NetworkAttachmentDefinition and pod through the API (and a node's Multus conf, \
                       with --multus-conf) and prints, per object, what would behave differently under Plexus, \
                       strict and with \"compat\": \"multus\". Exit status: 0, or 3 when a pod would fail to \
-                      start in the --compat mode; 1 on errors, 2 for bad arguments."
+                      start in the --compat mode; 1 on errors, 2 for bad arguments.",
+        after_help = crate::cluster_args::CLUSTER_HELP
     )]
     Check(CheckArgs),
 }
 
 #[derive(Debug, clap::Args)]
 pub struct CheckArgs {
-    /// API credentials [default: the in-cluster service account]
-    #[arg(long, value_name = "PATH")]
-    kubeconfig: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    cluster: crate::cluster_args::ClusterArgs,
+    /// Check the pods and NADs of this namespace only (and the NADs of other namespaces its pods select)
+    /// [default: every namespace]
+    #[arg(long, short = 'n', value_name = "NAMESPACE")]
+    namespace: Option<String>,
     /// A node's Multus conf (00-multus.conf), for its defaultNetworks and systemNamespaces
     #[arg(long, value_name = "FILE")]
     multus_conf: Option<std::path::PathBuf>,
@@ -447,21 +453,65 @@ pub fn main(args: MigrateArgs) -> u8 {
     }
 }
 
+/// The NADs and pods to check: the whole cluster's, or one namespace's with the NADs its pods select elsewhere.
+async fn read_objects(
+    api: &plexus_cluster::KubeApi,
+    namespace: Option<&str>,
+) -> Result<
+    (
+        Vec<NetworkAttachmentDefinition>,
+        Vec<plexus_core::spec::Pod>,
+    ),
+    ClusterError,
+> {
+    let mut nads = api.nads(namespace).await?;
+    let pods = api.pods(namespace).await?;
+    if let Some(ns) = namespace {
+        let elsewhere: BTreeSet<(String, String)> = pods
+            .iter()
+            .flat_map(selected_nads)
+            .filter(|(other, _)| other != ns)
+            .collect();
+        for (other, name) in elsewhere {
+            match api.nad(&other, &name).await {
+                Ok(nad) => nads.push(nad),
+                Err(ClusterError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok((nads, pods))
+}
+
+/// The NADs a pod's networks annotation selects, `(namespace, name)`, read as leniently as Multus reads it.
+fn selected_nads(pod: &plexus_core::spec::Pod) -> Vec<(String, String)> {
+    use plexus_core::spec::selection::{parse_selections, without_unknown_keys};
+    let Some(value) = pod.networks_annotation() else {
+        return Vec::new();
+    };
+    let selections = parse_selections(value, &pod.namespace).ok().or_else(|| {
+        let (lenient, _) = without_unknown_keys(value)?;
+        parse_selections(&lenient, &pod.namespace).ok()
+    });
+    selections
+        .unwrap_or_default()
+        .into_iter()
+        .map(|s| (s.namespace, s.name))
+        .collect()
+}
+
 fn run_check(args: &CheckArgs) -> Result<Report, String> {
     let multus_conf = args.multus_conf.as_deref().map(read_conf).transpose()?;
-    let settings = plexus_cluster::KubeSettings {
-        kubeconfig: args.kubeconfig.clone(),
-        ..Default::default()
-    };
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|e| format!("tokio runtime: {e}"))?;
-    let (nads, pods) = runtime
-        .block_on(async {
-            let api = plexus_cluster::KubeApi::connect(settings).await?;
-            Ok::<_, plexus_cluster::ClusterError>((api.all_nads().await?, api.all_pods().await?))
-        })
-        .map_err(|e| e.to_string())?;
+    let (nads, pods) = runtime.block_on(async {
+        let (api, source) = args.cluster.connect().await.map_err(|e| e.to_string())?;
+        // An error names the server; this says which configuration named it.
+        read_objects(&api, args.namespace.as_deref())
+            .await
+            .map_err(|e| format!("{e} (the cluster of {source})"))
+    })?;
     Ok(check(&nads, &pods, multus_conf.as_ref()))
 }

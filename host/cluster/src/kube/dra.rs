@@ -290,7 +290,7 @@ impl KubeApi {
         let found = self
             .list_dra(&api, &op, ListParams::default())
             .await
-            .map_err(|f| Self::generic(&op, ObjectKind::ResourceClaim, f))?;
+            .map_err(|f| self.generic(&op, ObjectKind::ResourceClaim, f))?;
         Ok(found
             .unwrap_or_default()
             .into_iter()
@@ -320,7 +320,7 @@ impl KubeApi {
             }
             other => other,
         }
-        .map_err(|f| Self::generic(&op, ObjectKind::ResourceClaim, f))?;
+        .map_err(|f| self.generic(&op, ObjectKind::ResourceClaim, f))?;
         Ok(found
             .unwrap_or_default()
             .into_iter()
@@ -388,7 +388,7 @@ impl KubeApi {
                     tracing::debug!(claim = %claim, "claim gone before its device status was written");
                     return Ok(());
                 }
-                Err(f) => return Err(Self::generic(&read, ObjectKind::ResourceClaim, f)),
+                Err(f) => return Err(self.generic(&read, ObjectKind::ResourceClaim, f)),
             };
             let current: Vec<Value> = found
                 .status
@@ -429,7 +429,7 @@ impl KubeApi {
                 {
                     tracing::debug!(claim = %claim, attempt, "claim changed while its device status was written; reading it again");
                 }
-                Err(f) => return Err(Self::generic(&write, ObjectKind::ResourceClaim, f)),
+                Err(f) => return Err(self.generic(&write, ObjectKind::ResourceClaim, f)),
             }
         }
         Err(ClusterError::unavailable(format!(

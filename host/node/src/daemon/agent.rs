@@ -173,8 +173,9 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
         resync: Some(MAX_RETRY),
     });
     let hooks_api = Api::<DynamicObject>::all_with(client.clone(), &api_resource());
-    let hook_watch = watch_hooks(&hooks_api, &settings, &inputs, &controller);
-    let node_watch = watch_node(&client, &settings, &inputs, &controller);
+    let server: Arc<str> = api.server().into();
+    let hook_watch = watch_hooks(&hooks_api, (&settings, &server), &inputs, &controller);
+    let node_watch = watch_node(&client, (&settings, &server), &inputs, &controller);
     let waiting = settings.states.waiting.clone();
     let agent = Arc::new(tokio::sync::Mutex::new(Agent::new(
         settings, hooks_api, api,
@@ -223,7 +224,7 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
 /// Watches the NetworkHook resources; schedules the hook set when their specs change (after the first list).
 fn watch_hooks(
     hooks_api: &Api<DynamicObject>,
-    settings: &AgentSettings,
+    (settings, server): (&AgentSettings, &Arc<str>),
     inputs: &Arc<Mutex<Inputs>>,
     controller: &Controller<()>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
@@ -232,7 +233,7 @@ fn watch_hooks(
     let writer = reflector::store::Writer::<DynamicObject>::new(api_resource());
     let store = writer.as_reader();
     let (inputs, changed) = (inputs.clone(), controller.clone());
-    let node = settings.node.clone();
+    let (node, server) = (settings.node.clone(), server.clone());
     let config = watcher::Config::default().timeout(settings.watch_timeout_secs);
     let stream = watcher::watcher(hooks_api.clone(), config)
         .default_backoff()
@@ -250,7 +251,10 @@ fn watch_hooks(
                         changed.schedule(());
                     }
                 }
-                Err(e) => tracing::warn!(watch = PLURAL, error = %e, "watch failed; retrying"),
+                Err(e) => {
+                    let error = plexus_cluster::explain_watch(&server, &e);
+                    tracing::warn!(watch = PLURAL, %error, "watch failed; retrying")
+                }
             }
         }
     }
@@ -259,11 +263,11 @@ fn watch_hooks(
 /// Watches the node's own Node object; schedules the hook set when its labels change.
 fn watch_node(
     client: &kube::Client,
-    settings: &AgentSettings,
+    (settings, server): (&AgentSettings, &Arc<str>),
     inputs: &Arc<Mutex<Inputs>>,
     controller: &Controller<()>,
 ) -> impl std::future::Future<Output = ()> + Send + 'static {
-    let (inputs, changed) = (inputs.clone(), controller.clone());
+    let (inputs, changed, server) = (inputs.clone(), controller.clone(), server.clone());
     let config = watcher::Config::default()
         .fields(&format!("metadata.name={}", settings.node))
         .timeout(settings.watch_timeout_secs);
@@ -297,9 +301,13 @@ fn watch_node(
                 }
                 Ok(_) => {}
                 Err(e) => {
-                    tracing::warn!(watch = "node", error = %e, "watch failed; retrying");
+                    let error = plexus_cluster::explain_watch(&server, &e);
+                    tracing::warn!(watch = "node", %error, "watch failed; retrying");
                     if inputs.lock().expect("inputs").node.is_none() {
-                        waiting.set(Some(format!("cannot read its Node {}: {e}", waiting.node)));
+                        waiting.set(Some(format!(
+                            "cannot read its Node {}: {error}",
+                            waiting.node
+                        )));
                     }
                 }
             }
@@ -866,7 +874,10 @@ impl Agent {
         .await;
         match sent {
             Ok(Ok(_)) => self.applied = Some(object),
-            Ok(Err(e)) => tracing::warn!(error = %e, "cannot report the node's hooks"),
+            Ok(Err(e)) => {
+                let error = self.api.explain(&e);
+                tracing::warn!(%error, "cannot report the node's hooks")
+            }
             Err(_) => tracing::warn!("reporting the node's hooks timed out"),
         }
     }
@@ -894,7 +905,8 @@ impl Agent {
                     tracing::info!(hook = %name, "removed this node's entry of an earlier version from the hook's status")
                 }
                 Ok(Err(e)) => {
-                    tracing::warn!(hook = %name, error = %e, "cannot remove this node's old status entry")
+                    let error = self.api.explain(&e);
+                    tracing::warn!(hook = %name, %error, "cannot remove this node's old status entry")
                 }
                 Err(_) => {
                     tracing::warn!(hook = %name, "removing this node's old status entry timed out")

@@ -166,6 +166,7 @@ fn start_tasks(
         WatchSettings {
             node: settings.node.clone(),
             timeout_secs: settings.watch_timeout_secs,
+            server: api.server().to_string(),
         },
     ));
     if let Some(h) = settings.hooks.clone() {
