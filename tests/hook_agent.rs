@@ -158,8 +158,43 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// The names of the set's entries that run a module (not the unready ones).
     fn set_names(&self) -> Vec<String> {
-        self.set().hooks.into_iter().map(|h| h.name).collect()
+        self.set()
+            .hooks
+            .into_iter()
+            .filter(|h| h.unready.is_none())
+            .map(|h| h.name)
+            .collect()
+    }
+
+    /// The set's unready entries: name and why.
+    fn unready(&self) -> Vec<(String, String)> {
+        self.set()
+            .hooks
+            .into_iter()
+            .filter_map(|h| Some((h.name, h.unready?)))
+            .collect()
+    }
+
+    /// An ADD of `team-a/web` that fails: its error message. Nothing of it stays (no attachment entry, no
+    /// network-status written); the DEL the runtime would send follows.
+    #[track_caller]
+    fn refused_add(&self, id: &str) -> String {
+        let conf = self.sb.conf(json!({}));
+        let args = Sandbox::pod_args("team-a", "web");
+        let run = self.sb.run("ADD", id, &args, &conf);
+        assert!(!run.success, "the ADD succeeded: {}", run.stdout);
+        let kept: Vec<_> = std::fs::read_dir(self.sb.path("cache/attachments"))
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with(id))
+            .map(|e| e.path())
+            .collect();
+        assert!(kept.is_empty(), "attachment cache entries stayed: {kept:?}");
+        self.sb.run("DEL", id, &args, &conf).ok();
+        run.msg()
     }
 
     /// The node's own report (its NodeHookStatus), if it has written one.
@@ -330,6 +365,34 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     assert!(
         daemon.child.try_wait().unwrap().is_none(),
         "the daemon is running"
+    );
+    // The node's last hook gone: its report lists none, within seconds, written a handful of times (a write
+    // the API server refused would otherwise be sent again and again).
+    w.wait(&daemon, "the report empty", |w| {
+        w.node_report().is_some_and(|r| {
+            r["status"]["active"] == 0
+                && r["status"]["hooks"]
+                    .as_array()
+                    .is_none_or(|hooks| hooks.is_empty())
+        })
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let writes = w
+        .api
+        .audit_entries()
+        .into_iter()
+        .filter(|e| {
+            e["verb"] == "patch"
+                && e["requestURI"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("nodehookstatuses"))
+        })
+        .map(|e| e["responseStatus"]["code"].as_i64().unwrap_or_default())
+        .collect::<Vec<_>>();
+    assert!(
+        writes.len() <= 5 && writes.iter().all(|c| (200..300).contains(c)),
+        "the node's report writes: {writes:?}; daemon log:\n{}",
+        daemon.log_text()
     );
 }
 
@@ -573,9 +636,26 @@ fn signatures_are_required_and_digests_pinned() {
     let good = w.push("status-labels", "vendor/good:v1", Some(&w.trusted.0));
     let (repo, _) = good.split_once('@').unwrap();
     let missing = format!("{repo}@sha256:{}", "0".repeat(64));
-    w.hook("unsigned", &unsigned, &["app"], json!({}));
-    w.hook("foreign", &foreign, &["app"], json!({}));
-    w.hook("missing", &missing, &["app"], json!({}));
+    // Ignore: the ADDs go on without them while they are not ready; the missing one applies to another
+    // namespace only.
+    w.hook(
+        "unsigned",
+        &unsigned,
+        &["app"],
+        json!({"failurePolicy": "Ignore"}),
+    );
+    w.hook(
+        "foreign",
+        &foreign,
+        &["app"],
+        json!({"failurePolicy": "Ignore"}),
+    );
+    w.hook(
+        "missing",
+        &missing,
+        &["app"],
+        json!({"namespaces": ["elsewhere"]}),
+    );
     w.hook("good", &good, &["zone"], json!({"order": 5}));
     let mut daemon = w.daemon(&[]);
     let reason = |w: &World, name: &str| {
@@ -597,6 +677,8 @@ fn signatures_are_required_and_digests_pinned() {
         assert!(s["message"].as_str().unwrap().contains("vendor/"), "{s}");
     }
     assert_eq!(w.set_names(), vec!["good"]);
+    let unready: Vec<String> = w.unready().into_iter().map(|(n, _)| n).collect();
+    assert_eq!(unready, ["foreign", "missing", "unsigned"]);
     assert_eq!(w.add_labels("c1"), json!({"zone": "a"}));
     assert!(
         daemon.child.try_wait().unwrap().is_none(),
@@ -632,7 +714,37 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
         w.node_status("labels")
             .is_some_and(|s| s["reason"] == "PullFailed")
     });
-    assert!(w.set().hooks.is_empty());
+    // Selected, never ready, failurePolicy Fail (the default): the ADDs it applies to are refused, naming it.
+    assert!(w.set_names().is_empty());
+    assert_eq!(w.unready().len(), 1, "{:?}", w.set());
+    let refused = w.refused_add("c0");
+    assert!(
+        refused.contains("networkhook/labels")
+            && refused.contains("is not ready on this node: PullFailed"),
+        "{refused}"
+    );
+    assert!(
+        w.sb.status("team-a", "web").is_none(),
+        "no network-status was written"
+    );
+    // `plexus status` says so, as a problem of the node.
+    let out = Command::new(plexus_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(w.sb.path("run/daemon.sock"))
+        .arg("--cache-dir")
+        .arg(w.sb.path("cache"))
+        .output()
+        .unwrap();
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(s["hooks"][0]["name"], "networkhook/labels", "{s}");
+    assert_eq!(s["hooks"][0]["state"], "PullFailed", "{s}");
+    assert!(
+        s["problems"].as_array().unwrap().iter().any(|p| p
+            .as_str()
+            .unwrap()
+            .contains("networkhook/labels (status) is not ready on this node")),
+        "{s}"
+    );
     assert!(
         daemon.child.try_wait().unwrap().is_none(),
         "the daemon is running"
@@ -644,6 +756,38 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
     });
     let good = w.set();
     assert_eq!(w.add_labels("c1"), json!({"app": "web"}));
+
+    // Last good means last good: the registry down and the pulled files gone, the agent reconciling again
+    // and again (each label change of the Node makes it), the hook keeps running from its compiled artifact.
+    w.registry.down();
+    // Every pulled file goes: the components and the agent's records of them (who signed what).
+    for entry in std::fs::read_dir(w.sb.path("cache/hook-modules")).unwrap() {
+        std::fs::remove_file(entry.unwrap().path()).unwrap();
+    }
+    for i in 0..8 {
+        w.patch(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"metadata": {"labels": {"plexus.dev/poke": i.to_string()}}}),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+        assert_eq!(w.set().hooks, good.hooks, "round {i}: the set changed");
+        assert_eq!(w.add_labels(&format!("poke{i}")), json!({"app": "web"}));
+    }
+    w.wait(&daemon, "the failed re-pull reported", |w| {
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "PullFailed" && s["active"] == true)
+    });
+    assert!(
+        !daemon.log_text().contains("left this node's running set"),
+        "{}",
+        daemon.log_text()
+    );
+    // Back: the component is pulled again.
+    w.registry.up();
+    w.wait(&daemon, "active again", |w| {
+        w.node_status("labels")
+            .is_some_and(|s| s["reason"] == "Active")
+    });
 
     // Down later, while the resource moves to v2: v1 stays active, and the failure is reported against it.
     w.registry.down();
@@ -738,6 +882,7 @@ fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
         HookSet {
             generation,
             hooks: vec![hook("a", first), hook("b", second)],
+            runs: Default::default(),
         }
     };
     set(1, "app", "tier").publish(&cache).unwrap();
@@ -962,6 +1107,7 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     HookSet {
         generation: 1,
         hooks: vec![h],
+        runs: Default::default(),
     }
     .publish(&cache)
     .unwrap();
@@ -1023,25 +1169,31 @@ fn a_module_that_cannot_serve_its_kind_never_becomes_active() {
         w.set_names() == vec!["labels"]
     });
 
-    // Applied while pods are being added on the node.
+    // Applied while pods are being added on the node; with failurePolicy Ignore, the ADDs go on without them
+    // while they are not ready (with Fail they would be refused: see the registry test).
     w.hook(
         "wrong-kind",
         &policy_only,
         &[],
-        json!({"kind": "status", "order": 1}),
+        json!({"kind": "status", "order": 1, "failurePolicy": "Ignore"}),
     );
-    w.hook("trap", &trap, &[], json!({"kind": "policy", "order": 2}));
+    w.hook(
+        "trap",
+        &trap,
+        &[],
+        json!({"kind": "policy", "order": 2, "failurePolicy": "Ignore"}),
+    );
     w.hook(
         "endless",
         &endless,
         &[],
-        json!({"kind": "policy", "order": 3, "timeoutMs": 100}),
+        json!({"kind": "policy", "order": 3, "timeoutMs": 100, "failurePolicy": "Ignore"}),
     );
     w.hook(
         "sdk-wrong-kind",
         &sdk_policy,
         &[],
-        json!({"kind": "resolver", "order": 5}),
+        json!({"kind": "resolver", "order": 5, "failurePolicy": "Ignore"}),
     );
     // Denies every pod it sees, but sees only namespace other: a deny is an answer, so it is active.
     w.hook(
@@ -1174,7 +1326,12 @@ fn content_that_does_not_match_its_digest_is_reported_as_such() {
             .is_some_and(|t| t.ends_with('Z')),
         "{s}"
     );
-    assert!(w.set().hooks.is_empty());
+    assert!(w.set_names().is_empty());
+    assert!(
+        w.unready()[0].1.starts_with("DigestMismatch: "),
+        "{:?}",
+        w.unready()
+    );
     // Backoff: 1 s doubling (±25%), so at most 4 attempts in the first 6 s.
     std::thread::sleep(Duration::from_secs(6));
     let attempts = daemon.log_text().matches("retrying with backoff").count();
@@ -1236,8 +1393,28 @@ fn trust_follows_the_keys() {
     });
     let s = w.node_status("labels").unwrap();
     assert_eq!(s["active"], false, "{s}");
-    assert!(w.set().hooks.is_empty());
-    assert_eq!(w.add_labels("c2"), Value::Null);
+    assert!(w.set_names().is_empty());
+    let log = daemon.log_text();
+    assert!(
+        log.lines().any(|l| l.contains("WARN")
+            && l.contains("a hook left this node's running set")
+            && l.contains("reason=Untrusted")),
+        "{log}"
+    );
+    // Still selected, failurePolicy Fail: its ADDs are refused rather than run without it.
+    let refused = w.refused_add("c2");
+    assert!(
+        refused.contains("networkhook/labels") && refused.contains("Untrusted"),
+        "{refused}"
+    );
+    // The hook deleted: out of the set, and the ADDs go on.
+    let (code, body) = w
+        .api
+        .request("DELETE", &format!("{HOOKS}/labels"), None)
+        .unwrap();
+    assert_eq!(code, 200, "{body}");
+    w.wait(&daemon, "the set empty", |w| w.set().hooks.is_empty());
+    assert_eq!(w.add_labels("c3"), Value::Null);
 }
 
 /// What a vendor or operator gets wrong on the way, answered with what to do: a plain-HTTP registry named without
@@ -1467,4 +1644,111 @@ fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
             .0,
         404
     );
+}
+
+/// The hook set file is the node's word on which policies apply: one that exists and cannot be read fails the
+/// ADD (naming it), never runs as an empty set.
+#[test]
+fn an_unreadable_hook_set_fails_the_add() {
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0");
+    let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
+        "name": "web", "namespace": "team-a", "uid": "uid-web"}});
+    sb.manifest("pod-team-a-web.json", &pod.to_string());
+    std::fs::create_dir_all(sb.path("cache")).unwrap();
+    std::fs::write(
+        sb.path("cache/hook-set.json"),
+        "{\"generation\": 3, \"hooks\": [",
+    )
+    .unwrap();
+    let conf = sb.conf(json!({}));
+    let args = Sandbox::pod_args("team-a", "web");
+    let run = sb.run("ADD", "c1", &args, &conf);
+    assert!(!run.success, "{}", run.stdout);
+    assert!(
+        run.msg().contains("node hook set") && run.msg().contains("hook-set.json"),
+        "{}",
+        run.msg()
+    );
+    assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+    // DELs never load hooks: teardown goes on.
+    assert!(sb.run("DEL", "c1", &args, &conf).success);
+}
+
+/// A report the API server refuses for what it says (here a ValidatingAdmissionPolicy refuses any report naming
+/// the hook `refused`) is logged once and not sent again until it changes: no tight loop of writes.
+#[test]
+fn a_refused_report_is_not_sent_again_until_it_changes() {
+    let w = world();
+    let admission = "/apis/admissionregistration.k8s.io/v1";
+    w.api.must("POST", &format!("{admission}/validatingadmissionpolicies"), Some(&json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicy",
+        "metadata": {"name": "refuse-reports"},
+        "spec": {
+            "failurePolicy": "Fail",
+            "matchConstraints": {"resourceRules": [{"apiGroups": ["plexus.dev"], "apiVersions": ["*"],
+                "operations": ["CREATE", "UPDATE"], "resources": ["nodehookstatuses"]}]},
+            "validations": [{
+                "expression": "!has(object.status) || !has(object.status.hooks) || object.status.hooks.all(h, h.name != 'refused')",
+                "reason": "Invalid",
+                "message": "this report names the hook refused"}]}})));
+    w.api.must(
+        "POST",
+        &format!("{admission}/validatingadmissionpolicybindings"),
+        Some(&json!({
+        "apiVersion": "admissionregistration.k8s.io/v1", "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "refuse-reports"},
+        "spec": {"policyName": "refuse-reports", "validationActions": ["Deny"]}})),
+    );
+    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook(
+        "refused",
+        &reference,
+        &["app"],
+        json!({"namespaces": ["elsewhere"]}),
+    );
+    // The policy takes effect once the API server has loaded it.
+    let probe = json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NodeHookStatus",
+        "metadata": {"name": "probe"},
+        "status": {"active": 0, "failing": 0, "hooks": [
+            {"name": "refused", "active": false, "reason": "X"}]}});
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while w.api.request("POST", NODE_REPORTS, Some(&probe)).unwrap().0 != 422 {
+        assert!(Instant::now() < deadline, "the policy never took effect");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the refusal logged", |_| {
+        daemon.log_text().contains("refused the node's hook report")
+    });
+    // The agent keeps reconciling (each label change of its Node makes it), and sends nothing it was refused.
+    for i in 0..5 {
+        w.patch(
+            &format!("/api/v1/nodes/{NODE}"),
+            json!({"metadata": {"labels": {"plexus.dev/poke": i.to_string()}}}),
+        );
+        std::thread::sleep(Duration::from_millis(300));
+    }
+    let writes = w
+        .api
+        .audit_entries()
+        .into_iter()
+        .filter(|e| {
+            e["user"]["username"] == plexus_tests::kubeapi::PLEXUS_USER
+                && e["requestURI"]
+                    .as_str()
+                    .is_some_and(|u| u.contains("nodehookstatuses"))
+        })
+        .count();
+    assert_eq!(writes, 1, "daemon log:\n{}", daemon.log_text());
+    assert_eq!(
+        daemon
+            .log_text()
+            .matches("refused the node's hook report")
+            .count(),
+        1
+    );
+    assert!(daemon
+        .log_text()
+        .contains("this report names the hook refused"));
 }

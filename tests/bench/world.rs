@@ -239,6 +239,7 @@ impl World {
         plexus_cni::hooks::HookSet {
             generation: 1,
             hooks,
+            runs: Default::default(),
         }
         .publish(&cache)
         .map_err(|e| format!("publish the hook set: {e}"))

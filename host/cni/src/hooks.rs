@@ -124,8 +124,25 @@ pub fn load(
 pub struct HookSet {
     /// Incremented by every publication.
     pub generation: u64,
-    /// In run order (after the conf's own hooks).
+    /// In run order (after the conf's own hooks). An entry with `unready` set is a hook selected for the node
+    /// that has nothing to run: its calls fail under its failurePolicy.
     pub hooks: Vec<HookSpec>,
+    /// What the node agent knows of each entry that runs, by name (an ADD does not read it).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub runs: std::collections::BTreeMap<String, PublishedRun>,
+}
+
+/// Where a published entry came from: its manifest digest, its order, and the key its signature verified with
+/// (none when signatures are off). The agent keeps a hook's last good version running from this alone, whatever
+/// happens to the registry or to the pulled component.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct PublishedRun {
+    pub digest: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub order: Option<i32>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub verified_by: Option<String>,
 }
 
 /// What the names of the node's hook set get in front in an ADD (logs, errors, policy denials).

@@ -57,6 +57,10 @@ pub enum Fault {
     /// Plexus handed the hook a value the WIT records cannot carry.
     #[error("cannot pass input: {0}")]
     Input(String),
+    /// The hook is selected for the node but not ready there (its module could not be pulled, verified,
+    /// compiled or probed): every call it would get fails so.
+    #[error("is not ready on this node: {0}")]
+    NotReady(String),
 }
 
 /// Why a component could not be loaded.

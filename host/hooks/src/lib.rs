@@ -91,6 +91,8 @@ enum Exports {
     Policy(policy::GuestIndices),
     Resolver(resolver::GuestIndices),
     Status(status::GuestIndices),
+    /// Selected but not ready (see [`HookSpec::unready`]): every call fails with this reason.
+    Unready(String),
 }
 
 struct LoadedHook {
@@ -102,7 +104,8 @@ struct LoadedHook {
     timeout_ms: u64,
     memory_mib: u64,
     info: Arc<HookInfo>,
-    pre: InstancePre<State>,
+    /// `None` for an unready hook: it has no component.
+    pre: Option<InstancePre<State>>,
     exports: Exports,
 }
 
@@ -179,6 +182,25 @@ fn module_digest(
         cache::record_sha256(dir, path, &before, &sha);
     }
     Ok((sha, Some(bytes)))
+}
+
+/// A hook selected but not ready: its calls fail with `why`.
+fn unready_hook(spec: &HookSpec, why: String) -> LoadedHook {
+    LoadedHook {
+        name: spec.name.clone(),
+        kind: spec.kind,
+        namespaces: spec.namespaces.clone(),
+        failure_policy: spec.failure_policy,
+        timeout_ms: spec.timeout_ms(),
+        memory_mib: spec.memory_limit_mib(),
+        info: Arc::new(HookInfo {
+            name: spec.name.clone(),
+            settings: "null".into(),
+            memory_bytes: 0,
+        }),
+        pre: None,
+        exports: Exports::Unready(why),
+    }
 }
 
 fn normal_pin(pin: &str) -> String {
@@ -259,17 +281,22 @@ impl Hooks {
         cache_dir: Option<&Path>,
         compile: Compile,
     ) -> Result<Hooks, HookError> {
-        if specs.is_empty() {
+        check_specs(specs)?;
+        // Unready entries have no component: they need no engine.
+        let mut hooks: Vec<LoadedHook> = specs
+            .iter()
+            .filter_map(|spec| Some(unready_hook(spec, spec.unready.clone()?)))
+            .collect();
+        if hooks.len() == specs.len() {
             return Ok(Hooks {
                 calls: Default::default(),
                 pod_running: false,
                 devices: Default::default(),
-                hooks: Vec::new(),
+                hooks,
                 artifacts: Vec::new(),
                 runtime: None,
             });
         }
-        check_specs(specs)?;
         let engine = engine::new_engine(false).map_err(HookError::Engine)?;
         let linker = new_linker(&engine).map_err(HookError::Engine)?;
         let dir = cache_dir.map(cache::cache_dir);
@@ -282,9 +309,8 @@ impl Hooks {
             Some(Ok(d)) => cache::CacheUse::Dir(d),
         };
         let mut components: HashMap<String, (Component, declared::Declared)> = HashMap::new();
-        let mut hooks = Vec::new();
         let mut artifacts = Vec::new();
-        for spec in specs {
+        for spec in specs.iter().filter(|s| s.unready.is_none()) {
             let load_err = |error| HookError::Load {
                 hook: spec.name.clone(),
                 kind: spec.kind,
@@ -406,10 +432,18 @@ impl Hooks {
                         .map_or_else(|| "null".to_string(), Value::to_string),
                     memory_bytes: (memory_mib as usize) << 20,
                 }),
-                pre,
+                pre: Some(pre),
                 exports,
             });
         }
+        // In the configured order, the unready entries where they were.
+        let position = |name: &str, kind: HookKind| {
+            specs
+                .iter()
+                .position(|s| s.name == name && s.kind == kind)
+                .unwrap_or(usize::MAX)
+        };
+        hooks.sort_by_key(|h| position(&h.name, h.kind));
         let ticker = engine::Ticker::start(engine.clone()).map_err(HookError::Engine)?;
         Ok(Hooks {
             calls: Default::default(),
@@ -450,6 +484,17 @@ impl Hooks {
         self.record(hook, outcome);
     }
 
+    /// When `hook` is unready: its call is recorded (`unready`) and fails under its failurePolicy (an error with
+    /// `Fail`, skipped with `Ignore`); true when it was.
+    fn unready(&self, hook: &LoadedHook) -> Result<bool, HookError> {
+        let Exports::Unready(why) = &hook.exports else {
+            return Ok(false);
+        };
+        self.record(hook, "unready");
+        self.fault(hook, Fault::NotReady(why.clone()))?;
+        Ok(true)
+    }
+
     /// The claim devices the selections of the next calls use (what `host.selection-device` answers, WIT
     /// 0.1.2); replaces the earlier ones.
     pub fn set_devices(&self, devices: SelectionDevices) {
@@ -467,6 +512,9 @@ impl Hooks {
         let wpod = convert::pod(pod);
         let mut current = selections;
         for hook in self.of_kind(HookKind::Policy, &pod.namespace) {
+            if self.unready(hook)? {
+                continue;
+            }
             let Exports::Policy(idx) = &hook.exports else {
                 continue;
             };
@@ -528,6 +576,9 @@ impl Hooks {
         let mut current = config.cloned();
         let mut changed = false;
         for hook in resolvers {
+            if self.unready(hook)? {
+                continue;
+            }
             let Exports::Resolver(idx) = &hook.exports else {
                 continue;
             };
@@ -575,6 +626,9 @@ impl Hooks {
         let wpod = convert::pod(pod);
         let mut current = entries;
         for hook in self.of_kind(HookKind::Status, &pod.namespace) {
+            if self.unready(hook)? {
+                continue;
+            }
             let Exports::Status(idx) = &hook.exports else {
                 continue;
             };
@@ -644,7 +698,7 @@ impl Hooks {
         hook: &LoadedHook,
         f: impl FnOnce(&mut Store<State>, &Instance) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T, Fault> {
-        let Some(rt) = &self.runtime else {
+        let (Some(rt), Some(pre)) = (&self.runtime, &hook.pre) else {
             return Err(Fault::Trap("no engine".into()));
         };
         let mut store = Store::new(
@@ -665,8 +719,7 @@ impl Hooks {
         let start = Instant::now();
         let result = {
             let _running = rt.ticker.run();
-            hook.pre
-                .instantiate(&mut store)
+            pre.instantiate(&mut store)
                 .and_then(|inst| f(&mut store, &inst))
         };
         let elapsed = start.elapsed();
@@ -792,4 +845,70 @@ pub fn artifact_path(module: &Path, cache_dir: &Path) -> Result<PathBuf, LoadErr
         reason,
     })?;
     Ok(cache::artifact_path(cache_dir, &engine, &sha))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unready(name: &str, kind: HookKind, policy: FailurePolicy) -> HookSpec {
+        let mut spec = HookSpec::new(name, kind, "");
+        spec.failure_policy = policy;
+        spec.precompiled = true;
+        spec.unready = Some("PullFailed: registry unreachable".into());
+        spec
+    }
+
+    fn pod(namespace: &str) -> Pod {
+        Pod {
+            namespace: namespace.into(),
+            name: "web".into(),
+            ..Pod::default()
+        }
+    }
+
+    #[test]
+    fn an_unready_hook_fails_each_call_it_would_get_under_its_failure_policy() {
+        let mut strict = unready("networkhook/strict", HookKind::Policy, FailurePolicy::Fail);
+        strict.namespaces = Some(vec!["team".into()]);
+        let lenient = unready(
+            "networkhook/lenient",
+            HookKind::Status,
+            FailurePolicy::Ignore,
+        );
+        // No component and no engine: an unready entry loads nothing.
+        let hooks = Hooks::load_uncached(&[strict, lenient]).unwrap();
+        assert!(!hooks.is_empty());
+        assert!(hooks.runtime.is_none());
+
+        let selections = vec![serde_json::json!({"name": "net", "namespace": "team"})];
+        let err = hooks.policy(&pod("team"), selections.clone()).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "hook \"networkhook/strict\" (policy): is not ready on this node: PullFailed: registry unreachable"
+        );
+        // A pod of a namespace the hook does not name: the hook would not be called, nothing fails.
+        assert!(matches!(
+            hooks.policy(&pod("other"), selections),
+            Ok(PolicyOutcome::Admit(_))
+        ));
+        // Ignore: the call is skipped, the entries pass through.
+        let entries = vec![serde_json::json!({"name": "cbr0", "default": true})];
+        assert_eq!(
+            hooks.status(&pod("team"), entries.clone()).unwrap(),
+            entries
+        );
+        let outcomes: Vec<(String, &str)> = hooks
+            .calls()
+            .into_iter()
+            .map(|c| (c.hook, c.outcome))
+            .collect();
+        assert_eq!(
+            outcomes,
+            [
+                ("networkhook/strict".to_string(), "unready"),
+                ("networkhook/lenient".to_string(), "unready"),
+            ]
+        );
+    }
 }

@@ -36,6 +36,10 @@ pub struct HookSpec {
     /// (the entries the node agent publishes).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub precompiled: bool,
+    /// Set by the node agent for a NetworkHook selected for the node but not active there (why, in words): the
+    /// entry loads nothing, and every call it would get fails with this reason under its `failurePolicy`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unready: Option<String>,
 }
 
 impl HookSpec {
@@ -52,6 +56,7 @@ impl HookSpec {
             memory_limit_mib: None,
             namespaces: None,
             precompiled: false,
+            unready: None,
         }
     }
 

@@ -166,14 +166,27 @@ fn hooks(
         Ok(Some(set)) => set
             .hooks
             .iter()
-            .map(|h| HookEntry {
+            .map(|h| {
                 // As an ADD's logs and errors name it.
-                name: format!("{}{}", plexus_cni::hooks::CLUSTER_HOOK_PREFIX, h.name),
-                kind: h.kind.as_str().to_string(),
-                digest: h.sha256.clone(),
-                published: true,
-                state: None,
-                message: None,
+                let name = format!("{}{}", plexus_cni::hooks::CLUSTER_HOOK_PREFIX, h.name);
+                if let Some(why) = &h.unready {
+                    problems.push(format!(
+                        "{name} ({}) is not ready on this node: {why}",
+                        h.kind.as_str()
+                    ));
+                }
+                HookEntry {
+                    name,
+                    kind: h.kind.as_str().to_string(),
+                    digest: h.sha256.clone(),
+                    published: true,
+                    state: h.unready.as_ref().map(|why| {
+                        why.split_once(':')
+                            .map_or(why.as_str(), |(r, _)| r)
+                            .to_string()
+                    }),
+                    message: h.unready.clone(),
+                }
             })
             .collect(),
         Ok(None) => Vec::new(),

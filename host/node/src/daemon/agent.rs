@@ -6,22 +6,24 @@
 //! (`<cacheDir>/hook-set.json`, [`HookSet`]) in one rename. An ADD reads that file once and loads only
 //! compiled artifacts: it never downloads and never compiles.
 //!
-//! Activation is earned: before a module enters the set, its component must export the interface its
-//! `spec.kind` names at the host's WIT version, instantiate within the hook's limits, and answer one call of
-//! that export on a synthetic pod without a fault (a deny is an answer). A module that does not stays out, so
-//! one bad NetworkHook cannot fail the node's ADDs.
+//! Activation is earned: before a module runs, its component must export the interface its `spec.kind` names at
+//! the host's WIT version, instantiate within the hook's limits, and answer one call of that export on a
+//! synthetic pod without a fault (a deny is an answer).
 //!
-//! A hook whose module cannot be made ready (registry unreachable, not found, content that does not match its
-//! digest, bad or missing signature, does not compile, fails its probe) keeps the version last published for
-//! it, if that version is still trusted; registry failures are retried with backoff (1 s doubling to 5 min,
-//! with jitter). Every hook's state on this node (active, or why not, with the time of the next attempt) is in
-//! the node's own `NodeHookStatus` object ([`crate::node_report`]); a failure is also a Warning event on the
-//! resource and a line in the log, never a reason to stop the process. No node writes the NetworkHook itself:
-//! an agent of this version removes the `status.nodes` entry an earlier one wrote there.
+//! Last good means last good: a hook that ran keeps its version running (from its compiled artifact, with the
+//! key that verified it recorded in the set) whatever happens to the registry, the pulled component or a new
+//! version, until its resource is deleted, the node leaves its selector, or that key leaves the trusted set.
+//! Registry failures are retried with backoff (1 s doubling to 5 min, with jitter). A selected hook with no
+//! version that may run is published as an unready entry, so its `failurePolicy` decides the ADDs it applies to
+//! (`Fail` refuses them) rather than its absence. Every hook's state on this node (active, or why not, with the
+//! time of the next attempt) is in the node's own `NodeHookStatus` object ([`crate::node_report`]); a failure is
+//! also a Warning event on the resource and a line in the log, never a reason to stop the process. No node
+//! writes the NetworkHook itself: an agent of this version removes the `status.nodes` entry an earlier one wrote
+//! there.
 //!
 //! Trust follows the keys: the key files are read again every few seconds, and when the set of keys changes
 //! every module in the set is checked against the new keys; one whose signature verifies with none of them
-//! leaves the set (`Untrusted`).
+//! stops running (`Untrusted`).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -44,7 +46,7 @@ use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKey
 use crate::hook_state::{Failure, Reason};
 use crate::node_report::{self, HookReport, NodeReport};
 use plexus_cluster::KubeApi;
-use plexus_cni::hooks::{HookSet, MODULES_DIR};
+use plexus_cni::hooks::{HookSet, PublishedRun, MODULES_DIR};
 
 /// The hook resource's API group, version and kind.
 pub const GROUP: &str = "plexus.dev";
@@ -130,10 +132,8 @@ struct Agent {
     keys: Result<TrustedKeys, String>,
     registry: Result<Registry, String>,
     modules: PathBuf,
+    /// The set last published; its `runs` say what each entry runs and who signed it.
     published: HookSet,
-    /// What each published hook runs: its manifest digest, and its order (unknown for a set published before a
-    /// restart, whose entries carry no order).
-    published_runs: HashMap<String, (String, Option<i32>)>,
     /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
     /// module as far as trust goes).
     failures: HashMap<String, Retrying>,
@@ -141,6 +141,8 @@ struct Agent {
     reported: HashMap<String, HookReport>,
     /// The node's object as last applied.
     applied: Option<Value>,
+    /// The node's object as last refused by the API server as invalid: not sent again until it changes.
+    refused: Option<Value>,
     /// Component digests no longer in the set, since when.
     retired: HashMap<String, Instant>,
     /// Probe verdicts by the entry probed (component, kind, settings, limits): a module is probed once per
@@ -416,28 +418,31 @@ impl Agent {
         let registry = Registry::new(&settings.registry).map_err(|e| e.to_string());
         let modules = settings.cache_dir.join(MODULES_DIR);
         // What was published before a restart stays active until this run publishes.
-        let published = match HookSet::read(&settings.cache_dir) {
+        let mut published = match HookSet::read(&settings.cache_dir) {
             Ok(s) => s.unwrap_or_default(),
             Err(e) => {
                 tracing::warn!(error = %e, "ignoring the previous hook set");
                 HookSet::default()
             }
         };
-        let published_runs = published
-            .hooks
-            .iter()
-            .filter_map(|h| Some((h.name.clone(), (digest_of_module_path(&h.module)?, None))))
-            .collect();
+        // A set of an agent that did not record its runs: what the modules' records say of them.
+        for h in &published.hooks {
+            if h.unready.is_none() && !published.runs.contains_key(&h.name) {
+                if let Some(run) = run_of_module_path(&h.module) {
+                    published.runs.insert(h.name.clone(), run);
+                }
+            }
+        }
         Agent {
             settings,
             keys,
             registry,
             modules,
             published,
-            published_runs,
             failures: HashMap::new(),
             reported: HashMap::new(),
             applied: None,
+            refused: None,
             retired: HashMap::new(),
             probes: HashMap::new(),
             probes_used: Default::default(),
@@ -540,9 +545,10 @@ impl Agent {
                 continue;
             };
             let made = match self.ready(&spec.module).await {
-                Ok((digest, sha)) => match self.probe(name, spec, &sha).await {
+                Ok((digest, sha, verified_by)) => match self.probe(name, spec, &sha).await {
                     Ok(()) => Ok(Ready {
                         digest,
+                        verified_by,
                         entry: hook_spec(name, spec, &self.modules, &sha),
                     }),
                     Err(e) => Err(e),
@@ -562,7 +568,7 @@ impl Agent {
             last_good: &last_good,
             next_attempt: &next_attempt,
         });
-        self.publish(planned.entries);
+        self.publish(planned.entries, &planned.reports);
         let used = std::mem::take(&mut self.probes_used);
         self.probes.retain(|k, _| used.contains(k));
         self.collect_garbage();
@@ -570,53 +576,76 @@ impl Agent {
         self.failures.values().map(|f| f.next).min()
     }
 
-    /// What each published hook ran, and whether a trusted key still verifies it.
+    /// What each published hook runs, and whether it may still run: signatures are off, or the key its signature
+    /// verified with is still trusted. Neither the registry nor the pulled component has a say.
     fn last_good(&self) -> HashMap<String, LastGood> {
         self.published
             .hooks
             .iter()
-            .filter_map(|entry| {
-                let (digest, order) = self.published_runs.get(&entry.name)?.clone();
-                let trusted = entry
-                    .sha256
-                    .as_deref()
-                    .is_some_and(|sha| self.still_trusted(sha));
-                Some((
-                    entry.name.clone(),
-                    LastGood {
-                        entry: entry.clone(),
-                        digest,
-                        order,
-                        trusted,
-                    },
-                ))
+            .filter(|entry| entry.unready.is_none())
+            .map(|entry| {
+                let run = self.published.runs.get(&entry.name);
+                let verified_by = run.and_then(|r| r.verified_by.clone());
+                let trusted = match (self.settings.signatures, &self.keys, &verified_by) {
+                    (SignaturePolicy::Off, _, _) => true,
+                    (SignaturePolicy::Required, Ok(keys), Some(by)) => keys.ids().contains(by),
+                    // Published without its signer: the module's record says who signed it.
+                    (SignaturePolicy::Required, Ok(_), None) => entry
+                        .sha256
+                        .as_deref()
+                        .is_some_and(|sha| self.still_trusted(sha)),
+                    (SignaturePolicy::Required, Err(_), _) => false,
+                };
+                let digest = run.map(|r| r.digest.clone()).unwrap_or_else(|| {
+                    format!("sha256:{}", entry.sha256.as_deref().unwrap_or_default())
+                });
+                let last = LastGood {
+                    entry: entry.clone(),
+                    digest,
+                    order: run.and_then(|r| r.order),
+                    verified_by,
+                    trusted,
+                };
+                (entry.name.clone(), last)
             })
             .collect()
     }
 
     /// Publishes the planned set when it differs from the one published (one rename; the previous set stays
-    /// when that fails).
-    fn publish(&mut self, entries: Vec<Entry>) {
+    /// when that fails). A hook that leaves the hooks that run is logged at warning level with its reason.
+    fn publish(&mut self, entries: Vec<Entry>, reports: &BTreeMap<String, Option<HookReport>>) {
         let specs: Vec<HookSpec> = entries.iter().map(|e| e.spec.clone()).collect();
-        if specs == self.published.hooks {
+        let runs: BTreeMap<String, PublishedRun> = entries
+            .iter()
+            .filter(|e| e.spec.unready.is_none())
+            .map(|e| {
+                let run = PublishedRun {
+                    digest: e.digest.clone(),
+                    order: Some(e.order),
+                    verified_by: e.verified_by.clone(),
+                };
+                (e.name.clone(), run)
+            })
+            .collect();
+        if specs == self.published.hooks && runs == self.published.runs {
             return;
         }
         let set = HookSet {
             generation: self.published.generation + 1,
             hooks: specs,
+            runs,
         };
         match set.publish(&self.settings.cache_dir) {
             Ok(()) => {
+                let unready = set.hooks.iter().filter(|h| h.unready.is_some()).count();
                 tracing::info!(
                     generation = set.generation,
-                    hooks = set.hooks.len(),
+                    hooks = set.hooks.len() - unready,
+                    unready,
                     "hook set published"
                 );
+                log_departures(&self.published, &set, reports);
                 self.published = set;
-                self.published_runs = entries
-                    .into_iter()
-                    .map(|e| (e.name, (e.digest, Some(e.order))))
-                    .collect();
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")
@@ -626,7 +655,7 @@ impl Agent {
 
     /// The module of a pinned reference, pulled, verified and compiled if not already: its manifest digest and
     /// component sha256, or (reason, message).
-    async fn ready(&mut self, module: &str) -> Result<(String, String), Failure> {
+    async fn ready(&mut self, module: &str) -> Result<(String, String, Option<String>), Failure> {
         let reference = distribution::pinned_reference(module)
             .map_err(|e| Failure::new(e.reason(), e.to_string()))?;
         let digest = reference.digest().unwrap_or_default().to_string();
@@ -646,7 +675,7 @@ impl Agent {
                 if let Ok(Ok(a)) = compiled {
                     if a.sha256 == rec.sha256 {
                         self.failures.remove(module);
-                        return Ok((digest, rec.sha256));
+                        return Ok((digest, rec.sha256, rec.verified_by));
                     }
                 }
             }
@@ -657,9 +686,9 @@ impl Agent {
             }
         }
         match self.fetch(&reference, &digest, keys.as_ref()).await {
-            Ok(sha) => {
+            Ok((sha, verified_by)) => {
                 self.failures.remove(module);
-                Ok((digest, sha))
+                Ok((digest, sha, verified_by))
             }
             Err(error) => {
                 tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
@@ -680,7 +709,7 @@ impl Agent {
         reference: &oci_client::Reference,
         digest: &str,
         keys: Option<&TrustedKeys>,
-    ) -> Result<String, Failure> {
+    ) -> Result<(String, Option<String>), Failure> {
         let fail = |e: DistError| Failure::new(e.reason(), e.to_string());
         let registry = self
             .registry
@@ -718,7 +747,7 @@ impl Agent {
         let rec = Record {
             digest: digest.to_string(),
             sha256: pulled.sha256.clone(),
-            verified_by,
+            verified_by: verified_by.clone(),
         };
         let rec_path = self.record_path(&reference.whole());
         plexus_cni::conf::replace_file(&rec_path, &serde_json::to_vec(&rec).expect("json"), 0o600)
@@ -726,7 +755,7 @@ impl Agent {
                 Failure::new(Reason::PullFailed, format!("{}: {e}", rec_path.display()))
             })?;
         tracing::info!(module = %reference.whole(), sha256 = %pulled.sha256, "module pulled, verified and compiled");
-        Ok(pulled.sha256)
+        Ok((pulled.sha256, verified_by))
     }
 
     fn module_path(&self, sha: &str) -> PathBuf {
@@ -862,7 +891,7 @@ impl Agent {
             );
         }
         let object = report.object(&self.settings.node, node_uid);
-        if self.applied.as_ref() == Some(&object) {
+        if self.applied.as_ref() == Some(&object) || self.refused.as_ref() == Some(&object) {
             return;
         }
         let params = PatchParams::apply(REPORT_MANAGER).force();
@@ -873,7 +902,17 @@ impl Agent {
         )
         .await;
         match sent {
-            Ok(Ok(_)) => self.applied = Some(object),
+            Ok(Ok(_)) => {
+                self.applied = Some(object);
+                self.refused = None;
+            }
+            // Refused for what it says (invalid, forbidden): sending it again changes nothing. Logged once, the
+            // answer counted in the API request metrics by its code; sent again when the report changes.
+            Ok(Err(kube::Error::Api(status))) if refusal(status.code) => {
+                let error = plexus_cluster::explain(self.api.server(), &kube::Error::Api(status));
+                tracing::error!(%error, "the API server refused the node's hook report; not sent again until it changes");
+                self.refused = Some(object);
+            }
             Ok(Err(e)) => {
                 let error = self.api.explain(&e);
                 tracing::warn!(%error, "cannot report the node's hooks")
@@ -1041,15 +1080,59 @@ fn hook_spec(name: &str, spec: &NetworkHookSpec, modules: &Path, sha: &str) -> H
         memory_limit_mib: spec.memory_limit_mib,
         namespaces: spec.namespaces.clone(),
         precompiled: true,
+        unready: None,
     }
 }
 
 /// The manifest digest a published entry came from is not in the entry; it is in its module's record.
-fn digest_of_module_path(module: &Path) -> Option<String> {
+/// An answer that says the request itself is wrong (invalid, forbidden, too large), not that the server is busy
+/// or away: a retry of the same request gets the same answer.
+fn refusal(code: u16) -> bool {
+    matches!(code, 400 | 403 | 404 | 413 | 415 | 422)
+}
+
+fn run_of_module_path(module: &Path) -> Option<PublishedRun> {
     let sha = module.file_stem()?.to_str()?;
     records(module.parent()?)
         .find(|r| r.sha256 == sha)
-        .map(|r| r.digest)
+        .map(|r| PublishedRun {
+            digest: r.digest,
+            order: None,
+            verified_by: r.verified_by,
+        })
+}
+
+/// Logs, at warning level with the reason, each hook that ran under `old` and does not under `new` (gone from
+/// the set, or there as unready).
+fn log_departures(old: &HookSet, new: &HookSet, reports: &BTreeMap<String, Option<HookReport>>) {
+    let runs = |set: &HookSet| -> BTreeSet<String> {
+        set.hooks
+            .iter()
+            .filter(|h| h.unready.is_none())
+            .map(|h| h.name.clone())
+            .collect()
+    };
+    let now = runs(new);
+    for name in runs(old).difference(&now) {
+        match reports.get(name) {
+            Some(Some(r)) => tracing::warn!(
+                hook = %name,
+                reason = %r.reason,
+                "a hook left this node's running set: {}",
+                r.message
+            ),
+            Some(None) => tracing::warn!(
+                hook = %name,
+                reason = "NotSelected",
+                "a hook left this node's running set: its nodeSelector no longer selects the node"
+            ),
+            None => tracing::warn!(
+                hook = %name,
+                reason = "Deleted",
+                "a hook left this node's running set: its NetworkHook was deleted"
+            ),
+        }
+    }
 }
 
 /// Every readable module record in the modules directory.

@@ -63,8 +63,8 @@ pub fn selects(
 pub enum Wanted<'a> {
     /// Its node selector leaves this node out.
     NotSelected,
-    /// Its spec (or node selector) is invalid.
-    Invalid(Failure),
+    /// Its spec (or node selector) is invalid; the spec, when only its node selector is.
+    Invalid(Failure, Option<&'a NetworkHookSpec>),
     Selected(&'a NetworkHookSpec),
 }
 
@@ -77,11 +77,11 @@ pub fn select<'a>(
         .iter()
         .map(|(name, res)| {
             let wanted = match &res.spec {
-                Err(e) => Wanted::Invalid(Failure::new(Reason::InvalidSpec, e.clone())),
+                Err(e) => Wanted::Invalid(Failure::new(Reason::InvalidSpec, e.clone()), None),
                 Ok(spec) => match selects(spec.node_selector.as_ref(), labels) {
                     Ok(true) => Wanted::Selected(spec),
                     Ok(false) => Wanted::NotSelected,
-                    Err(e) => Wanted::Invalid(Failure::new(Reason::InvalidSpec, e)),
+                    Err(e) => Wanted::Invalid(Failure::new(Reason::InvalidSpec, e), Some(spec)),
                 },
             };
             (name.as_str(), wanted)
@@ -89,30 +89,35 @@ pub fn select<'a>(
         .collect()
 }
 
-/// A hook made ready on this node: the manifest digest and the entry it runs as.
+/// A hook made ready on this node: the manifest digest, the key its signature verified with (none when
+/// signatures are off) and the entry it runs as.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ready {
     pub digest: String,
+    pub verified_by: Option<String>,
     pub entry: HookSpec,
 }
 
-/// What ran for a hook before (the last published version), and whether a trusted key still verifies it.
+/// What ran for a hook before (the last published version), and whether it may still run: signatures are off,
+/// or the key its signature verified with is still trusted.
 #[derive(Debug, Clone, PartialEq)]
 pub struct LastGood {
     pub entry: HookSpec,
     pub digest: String,
-    /// Its order when published (unknown for a set published before a restart).
+    /// Its order when published (unknown for a set published by an agent that did not record it).
     pub order: Option<i32>,
+    pub verified_by: Option<String>,
     pub trusted: bool,
 }
 
-/// One entry of the node's hook set, with what it runs.
+/// One entry of the node's hook set, with what it runs (nothing, for an unready entry: its digest is empty).
 #[derive(Debug, Clone, PartialEq)]
 pub struct Entry {
     pub order: i32,
     pub name: String,
     pub spec: HookSpec,
     pub digest: String,
+    pub verified_by: Option<String>,
 }
 
 /// What [`plan`] decides from.
@@ -137,58 +142,47 @@ pub struct Planned {
     pub reports: BTreeMap<String, Option<HookReport>>,
 }
 
-/// Which hooks run and what each one's status says. A hook made ready runs (`Active`). One that is not keeps
-/// the version that ran before, if a trusted key still verifies it (active, with the reason the wanted version is
-/// not); one no trusted key verifies any more leaves the set (`Untrusted`); otherwise it does not run.
+/// Which hooks run and what each one's status says. Last good means last good: a hook made ready runs
+/// (`Active`); one that is not keeps the version that ran before, whatever went wrong with the new one, as long
+/// as its resource selects the node and that version may still run (its signer is trusted). A selected hook
+/// with nothing to run is an unready entry: every call it would get fails under its `failurePolicy` (an ADD it
+/// applies to is refused with `Fail`), so a policy the cluster asks for is enforced or the ADD refused.
 pub fn plan(input: &PlanInput<'_>) -> Planned {
     let mut entries = Vec::new();
     let mut reports = BTreeMap::new();
     for (&name, wanted) in input.wanted {
         let generation = input.hooks[name].generation;
-        let status = |active: bool, reason: &str, message: String, digest: Option<String>| {
-            Some(HookReport {
-                name: name.to_string(),
-                active,
-                reason: reason.into(),
-                message,
-                digest,
-                next_attempt_time: None,
-                observed_generation: generation,
-            })
-        };
-        let spec = match wanted {
+        let (spec, failure) = match wanted {
             Wanted::NotSelected => {
                 reports.insert(name.to_string(), None);
                 continue;
             }
-            Wanted::Invalid(f) => {
-                reports.insert(
-                    name.to_string(),
-                    status(false, f.reason.as_str(), f.message.clone(), None),
-                );
-                continue;
-            }
-            Wanted::Selected(spec) => spec,
-        };
-        let Some(made) = input.ready.get(name) else {
-            continue;
-        };
-        let failure = match made {
-            Ok(r) => {
-                entries.push(Entry {
-                    order: spec.order,
-                    name: name.to_string(),
-                    spec: r.entry.clone(),
-                    digest: r.digest.clone(),
-                });
-                let message = format!("module {} is active", r.digest);
-                reports.insert(
-                    name.to_string(),
-                    status(true, "Active", message, Some(r.digest.clone())),
-                );
-                continue;
-            }
-            Err(f) => f.clone(),
+            Wanted::Invalid(f, spec) => (*spec, f.clone()),
+            Wanted::Selected(spec) => match input.ready.get(name) {
+                None => continue,
+                Some(Ok(r)) => {
+                    entries.push(Entry {
+                        order: spec.order,
+                        name: name.to_string(),
+                        spec: r.entry.clone(),
+                        digest: r.digest.clone(),
+                        verified_by: r.verified_by.clone(),
+                    });
+                    let message = format!("module {} is active", r.digest);
+                    let report = HookReport {
+                        name: name.to_string(),
+                        active: true,
+                        reason: "Active".into(),
+                        message,
+                        digest: Some(r.digest.clone()),
+                        next_attempt_time: None,
+                        observed_generation: generation,
+                    };
+                    reports.insert(name.to_string(), Some(report));
+                    continue;
+                }
+                Some(Err(f)) => (Some(*spec), f.clone()),
+            },
         };
         let (kept, failure) = match input.last_good.get(name) {
             Some(old) if !old.trusted => (
@@ -204,29 +198,63 @@ pub fn plan(input: &PlanInput<'_>) -> Planned {
             ),
             kept => (kept, failure),
         };
-        let digest = kept.map(|old| old.digest.clone());
-        if let Some(old) = kept {
-            // The entry last published, as it was (its module and its settings): the last good one.
-            entries.push(Entry {
-                order: old.order.unwrap_or(spec.order),
-                name: name.to_string(),
-                spec: old.entry.clone(),
-                digest: old.digest.clone(),
-            });
+        let mut message = failure.message.clone();
+        match (kept, spec) {
+            (Some(old), _) => {
+                // The entry last published, as it was (its module and its settings): the last good one.
+                let order = old.order.or(spec.map(|s| s.order)).unwrap_or_default();
+                entries.push(Entry {
+                    order,
+                    name: name.to_string(),
+                    spec: old.entry.clone(),
+                    digest: old.digest.clone(),
+                    verified_by: old.verified_by.clone(),
+                });
+            }
+            (None, Some(spec)) => {
+                message.push_str(match spec.failure_policy {
+                    FailurePolicy::Fail => {
+                        "; the ADDs it applies to are refused (failurePolicy Fail)"
+                    }
+                    FailurePolicy::Ignore => {
+                        "; the ADDs it applies to go on without it (failurePolicy Ignore)"
+                    }
+                });
+                entries.push(Entry {
+                    order: spec.order,
+                    name: name.to_string(),
+                    spec: unready_entry(name, spec, &failure),
+                    digest: String::new(),
+                    verified_by: None,
+                });
+            }
+            // A spec that does not parse says nothing of its kind or namespaces (the resource's schema refuses
+            // such objects): reported, not enforced.
+            (None, None) => {}
         }
-        let mut report = status(
-            kept.is_some(),
-            failure.reason.as_str(),
-            failure.message,
-            digest,
-        );
-        if let Some(r) = report.as_mut() {
-            r.next_attempt_time = input.next_attempt.get(name).cloned();
-        }
-        reports.insert(name.to_string(), report);
+        let report = HookReport {
+            name: name.to_string(),
+            active: kept.is_some(),
+            reason: failure.reason.as_str().into(),
+            message,
+            digest: kept.map(|old| old.digest.clone()),
+            next_attempt_time: input.next_attempt.get(name).cloned(),
+            observed_generation: generation,
+        };
+        reports.insert(name.to_string(), Some(report));
     }
     entries.sort_by(|a, b| (a.order, &a.name).cmp(&(b.order, &b.name)));
     Planned { entries, reports }
+}
+
+/// The hook set's entry of a selected hook that has nothing to run: no module, its calls fail with the reason.
+pub fn unready_entry(name: &str, spec: &NetworkHookSpec, failure: &Failure) -> HookSpec {
+    let mut entry = HookSpec::new(name, spec.kind, "");
+    entry.failure_policy = spec.failure_policy;
+    entry.namespaces = spec.namespaces.clone();
+    entry.precompiled = true;
+    entry.unready = Some(format!("{}: {}", failure.reason.as_str(), failure.message));
+    entry
 }
 
 #[cfg(test)]
@@ -257,6 +285,7 @@ mod tests {
     fn ready(name: &str, digest: &str) -> Result<Ready, Failure> {
         Ok(Ready {
             digest: digest.into(),
+            verified_by: Some("key-1".into()),
             entry: entry(name, &format!("sha-{digest}")),
         })
     }
@@ -297,6 +326,7 @@ mod tests {
                     entry: entry(name, &format!("sha-{digest}")),
                     digest: digest.into(),
                     order: Some(0),
+                    verified_by: Some("key-1".into()),
                     trusted,
                 },
             );
@@ -305,6 +335,23 @@ mod tests {
 
     fn policy(module: &str) -> serde_json::Value {
         json!({"kind": "policy", "module": module})
+    }
+
+    /// The names of the entries that run something, in order.
+    fn running(p: &Planned) -> Vec<&str> {
+        p.entries
+            .iter()
+            .filter(|e| e.spec.unready.is_none())
+            .map(|e| e.name.as_str())
+            .collect()
+    }
+
+    /// The unready entries: name and reason.
+    fn unready(p: &Planned) -> Vec<(&str, &str)> {
+        p.entries
+            .iter()
+            .filter_map(|e| Some((e.name.as_str(), e.spec.unready.as_deref()?)))
+            .collect()
     }
 
     #[test]
@@ -349,12 +396,94 @@ mod tests {
             )),
         );
         let p = w.plan();
-        assert!(p.entries.is_empty());
+        assert!(running(&p).is_empty());
+        // Selected and not ready: an unready entry, whose calls fail under its failurePolicy (Fail by default).
+        let entries = unready(&p);
+        assert_eq!(entries.len(), 1, "{entries:?}");
+        assert_eq!(entries[0].0, "deny");
+        assert!(entries[0].1.starts_with("KindMismatch: "), "{entries:?}");
+        assert_eq!(p.entries[0].spec.failure_policy, FailurePolicy::Fail);
         let r = p.reports["deny"].clone().unwrap();
         assert!(!r.active);
         assert_eq!(r.reason, "KindMismatch");
         assert!(r.message.contains("exports policy only"), "{}", r.message);
+        assert!(
+            r.message
+                .ends_with("the ADDs it applies to are refused (failurePolicy Fail)"),
+            "{}",
+            r.message
+        );
         assert_eq!(r.digest, None);
+    }
+
+    #[test]
+    fn a_hook_that_never_became_ready_is_enforced_by_its_failure_policy() {
+        let mut w = World::new(hooks(&[
+            (
+                "strict",
+                json!({"kind": "policy", "module": "r/s@sha256:1", "namespaces": ["team"]}),
+            ),
+            (
+                "lenient",
+                json!({"kind": "status", "module": "r/l@sha256:1", "failurePolicy": "Ignore",
+                       "order": 2}),
+            ),
+        ]));
+        for n in ["strict", "lenient"] {
+            w.ready.insert(
+                n.into(),
+                Err(Failure::new(Reason::PullFailed, "registry unreachable")),
+            );
+        }
+        let p = w.plan();
+        let by_name = |n: &str| p.entries.iter().find(|e| e.name == n).unwrap();
+        let strict = &by_name("strict").spec;
+        assert_eq!(
+            strict.unready.as_deref(),
+            Some("PullFailed: registry unreachable")
+        );
+        assert_eq!(strict.failure_policy, FailurePolicy::Fail);
+        assert_eq!(strict.kind, HookKind::Policy);
+        assert_eq!(strict.namespaces, Some(vec!["team".to_string()]));
+        let lenient = &by_name("lenient").spec;
+        assert_eq!(lenient.failure_policy, FailurePolicy::Ignore);
+        assert!(p.reports["lenient"]
+            .clone()
+            .unwrap()
+            .message
+            .ends_with("go on without it (failurePolicy Ignore)"));
+        // In order, as they would run.
+        let names: Vec<&str> = p.entries.iter().map(|e| e.name.as_str()).collect();
+        assert_eq!(names, ["strict", "lenient"]);
+    }
+
+    #[test]
+    fn last_good_means_last_good_whatever_the_new_version_or_spec() {
+        // A rollout whose new version cannot be pulled, and then a new spec whose node selector is invalid: the
+        // version that ran stays, as long as it may run.
+        let mut w = World::new(hooks(&[("h", policy("r/h@sha256:new"))]));
+        w.ran_before("h", "d-old", true);
+        w.ready.insert(
+            "h".into(),
+            Err(Failure::new(Reason::NotFound, "no manifest")),
+        );
+        assert_eq!(running(&w.plan()), ["h"]);
+        w.hooks = hooks(&[(
+            "h",
+            json!({"kind": "policy", "module": "r/h@sha256:new",
+                   "nodeSelector": {"matchExpressions": [{"key": "k", "operator": "Sometimes"}]}}),
+        )]);
+        w.ready.clear();
+        let p = w.plan();
+        assert_eq!(running(&p), ["h"]);
+        assert_eq!(p.entries[0].digest, "d-old");
+        assert_eq!(p.entries[0].verified_by.as_deref(), Some("key-1"));
+        let r = p.reports["h"].clone().unwrap();
+        assert!(r.active);
+        assert_eq!(r.reason, "InvalidSpec");
+        // Without a last good version, the same spec is an unready entry of its kind.
+        w.last_good.clear();
+        assert_eq!(unready(&w.plan()).len(), 1);
     }
 
     #[test]
@@ -400,8 +529,14 @@ mod tests {
         w.ran_before("resigned", "d-r", false);
         w.ready.insert("resigned".into(), ready("resigned", "d-r"));
         let p = w.plan();
-        let names: Vec<&str> = p.entries.iter().map(|e| e.name.as_str()).collect();
-        assert_eq!(names, ["resigned"]);
+        assert_eq!(running(&p), ["resigned"]);
+        // Still selected: enforced as unready (its ADDs refused), not silently absent.
+        assert_eq!(unready(&p).len(), 1);
+        assert!(
+            unready(&p)[0].1.starts_with("Untrusted: "),
+            "{:?}",
+            unready(&p)
+        );
         let old = p.reports["old"].clone().unwrap();
         assert!(!old.active);
         assert_eq!(old.reason, "Untrusted");
@@ -410,7 +545,7 @@ mod tests {
                 .starts_with("d-o ran here but no trusted key verifies it any more")
                 && old
                     .message
-                    .ends_with("SignatureInvalid: no trusted key verifies it"),
+                    .contains("SignatureInvalid: no trusted key verifies it"),
             "{}",
             old.message
         );
@@ -438,9 +573,13 @@ mod tests {
         w.ran_before("canary", "d-c", true);
         let p = w.plan();
         assert!(
-            p.entries.is_empty(),
+            running(&p).is_empty(),
             "a node the selector leaves out runs nothing, not even the last good"
         );
+        // A spec that does not parse says nothing of its kind: reported only. One whose selector alone is
+        // invalid is enforced as unready.
+        assert_eq!(unready(&p).len(), 1);
+        assert_eq!(unready(&p)[0].0, "badsel");
         assert_eq!(p.reports["canary"], None);
         let typo = p.reports["typo"].clone().unwrap();
         assert_eq!(typo.reason, "InvalidSpec");
@@ -450,7 +589,8 @@ mod tests {
         w.labels.insert("plexus.dev/canary".into(), "true".into());
         w.ready.insert("canary".into(), ready("canary", "d-c2"));
         let p = w.plan();
-        assert_eq!(p.entries.len(), 1);
-        assert_eq!(p.entries[0].digest, "d-c2");
+        assert_eq!(running(&p), ["canary"]);
+        let canary = p.entries.iter().find(|e| e.name == "canary").unwrap();
+        assert_eq!(canary.digest, "d-c2");
     }
 }

@@ -237,7 +237,7 @@ impl Metrics {
             let kind_ok = matches!(call.kind.as_str(), "policy" | "resolver" | "status");
             let outcome_ok = matches!(
                 call.outcome.as_str(),
-                "allow" | "deny" | "error" | "timeout"
+                "allow" | "deny" | "error" | "timeout" | "unready"
             );
             if !kind_ok || !outcome_ok {
                 continue;
@@ -668,7 +668,7 @@ fn register_hooks_and_process(m: &Metrics, reg: &mut Reg) {
     reg.add(
         "plexus_hook_calls",
         "Hook calls made by CNI invocations in daemon mode, by hook, kind (policy, resolver, status) and \
-         outcome (allow, deny, error, timeout)",
+         outcome (allow, deny, error, timeout, unready: the hook is selected for the node but not ready there)",
         m.hook_calls.clone(),
     );
     reg.add(
@@ -859,6 +859,27 @@ mod tests {
             start > now - 3600.0 && start <= now + 1.0,
             "{start} vs {now}"
         );
+    }
+
+    /// A call of a hook selected for the node but not ready, skipped under failurePolicy Ignore, is counted.
+    #[test]
+    fn unready_hook_calls_are_counted() {
+        use plexus_cni::daemon::proto::{HookCall, Report};
+        let m = Metrics::new();
+        m.record(&Report {
+            command: "ADD".into(),
+            result: "success".into(),
+            seconds: 0.01,
+            delegates: vec![],
+            hooks: vec![HookCall {
+                hook: "networkhook/audit".into(),
+                kind: "status".into(),
+                outcome: "unready".into(),
+            }],
+        });
+        let text = to_classic(&m.openmetrics());
+        let key = "plexus_hook_calls_total{hook=\"networkhook/audit\",kind=\"status\",outcome=\"unready\"}";
+        assert_eq!(sample(&text, key), Some(1.0), "{text}");
     }
 
     #[test]
