@@ -6,6 +6,9 @@ use plexus_node::install;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use k8s_openapi::api::admissionregistration::v1::{
+    ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
+};
 use k8s_openapi::api::apps::v1::DaemonSet;
 use k8s_openapi::api::core::v1::ServiceAccount;
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
@@ -85,6 +88,8 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     accounts: Vec<ServiceAccount>,
     daemonsets: Vec<DaemonSet>,
+    policies: Vec<ValidatingAdmissionPolicy>,
+    policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     /// PrometheusRule objects (prometheus-operator's CRD; no typed model here).
     alerts: Vec<Value>,
 }
@@ -99,6 +104,10 @@ fn manifests() -> Manifests {
             "ClusterRoleBinding" => strict(&file, &doc).map(|o| m.bindings.push(o)),
             "ServiceAccount" => strict(&file, &doc).map(|o| m.accounts.push(o)),
             "DaemonSet" => strict(&file, &doc).map(|o| m.daemonsets.push(o)),
+            "ValidatingAdmissionPolicy" => strict(&file, &doc).map(|o| m.policies.push(o)),
+            "ValidatingAdmissionPolicyBinding" => {
+                strict(&file, &doc).map(|o| m.policy_bindings.push(o))
+            }
             "PrometheusRule" if doc["apiVersion"] == "monitoring.coreos.com/v1" => {
                 m.alerts.push(doc);
                 Ok(())
@@ -120,10 +129,19 @@ fn every_manifest_is_a_typed_object_without_stray_keys() {
             m.bindings.len(),
             m.accounts.len(),
             m.daemonsets.len(),
-            m.alerts.len()
+            m.alerts.len(),
+            m.policies.len(),
+            m.policy_bindings.len(),
         ),
-        (4, 1, 1, 1, 1, 1)
+        (4, 1, 1, 1, 1, 1, 1, 1)
     );
+    // The binding enforces the policy shipped beside it.
+    let binding = &m.policy_bindings[0].spec;
+    assert_eq!(
+        Some(binding.policy_name.as_str()),
+        m.policies[0].metadata.name.as_deref()
+    );
+    assert_eq!(binding.validation_actions, ["Deny"]);
 }
 
 #[test]

@@ -40,11 +40,15 @@ fn world() -> World {
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("networkhooks.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
     api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
     api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0");
-    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    // The daemon's identity as a DaemonSet pod's projected token carries it: bound to its node, so the
+    // node-authority policy lets it write its own node's report only.
+    let token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), &token);
     let pod = json!({"apiVersion": "v1", "kind": "Pod", "metadata": {
         "name": "web", "namespace": "team-a", "uid": "uid-web",
         "labels": {"app": "web", "tier": "front", "zone": "a"}}});
@@ -522,15 +526,15 @@ fn twelve_nodes_going_active_neither_grow_the_hook_nor_reach_each_other() {
     };
     let daemons: std::cell::RefCell<Vec<NodeDaemon>> = Default::default();
     let start = |node: &str| {
-        if node != NODE {
-            w.api
-                .create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": node}}));
-        }
+        // Each node's daemon with its own node-bound token (the Node is created with it).
+        let token = w.api.node_bound_token("kube-system", "plexus", node);
+        let kubeconfig = w.sb.path(&format!("{node}.kubeconfig"));
+        w.api.write_kubeconfig(&kubeconfig, &token);
         let dir = w.sb.path(node);
         let keys = w.trusted.1.display().to_string();
         daemons.borrow_mut().push(NodeDaemon::start(
             node,
-            &w.sb.path("daemon.kubeconfig"),
+            &kubeconfig,
             &dir.join("run/daemon.sock"),
             &dir.join("cache"),
             &dir.join("daemon.log"),
@@ -1444,12 +1448,15 @@ fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
     }
     w.hook("labels", &reference, &["app"], json!({}));
 
-    // The agent of a node whose Node is not there yet.
+    // The agent of a node whose Node is not there yet. Its token is an administrator's: a token bound to a node
+    // needs the Node, and this node has none yet.
     let late = "node-late";
     let log = w.sb.path("late.log");
+    w.api
+        .write_kubeconfig(&w.sb.path("late.kubeconfig"), "admin-token");
     let daemon = NodeDaemon::start(
         late,
-        &w.sb.path("daemon.kubeconfig"),
+        &w.sb.path("late.kubeconfig"),
         &w.sb.path("run-late/daemon.sock"),
         &w.sb.path("cache-late"),
         &log,
@@ -1737,7 +1744,7 @@ fn a_refused_report_is_not_sent_again_until_it_changes() {
             e["user"]["username"] == plexus_tests::kubeapi::PLEXUS_USER
                 && e["requestURI"]
                     .as_str()
-                    .is_some_and(|u| u.contains("nodehookstatuses"))
+                    .is_some_and(|u| u.contains(&format!("nodehookstatuses/{NODE}")))
         })
         .count();
     assert_eq!(writes, 1, "daemon log:\n{}", daemon.log_text());

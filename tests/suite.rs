@@ -20,6 +20,7 @@ mod image;
 mod install;
 mod kube_cluster;
 mod libcni_driver;
+mod node_authority;
 mod operator_cli;
 mod robustness;
 mod runtime;

@@ -51,6 +51,20 @@ impl KubeApiServer {
     /// Starts etcd and the API server; `users` are extra service accounts `(token, namespace/name)`, `extra`
     /// more kube-apiserver flags.
     pub fn start(users: &[(&str, &str)], extra: &[&str]) -> KubeApiServer {
+        // Ports are picked free and released before the servers bind them: another test may take one in
+        // between. Such a start is tried again with other ports.
+        let mut attempt = 0;
+        loop {
+            attempt += 1;
+            match Self::try_start(users, extra) {
+                Ok(server) => return server,
+                Err(why) if why.contains("address already in use") && attempt < 3 => {}
+                Err(why) => panic!("{why}"),
+            }
+        }
+    }
+
+    fn try_start(users: &[(&str, &str)], extra: &[&str]) -> Result<KubeApiServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("plexus-kubeapi-")
             .tempdir()
@@ -139,18 +153,19 @@ impl KubeApiServer {
             .stderr(log)
             .spawn()
             .expect("spawn kube-apiserver");
-        let server = KubeApiServer {
+        let mut server = KubeApiServer {
             dir,
             etcd,
             apiserver,
             port,
             etcd_port,
         };
-        server.wait_ready();
-        server
+        server.wait_ready()?;
+        Ok(server)
     }
 
-    fn wait_ready(&self) {
+    /// Waits (at most 60 s) until the API server is ready; its log when it is not, or when it or etcd exited.
+    fn wait_ready(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + Duration::from_secs(60);
         loop {
             if let Ok((200, body)) = self.request("GET", "/readyz", None) {
@@ -158,15 +173,20 @@ impl KubeApiServer {
                     break;
                 }
             }
-            assert!(
-                Instant::now() < deadline,
-                "kube-apiserver not ready within 60 s; its log:\n{}",
-                self.log_tail()
-            );
+            let exited = matches!(self.apiserver.try_wait(), Ok(Some(_)))
+                || matches!(self.etcd.try_wait(), Ok(Some(_)));
+            if exited || Instant::now() >= deadline {
+                return Err(format!(
+                    "kube-apiserver not ready within 60 s (or it or etcd exited); its log:\n{}\netcd's log:\n{}",
+                    self.log_tail(),
+                    crate::tail(&self.dir.path().join("etcd.log"), 10)
+                ));
+            }
             std::thread::sleep(Duration::from_millis(200));
         }
         // The system namespaces are created by the server itself shortly after it is ready.
         self.wait_for("/api/v1/namespaces/kube-system");
+        Ok(())
     }
 
     /// The last lines of the API server's log, for failure messages.
@@ -206,9 +226,20 @@ impl KubeApiServer {
         path: &str,
         body: Option<&Value>,
     ) -> Result<(u16, String), String> {
+        self.request_as("admin-token", method, path, body)
+    }
+
+    /// One request with `token` (curl, bounded); the status code and the body.
+    pub fn request_as(
+        &self,
+        token: &str,
+        method: &str,
+        path: &str,
+        body: Option<&Value>,
+    ) -> Result<(u16, String), String> {
         let mut cmd = Command::new("curl");
         cmd.args(["-sk", "--max-time", "10", "-X", method])
-            .args(["-H", "Authorization: Bearer admin-token"])
+            .args(["-H", &format!("Authorization: Bearer {token}")])
             .args(["-o", "-", "-w", "\n%{http_code}"]);
         if let Some(b) = body {
             let content_type = if method == "PATCH" {
@@ -395,6 +426,41 @@ impl KubeApiServer {
             .to_string()
     }
 
+    /// Applies the project's node-authority policy (examples/deploy/node-authority.yaml) and waits until the API
+    /// server enforces it (a ValidatingAdmissionPolicy takes effect a moment after it is created): a write of a
+    /// NodeHookStatus with the static plexus token, which names no node, is refused.
+    pub fn apply_node_authority(&self) {
+        self.apply_file(&crate::deploy_manifest("node-authority.yaml"));
+        let probe = json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NodeHookStatus",
+                           "metadata": {"name": "node-authority-probe"}});
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let (code, body) = self
+                .request_as(
+                    "plexus-token",
+                    "POST",
+                    "/apis/plexus.dev/v1alpha1/nodehookstatuses",
+                    Some(&probe),
+                )
+                .unwrap();
+            if code == 403 && body.contains("plexus-node-authority") {
+                break;
+            }
+            if code == 201 {
+                self.must(
+                    "DELETE",
+                    "/apis/plexus.dev/v1alpha1/nodehookstatuses/node-authority-probe",
+                    None,
+                );
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the node-authority policy not enforced within 30 s: {code} {body}"
+            );
+            std::thread::sleep(Duration::from_millis(200));
+        }
+    }
+
     /// A namespace with its `default` service account (there is no controller-manager to create it).
     pub fn namespace(&self, name: &str) {
         self.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": name}}));
@@ -549,6 +615,8 @@ fn collection_path(obj: &Value) -> String {
             let lower = k.to_lowercase();
             if lower.ends_with('s') {
                 format!("{lower}es")
+            } else if let Some(stem) = lower.strip_suffix('y') {
+                format!("{stem}ies")
             } else {
                 format!("{lower}s")
             }

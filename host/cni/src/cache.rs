@@ -369,8 +369,8 @@ impl AttachmentCache {
             let written = (|| {
                 let mut opts = cap_std::fs::OpenOptions::new();
                 opts.write(true).create(true).truncate(true);
-                // Never writable by others, whatever the runtime's umask (see `open`).
-                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o644);
+                // root's alone, whatever the runtime's umask: a plan holds NAD configs, addresses and MACs.
+                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o600);
                 let mut f = self.dir.open_with(&tmp, &opts)?;
                 f.write_all(&bytes)?;
                 drop(f);
@@ -496,8 +496,8 @@ impl Journal<'_> {
             if file.is_none() {
                 let mut opts = cap_std::fs::OpenOptions::new();
                 opts.append(true).create(true);
-                // As the plan it completes (see `open`).
-                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o644);
+                // As the plan it completes.
+                cap_std::fs::OpenOptionsExt::mode(&mut opts, 0o600);
                 *file = Some(cache.dir.open_with(&name, &opts)?);
             }
             // One write per record: whole lines or a torn last one, never interleaved pieces.
@@ -553,6 +553,13 @@ mod tests {
             .record(0, updated.attachments[0].result.as_ref().unwrap())
             .unwrap();
         assert_eq!(cache.load("c1").unwrap(), Some(updated));
+        // The plan and its journal hold NAD configs and addresses: root's alone, whatever the umask.
+        for file in std::fs::read_dir(tmp.path().join("attachments")).unwrap() {
+            use std::os::unix::fs::PermissionsExt as _;
+            let file = file.unwrap();
+            let mode = file.metadata().unwrap().permissions().mode() & 0o777;
+            assert_eq!(mode, 0o600, "{}", file.path().display());
+        }
         assert_eq!(cache.container_ids().unwrap(), vec!["c1".to_string()]);
         cache.remove("c1").unwrap();
         cache.remove("c1").unwrap();

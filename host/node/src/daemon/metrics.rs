@@ -550,12 +550,15 @@ pub async fn serve(
                     let response = respond(&metrics, &*snapshot, &req);
                     async move { Ok::<_, std::convert::Infallible>(response) }
                 });
+            // One request per connection, its head within 5 s, the whole exchange within 10 s: a slow or idle
+            // client cannot hold one of the 16 slots for long.
             let conn = hyper::server::conn::http1::Builder::new()
                 .timer(hyper_util::rt::TokioTimer::new())
                 .header_read_timeout(Duration::from_secs(5))
+                .keep_alive(false)
                 .max_buf_size(16 << 10)
                 .serve_connection(hyper_util::rt::TokioIo::new(stream), service);
-            let _ = tokio::time::timeout(Duration::from_secs(60), conn).await;
+            let _ = tokio::time::timeout(Duration::from_secs(10), conn).await;
             drop(permit);
         });
     }

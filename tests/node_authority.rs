@@ -1,0 +1,117 @@
+//! A node's authority ends at its node: with the project's RBAC and its node-authority policy
+//! (examples/deploy/node-authority.yaml) on the real API server, node A's plexus token (node-bound, as a DaemonSet
+//! pod's projected token is) can write the network-status of node A's pods and node A's NodeHookStatus, and
+//! nothing else of what RBAC alone would let it write.
+
+use plexus_tests::kubeapi::KubeApiServer;
+use serde_json::{json, Value};
+
+const STATUS: &str = "k8s.v1.cni.cncf.io/network-status";
+const REPORTS: &str = "/apis/plexus.dev/v1alpha1/nodehookstatuses";
+
+fn pod(api: &KubeApiServer, name: &str, node: &str) {
+    api.create(&json!({"apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "team", "labels": {"app": name}},
+        "spec": {"nodeName": node, "containers": [{"name": "c", "image": "pause"}]}}));
+}
+
+/// A merge patch of `pods/status` of `team/<pod>` with `token`: the answer's code and body.
+fn patch_status(api: &KubeApiServer, token: &str, pod: &str, patch: &Value) -> (u16, String) {
+    api.request_as(
+        token,
+        "PATCH",
+        &format!("/api/v1/namespaces/team/pods/{pod}/status"),
+        Some(patch),
+    )
+    .unwrap()
+}
+
+#[track_caller]
+fn assert_refused(answer: &(u16, String), naming: &str) {
+    assert_eq!(answer.0, 403, "{}", answer.1);
+    assert!(
+        answer.1.contains("plexus-node-authority") && answer.1.contains(naming),
+        "{}",
+        answer.1
+    );
+}
+
+#[test]
+fn a_nodes_token_writes_only_what_belongs_to_its_node() {
+    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
+    api.apply_file(&plexus_tests::deploy_manifest("crds.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
+    api.namespace("team");
+    let a = api.node_bound_token("kube-system", "plexus", "node-a");
+    api.node_bound_token("kube-system", "plexus", "node-b");
+    pod(&api, "web-a", "node-a");
+    pod(&api, "web-b", "node-b");
+    let status = json!({"metadata": {"annotations": {STATUS: "[{\"name\":\"cbr0\"}]"}}});
+
+    // Its own node's pod: the network-status annotation, and nothing else.
+    let ok = patch_status(&api, &a, "web-a", &status);
+    assert_eq!(ok.0, 200, "{}", ok.1);
+    let refused = patch_status(
+        &api,
+        &a,
+        "web-a",
+        &json!({"metadata": {"labels": {"app": "other"}}}),
+    );
+    assert_refused(
+        &refused,
+        "may change only the k8s.v1.cni.cncf.io/network-status",
+    );
+    let refused = patch_status(
+        &api,
+        &a,
+        "web-a",
+        &json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": "team/anything"}}}),
+    );
+    assert_refused(&refused, "may change only");
+    let refused = patch_status(
+        &api,
+        &a,
+        "web-a",
+        &json!({"metadata": {"finalizers": ["example.com/hold"]}}),
+    );
+    assert_refused(&refused, "may change only");
+    let refused = patch_status(
+        &api,
+        &a,
+        "web-a",
+        &json!({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}),
+    );
+    assert_refused(&refused, "may change only");
+
+    // Another node's pod: not even its network-status.
+    let refused = patch_status(&api, &a, "web-b", &status);
+    assert_refused(&refused, "it is not bound to that node");
+    let b = api.must("GET", "/api/v1/namespaces/team/pods/web-b", None);
+    assert!(b["metadata"]["annotations"][STATUS].is_null(), "{b}");
+
+    // Node reports: its own, not another node's.
+    let report = |node: &str| {
+        json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NodeHookStatus",
+        "metadata": {"name": node}, "status": {"active": 0, "failing": 0}})
+    };
+    let created = api
+        .request_as(&a, "POST", REPORTS, Some(&report("node-a")))
+        .unwrap();
+    assert_eq!(created.0, 201, "{}", created.1);
+    let refused = api
+        .request_as(&a, "POST", REPORTS, Some(&report("node-b")))
+        .unwrap();
+    assert_refused(&refused, "may write only the NodeHookStatus named node-a");
+
+    // A plexus token that names no node (a static one here) writes nothing.
+    let refused = patch_status(&api, "plexus-token", "web-a", &status);
+    assert_refused(&refused, "names no node");
+
+    // Reading is RBAC's alone: unchanged.
+    let read = api
+        .request_as(&a, "GET", "/api/v1/namespaces/team/pods/web-b", None)
+        .unwrap();
+    assert_eq!(read.0, 200, "{}", read.1);
+}
