@@ -1624,3 +1624,78 @@ fn a_change_cut_off_by_kill_9_is_repaired_and_made_again_by_the_next_daemon() {
     c.sb.run("DEL", "rp1", &pod_args("rp", &uid), &conf).ok();
     assert!(c.sb.cached().is_empty());
 }
+
+/// Big answers are bounded per object, not per stream: NADs whose list is well over 4 MiB in one namespace, and
+/// over 10 MB of NAD updates through the running watch, leave the daemon synced (no watch error, no relist), an
+/// ADD of a pod with a small NAD reads nothing from the API, and a NAD created afterwards is seen. One NAD over
+/// the per-object bound is left out, named in the log and counted, and the rest stays synced.
+#[test]
+fn big_answers_are_bounded_per_object_and_never_unsync_the_cache() {
+    let c = cluster(&[]);
+    // Six NADs of ~900 KB (etcd takes up to 1.5 MiB an object): a 5.4 MB list.
+    let big = |name: &str, fill: &str| {
+        let mut config = nad_config(name, "big");
+        config["padding"] = json!(fill.repeat(900_000 / fill.len()));
+        c.api.nad("team-a", name, &config);
+    };
+    for i in 0..6 {
+        big(&format!("big-{i}"), "a");
+    }
+    // Over the bound (1 MiB): left out, and only it.
+    let mut config = nad_config("huge", "huge");
+    config["padding"] = json!("h".repeat(1_200_000));
+    c.api.nad("team-a", "huge", &config);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
+    d.wait("synced with the big NADs", |h| {
+        plexus_tests::plexus::settled(h) && h.cache.nads == 7
+    });
+    // Over 10 MB through the watch: each big NAD replaced twice.
+    for round in ["b", "c"] {
+        for i in 0..6 {
+            let path = format!(
+                "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/big-{i}"
+            );
+            let mut config = nad_config(&format!("big-{i}"), round);
+            config["padding"] = json!(round.repeat(900_000));
+            c.api.must(
+                "PATCH",
+                &path,
+                Some(&json!({"spec": {"config": config.to_string()}})),
+            );
+        }
+    }
+    c.api.nad("team-a", "after", &nad_config("after", "v1"));
+    let h = d.wait("the NAD created afterwards cached", |h| h.cache.nads == 8);
+    assert!(h.cache.nads_synced, "{h:?}");
+    assert_eq!(h.cache.watch_errors, 0, "{h:?}\n{}", d.log_text());
+    assert_eq!(h.cache.nad_lists, 1, "no relist: {h:?}");
+    let log = d.log_text();
+    assert!(
+        log.contains("an object over the size bound was left out") && log.contains("name=huge"),
+        "{log}"
+    );
+    let (_, _, metrics) = http_get(port, "/metrics", None);
+    assert!(
+        sample(&metrics, "plexus_api_objects_oversized_total").is_some_and(|n| n >= 1.0),
+        "{metrics}"
+    );
+
+    // An ADD of a pod with a small NAD: served from the cache.
+    let uid = c.selecting_pod("web", "net-a");
+    d.wait("pod cached", |h| h.cache.pods >= 1);
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    assert!(c.add("c1", "web", &uid, &conf).success);
+    assert_eq!(
+        c.requests_of(CNI_USER),
+        vec![],
+        "the CNI process sent no request"
+    );
+    let h = d.wait("status written", |h| h.status_writes == 1);
+    assert_eq!(h.api_reads, 0, "{h:?}");
+}

@@ -241,14 +241,18 @@ impl KubeApiServer {
         cmd.args(["-sk", "--max-time", "10", "-X", method])
             .args(["-H", &format!("Authorization: Bearer {token}")])
             .args(["-o", "-", "-w", "\n%{http_code}"]);
+        // The body from a file: an object may be larger than a command line may be.
+        let body_file = tempfile::NamedTempFile::new().map_err(|e| e.to_string())?;
         if let Some(b) = body {
             let content_type = if method == "PATCH" {
                 "application/merge-patch+json"
             } else {
                 "application/json"
             };
+            std::fs::write(body_file.path(), b.to_string()).map_err(|e| e.to_string())?;
             cmd.args(["-H", &format!("Content-Type: {content_type}")])
-                .args(["--data-binary", &b.to_string()]);
+                .arg("--data-binary")
+                .arg(format!("@{}", body_file.path().display()));
         }
         cmd.arg(format!("{}{path}", self.url()));
         let out = cmd.output().map_err(|e| e.to_string())?;

@@ -71,8 +71,9 @@ const NAD_PLURAL: &str = "network-attachment-definitions";
 /// The reason of the event posted for each attachment (Multus's, so tooling that looks for it finds it).
 pub const ADDED_INTERFACE: &str = "AddedInterface";
 
-/// The largest API response read. A pod or a NAD is a few KiB; the largest objects Kubernetes stores are about
-/// 1.5 MiB (etcd's request limit).
+/// The largest API answer read whole (one object), and the largest envelope of a list. A pod or a NAD is a few
+/// KiB; the largest objects Kubernetes stores are about 1.5 MiB (etcd's request limit). Lists and watches are
+/// bounded per object instead ([`MAX_OBJECT_BYTES`]).
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 const COMPONENT: &str = "plexus";
 /// How every request names its sender, so an API server's audit log can tell Plexus's traffic apart.
@@ -80,9 +81,11 @@ const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
 /// The field manager of every write, so managedFields tell Plexus's fields apart.
 const FIELD_MANAGER: &str = "plexus";
 
+mod bounded;
 mod dra;
 mod explain;
 mod resolve;
+pub use bounded::{skipped_objects, MAX_OBJECT_BYTES};
 pub use dra::{claim_from_kube, claim_status_patch, slice_devices, DRA_API_VERSION};
 #[cfg(feature = "watch")]
 pub use explain::explain_watch;
@@ -447,12 +450,9 @@ impl KubeApi {
                     request
                 },
             ))
-            // Every answer is bounded in bytes as well as time: a body past the limit fails the read.
-            .layer(tower::util::MapResponseLayer::new(
-                |response: http::Response<_>| {
-                    response.map(|body| http_body_util::Limited::new(body, MAX_RESPONSE_BYTES))
-                },
-            ))
+            // Every answer is bounded in bytes as well as time: per object in lists and watches (an object over
+            // the bound is left out), whole for anything else (see bounded.rs).
+            .layer(bounded::BoundLayer)
             // A request that does not reach the server fails in words naming the server and the cause.
             .map_err(
                 move |e: hyper_util::client::legacy::Error| -> tower::BoxError {

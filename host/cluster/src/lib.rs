@@ -13,9 +13,9 @@ mod watch;
 #[cfg(feature = "watch")]
 pub use self::kube::explain_watch;
 pub use self::kube::{
-    claim_from_kube, claim_status_patch, error_chain, explain, slice_devices, ConfigSource,
-    KubeApi, KubeCluster, KubeSettings, KubectlSelection, Unreachable, ADDED_INTERFACE,
-    DRA_API_VERSION, MAX_RESPONSE_BYTES,
+    claim_from_kube, claim_status_patch, error_chain, explain, skipped_objects, slice_devices,
+    ConfigSource, KubeApi, KubeCluster, KubeSettings, KubectlSelection, Unreachable,
+    ADDED_INTERFACE, DRA_API_VERSION, MAX_OBJECT_BYTES, MAX_RESPONSE_BYTES,
 };
 pub use file::FileCluster;
 use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};

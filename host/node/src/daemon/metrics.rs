@@ -154,6 +154,8 @@ pub struct Metrics {
     pub api_requests: Family<ApiLabels, Counter>,
     watch_restarts: Family<ResourceLabel, Counter>,
     cache_objects: Family<ResourceLabel, Gauge>,
+    /// Objects left out of lists and watches for their size (a counter kept by the API client).
+    objects_oversized: Counter,
     hooks_active: Gauge,
     hook_module_state: Family<HookStateLabels, Gauge>,
     process: ProcessMetrics,
@@ -193,6 +195,7 @@ impl Metrics {
             api_requests: Family::default(),
             watch_restarts: Family::default(),
             cache_objects: Family::default(),
+            objects_oversized: Counter::default(),
             hooks_active: Gauge::default(),
             hook_module_state: Family::default(),
             process: ProcessMetrics::default(),
@@ -286,6 +289,11 @@ impl Metrics {
     pub fn refresh(&self, s: &Snapshot) {
         self.requests_in_flight.set(s.in_flight as i64);
         self.status_writes_pending.set(s.pending_writes as i64);
+        let oversized = plexus_cluster::skipped_objects();
+        if oversized > self.objects_oversized.get() {
+            self.objects_oversized
+                .inc_by(oversized - self.objects_oversized.get());
+        }
         for (resource, objects, lists) in [
             ("pods", s.pods, s.pod_lists),
             ("networkattachmentdefinitions", s.nads, s.nad_lists),
@@ -663,6 +671,12 @@ fn register_invocations_and_daemon(m: &Metrics, reg: &mut Reg) {
         "plexus_cache_objects",
         "Objects in the daemon's watch caches, by resource",
         m.cache_objects.clone(),
+    );
+    reg.add(
+        "plexus_api_objects_oversized",
+        "Objects left out of the API's lists and watches (and so of the caches) for being over the per-object \
+         size bound (1 MiB); the log names each",
+        m.objects_oversized.clone(),
     );
 }
 

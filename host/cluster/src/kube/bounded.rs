@@ -1,0 +1,491 @@
+//! Answers of the API bounded per object, not per stream.
+//!
+//! A watch is a stream of events, one JSON document a line, open for minutes; a list page is one JSON document
+//! whose `items` are the objects. Bounding either as a whole cuts a watch after so many bytes whatever their
+//! objects, and fails a list whose page is large although each object is small: one namespace's user could keep
+//! every node's cache unsynced with a few large NADs. Instead each object is bounded: a watch event over
+//! [`MAX_OBJECT_BYTES`], or an element of a list's `items` over it, is left out (logged with its name, counted
+//! in [`skipped_objects`]) and the rest of the answer goes on. What is not an item (a single object's answer, a
+//! list's envelope) stays bounded by [`super::MAX_RESPONSE_BYTES`].
+
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+
+use bytes::Bytes;
+use http_body::{Body, Frame};
+
+/// The largest object kept from a list or a watch. etcd refuses a write over 1.5 MiB by default, so no object
+/// of a cluster with default limits comes near it; a NAD, or a pod's metadata, is a few KiB.
+pub const MAX_OBJECT_BYTES: usize = 1 << 20;
+/// How much of a skipped object is kept to name it (its metadata comes first).
+const HEAD_BYTES: usize = 4096;
+
+static SKIPPED: AtomicU64 = AtomicU64::new(0);
+
+/// Objects left out of lists and watches for their size, since the process started.
+pub fn skipped_objects() -> u64 {
+    SKIPPED.load(Ordering::Relaxed)
+}
+
+/// How an answer is read: a watch's lines, or one JSON document.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mode {
+    Lines,
+    Json,
+}
+
+impl Mode {
+    /// A watch (`watch=true` or `watch=1` in the query) is read as lines.
+    pub(crate) fn of(uri: &http::Uri) -> Mode {
+        let watch = uri.query().is_some_and(|q| {
+            q.split('&')
+                .any(|p| p == "watch=true" || p == "watch=1" || p == "watch")
+        });
+        if watch {
+            Mode::Lines
+        } else {
+            Mode::Json
+        }
+    }
+}
+
+/// The filter over an answer's bytes.
+#[derive(Debug)]
+pub(crate) struct Scanner {
+    mode: Mode,
+    limit: usize,
+    envelope_limit: usize,
+    /// The object being read (a line, or an element of `items`), up to `limit`.
+    object: Vec<u8>,
+    /// Past `limit`: its first bytes, to name it; the rest is dropped until it ends.
+    skipping: Option<Vec<u8>>,
+    // JSON state.
+    depth: u32,
+    in_string: bool,
+    escape: bool,
+    /// The key being read at depth 1, and the last one read there.
+    key: Option<Vec<u8>>,
+    last_key: Vec<u8>,
+    in_items: bool,
+    in_item: bool,
+    items_written: usize,
+    envelope: usize,
+}
+
+/// An answer over its bound outside its items.
+#[derive(Debug, thiserror::Error)]
+#[error("the answer is over {0} bytes outside its list items")]
+pub struct TooLarge(usize);
+
+impl Scanner {
+    pub(crate) fn new(mode: Mode, limit: usize, envelope_limit: usize) -> Scanner {
+        Scanner {
+            mode,
+            limit,
+            envelope_limit,
+            object: Vec::new(),
+            skipping: None,
+            depth: 0,
+            in_string: false,
+            escape: false,
+            key: None,
+            last_key: Vec::new(),
+            in_items: false,
+            in_item: false,
+            items_written: 0,
+            envelope: 0,
+        }
+    }
+
+    /// Filters `input` into `out`.
+    pub(crate) fn feed(&mut self, input: &[u8], out: &mut Vec<u8>) -> Result<(), TooLarge> {
+        match self.mode {
+            Mode::Lines => {
+                self.feed_lines(input, out);
+                Ok(())
+            }
+            Mode::Json => input.iter().try_for_each(|&b| self.json_byte(b, out)),
+        }
+    }
+
+    /// The end of the answer: a last line without its newline goes out as it is.
+    pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
+        if self.mode == Mode::Lines {
+            match self.skipping.take() {
+                Some(head) => skipped(&head),
+                None => out.append(&mut self.object),
+            }
+        }
+    }
+
+    fn keep(&mut self, bytes: &[u8]) {
+        match &mut self.skipping {
+            Some(head) => {
+                let room = HEAD_BYTES.saturating_sub(head.len());
+                head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+            }
+            None if self.object.len() + bytes.len() > self.limit => {
+                let mut head = std::mem::take(&mut self.object);
+                head.truncate(HEAD_BYTES);
+                let room = HEAD_BYTES.saturating_sub(head.len());
+                head.extend_from_slice(&bytes[..bytes.len().min(room)]);
+                self.skipping = Some(head);
+            }
+            None => self.object.extend_from_slice(bytes),
+        }
+    }
+
+    fn feed_lines(&mut self, mut input: &[u8], out: &mut Vec<u8>) {
+        while let Some(end) = input.iter().position(|&b| b == b'\n') {
+            self.keep(&input[..end]);
+            match self.skipping.take() {
+                Some(head) => skipped(&head),
+                None => {
+                    out.append(&mut self.object);
+                    out.push(b'\n');
+                }
+            }
+            self.object.clear();
+            input = &input[end + 1..];
+        }
+        self.keep(input);
+    }
+
+    fn json_byte(&mut self, b: u8, out: &mut Vec<u8>) -> Result<(), TooLarge> {
+        let string_byte = self.in_string;
+        if self.in_string {
+            if self.escape {
+                self.escape = false;
+            } else if b == b'\\' {
+                self.escape = true;
+            } else if b == b'"' {
+                self.in_string = false;
+            }
+        } else {
+            match b {
+                b'"' => self.in_string = true,
+                b'{' | b'[' => self.depth += 1,
+                b'}' | b']' => self.depth = self.depth.saturating_sub(1),
+                _ => {}
+            }
+        }
+        if self.in_items {
+            return self.items_byte(b, string_byte, out);
+        }
+        self.track_key(b, string_byte);
+        if b == b'[' && !string_byte && self.depth == 2 && self.last_key == b"items" {
+            self.in_items = true;
+        }
+        self.envelope += 1;
+        if self.envelope > self.envelope_limit {
+            return Err(TooLarge(self.envelope_limit));
+        }
+        out.push(b);
+        Ok(())
+    }
+
+    /// The keys of the top-level object, to find `items`.
+    fn track_key(&mut self, b: u8, string_byte: bool) {
+        if self.depth != 1 {
+            return;
+        }
+        match (&mut self.key, string_byte, self.in_string) {
+            // A string opens at depth 1.
+            (None, false, true) => self.key = Some(Vec::new()),
+            // Its bytes, up to a key's length.
+            (Some(k), true, true) if k.len() < 64 => k.push(b),
+            // It closed: it is the last key read (or a value; a value is never followed by '[' at depth 1).
+            (Some(_), true, false) => self.last_key = self.key.take().unwrap_or_default(),
+            _ => {}
+        }
+    }
+
+    fn items_byte(&mut self, b: u8, string_byte: bool, out: &mut Vec<u8>) -> Result<(), TooLarge> {
+        if self.in_item {
+            self.keep(&[b]);
+            if !string_byte && self.depth == 2 && (b == b'}' || b == b']') {
+                self.in_item = false;
+                match self.skipping.take() {
+                    Some(head) => skipped(&head),
+                    None => {
+                        if self.items_written > 0 {
+                            out.push(b',');
+                        }
+                        out.append(&mut self.object);
+                        self.items_written += 1;
+                    }
+                }
+                self.object.clear();
+            }
+            return Ok(());
+        }
+        match b {
+            // An element starts.
+            b'{' | b'[' if self.depth == 3 => {
+                self.in_item = true;
+                self.keep(&[b]);
+            }
+            // The array ends.
+            b']' if self.depth == 1 => {
+                self.in_items = false;
+                out.push(b);
+            }
+            // Separators and whitespace between elements: written anew.
+            _ => {}
+        }
+        Ok(())
+    }
+}
+
+/// Logs and counts an object left out for its size, named from its first bytes.
+fn skipped(head: &[u8]) {
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    let text = String::from_utf8_lossy(head);
+    let field = |name: &str| -> Option<String> {
+        let meta = text.find("\"metadata\"")?;
+        let rest = &text[meta..];
+        let at = rest.find(&format!("\"{name}\":\""))? + name.len() + 4;
+        let end = rest[at..].find('"')?;
+        Some(rest[at..at + end].to_string())
+    };
+    let kind = text
+        .find("\"kind\":\"")
+        .and_then(|i| {
+            let rest = &text[i + 8..];
+            Some(rest[..rest.find('"')?].to_string())
+        })
+        .unwrap_or_default();
+    tracing::warn!(
+        kind = %kind,
+        namespace = %field("namespace").unwrap_or_default(),
+        name = %field("name").unwrap_or_default(),
+        limit = MAX_OBJECT_BYTES,
+        "an object over the size bound was left out of the answer (and of the cache)"
+    );
+}
+
+/// A response body passed through a [`Scanner`].
+pub struct BoundedBody<B> {
+    inner: B,
+    scanner: Scanner,
+    done: bool,
+}
+
+impl<B> BoundedBody<B> {
+    pub(crate) fn new(inner: B, mode: Mode) -> BoundedBody<B> {
+        BoundedBody {
+            inner,
+            scanner: Scanner::new(mode, MAX_OBJECT_BYTES, super::MAX_RESPONSE_BYTES),
+            done: false,
+        }
+    }
+}
+
+impl<B> Body for BoundedBody<B>
+where
+    B: Body<Data = Bytes> + Unpin,
+    B::Error: Into<tower::BoxError>,
+{
+    type Data = Bytes;
+    type Error = tower::BoxError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Self::Error>>> {
+        let this = &mut *self;
+        loop {
+            if this.done {
+                return Poll::Ready(None);
+            }
+            let mut out = Vec::new();
+            match std::task::ready!(Pin::new(&mut this.inner).poll_frame(cx)) {
+                Some(Ok(frame)) => match frame.into_data() {
+                    Ok(data) => {
+                        if let Err(e) = this.scanner.feed(&data, &mut out) {
+                            this.done = true;
+                            return Poll::Ready(Some(Err(Box::new(e))));
+                        }
+                    }
+                    Err(other) => return Poll::Ready(Some(Ok(other))),
+                },
+                Some(Err(e)) => return Poll::Ready(Some(Err(e.into()))),
+                None => {
+                    this.done = true;
+                    this.scanner.finish(&mut out);
+                }
+            }
+            if !out.is_empty() {
+                return Poll::Ready(Some(Ok(Frame::data(Bytes::from(out)))));
+            }
+        }
+    }
+}
+
+/// The layer that bounds every answer of the client: watches by line, everything else as one JSON document
+/// whose `items` are bounded each.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct BoundLayer;
+
+impl<S> tower::Layer<S> for BoundLayer {
+    type Service = Bound<S>;
+    fn layer(&self, inner: S) -> Bound<S> {
+        Bound(inner)
+    }
+}
+
+#[derive(Debug, Clone)]
+pub(crate) struct Bound<S>(S);
+
+impl<S, Req, Res> tower::Service<http::Request<Req>> for Bound<S>
+where
+    S: tower::Service<http::Request<Req>, Response = http::Response<Res>>,
+    S::Future: Send + 'static,
+{
+    type Response = http::Response<BoundedBody<Res>>;
+    type Error = S::Error;
+    type Future =
+        Pin<Box<dyn std::future::Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.0.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: http::Request<Req>) -> Self::Future {
+        let mode = Mode::of(req.uri());
+        let answer = self.0.call(req);
+        Box::pin(async move {
+            answer
+                .await
+                .map(|r| r.map(|body| BoundedBody::new(body, mode)))
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `input` through a scanner, fed in pieces of `step` bytes.
+    fn run(mode: Mode, limit: usize, input: &str, step: usize) -> Result<String, TooLarge> {
+        let mut s = Scanner::new(mode, limit, 1 << 20);
+        let mut out = Vec::new();
+        for piece in input.as_bytes().chunks(step) {
+            s.feed(piece, &mut out)?;
+        }
+        s.finish(&mut out);
+        Ok(String::from_utf8(out).unwrap())
+    }
+
+    fn nad(name: &str, config_len: usize) -> String {
+        format!(
+            r#"{{"kind":"NetworkAttachmentDefinition","metadata":{{"name":"{name}","namespace":"team"}},"spec":{{"config":"{}"}}}}"#,
+            "x".repeat(config_len)
+        )
+    }
+
+    #[test]
+    fn a_list_loses_only_its_items_over_the_bound() {
+        let list = format!(
+            r#"{{"kind":"List","metadata":{{"resourceVersion":"7","continue":"c"}},"items":[{}, {},{} ]}}"#,
+            nad("a", 10),
+            nad("big", 500),
+            nad("c", 10)
+        );
+        let before = skipped_objects();
+        for step in [1, 7, list.len()] {
+            let out = run(Mode::Json, 300, &list, step).unwrap();
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            let names: Vec<&str> = v["items"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|i| i["metadata"]["name"].as_str().unwrap())
+                .collect();
+            assert_eq!(names, ["a", "c"], "step {step}: {out}");
+            assert_eq!(v["metadata"]["continue"], "c");
+        }
+        assert!(skipped_objects() >= before + 3);
+        // First and last elements, and every element: still a valid document.
+        for items in [
+            vec![nad("big", 500), nad("b", 1)],
+            vec![nad("b", 1), nad("big", 500)],
+            vec![nad("big", 500), nad("big2", 500)],
+            vec![],
+        ] {
+            let list = format!(r#"{{"items":[{}],"kind":"List"}}"#, items.join(","));
+            let out = run(Mode::Json, 300, &list, 3).unwrap();
+            let v: serde_json::Value =
+                serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+            assert!(v["items"].as_array().unwrap().len() <= 1, "{out}");
+        }
+    }
+
+    #[test]
+    fn strings_with_brackets_and_escapes_do_not_confuse_it() {
+        let tricky = r#"{"metadata":{"name":"t"},"spec":{"config":"{\"a\": [1, \"]}\\\"\"]}"}}"#;
+        let list = format!(r#"{{"items":[{tricky},{tricky}],"kind":"List","note":"items ["}}"#);
+        let out = run(Mode::Json, 1 << 20, &list, 5).unwrap();
+        assert_eq!(out, list);
+        // A single object's answer passes whole; a key called items deeper down is not the list's.
+        let object = r#"{"kind":"Pod","spec":{"items":[{"a":1}]}}"#;
+        assert_eq!(run(Mode::Json, 4, object, 2).unwrap(), object);
+    }
+
+    #[test]
+    fn a_large_answer_outside_its_items_is_refused() {
+        let object = format!(r#"{{"kind":"Pod","x":"{}"}}"#, "y".repeat(100));
+        let mut s = Scanner::new(Mode::Json, 1 << 20, 64);
+        let mut out = Vec::new();
+        let err = s.feed(object.as_bytes(), &mut out).unwrap_err();
+        assert!(err.to_string().contains("over 64 bytes"), "{err}");
+    }
+
+    #[test]
+    fn a_watch_loses_only_its_events_over_the_bound_and_is_never_cut() {
+        let event =
+            |name: &str, n: usize| format!(r#"{{"type":"ADDED","object":{}}}"#, nad(name, n));
+        let mut stream = String::new();
+        // Far more in total than any bound, an event at a time.
+        for i in 0..200 {
+            stream.push_str(&event(&format!("n{i}"), 100));
+            stream.push('\n');
+        }
+        stream.push_str(&event("big", 5000));
+        stream.push('\n');
+        stream.push_str(&event("after", 1));
+        let out = run(Mode::Lines, 1000, &stream, 333).unwrap();
+        let names: Vec<String> = out
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                v["object"]["metadata"]["name"]
+                    .as_str()
+                    .unwrap()
+                    .to_string()
+            })
+            .collect();
+        assert_eq!(names.len(), 201);
+        assert!(!names.contains(&"big".to_string()));
+        assert_eq!(names.last().unwrap(), "after");
+    }
+
+    #[test]
+    fn watches_are_read_by_line() {
+        let uri = |s: &str| s.parse::<http::Uri>().unwrap();
+        assert_eq!(
+            Mode::of(&uri("/api/v1/pods?watch=true&resourceVersion=1")),
+            Mode::Lines
+        );
+        assert_eq!(
+            Mode::of(&uri("/api/v1/pods?fieldSelector=a&watch=1")),
+            Mode::Lines
+        );
+        assert_eq!(Mode::of(&uri("/api/v1/pods?limit=500")), Mode::Json);
+        assert_eq!(
+            Mode::of(&uri("/api/v1/namespaces/a/pods/watch")),
+            Mode::Json
+        );
+    }
+}
