@@ -115,3 +115,70 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
         .unwrap();
     assert_eq!(read.0, 200, "{}", read.1);
 }
+
+/// Claims: node A's token may write `status.devices` of a claim allocated on node A, and nothing of a claim
+/// allocated elsewhere, nor the allocation or reservation of its own.
+#[test]
+fn a_nodes_token_writes_only_the_device_status_of_its_nodes_claims() {
+    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
+    api.apply_file(&plexus_tests::deploy_manifest("crds.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
+    api.namespace("team");
+    let a = api.node_bound_token("kube-system", "plexus", "node-a");
+    api.node_bound_token("kube-system", "plexus", "node-b");
+    let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
+    for (name, node) in [("claim-a", "node-a"), ("claim-b", "node-b")] {
+        api.create(&json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+            "metadata": {"name": name, "namespace": "team"},
+            "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic"}}]}}}));
+        api.must(
+            "PATCH",
+            &format!("{claims}/{name}/status"),
+            Some(&json!({"status": {
+                "allocation": {
+                    "devices": {"results": [{"request": "nic", "driver": "example.com",
+                                             "pool": node, "device": "vf0"}]},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
+                "reservedFor": [{"resource": "pods", "name": "web", "uid": "uid-web"}]}})),
+        );
+    }
+    let devices = json!({"status": {"devices": [{"driver": "example.com", "pool": "node-a", "device": "vf0",
+        "networkData": {"interfaceName": "net1", "ips": ["10.1.1.2/24"]}}]}});
+    let patch = |claim: &str, body: &Value| {
+        api.request_as(&a, "PATCH", &format!("{claims}/{claim}/status"), Some(body))
+            .unwrap()
+    };
+    let ok = patch("claim-a", &devices);
+    assert_eq!(ok.0, 200, "{}", ok.1);
+    // Another node's claim, and the allocation or reservation of its own: since 1.36 the API server refuses
+    // these itself before admission (the writer's node must be the claim's; allocation and reservedFor need
+    // resourceclaims/binding), so on this server the policy's claim rules (for 1.35) are not reached.
+    let mut theirs = devices.clone();
+    theirs["status"]["devices"][0]["pool"] = json!("node-b");
+    for (claim, body, why) in [
+        ("claim-b", theirs, "arbitrary-node:patch"),
+        (
+            "claim-b",
+            json!({"status": {"reservedFor": []}}),
+            "resourceclaims/binding",
+        ),
+        (
+            "claim-a",
+            json!({"status": {"reservedFor": []}}),
+            "resourceclaims/binding",
+        ),
+    ] {
+        let refused = patch(claim, &body);
+        assert!(
+            refused.0 >= 400 && refused.1.contains(why),
+            "{claim}: {}",
+            refused.1
+        );
+    }
+    let claim = api.must("GET", &format!("{claims}/claim-b"), None);
+    assert!(claim["status"]["devices"].is_null(), "{claim}");
+    assert_eq!(claim["status"]["reservedFor"][0]["name"], "web");
+}
