@@ -45,9 +45,16 @@ fn cluster(extra_args: &[&str]) -> Cluster {
     sb.cluster_net("1.0.0");
     sb.fakes(&["secondary-plugin"]);
     api.write_kubeconfig(&sb.path("cni.kubeconfig"), "cni-token");
-    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), "plexus-token");
+    // The daemon's identity as a DaemonSet pod's projected token carries it: bound to a pod on its node
+    // (TOKEN_POD more pod in its cache), its writes checked by the node-authority policy.
+    api.apply_node_authority();
+    let token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), &token);
     Cluster { api, sb }
 }
+
+/// The pod the daemon's token is bound to: on its node, so in its cache.
+const TOKEN_POD: usize = 1;
 
 fn nad_config(name: &str, marker: &str) -> Value {
     json!({"cniVersion": "1.0.0", "name": name, "type": "secondary-plugin", "marker": marker})
@@ -166,7 +173,7 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     // A pod of another node is not cached.
     c.api.pod("team-a", "elsewhere", "node2", json!({}));
     d.wait("pod and NAD cached", |h| {
-        h.cache.pods == 1 && h.cache.nads == 1
+        h.cache.pods == 1 + TOKEN_POD && h.cache.nads == 1
     });
 
     let conf = c.conf(json!({"timeoutMs": 5000}));
@@ -223,7 +230,7 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
         Some(&json!({"spec": {"config": nad_config("net-a", "v2").to_string()}})),
     );
     let uid2 = c.selecting_pod("web2", "net-a");
-    d.wait("second pod cached", |h| h.cache.pods == 2);
+    d.wait("second pod cached", |h| h.cache.pods == 2 + TOKEN_POD);
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         match nad_answer(&d, "net-a") {
@@ -264,7 +271,9 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     // SIGTERM right after an ADD: the daemon sends the status it accepted before it goes, and removes its socket.
     c.api.nad("team-a", "net-b", &nad_config("net-b", "v1"));
     let uid4 = c.selecting_pod("web4", "net-b");
-    d.wait("web4 cached", |h| h.cache.pods == 4 && h.cache.nads == 1);
+    d.wait("web4 cached", |h| {
+        h.cache.pods == 4 + TOKEN_POD && h.cache.nads == 1
+    });
     c.add("c4", "web4", &uid4, &conf).ok();
     let mut d = d;
     Command::new("kill")
@@ -302,7 +311,7 @@ fn a_pod_the_cache_cannot_answer_is_read_by_the_daemon_not_the_cni_process() {
     // Listed at start-up, this pod is served from the cache.
     let d = c.daemon(&["--pod-wait-ms", "50"]);
     d.wait("synced", |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == 1
+        plexus_tests::plexus::settled(h) && h.cache.pods == 1 + TOKEN_POD
     });
     let conf = c.conf(json!({"timeoutMs": 5000}));
     c.add("c1", "web", &uid, &conf).ok();
@@ -379,7 +388,10 @@ fn the_daemon_relists_after_410_gone() {
     Command::new("kill").args(["-CONT", &pid]).status().unwrap();
 
     let h = d.wait("relisted", |h| {
-        h.cache.nad_lists >= 2 && h.cache.pod_lists >= 2 && h.cache.nads == 1 && h.cache.pods == 1
+        h.cache.nad_lists >= 2
+            && h.cache.pod_lists >= 2
+            && h.cache.nads == 1
+            && h.cache.pods == 1 + TOKEN_POD
     });
     assert!(plexus_tests::plexus::settled(&h));
     let log = std::fs::read_to_string(&d.log).unwrap();
@@ -580,7 +592,7 @@ fn the_daemons_watches_are_node_scoped_and_resume_from_bookmarks() {
     let h = d.health().unwrap();
     assert_eq!(
         (h.cache.pods, h.cache.pod_lists),
-        (0, 1),
+        (TOKEN_POD, 1),
         "no other node's pod, no relist: {h:?}"
     );
 }
@@ -782,7 +794,7 @@ fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
     // The DRA caches too (the server serves resource.k8s.io/v1, and at 2 requests a second their lists come last):
     // until they are synced the daemon leaves a pod's claims, and so its writes, to the CNI process.
     d.wait("synced with the pods", |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == PODS && h.cache.dra_synced
+        plexus_tests::plexus::settled(h) && h.cache.pods == PODS + TOKEN_POD && h.cache.dra_synced
     });
     let conf = c.conf(json!({}));
     for (i, (name, uid)) in pods.iter().enumerate() {
@@ -799,9 +811,9 @@ fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
         .filter(|e| {
             e["user"]["username"] == DAEMON_USER
                 && e["verb"] == "patch"
-                && e["requestURI"]
-                    .as_str()
-                    .is_some_and(|u| u.contains("/status"))
+                && e["requestURI"].as_str().is_some_and(|u| {
+                    u.contains("/namespaces/team-a/pods/") && u.contains("/status")
+                })
         })
         .map(|e| {
             e["requestReceivedTimestamp"]
@@ -828,7 +840,7 @@ fn a_status_write_accepted_during_a_long_api_outage_is_written_when_it_ends() {
     let uid = c.selecting_pod("web", "net-a");
     let d = c.daemon(&[]);
     d.wait("synced with the pod", |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == 1
+        plexus_tests::plexus::settled(h) && h.cache.pods == 1 + TOKEN_POD
     });
     let conf = c.conf(json!({"timeoutMs": 5000}));
 
@@ -909,7 +921,7 @@ fn status_writes_pending_at_a_kill_are_sent_by_the_next_run() {
         .collect();
     let mut d = c.daemon(&[]);
     d.wait("synced with the pods", |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == 3
+        plexus_tests::plexus::settled(h) && h.cache.pods == 3 + TOKEN_POD
     });
     let conf = c.conf(json!({"timeoutMs": 5000}));
     c.api.pause();
@@ -960,7 +972,7 @@ fn a_failing_first_install_stops_the_daemon_only_after_its_writes_are_kept() {
         "--timeout=8s",
     ]);
     d.wait("synced", |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == 1
+        plexus_tests::plexus::settled(h) && h.cache.pods == 1 + TOKEN_POD
     });
     c.api.pause();
     c.add("c1", "web", &uid, &c.conf(json!({"timeoutMs": 5000})))
@@ -1051,7 +1063,7 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
     let uid = c.selecting_pod("web", "net-a");
     d.wait("pod and NAD cached", |h| {
-        h.cache.pods == 1 && h.cache.nads == 1
+        h.cache.pods == 1 + TOKEN_POD && h.cache.nads == 1
     });
 
     let (status, headers, before) = http_get(port, "/metrics", None);
@@ -1146,8 +1158,8 @@ fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
     assert_eq!(get("plexus_status_writes_pending"), 0.0);
     assert_eq!(
         get("plexus_cache_objects{resource=\"pods\"}"),
-        3.0,
-        "web, broken, intruder"
+        (3 + TOKEN_POD) as f64,
+        "web, broken, intruder and the token's pod"
     );
     assert_eq!(
         get("plexus_cache_objects{resource=\"networkattachmentdefinitions\"}"),
@@ -1391,7 +1403,9 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
         .collect();
         c.sb.run_env(&env, conf.to_string().as_bytes())
     };
-    d.wait("pod cached", |h| h.cache.pods == 1 && h.cache.nads == 4);
+    d.wait("pod cached", |h| {
+        h.cache.pods == 1 + TOKEN_POD && h.cache.nads == 4
+    });
     cni("ADD", "hp1", "hp", &uid).ok();
     assert!(ns.link("net1").is_some());
     let status = |pod: &str| status_of(&c.api, pod);
@@ -1494,7 +1508,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
 
     // ... and admitted in the ADD of a pod that starts with it.
     let uid3 = c.selecting_pod("starter", "start-only-x");
-    d.wait("third pod cached", |h| h.cache.pods == 2);
+    d.wait("third pod cached", |h| h.cache.pods == 2 + TOKEN_POD);
     cni("ADD", "st1", "starter", &uid3).ok();
     cni("DEL", "st1", "starter", &uid3).ok();
 
@@ -1503,7 +1517,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
         let pod = c.api.pod("team-a", "bare", NODE, json!({}));
         pod["metadata"]["uid"].as_str().unwrap().to_string()
     };
-    d.wait("second pod cached", |h| h.cache.pods == 3);
+    d.wait("second pod cached", |h| h.cache.pods == 3 + TOKEN_POD);
     cni("ADD", "bare1", "bare", &uid2).ok();
     assert!(ns.link("net1").is_none());
     annotate(&c.api, "bare", Some("net-b"));
@@ -1572,7 +1586,7 @@ fn a_change_cut_off_by_kill_9_is_repaired_and_made_again_by_the_next_daemon() {
     let d1 = c.daemon(&["--dynamic-networks"]);
     d1.wait("synced", plexus_tests::plexus::settled);
     let uid = c.selecting_pod("rp", "net-a");
-    d1.wait("pod cached", |h| h.cache.pods == 1);
+    d1.wait("pod cached", |h| h.cache.pods == 1 + TOKEN_POD);
     let conf = c.conf(json!({"timeoutMs": 5000}));
     c.add("rp1", "rp", &uid, &conf).ok();
     within_20s("the ADD's status", &d1, || {
@@ -1688,7 +1702,7 @@ fn big_answers_are_bounded_per_object_and_never_unsync_the_cache() {
 
     // An ADD of a pod with a small NAD: served from the cache.
     let uid = c.selecting_pod("web", "net-a");
-    d.wait("pod cached", |h| h.cache.pods >= 1);
+    d.wait("pod cached", |h| h.cache.pods == 1 + TOKEN_POD);
     let conf = c.conf(json!({"timeoutMs": 5000}));
     assert!(c.add("c1", "web", &uid, &conf).success);
     assert_eq!(

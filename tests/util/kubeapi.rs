@@ -431,31 +431,26 @@ impl KubeApiServer {
     }
 
     /// Applies the project's node-authority policy (examples/deploy/node-authority.yaml) and waits until the API
-    /// server enforces it (a ValidatingAdmissionPolicy takes effect a moment after it is created): a write of a
-    /// NodeHookStatus with the static plexus token, which names no node, is refused.
+    /// server enforces it (a ValidatingAdmissionPolicy takes effect a moment after it is created): a status write
+    /// of the static plexus token, which names no node, is refused. The probe's pod (of the plexus service
+    /// account, so rbac.yaml comes first) is deleted after.
     pub fn apply_node_authority(&self) {
         self.apply_file(&crate::deploy_manifest("node-authority.yaml"));
-        let probe = json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NodeHookStatus",
-                           "metadata": {"name": "node-authority-probe"}});
+        let pods = "/api/v1/namespaces/kube-system/pods";
+        self.create(&json!({"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "node-authority-probe", "namespace": "kube-system"},
+            "spec": {"nodeName": "nowhere", "serviceAccountName": "plexus",
+                     "automountServiceAccountToken": false,
+                     "containers": [{"name": "c", "image": "pause"}]}}));
+        let probe = json!({"metadata": {"annotations": {"probe": "x"}}});
         let deadline = Instant::now() + Duration::from_secs(30);
         loop {
+            let path = format!("{pods}/node-authority-probe/status");
             let (code, body) = self
-                .request_as(
-                    "plexus-token",
-                    "POST",
-                    "/apis/plexus.dev/v1alpha1/nodehookstatuses",
-                    Some(&probe),
-                )
+                .request_as("plexus-token", "PATCH", &path, Some(&probe))
                 .unwrap();
             if code == 403 && body.contains("plexus-node-authority") {
                 break;
-            }
-            if code == 201 {
-                self.must(
-                    "DELETE",
-                    "/apis/plexus.dev/v1alpha1/nodehookstatuses/node-authority-probe",
-                    None,
-                );
             }
             assert!(
                 Instant::now() < deadline,
@@ -463,6 +458,11 @@ impl KubeApiServer {
             );
             std::thread::sleep(Duration::from_millis(200));
         }
+        self.must(
+            "DELETE",
+            &format!("{pods}/node-authority-probe?gracePeriodSeconds=0"),
+            None,
+        );
     }
 
     /// A namespace with its `default` service account (there is no controller-manager to create it).
