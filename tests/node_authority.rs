@@ -105,6 +105,85 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
         .unwrap();
     assert_refused(&refused, "may write only the NodeHookStatus named node-a");
 
+    // A NetworkHook's legacy status.nodes: its own node's entry may go, another node's not.
+    api.create(&json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+        "metadata": {"name": "labels"},
+        "spec": {"kind": "status", "module": "registry.example/labels@sha256:0000000000000000000000000000000000000000000000000000000000000000"}}));
+    let entry = |node: &str| json!({"node": node, "active": true, "reason": "Active", "observedGeneration": 1});
+    let hook_status = "/apis/plexus.dev/v1alpha1/networkhooks/labels/status";
+    api.must(
+        "PATCH",
+        hook_status,
+        Some(&json!({"status": {"nodes": [entry("node-a"), entry("node-b")]}})),
+    );
+    let refused = api
+        .request_as(
+            &a,
+            "PATCH",
+            hook_status,
+            Some(&json!({"status": {"nodes": [entry("node-a")]}})),
+        )
+        .unwrap();
+    assert_refused(&refused, "may only remove its own node's entry");
+    let removed = api
+        .request_as(
+            &a,
+            "PATCH",
+            hook_status,
+            Some(&json!({"status": {"nodes": [entry("node-b")]}})),
+        )
+        .unwrap();
+    assert_eq!(removed.0, 200, "{}", removed.1);
+
+    // Events: only as its node. The CNI plugin's cluster source (thin mode) reports as the node of the pod it
+    // read, with node A's token.
+    let event = |instance: &str| {
+        json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": "web-a.", "namespace": "team"},
+        "involvedObject": {"kind": "Pod", "name": "web-a", "namespace": "team"},
+        "reason": "AddedInterface", "message": "x", "type": "Normal",
+        "reportingComponent": "plexus", "reportingInstance": instance})
+    };
+    let events = "/api/v1/namespaces/team/events";
+    let posted = api
+        .request_as(&a, "POST", events, Some(&event("node-a")))
+        .unwrap();
+    assert_eq!(posted.0, 201, "{}", posted.1);
+    assert_refused(
+        &api.request_as(&a, "POST", events, Some(&event("node-b")))
+            .unwrap(),
+        "may post events only as that node",
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let kubeconfig = dir.path().join("a.kubeconfig");
+    api.write_kubeconfig(&kubeconfig, &a);
+    let thin = std::thread::spawn(move || {
+        use plexus_cluster::{Cluster, KubeCluster, KubeSettings};
+        let cluster = KubeCluster::new(KubeSettings {
+            kubeconfig: Some(kubeconfig),
+            ..KubeSettings::default()
+        })
+        .unwrap();
+        let pod = plexus_core::spec::PodRef {
+            namespace: "team".into(),
+            name: "web-a".into(),
+            uid: None,
+        };
+        cluster.pod(&pod).unwrap();
+        cluster.write_status(&pod, "[]").unwrap();
+        cluster.record_attachment(&pod, "thin-mode event").unwrap();
+    });
+    thin.join().unwrap();
+    let listed = api.must("GET", events, None);
+    let thin_event = listed["items"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|e| e["message"] == "thin-mode event")
+        .cloned()
+        .unwrap_or_else(|| panic!("no thin-mode event in {listed}"));
+    assert_eq!(thin_event["reportingInstance"], "node-a", "{thin_event}");
+
     // A plexus token that names no node (a static one here) writes nothing.
     let refused = patch_status(&api, "plexus-token", "web-a", &status);
     assert_refused(&refused, "names no node");

@@ -97,6 +97,8 @@ pub struct KubeCluster {
     settings: KubeSettings,
     /// Built on first use; shared by every later call.
     conn: Mutex<Option<Arc<Connection>>>,
+    /// The node of the pod last read: events name it as the instance that reports them.
+    node: Mutex<Option<String>>,
 }
 
 struct Connection {
@@ -253,6 +255,7 @@ impl KubeCluster {
         Ok(KubeCluster {
             settings,
             conn: Mutex::new(None),
+            node: Mutex::new(None),
         })
     }
 
@@ -292,10 +295,12 @@ impl KubeCluster {
             return Ok(());
         }
         let conn = self.connection()?;
-        if let Err(err) = conn
-            .runtime
-            .block_on(conn.api.post_event(pod, kind, message))
-        {
+        let node = self.node.lock().unwrap_or_else(|p| p.into_inner()).clone();
+        let api = match node {
+            Some(n) => conn.api.clone().reporting_as(&n),
+            None => conn.api.clone(),
+        };
+        if let Err(err) = conn.runtime.block_on(api.post_event(pod, kind, message)) {
             tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
         }
         Ok(())
@@ -347,6 +352,8 @@ pub struct KubeApi {
     client: Client,
     /// The API server's `host:port`, named in errors.
     server: Arc<str>,
+    /// The node that reports this client's events about pods (`reportingInstance`, `source.host`).
+    reporting_node: Option<Arc<str>>,
 }
 
 impl KubeApi {
@@ -397,7 +404,15 @@ impl KubeApi {
             settings,
             client,
             server,
+            reporting_node: None,
         })
+    }
+
+    /// The same client, its events about pods reported as from `node` (the node-authority policy lets a node's
+    /// identity post events as that node only).
+    pub fn reporting_as(mut self, node: &str) -> KubeApi {
+        self.reporting_node = Some(node.into());
+        self
     }
 
     /// The API server's `host:port`.
@@ -604,7 +619,8 @@ impl KubeApi {
             uid: pod.uid.clone(),
             ..ObjectReference::default()
         };
-        self.post_event_about(object, kind, message, (COMPONENT, None))
+        let node = self.reporting_node.clone();
+        self.post_event_about(object, kind, message, (COMPONENT, node.as_deref()))
             .await
     }
 
@@ -1008,7 +1024,11 @@ fn status_patch(network_status: &str) -> serde_json::Value {
 impl Cluster for KubeCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         let conn = self.connection()?;
-        conn.runtime.block_on(conn.api.pod(pod))
+        let found = conn.runtime.block_on(conn.api.pod(pod))?;
+        if let Some(node) = &found.node_name {
+            *self.node.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.clone());
+        }
+        Ok(found)
     }
 
     fn nad(

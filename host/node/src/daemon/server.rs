@@ -149,7 +149,8 @@ async fn connect(
         Some(observer),
         Some(settings.kube_rate),
     )
-    .await?)
+    .await?
+    .reporting_as(&settings.node))
 }
 
 /// The watches, the node agent, the metrics endpoint, dynamic networks, and the writers of kept status writes.
