@@ -251,14 +251,11 @@ fn rbac_grants_exactly_what_plexus_uses() {
         ("", "events", "patch"),
         // The node agent: hook resources read, its node's NodeHookStatus applied (and the status entry of an
         // earlier version removed), its Node's labels read.
-        ("plexus.dev", "networkhooks", "get"),
         ("plexus.dev", "networkhooks", "list"),
         ("plexus.dev", "networkhooks", "watch"),
         ("plexus.dev", "networkhooks/status", "patch"),
-        ("plexus.dev", "nodehookstatuses", "get"),
         ("plexus.dev", "nodehookstatuses", "create"),
         ("plexus.dev", "nodehookstatuses", "patch"),
-        ("", "nodes", "get"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
         // Dynamic Resource Allocation: claims and slices read (the daemon watches them), the claims' device
@@ -266,7 +263,6 @@ fn rbac_grants_exactly_what_plexus_uses() {
         ("resource.k8s.io", "resourceclaims", "get"),
         ("resource.k8s.io", "resourceclaims", "list"),
         ("resource.k8s.io", "resourceclaims", "watch"),
-        ("resource.k8s.io", "resourceslices", "get"),
         ("resource.k8s.io", "resourceslices", "list"),
         ("resource.k8s.io", "resourceslices", "watch"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),

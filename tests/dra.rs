@@ -30,6 +30,7 @@ fn dra_cluster() -> Dra {
     let api = KubeApiServer::start(&[], &[]);
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
     api.create(&json!({"apiVersion": "v1", "kind": "ServiceAccount",
                        "metadata": {"name": "plexus-cni", "namespace": "kube-system"}}));
     api.create(&json!({

@@ -163,6 +163,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     let api = KubeApiServer::start(&[], &["--allow-privileged=true"]);
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
     api.namespace(NS);
 
     let dir = tempfile::Builder::new()
@@ -213,15 +214,29 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     image::import(&containerd, &image_tar);
     let kubelet = Kubelet::start(&api, &containerd.socket());
 
+    // The pod first, then its token: one the API server binds to that pod on this node (the node-authority
+    // policy is installed), as the kubelet's projection of a service-account token would be. The kubelet waits
+    // for the secret to mount it.
+    let pod = api.create(&daemonset_pod(&root, &api, ipam.path()));
+    let answer = api.must(
+        "POST",
+        "/api/v1/namespaces/kube-system/serviceaccounts/plexus/token",
+        Some(&json!({
+            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                "apiVersion": "v1", "kind": "Pod",
+                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}}
+        })),
+    );
+    let token = answer["status"]["token"].as_str().unwrap().to_string();
     let ca = std::fs::read(api.ca_cert()).unwrap();
     api.create(&json!({
         "apiVersion": "v1", "kind": "Secret",
         "metadata": {"name": "plexus-token", "namespace": "kube-system"},
-        // What a service account's token secret holds.
-        "data": {"token": base64(b"plexus-token"), "ca.crt": base64(&ca),
+        // What a service account's token volume holds.
+        "data": {"token": base64(token.as_bytes()), "ca.crt": base64(&ca),
                  "namespace": base64(b"kube-system")},
     }));
-    api.create(&daemonset_pod(&root, &api, ipam.path()));
 
     let logs = || {
         let log = containerd.log();

@@ -63,6 +63,7 @@ impl Node {
         let api = KubeApiServer::start(&[], &[]);
         api.apply_file(&deploy_manifest("crds.yaml"));
         api.apply_file(&deploy_manifest("rbac.yaml"));
+        api.apply_node_authority();
         if dra {
             api.create(&json!({
                 "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
