@@ -776,8 +776,9 @@ fn queued(c: &Cluster) -> Vec<PathBuf> {
         .unwrap_or_default()
 }
 
-/// `--kube-api-qps`: a burst of ADDs on one node reaches the API server no faster than the limit allows (the
-/// bucket's own timing is tested in process, plexus-cluster's ratelimit), and every status write still arrives.
+/// `--kube-api-qps` and `--kube-api-status-qps`: a burst of ADDs on one node reaches the API server no faster than
+/// the limits allow (the buckets' own timing is tested in process, plexus-cluster's ratelimit), and every status
+/// write still arrives.
 #[test]
 fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
     const PODS: usize = 6;
@@ -790,7 +791,16 @@ fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
             (name, uid)
         })
         .collect();
-    let d = c.daemon(&["--kube-api-qps", "2", "--kube-api-burst", "1"]);
+    let d = c.daemon(&[
+        "--kube-api-qps",
+        "2",
+        "--kube-api-burst",
+        "1",
+        "--kube-api-status-qps",
+        "2",
+        "--kube-api-status-burst",
+        "1",
+    ]);
     // The DRA caches too (the server serves resource.k8s.io/v1, and at 2 requests a second their lists come last):
     // until they are synced the daemon leaves a pod's claims, and so its writes, to the CNI process.
     d.wait("synced with the pods", |h| {
@@ -825,7 +835,8 @@ fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
         .collect();
     sent.sort();
     assert_eq!(sent.len(), PODS, "{sent:?}");
-    // Six writes (events between them take tokens too) at 2 a second: at least 2.5 s from first to last.
+    // Six status writes at 2 a second (their own budget; the events take the other one): at least 2.5 s from first
+    // to last.
     let span = sent[PODS - 1].duration_since(sent[0]);
     assert!(
         span >= k8s_openapi::jiff::SignedDuration::from_millis(2300),

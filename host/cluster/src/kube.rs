@@ -367,7 +367,7 @@ impl KubeApi {
     pub async fn connect_observed(
         settings: KubeSettings,
         observer: Option<crate::observe::RequestObserver>,
-        rate: Option<crate::ratelimit::RateLimit>,
+        rate: Option<crate::ratelimit::Rates>,
     ) -> Result<KubeApi, ClusterError> {
         settings.validate()?;
         let config = Self::config(&settings).await?;
@@ -391,7 +391,7 @@ impl KubeApi {
         settings: KubeSettings,
         config: Config,
         observer: Option<crate::observe::RequestObserver>,
-        rate: Option<crate::ratelimit::RateLimit>,
+        rate: Option<crate::ratelimit::Rates>,
     ) -> Result<KubeApi, ClusterError> {
         let server: Arc<str> = explain::server_of(&config.cluster_url).into();
         let client = Self::client_of(config, server.clone(), observer, rate).map_err(|e| {
@@ -437,7 +437,7 @@ impl KubeApi {
         config: kube::Config,
         server: Arc<str>,
         observer: Option<crate::observe::RequestObserver>,
-        rate: Option<crate::ratelimit::RateLimit>,
+        rate: Option<crate::ratelimit::Rates>,
     ) -> Result<Client, kube::Error> {
         use kube::client::ConfigExt;
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -475,9 +475,7 @@ impl KubeApi {
                 },
             )
             // Every attempt waits for its token (retries too), before it is counted and sent.
-            .option_layer(rate.map(|r| {
-                crate::ratelimit::RateLimitLayer(Arc::new(crate::ratelimit::TokenBucket::new(r)))
-            }))
+            .option_layer(rate.map(crate::ratelimit::RateLimitLayer::new))
             // Innermost: every attempt is counted once, retries included, with its own answer.
             .option_layer(observer.map(crate::observe::ObserveLayer))
             .service(hyper);

@@ -4,6 +4,11 @@
 //! order they asked, each `1/qps` after the one before. A request given up while it waits (its caller's timeout)
 //! gives its token back: requests that time out in the queue must not use up the bucket for those behind them
 //! (a daemon starting with hundreds of kept writes would otherwise starve its own watches).
+//!
+//! Writes of a pod's network-status (`PATCH .../pods/NAME/status`) have a bucket of their own: a person or a
+//! controller waits for them (a hot-plugged network, a pod's networks shown), and they must not queue behind the
+//! background work (events, reports, claim writes, reads) that the per-node bound is for. There is one such
+//! write per ADD or change of a pod of the node, as kubelet writes one status per change of a pod.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -18,6 +23,22 @@ use tokio::time::Instant;
 pub struct RateLimit {
     pub qps: f64,
     pub burst: u32,
+}
+
+/// A client's budgets: network-status writes, and everything else.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Rates {
+    pub background: RateLimit,
+    pub status: RateLimit,
+}
+
+/// Whether `req` writes a pod's status (the network-status annotation goes through `pods/status`).
+pub fn is_status_write<B>(req: &http::Request<B>) -> bool {
+    let path = req.uri().path();
+    req.method() == http::Method::PATCH
+        && path.starts_with("/api/v1/namespaces/")
+        && path.contains("/pods/")
+        && path.ends_with("/status")
 }
 
 /// The bucket: tokens refill at `qps`, up to `burst`; a request takes one, or reserves the next one to come.
@@ -77,14 +98,26 @@ impl TokenBucket {
 }
 
 #[derive(Clone)]
-pub struct RateLimitLayer(pub Arc<TokenBucket>);
+pub struct RateLimitLayer {
+    background: Arc<TokenBucket>,
+    status: Arc<TokenBucket>,
+}
+
+impl RateLimitLayer {
+    pub fn new(rates: Rates) -> RateLimitLayer {
+        RateLimitLayer {
+            background: Arc::new(TokenBucket::new(rates.background)),
+            status: Arc::new(TokenBucket::new(rates.status)),
+        }
+    }
+}
 
 impl<S> tower::Layer<S> for RateLimitLayer {
     type Service = RateLimited<S>;
     fn layer(&self, inner: S) -> RateLimited<S> {
         RateLimited {
             inner,
-            bucket: self.0.clone(),
+            budgets: self.clone(),
         }
     }
 }
@@ -92,14 +125,14 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimited<S> {
     inner: S,
-    bucket: Arc<TokenBucket>,
+    budgets: RateLimitLayer,
 }
 
-impl<S, Req> tower::Service<Req> for RateLimited<S>
+impl<S, B> tower::Service<http::Request<B>> for RateLimited<S>
 where
-    S: tower::Service<Req> + Clone + Send + 'static,
+    S: tower::Service<http::Request<B>> + Clone + Send + 'static,
     S::Future: Send + 'static,
-    Req: Send + 'static,
+    B: Send + 'static,
 {
     type Response = S::Response;
     type Error = S::Error;
@@ -109,11 +142,15 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Req) -> Self::Future {
+    fn call(&mut self, req: http::Request<B>) -> Self::Future {
         // The instance that was polled ready makes the call, after the token; a clone stays for the next one.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
-        let bucket = self.bucket.clone();
+        let bucket = if is_status_write(&req) {
+            self.budgets.status.clone()
+        } else {
+            self.budgets.background.clone()
+        };
         Box::pin(async move {
             bucket.acquire().await;
             ready.call(req).await
@@ -124,6 +161,44 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn status_writes_do_not_queue_behind_background_work() {
+        let budgets = RateLimitLayer::new(Rates {
+            background: RateLimit { qps: 1.0, burst: 1 },
+            status: RateLimit {
+                qps: 50.0,
+                burst: 100,
+            },
+        });
+        let request = |method: &str, path: &str| {
+            http::Request::builder()
+                .method(method)
+                .uri(path)
+                .body(())
+                .unwrap()
+        };
+        let status = request("PATCH", "/api/v1/namespaces/team/pods/web/status");
+        assert!(is_status_write(&status));
+        for other in [
+            request("POST", "/api/v1/namespaces/team/events"),
+            request("GET", "/api/v1/namespaces/team/pods/web"),
+            request(
+                "PATCH",
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c/status",
+            ),
+            request("PATCH", "/api/v1/namespaces/team/pods/web"),
+        ] {
+            assert!(!is_status_write(&other), "{}", other.uri());
+        }
+        // The background budget used up for seconds ahead (events of a burst of changes)...
+        for _ in 0..10 {
+            budgets.background.reserve();
+        }
+        assert!(budgets.background.reserve() > Duration::from_secs(5));
+        // ...a status write still goes at once.
+        assert_eq!(budgets.status.reserve(), Duration::ZERO);
+    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_goes_at_once_then_requests_go_at_qps_in_order() {

@@ -38,7 +38,7 @@ pub struct DaemonSettings {
     /// Networks that follow the annotation (`None`: off).
     pub dynamic: Option<dynamic::DynamicSettings>,
     /// The bound on the daemon's requests to the API server.
-    pub kube_rate: plexus_cluster::ratelimit::RateLimit,
+    pub kube_rate: plexus_cluster::ratelimit::Rates,
 }
 
 /// The node agent's settings (see [`agent`]).
@@ -145,6 +145,14 @@ pub struct DaemonArgs {
     /// Requests the daemon may send at once before --kube-api-qps paces them
     #[arg(long, value_name = "N", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub kube_api_burst: u32,
+    /// Pod network-status writes a second, on average: a budget of their own, so that a write someone waits for
+    /// (a hot-plugged network) never queues behind background requests; one per ADD or change of a pod of the
+    /// node (kubelet's own default for its writes is the same)
+    #[arg(long, value_name = "QPS", default_value_t = 50.0, value_parser = positive_qps)]
+    pub kube_api_status_qps: f64,
+    /// Network-status writes the daemon may send at once before --kube-api-status-qps paces them
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub kube_api_status_burst: u32,
     /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
     /// concurrency bound, 1 when not, 2 when it does not answer
     #[arg(long)]
@@ -248,9 +256,15 @@ impl DaemonArgs {
             queue_wait: QUEUE_WAIT,
             metrics_bind: self.metrics_bind_address.0,
             dynamic,
-            kube_rate: plexus_cluster::ratelimit::RateLimit {
-                qps: self.kube_api_qps,
-                burst: self.kube_api_burst,
+            kube_rate: plexus_cluster::ratelimit::Rates {
+                background: plexus_cluster::ratelimit::RateLimit {
+                    qps: self.kube_api_qps,
+                    burst: self.kube_api_burst,
+                },
+                status: plexus_cluster::ratelimit::RateLimit {
+                    qps: self.kube_api_status_qps,
+                    burst: self.kube_api_status_burst,
+                },
             },
         })
     }
@@ -329,7 +343,14 @@ mod tests {
         assert_eq!(s.socket, PathBuf::from("/run/x.sock"));
         assert_eq!(s.pod_wait, Duration::from_millis(20));
         assert_eq!(s.metrics_bind, Some("127.0.0.1:9471".parse().unwrap()));
-        assert_eq!((s.kube_rate.qps, s.kube_rate.burst), (5.0, 10));
+        assert_eq!(
+            (s.kube_rate.background.qps, s.kube_rate.background.burst),
+            (5.0, 10)
+        );
+        assert_eq!(
+            (s.kube_rate.status.qps, s.kube_rate.status.burst),
+            (50.0, 100)
+        );
         let install = s.install.unwrap();
         assert!(install.watch);
         assert_eq!(install.bin_dir, PathBuf::from("/b"));
