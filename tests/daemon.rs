@@ -1064,11 +1064,7 @@ fn sample(text: &str, series: &str) -> Option<f64> {
 #[test]
 fn the_metrics_endpoint_counts_what_the_daemon_did_and_passes_promtool() {
     let c = cluster(&[]);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = plexus_tests::kubeapi::free_port();
     let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
     d.wait("synced", plexus_tests::plexus::settled);
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
@@ -1373,11 +1369,7 @@ fn dynamic_networks_follow_the_annotation_of_a_running_pod_in_a_real_namespace()
     c.api.nad("team-a", "net-b", &net_b);
     c.api.namespace("team-b");
     c.api.nad("team-b", "net-c", &net_b);
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = plexus_tests::kubeapi::free_port();
     let metrics_at = format!("127.0.0.1:{port}");
     let d = c.daemon(&[
         "--dynamic-networks",
@@ -1671,11 +1663,7 @@ fn big_answers_are_bounded_per_object_and_never_unsync_the_cache() {
     config["padding"] = json!("h".repeat(1_200_000));
     c.api.nad("team-a", "huge", &config);
     c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = plexus_tests::kubeapi::free_port();
     let d = c.daemon(&["--metrics-bind-address", &format!("127.0.0.1:{port}")]);
     d.wait("synced with the big NADs", |h| {
         plexus_tests::plexus::settled(h) && h.cache.nads == 7

@@ -162,6 +162,17 @@ impl World {
             .unwrap_or_default()
     }
 
+    /// `plexus status --json` of the daemon whose socket is in the sandbox's `run_dir` and cache in `cache_dir`.
+    fn plexus_status(&self, run_dir: &str, cache_dir: &str) -> std::process::Output {
+        Command::new(plexus_bin())
+            .args(["status", "--json", "--socket"])
+            .arg(self.sb.path(&format!("{run_dir}/daemon.sock")))
+            .arg("--cache-dir")
+            .arg(self.sb.path(cache_dir))
+            .output()
+            .unwrap()
+    }
+
     /// The names of the set's entries that run a module (not the unready ones).
     fn set_names(&self) -> Vec<String> {
         self.set()
@@ -334,13 +345,7 @@ fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_res
     let entry = &set.hooks[0];
     assert!(entry.precompiled && entry.sha256.is_some());
     // `plexus status` lists it: published in the node's set, and Active by the node agent's account.
-    let out = Command::new(plexus_bin())
-        .args(["status", "--json", "--socket"])
-        .arg(w.sb.path("run/daemon.sock"))
-        .arg("--cache-dir")
-        .arg(w.sb.path("cache"))
-        .output()
-        .unwrap();
+    let out = w.plexus_status("run", "cache");
     assert!(out.status.success(), "{out:?}");
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     let hooks = s["hooks"].as_array().unwrap();
@@ -732,13 +737,7 @@ fn an_unreachable_registry_is_retried_and_keeps_the_last_good_set() {
         "no network-status was written"
     );
     // `plexus status` says so, as a problem of the node.
-    let out = Command::new(plexus_bin())
-        .args(["status", "--json", "--socket"])
-        .arg(w.sb.path("run/daemon.sock"))
-        .arg("--cache-dir")
-        .arg(w.sb.path("cache"))
-        .output()
-        .unwrap();
+    let out = w.plexus_status("run", "cache");
     let s: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(s["hooks"][0]["name"], "networkhook/labels", "{s}");
     assert_eq!(s["hooks"][0]["state"], "PullFailed", "{s}");
@@ -1468,13 +1467,7 @@ fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
         ],
     );
     let status = || -> Value {
-        let out = Command::new(plexus_bin())
-            .args(["status", "--json", "--socket"])
-            .arg(w.sb.path("run-late/daemon.sock"))
-            .arg("--cache-dir")
-            .arg(w.sb.path("cache-late"))
-            .output()
-            .unwrap();
+        let out = w.plexus_status("run-late", "cache-late");
         serde_json::from_slice(&out.stdout).unwrap_or_default()
     };
     let waits = |s: &Value| {

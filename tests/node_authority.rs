@@ -26,6 +26,20 @@ fn patch_status(api: &KubeApiServer, token: &str, pod: &str, patch: &Value) -> (
     .unwrap()
 }
 
+/// The API server with the project's CRDs, RBAC and node-authority policy, namespace `team`, nodes `node-a` and
+/// `node-b` each with a plexus token bound to it; node A's token.
+fn cluster() -> (KubeApiServer, String) {
+    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
+    api.apply_file(&plexus_tests::deploy_manifest("crds.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&plexus_tests::deploy_manifest("rbac.yaml"));
+    api.apply_node_authority();
+    api.namespace("team");
+    let a = api.node_bound_token("kube-system", "plexus", "node-a");
+    api.node_bound_token("kube-system", "plexus", "node-b");
+    (api, a)
+}
+
 #[track_caller]
 fn assert_refused(answer: &(u16, String), naming: &str) {
     assert_eq!(answer.0, 403, "{}", answer.1);
@@ -38,14 +52,7 @@ fn assert_refused(answer: &(u16, String), naming: &str) {
 
 #[test]
 fn a_nodes_token_writes_only_what_belongs_to_its_node() {
-    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
-    api.apply_file(&plexus_tests::deploy_manifest("crds.yaml"));
-    api.apply_file(&plexus_tests::deploy_manifest("networkhooks.yaml"));
-    api.apply_file(&plexus_tests::deploy_manifest("rbac.yaml"));
-    api.apply_node_authority();
-    api.namespace("team");
-    let a = api.node_bound_token("kube-system", "plexus", "node-a");
-    api.node_bound_token("kube-system", "plexus", "node-b");
+    let (api, a) = cluster();
     pod(&api, "web-a", "node-a");
     pod(&api, "web-b", "node-b");
     let status = json!({"metadata": {"annotations": {STATUS: "[{\"name\":\"cbr0\"}]"}}});
@@ -199,14 +206,7 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
 /// allocated elsewhere, nor the allocation or reservation of its own.
 #[test]
 fn a_nodes_token_writes_only_the_device_status_of_its_nodes_claims() {
-    let api = KubeApiServer::start(&[], &["--disable-admission-plugins=ServiceAccount"]);
-    api.apply_file(&plexus_tests::deploy_manifest("crds.yaml"));
-    api.apply_file(&plexus_tests::deploy_manifest("networkhooks.yaml"));
-    api.apply_file(&plexus_tests::deploy_manifest("rbac.yaml"));
-    api.apply_node_authority();
-    api.namespace("team");
-    let a = api.node_bound_token("kube-system", "plexus", "node-a");
-    api.node_bound_token("kube-system", "plexus", "node-b");
+    let (api, a) = cluster();
     let claims = "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims";
     for (name, node) in [("claim-a", "node-a"), ("claim-b", "node-b")] {
         api.create(&json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",

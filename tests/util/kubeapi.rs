@@ -30,7 +30,8 @@ pub fn apiserver_bin() -> PathBuf {
     crate::parts::bin("kube-apiserver")
 }
 
-fn free_port() -> u16 {
+/// A port of 127.0.0.1 free when asked (released at once: another process may take it before it is bound).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

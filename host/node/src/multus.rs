@@ -235,37 +235,26 @@ fn multus_defaults(multus_conf: Option<&Value>) -> (Vec<String>, Vec<String>) {
 /// What a pod's networks annotation meets: unknown keys, NADs without cniVersion, requests of capabilities the
 /// NAD's plugins do not declare.
 fn selection_findings(pod: &plexus_core::spec::Pod, confs: &NadConfs) -> Vec<Finding> {
-    use plexus_core::spec::selection::{parse_selections, without_unknown_keys};
     let object = format!("pod {}/{}", pod.namespace, pod.name);
     let mut findings = Vec::new();
-    let Some(value) = pod.networks_annotation() else {
+    // Invalid for Multus as well (or no annotation): no difference to report.
+    let Some((selections, strict_error)) = lenient_selections(pod) else {
         return findings;
     };
-    let selections = match parse_selections(value, &pod.namespace) {
-        Ok(s) => s,
-        Err(e) => {
-            let lenient = without_unknown_keys(value).and_then(|(lenient, dropped)| {
-                Some((parse_selections(&lenient, &pod.namespace).ok()?, dropped))
-            });
-            // Invalid for Multus as well: no difference to report.
-            let Some((s, dropped)) = lenient else {
-                return findings;
-            };
-            findings.push(finding(
-                &object,
-                format!(
-                    "its networks annotation has keys the standard does not define: {}",
-                    dropped.join(", ")
-                ),
-                (true, &format!("fails: {e}")),
-                (
-                    false,
-                    "the keys are ignored with a warning, as under Multus",
-                ),
-            ));
-            s
-        }
-    };
+    if let Some((e, dropped)) = strict_error {
+        findings.push(finding(
+            &object,
+            format!(
+                "its networks annotation has keys the standard does not define: {}",
+                dropped.join(", ")
+            ),
+            (true, &format!("fails: {e}")),
+            (
+                false,
+                "the keys are ignored with a warning, as under Multus",
+            ),
+        ));
+    }
     for sel in selections {
         let Some(Some(conf)) = confs.get(&(sel.namespace.clone(), sel.name.clone())) else {
             continue;
@@ -483,17 +472,33 @@ async fn read_objects(
     Ok((nads, pods))
 }
 
+/// Why the annotation does not parse as the standard says, and the keys dropped to read it as Multus does.
+type StrictError = (String, Vec<String>);
+
+/// A pod's selections as Multus reads them: as the standard says, else without the keys it does not define, with
+/// the strict error and the keys dropped; `None` without an annotation or when neither way parses.
+fn lenient_selections(
+    pod: &plexus_core::spec::Pod,
+) -> Option<(
+    Vec<plexus_core::spec::selection::Selection>,
+    Option<StrictError>,
+)> {
+    use plexus_core::spec::selection::{parse_selections, without_unknown_keys};
+    let value = pod.networks_annotation()?;
+    match parse_selections(value, &pod.namespace) {
+        Ok(s) => Some((s, None)),
+        Err(e) => {
+            let (lenient, dropped) = without_unknown_keys(value)?;
+            let s = parse_selections(&lenient, &pod.namespace).ok()?;
+            Some((s, Some((e.to_string(), dropped))))
+        }
+    }
+}
+
 /// The NADs a pod's networks annotation selects, `(namespace, name)`, read as leniently as Multus reads it.
 fn selected_nads(pod: &plexus_core::spec::Pod) -> Vec<(String, String)> {
-    use plexus_core::spec::selection::{parse_selections, without_unknown_keys};
-    let Some(value) = pod.networks_annotation() else {
-        return Vec::new();
-    };
-    let selections = parse_selections(value, &pod.namespace).ok().or_else(|| {
-        let (lenient, _) = without_unknown_keys(value)?;
-        parse_selections(&lenient, &pod.namespace).ok()
-    });
-    selections
+    lenient_selections(pod)
+        .map(|(selections, _)| selections)
         .unwrap_or_default()
         .into_iter()
         .map(|s| (s.namespace, s.name))
