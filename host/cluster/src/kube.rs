@@ -856,15 +856,24 @@ impl KubeApi {
         }
     }
 
+    /// The namespaced resource's API in `namespace`, or across the cluster without one.
+    fn api_in<K>(&self, namespace: Option<&str>) -> Api<K>
+    where
+        K: kube::Resource<Scope = NamespaceResourceScope>,
+        K::DynamicType: Default,
+    {
+        match namespace {
+            Some(ns) => Api::namespaced(self.client.clone(), ns),
+            None => Api::all(self.client.clone()),
+        }
+    }
+
     /// Every NetworkAttachmentDefinition of `namespace` (of the cluster without one), as planning sees them.
     pub async fn nads(
         &self,
         namespace: Option<&str>,
     ) -> Result<Vec<NetworkAttachmentDefinition>, ClusterError> {
-        let api: Api<NadObject> = match namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
+        let api: Api<NadObject> = self.api_in(namespace);
         let found = self
             .list_in(&api, (NAD_PLURAL, NAD_GROUP), namespace.unwrap_or(""))
             .await?;
@@ -873,10 +882,7 @@ impl KubeApi {
 
     /// Every pod of `namespace` (of the cluster without one), as planning sees them.
     pub async fn pods(&self, namespace: Option<&str>) -> Result<Vec<Pod>, ClusterError> {
-        let api: Api<KubePod> = match namespace {
-            Some(ns) => Api::namespaced(self.client.clone(), ns),
-            None => Api::all(self.client.clone()),
-        };
+        let api: Api<KubePod> = self.api_in(namespace);
         let found = self
             .list_in(&api, ("pods", ""), namespace.unwrap_or(""))
             .await?;

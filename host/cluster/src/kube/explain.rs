@@ -30,10 +30,11 @@ pub struct Unreachable {
 
 impl Unreachable {
     pub(crate) fn new(server: Arc<str>, err: &(dyn std::error::Error + 'static)) -> Unreachable {
+        let detail = super::error_chain(err);
         Unreachable {
             server,
-            cause: cause_of(err),
-            detail: super::error_chain(err),
+            cause: cause_of(err, &detail),
+            detail,
         }
     }
 }
@@ -63,8 +64,8 @@ impl fmt::Display for Unreachable {
 impl std::error::Error for Unreachable {}
 
 /// The cause of a transport error, from the I/O error kinds in its chain and, where the TLS and DNS layers give
-/// no kind, its text.
-pub(crate) fn cause_of(err: &(dyn std::error::Error + 'static)) -> Cause {
+/// no kind, its text (`chain`, the error and its sources in one line).
+fn cause_of(err: &(dyn std::error::Error + 'static), chain: &str) -> Cause {
     let mut source = Some(err);
     while let Some(e) = source {
         if let Some(io) = e.downcast_ref::<std::io::Error>() {
@@ -82,7 +83,7 @@ pub(crate) fn cause_of(err: &(dyn std::error::Error + 'static)) -> Cause {
         }
         source = e.source();
     }
-    let text = super::error_chain(err).to_ascii_lowercase();
+    let text = chain.to_ascii_lowercase();
     if text.contains("dns error") || text.contains("failed to lookup address") {
         Cause::NameNotResolved
     } else if looks_like_tls(&text) {
