@@ -258,11 +258,9 @@ fn rbac_grants_exactly_what_plexus_uses() {
         ("plexus.dev", "nodehookstatuses", "patch"),
         ("", "nodes", "list"),
         ("", "nodes", "watch"),
-        // Dynamic Resource Allocation: claims and slices read (the daemon watches them), the claims' device
+        // Dynamic Resource Allocation: the pods' claims read by name, slices watched, the claims' device
         // status written back, and the per-driver grant 1.36's granular status authorization asks for.
         ("resource.k8s.io", "resourceclaims", "get"),
-        ("resource.k8s.io", "resourceclaims", "list"),
-        ("resource.k8s.io", "resourceclaims", "watch"),
         ("resource.k8s.io", "resourceslices", "list"),
         ("resource.k8s.io", "resourceslices", "watch"),
         ("resource.k8s.io", "resourceclaims/status", "patch"),

@@ -2,7 +2,7 @@
 //! validation, RBAC with the per-driver authorization of a claim's `status.devices`, watches, the status
 //! subresource and server-side apply are the real server's. The test plays the scheduler and the DRA driver: it
 //! writes the node's ResourceSlices and each claim's allocation (node-local, as the scheduler writes it) and
-//! `reservedFor`; the claims are found by `reservedFor`. The CNI binary and the daemon authenticate with real
+//! `reservedFor`; each pod names its claims in `spec.resourceClaims`. The CNI binary and the daemon authenticate with real
 //! service-account tokens bound to a pod on the node, as a DaemonSet pod's are. The delegates are the recording
 //! fake. (tests/e2e_kubelet.rs has the real scheduler, controllers and kubelet.)
 
@@ -14,6 +14,7 @@ use plexus_tests::plexus::{guest_wasm, NodeDaemon, Sandbox};
 use serde_json::{json, Value};
 
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+const DAEMON_USER: &str = "system:serviceaccount:kube-system:plexus";
 const NODE: &str = "node1";
 const DRIVER: &str = "sriov.example.com";
 const RESOURCE: &str = "example.com/sriov";
@@ -123,13 +124,28 @@ impl Dra {
         self.sb.conf(extra)
     }
 
-    /// A pod of `team-a` on `node1`; its UID.
-    fn pod(&self, name: &str, networks: Option<&str>) -> String {
+    /// A pod of `team-a` on `node1` using the ResourceClaims `claims` (`spec.resourceClaims[]`, the pod's name for
+    /// each `nicN`); its UID.
+    fn pod(&self, name: &str, networks: Option<&str>, claims: &[&str]) -> String {
         let annotations = match networks {
             Some(n) => json!({"k8s.v1.cni.cncf.io/networks": n}),
             None => json!({}),
         };
-        let pod = self.api.pod("team-a", name, NODE, annotations);
+        let claims: Vec<Value> = claims
+            .iter()
+            .enumerate()
+            .map(|(i, c)| json!({"name": format!("nic{i}"), "resourceClaimName": c}))
+            .collect();
+        let pod = self.api.create(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": "team-a", "annotations": annotations},
+            "spec": {
+                "nodeName": NODE,
+                "automountServiceAccountToken": false,
+                "resourceClaims": claims,
+                "containers": [{"name": "c", "image": "pause"}]
+            }
+        }));
         pod["metadata"]["uid"].as_str().unwrap().to_string()
     }
 
@@ -254,7 +270,7 @@ fn entry<'a>(devices: &'a [Value], device: &str) -> Option<&'a Value> {
 #[test]
 fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
     let c = dra_cluster();
-    let uid = c.pod("web", Some("sriov-net"));
+    let uid = c.pod("web", Some("sriov-net"), &["web-nics"]);
     c.claim(
         "web-nics",
         vec![attachment(
@@ -269,6 +285,21 @@ fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
     // Thin mode: the CNI process reads the claims and the node's slices itself.
     let conf = c.conf(false);
     c.add("c-thin", "web", &uid, &conf).ok();
+    let claim_requests: Vec<String> = c
+        .cni_requests()
+        .into_iter()
+        .filter(|r| r.contains("/resourceclaims"))
+        .collect();
+    assert!(
+        !claim_requests.is_empty()
+            && claim_requests
+                .iter()
+                .all(|r| r.starts_with("get ") || r.starts_with("patch "))
+            && claim_requests
+                .iter()
+                .all(|r| r.contains("/team-a/resourceclaims/web-nics")),
+        "the CNI process reads its pod's claim by name, no list: {claim_requests:?}"
+    );
     assert_eq!(
         c.device_calls(),
         [
@@ -372,6 +403,137 @@ fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
     drop(d);
 }
 
+/// The daemon reads the claims of its node's pods by name and nothing else: 30 claims of pods on another node stay
+/// unread; a claim made for a pod after it appeared (the test plays the resourceclaim controller: the claim, then
+/// the pod's `status.resourceClaimStatuses`) is read once, however often the pod changes after; the ADD reads
+/// nothing; the claim is dropped with its pod.
+#[test]
+fn a_daemon_reads_only_its_pods_claims_each_once() {
+    let c = dra_cluster();
+    for i in 0..30 {
+        let far = format!("far-{i}");
+        let claim = format!("far-{i}-nic");
+        let pod = c.api.create(&json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": far, "namespace": "team-a"},
+            "spec": {"nodeName": "node2", "automountServiceAccountToken": false,
+                     "resourceClaims": [{"name": "nic", "resourceClaimName": claim}],
+                     "containers": [{"name": "c", "image": "pause"}]}
+        }));
+        let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+        c.claim(&claim, Vec::new(), &[("nic", "node2", "vf2")], (&far, &uid));
+    }
+    c.claim(
+        "web-nics",
+        Vec::new(),
+        &[("nic", "node1", "vf0")],
+        ("web", "later"),
+    );
+    // The pod's second entry is a template's: its claim does not exist yet.
+    let pod = c.api.create(&json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": "web", "namespace": "team-a",
+                     "annotations": {"k8s.v1.cni.cncf.io/networks": "sriov-net,sriov-net"}},
+        "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                 "resourceClaims": [{"name": "nics", "resourceClaimName": "web-nics"},
+                                    {"name": "extra", "resourceClaimTemplateName": "one-vf"}],
+                 "containers": [{"name": "c", "image": "pause"}]}
+    }));
+    let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+    let d = NodeDaemon::start(
+        NODE,
+        &c.sb.path("daemon.kubeconfig"),
+        &c.sb.path("run/daemon.sock"),
+        &c.sb.path("cache"),
+        &c.sb.path("daemon.log"),
+        &[],
+    );
+    let h = d.wait("the pod's one claim read", |h| {
+        h.cache.dra_synced && h.cache.claims == 1
+    });
+    assert_eq!(h.cache.claim_reads, 1, "{h:?}");
+
+    // The resourceclaim controller's part: the claim from the template, named in the pod's status.
+    c.claim(
+        "web-extra-7x2k",
+        Vec::new(),
+        &[("nic", "node1", "vf1")],
+        ("web", &uid),
+    );
+    let status = |conditions: Value| {
+        c.api.must(
+            "PATCH",
+            "/api/v1/namespaces/team-a/pods/web/status",
+            Some(&json!({"status": {
+                "resourceClaimStatuses": [{"name": "extra", "resourceClaimName": "web-extra-7x2k"}],
+                "conditions": conditions
+            }})),
+        );
+    };
+    status(json!([]));
+    d.wait("the claim made later read", |h| h.cache.claims == 2);
+    for i in 0..5 {
+        status(json!([{"type": "PodScheduled", "status": "True", "reason": format!("r{i}")}]));
+    }
+    c.api.must(
+        "PATCH",
+        "/api/v1/namespaces/team-a/pods/web",
+        Some(&json!({"metadata": {"labels": {"changed": "yes"}}})),
+    );
+    // The watch delivers these within milliseconds; a re-read would follow them as fast.
+    std::thread::sleep(Duration::from_millis(500));
+
+    let daemon_claim_requests: Vec<(String, String)> = c
+        .api
+        .audit()
+        .into_iter()
+        .filter(|(u, _, uri)| u == DAEMON_USER && uri.contains("/resourceclaims"))
+        .map(|(_, verb, uri)| (verb, uri))
+        .collect();
+    assert_eq!(
+        daemon_claim_requests,
+        ["web-nics", "web-extra-7x2k"]
+            .map(|n| (
+                "get".to_string(),
+                format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{n}")
+            ))
+            .to_vec(),
+        "before the ADD (whose claim status writes read each claim again), the daemon asked for its pod's \
+         claims by name, once each, and for no list or watch"
+    );
+    c.sb.clear_calls();
+    let before = c.cni_requests().len();
+    let conf = c.conf(true);
+    c.add("c-web", "web", &uid, &conf).ok();
+    assert_eq!(
+        c.device_calls(),
+        [("net1", "0000:01:00.1"), ("net2", "0000:01:00.2")].map(|(i, d)| (
+            i.to_string(),
+            d.to_string(),
+            d.to_string()
+        )),
+        "each NAD got a device of the pod's two claims"
+    );
+    assert_eq!(
+        c.cni_requests()[before..].to_vec(),
+        Vec::<String>::new(),
+        "the ADD reads nothing from the API"
+    );
+    let h = d.health().unwrap();
+    assert_eq!(
+        (h.cache.claims, h.cache.claim_reads),
+        (2, 2),
+        "two claims held, each read once: {h:?}"
+    );
+    c.del("c-web", "web", &uid, &conf).ok();
+    c.api.must(
+        "DELETE",
+        "/api/v1/namespaces/team-a/pods/web?gracePeriodSeconds=0",
+        None,
+    );
+    d.wait("the claims dropped with their pod", |h| h.cache.claims == 0);
+}
+
 /// Hooks see the device (WIT 0.1.2): the example resolver `network-templates` fills a NAD without a config with
 /// the template of the DRA driver whose device the selection uses, and leaves a selection without one alone.
 #[test]
@@ -383,7 +545,7 @@ fn a_resolver_hook_sees_the_claim_device_of_its_selection() {
         "settings": {"driverTemplates": {DRIVER: {
             "cniVersion": "1.0.0", "type": "secondary-plugin", "marker": "driver-template"}}}
     }]);
-    let uid = c.pod("templated", None);
+    let uid = c.pod("templated", None, &["templated-nic"]);
     c.claim(
         "templated-nic",
         vec![attachment(
@@ -405,7 +567,7 @@ fn a_resolver_hook_sees_the_claim_device_of_its_selection() {
     assert_eq!(call.env["CNI_IFNAME"], "dra0");
 
     // Without a claim device the NAD has no config and no template: the ADD fails naming it.
-    let uid = c.pod("untemplated", Some("bare"));
+    let uid = c.pod("untemplated", Some("bare"), &[]);
     let run = c.add("c-untemplated", "untemplated", &uid, &conf);
     assert!(run.code() != 0, "{}", run.msg());
     assert!(run.msg().contains("bare"), "{}", run.msg());
@@ -418,7 +580,7 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
     let c = dra_cluster();
     let conf = c.conf(false);
 
-    let uid = c.pod("missing", None);
+    let uid = c.pod("missing", None, &["missing-nic"]);
     c.claim(
         "missing-nic",
         vec![attachment(
@@ -445,7 +607,7 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
         "no cache entry stays"
     );
 
-    let uid = c.pod("malformed", None);
+    let uid = c.pod("malformed", None, &["malformed-nic"]);
     c.claim(
         "malformed-nic",
         vec![attachment(
@@ -468,7 +630,7 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
     assert!(c.device_calls().is_empty(), "{:?}", c.sb.call_summary());
 
     // vf2 is listed by node2's slice only: on node1 it has no attributes, so the NAD finds no device.
-    let uid = c.pod("elsewhere", Some("sriov-net"));
+    let uid = c.pod("elsewhere", Some("sriov-net"), &["elsewhere-nic"]);
     c.claim(
         "elsewhere-nic",
         Vec::new(),
@@ -481,7 +643,7 @@ fn a_claim_that_cannot_be_attached_fails_the_add_naming_it() {
     assert!(msg.contains(RESOURCE), "{msg}");
 
     // A pod without claims or devices attaches as before: the claims list answers empty.
-    let uid = c.pod("plain", Some("fast"));
+    let uid = c.pod("plain", Some("fast"), &[]);
     c.sb.clear_calls();
     c.add("c-plain", "plain", &uid, &conf).ok();
     assert_eq!(
@@ -533,7 +695,7 @@ fn the_claims_network_data_needs_the_drivers_rule_and_the_node_bound_identity() 
     c.api
         .write_kubeconfig(&c.sb.path("static.kubeconfig"), "plexus-token");
 
-    let uid = c.pod("auth", Some("sriov-net"));
+    let uid = c.pod("auth", Some("sriov-net"), &["auth-nic"]);
     c.claim(
         "auth-nic",
         Vec::new(),

@@ -713,9 +713,9 @@ mod binary {
         (sb, conf)
     }
 
-    /// A 1.34+ server's pod names its claims in `status.resourceClaimStatuses` (claims made from templates get
-    /// generated names): those claims are the pod's, whatever `reservedFor` says, and the node's slices are
-    /// listed with the `spec.nodeName` selector (another node lists a device of the same name).
+    /// A pod's claim made from a template is named in `status.resourceClaimStatuses` (a generated name): that claim
+    /// is the pod's and is read by name, whatever `reservedFor` says of others, and the node's slices are listed
+    /// with the `spec.nodeName` selector (another node lists a device of the same name).
     #[test]
     fn a_pods_claims_come_from_its_resource_claim_statuses() {
         let server = ApiServer::start();
@@ -723,7 +723,8 @@ mod binary {
         server.add_pod(json!({
             "metadata": {"name": "dra", "namespace": "team-a", "uid": "uid-dra",
                 "annotations": {"k8s.v1.cni.cncf.io/networks": "sriov-net"}},
-            "spec": {"nodeName": "node1"},
+            "spec": {"nodeName": "node1",
+                     "resourceClaims": [{"name": "nic", "resourceClaimTemplateName": "one-vf"}]},
             "status": {"resourceClaimStatuses": [{"name": "nic", "resourceClaimName": "dra-nic-x7k2p"}]}
         }));
         server.add_nad(json!({
@@ -776,6 +777,18 @@ mod binary {
             .find(|c| c.plugin == "secondary-plugin" && c.command == "ADD")
             .expect("the NAD's delegate ran");
         assert_eq!(call.stdin["deviceID"], "0000:01:00.2", "{}", call.stdin);
+        let claim_reads: Vec<String> = server
+            .requests()
+            .into_iter()
+            .filter(|r| r.path.contains("/resourceclaims"))
+            .map(|r| r.path)
+            .collect();
+        assert!(
+            !claim_reads.is_empty()
+                && claim_reads.iter().all(|p| p
+                    .starts_with("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/dra-nic-x7k2p")),
+            "the pod's claim read by name (and its status written), no list and no other claim: {claim_reads:?}"
+        );
         let slices = server
             .requests()
             .into_iter()
@@ -801,12 +814,8 @@ mod binary {
             .map(|r| (r.method.clone(), r.path.clone()))
             .collect();
         let expected = [
+            // A pod without claims: no claim is read.
             ("GET", POD_PATH),
-            // The pod's ResourceClaims (none: the list answers empty).
-            (
-                "GET",
-                "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims",
-            ),
             ("GET", NAD_PATH),
             ("PATCH", STATUS_PATH),
             ("POST", "/api/v1/namespaces/team-a/events"),

@@ -520,6 +520,17 @@ fn route(shared: &Shared, req: &RecordedRequest) -> (u16, Value) {
             list_nads(shared, None)
         }
         ("POST", ["api", "v1", "namespaces", ns, "events"]) => create_event(shared, req, ns),
+        ("GET", ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims", name]) => {
+            let found = shared
+                .lock()
+                .claims
+                .get(&(ns.to_string(), name.to_string()))
+                .cloned();
+            match found {
+                Some(claim) => (200, claim),
+                None => not_found("resource.k8s.io", "resourceclaims", name),
+            }
+        }
         ("GET", ["apis", "resource.k8s.io", "v1", "namespaces", ns, "resourceclaims"]) => {
             let items: Vec<Value> = shared
                 .lock()

@@ -22,7 +22,7 @@ use kube::config::{KubeConfigOptions, Kubeconfig};
 use kube::{Client, Config};
 use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
-use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
+use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodClaimRef, PodRef};
 use serde::{Deserialize, Serialize};
 
 use crate::{Cluster, ClusterError, ObjectKind};
@@ -86,7 +86,7 @@ mod dra;
 mod explain;
 mod resolve;
 pub use bounded::{skipped_objects, MAX_OBJECT_BYTES};
-pub use dra::{claim_from_kube, claim_status_patch, slice_devices, DRA_API_VERSION};
+pub use dra::{claim_from_kube, claim_status_patch, slice_devices, ClaimRead, DRA_API_VERSION};
 #[cfg(feature = "watch")]
 pub use explain::explain_watch;
 pub use explain::{explain, Unreachable};
@@ -721,20 +721,7 @@ impl KubeApi {
             })
             .await
             .map_err(|f| self.generic(&op, ObjectKind::Pod, f))?;
-        let node_name = found.spec.as_ref().and_then(|s| s.node_name.clone());
-        let resource_claims = found
-            .status
-            .as_ref()
-            .and_then(|s| s.resource_claim_statuses.as_ref())
-            .map(|all| {
-                all.iter()
-                    .filter_map(|c| c.resource_claim_name.clone())
-                    .collect()
-            })
-            .unwrap_or_default();
-        let mut found = pod_from_meta(found.metadata);
-        found.node_name = node_name;
-        found.resource_claims = resource_claims;
+        let mut found = pod_from_kube(found);
         if found.namespace.is_empty() {
             found.namespace = pod.namespace.clone();
         }
@@ -993,6 +980,38 @@ fn kept_annotations(annotations: Option<BTreeMap<String, String>>) -> BTreeMap<S
 }
 
 /// The pod as planning sees it: identity, labels and annotations from its metadata.
+/// The pod as planning reads it, with its node and its claims (each of `spec.resourceClaims[]` with the claim it
+/// names, or the one `status.resourceClaimStatuses[]` says was made from its template).
+pub(crate) fn pod_from_kube(found: KubePod) -> Pod {
+    let spec = found.spec.unwrap_or_default();
+    let made: BTreeMap<String, Option<String>> = found
+        .status
+        .and_then(|s| s.resource_claim_statuses)
+        .unwrap_or_default()
+        .into_iter()
+        .map(|c| (c.name, c.resource_claim_name))
+        .collect();
+    let resource_claims = spec
+        .resource_claims
+        .unwrap_or_default()
+        .into_iter()
+        .map(|r| {
+            let claim = r
+                .resource_claim_name
+                .or_else(|| made.get(&r.name).cloned().flatten());
+            PodClaimRef {
+                name: r.name,
+                claim,
+            }
+        })
+        .collect();
+    Pod {
+        node_name: spec.node_name,
+        resource_claims,
+        ..pod_from_meta(found.metadata)
+    }
+}
+
 pub(crate) fn pod_from_meta(meta: ObjectMeta) -> Pod {
     let annotations = kept_annotations(meta.annotations);
     Pod {

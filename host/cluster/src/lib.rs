@@ -12,6 +12,7 @@ mod watch;
 
 #[cfg(feature = "watch")]
 pub use self::kube::explain_watch;
+pub use self::kube::ClaimRead;
 pub use self::kube::{
     claim_from_kube, claim_status_patch, error_chain, explain, skipped_objects, slice_devices,
     ConfigSource, KubeApi, KubeCluster, KubeSettings, KubectlSelection, Unreachable,
@@ -50,14 +51,17 @@ pub struct CacheHealth {
     /// Whether the cluster serves DRA (`resource.k8s.io/v1`); absent until known.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub dra: Option<bool>,
-    /// Whether the claim and slice caches have listed.
+    /// Whether the node's slices have listed.
     #[serde(default)]
     pub dra_synced: bool,
-    /// Allocated claims cached, and devices of this node's slices.
+    /// Allocated claims cached (those the node's pods use), and devices of this node's slices.
     #[serde(default)]
     pub claims: usize,
     #[serde(default)]
     pub slice_devices: usize,
+    /// Reads of single claims made since start (by the cache's reader and for ADDs it could not answer).
+    #[serde(default)]
+    pub claim_reads: u64,
 }
 
 /// The kinds of object a cluster source reads.

@@ -8,7 +8,8 @@
 //! Writes of a pod's network-status (`PATCH .../pods/NAME/status`) have a bucket of their own: a person or a
 //! controller waits for them (a hot-plugged network, a pod's networks shown), and they must not queue behind the
 //! background work (events, reports, claim writes, reads) that the per-node bound is for. There is one such
-//! write per ADD or change of a pod of the node, as kubelet writes one status per change of a pod.
+//! write per ADD or change of a pod of the node, as kubelet writes one status per change of a pod. Reads of
+//! single ResourceClaims (a node reads its pods' claims by name as they start) share that budget.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -39,6 +40,19 @@ pub fn is_status_write<B>(req: &http::Request<B>) -> bool {
         && path.starts_with("/api/v1/namespaces/")
         && path.contains("/pods/")
         && path.ends_with("/status")
+}
+
+/// Whether `req` reads one ResourceClaim by name: a node reads each claim of its pods as they start, and an ADD
+/// may wait for it, so these reads share the status writes' budget (one or two per pod start, as the kubelet's
+/// own reads of a pod's claims).
+pub fn is_claim_read<B>(req: &http::Request<B>) -> bool {
+    let path = req.uri().path();
+    let Some(rest) = path.strip_prefix("/apis/resource.k8s.io/") else {
+        return false;
+    };
+    let parts: Vec<&str> = rest.split('/').collect();
+    req.method() == http::Method::GET
+        && matches!(parts.as_slice(), [_, "namespaces", _, "resourceclaims", name] if !name.is_empty())
 }
 
 /// The bucket: tokens refill at `qps`, up to `burst`; a request takes one, or reserves the next one to come.
@@ -146,7 +160,7 @@ where
         // The instance that was polled ready makes the call, after the token; a clone stays for the next one.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
-        let bucket = if is_status_write(&req) {
+        let bucket = if is_status_write(&req) || is_claim_read(&req) {
             self.budgets.status.clone()
         } else {
             self.budgets.background.clone()
@@ -180,6 +194,24 @@ mod tests {
         };
         let status = request("PATCH", "/api/v1/namespaces/team/pods/web/status");
         assert!(is_status_write(&status));
+        assert!(is_claim_read(&request(
+            "GET",
+            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/web-nic"
+        )));
+        for not_one_claim in [
+            request(
+                "GET",
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims",
+            ),
+            request("GET", "/apis/resource.k8s.io/v1/resourceclaims"),
+            request("GET", "/apis/resource.k8s.io/v1/resourceslices"),
+            request(
+                "PATCH",
+                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c",
+            ),
+        ] {
+            assert!(!is_claim_read(&not_one_claim), "{}", not_one_claim.uri());
+        }
         for other in [
             request("POST", "/api/v1/namespaces/team/events"),
             request("GET", "/api/v1/namespaces/team/pods/web"),

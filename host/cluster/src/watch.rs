@@ -1,8 +1,14 @@
-//! Watch caches for the node daemon: the node's pods and the cluster's NADs, trimmed to what planning reads.
+//! Watch caches for the node daemon: the node's pods and the cluster's NADs, trimmed to what planning reads, and
+//! the ResourceClaims the node's pods use, each read by name.
 //!
-//! Pods are watched by metadata only (the API server sends no spec or status) with the field selector
-//! `spec.nodeName=<node>`, so the cache grows with what the node runs, not with the cluster. A NAD keeps its
-//! namespace, name, config and annotations. Each list (the first one and every relist after a 410 Gone) fills a
+//! Pods are watched with the field selector `spec.nodeName=<node>`, so the cache grows with what the node runs,
+//! not with the cluster; each is trimmed on arrival to its metadata, node and claims (its
+//! `spec.resourceClaims[]` and the claims `status.resourceClaimStatuses[]` names). A NAD keeps its namespace,
+//! name, config and annotations. Claims are not watched: a claim a pod of the node uses is read by name when the
+//! pod appears (or names it later), kept while a pod of the node uses it, and dropped after; an allocated claim
+//! does not change while a pod is reserved for it. A claim not there or not allocated when read is read again
+//! with backoff, and when its pod changes. So a node holds and receives its own pods' claims only, as the
+//! kubelet does. Each list (the first one and every relist after a 410 Gone) fills a
 //! fresh table that replaces the old one whole when the list is complete, so a lookup never sees half a list.
 //!
 //! The streams are kube-runtime's watchers; the tables are not its reflector store, for what an ADD needs of
@@ -18,16 +24,17 @@ use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
 use k8s_openapi::api::core::v1::Pod as KubePod;
-use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
-use kube::api::{Api, PartialObjectMeta};
+use k8s_openapi::api::resource::v1::ResourceSlice;
+use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
-use plexus_core::spec::dra::{claims_of_pod, pod_claims, Claim, PodClaims, SliceDevice};
+use plexus_core::spec::dra::{claims_of_pod, pod_claims, Claim, ClaimName, PodClaims, SliceDevice};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod};
+use tokio::time::Instant;
 
-use crate::kube::{claim_from_kube, nad_from_kube, pod_from_meta, slice_devices, NadObject};
-use crate::{CacheHealth, Lookup};
+use crate::kube::{nad_from_kube, pod_from_kube, slice_devices, ClaimRead, NadObject};
+use crate::{CacheHealth, KubeApi, Lookup};
 
 type Key = (String, String);
 
@@ -106,12 +113,27 @@ pub enum DraServed {
     Yes,
 }
 
-/// A claim as the cache keeps it: `None` for one not allocated (kept so an update that takes the allocation
-/// away replaces the allocated one).
-#[derive(Clone)]
-struct ClaimEntry {
-    key: Key,
-    claim: Option<Claim>,
+/// A claim a pod of the node uses, as the cache holds it.
+#[derive(Debug, Clone, PartialEq)]
+enum ClaimSlot {
+    /// To be read: new, or its pod changed while it could not be used.
+    Unread,
+    /// Being read now (after `attempts` unusable reads).
+    Reading {
+        attempts: u32,
+    },
+    Allocated(Claim),
+    /// Read and not there or not allocated, or not read (the API failed): read again at `at`, or when a pod that
+    /// uses it changes.
+    Retry {
+        at: Instant,
+        attempts: u32,
+    },
+}
+
+/// How long after its `attempts`th unusable read a claim is read again (1 s doubling, at most 30 s).
+fn claim_retry_delay(attempts: u32) -> std::time::Duration {
+    std::time::Duration::from_secs(1u64 << attempts.min(5)).min(std::time::Duration::from_secs(30))
 }
 
 /// A slice as the cache keeps it: its devices on this node.
@@ -125,10 +147,74 @@ struct SliceEntry {
 struct State {
     pods: Table<Pod>,
     nads: Table<NetworkAttachmentDefinition>,
-    claims: Table<ClaimEntry>,
+    claims: HashMap<Key, ClaimSlot>,
+    /// Reads of claims made, and claims read that could not be used yet.
+    claim_reads: u64,
     slices: Table<SliceEntry>,
     dra: DraServed,
     watch_errors: u64,
+}
+
+impl State {
+    /// Makes the claims cache hold the claims of the node's pods: a claim newly used is to be read, a claim no
+    /// pod uses any more is dropped; the claims of `changed` (a pod that changed) that could not be used are
+    /// read again now.
+    fn keep_pods_claims(&mut self, changed: Option<&Pod>) {
+        let mut used: std::collections::HashSet<Key> = std::collections::HashSet::new();
+        for pod in self.pods.items.values() {
+            for name in pod.claim_names() {
+                used.insert((pod.namespace.clone(), name.to_string()));
+            }
+        }
+        self.claims.retain(|k, _| used.contains(k));
+        for k in used {
+            self.claims.entry(k).or_insert(ClaimSlot::Unread);
+        }
+        if let Some(pod) = changed {
+            for name in pod.claim_names() {
+                let k = (pod.namespace.clone(), name.to_string());
+                if let Some(slot @ ClaimSlot::Retry { .. }) = self.claims.get_mut(&k) {
+                    *slot = ClaimSlot::Unread;
+                }
+            }
+        }
+    }
+
+    fn claim_read(&mut self, claim: &ClaimName, read: Result<ClaimRead, ()>, now: Instant) {
+        self.claim_reads += 1;
+        let Some(slot) = self
+            .claims
+            .get_mut(&(claim.namespace.clone(), claim.name.clone()))
+        else {
+            return; // No pod of the node uses it any more.
+        };
+        let attempts = match slot {
+            ClaimSlot::Retry { attempts, .. } | ClaimSlot::Reading { attempts } => *attempts,
+            _ => 0,
+        };
+        *slot = match read {
+            Ok(ClaimRead::Allocated(c)) => ClaimSlot::Allocated(c),
+            Ok(_) | Err(()) => ClaimSlot::Retry {
+                at: now + claim_retry_delay(attempts),
+                attempts: attempts + 1,
+            },
+        };
+    }
+
+    /// `pod_claims` of the pod's claims (those in `allocated`) with the node's slices.
+    fn join_claims(&self, pod: &Pod, allocated: &[&Claim]) -> PodClaims {
+        let mine = claims_of_pod(pod, |n| {
+            allocated.iter().copied().find(|c| c.name.name == n)
+        });
+        pod_claims(mine, |k| {
+            self.slices
+                .items
+                .values()
+                .flat_map(|e| e.devices.iter())
+                .find(|d| d.key == *k)
+                .cloned()
+        })
+    }
 }
 
 /// The node daemon's view of the cluster: the node's pods and every NAD, kept current by watches.
@@ -164,32 +250,71 @@ impl NodeCache {
         self.state().nads.get(namespace, name)
     }
 
-    /// What the claims of the pod (`namespace`, `uid`; `claim_names` from its status where known) give its
-    /// networks, from the claim and slice caches; unsynced until both have listed (or DRA is known not served).
-    pub fn pod_claims(
-        &self,
-        namespace: &str,
-        uid: Option<&str>,
-        claim_names: &[String],
-    ) -> Lookup<PodClaims> {
+    /// What the claims of `pod` give its networks, from the claims cache and the node's slices: unsynced until
+    /// the slices have listed (or DRA is known not served), missing when a claim of the pod has not been read
+    /// allocated yet (the caller reads them itself: [`NodeCache::claims_read`]).
+    pub fn pod_claims(&self, pod: &Pod) -> Lookup<PodClaims> {
         let s = self.state();
         match s.dra {
             DraServed::No => return Lookup::Found(PodClaims::default()),
             DraServed::Unknown => return Lookup::Unsynced,
-            DraServed::Yes if !(s.claims.synced && s.slices.synced) => return Lookup::Unsynced,
+            DraServed::Yes if !s.slices.synced => return Lookup::Unsynced,
             DraServed::Yes => {}
         }
-        let claims = s.claims.items.values().filter_map(|e| e.claim.as_ref());
-        let mine = claims_of_pod(namespace, uid, claim_names, claims);
-        let found = pod_claims(mine, |k| {
-            s.slices
-                .items
-                .values()
-                .flat_map(|e| e.devices.iter())
-                .find(|d| d.key == *k)
-                .cloned()
-        });
-        Lookup::Found(found)
+        let mut allocated = Vec::new();
+        for name in pod.claim_names() {
+            match s.claims.get(&(pod.namespace.clone(), name.to_string())) {
+                Some(ClaimSlot::Allocated(c)) => allocated.push(c),
+                _ => return Lookup::Missing,
+            }
+        }
+        Lookup::Found(s.join_claims(pod, &allocated))
+    }
+
+    /// Keeps claims the caller read for `pod` (the cache had not read them allocated) and answers from them.
+    pub fn claims_read(&self, pod: &Pod, read: Vec<(ClaimName, ClaimRead)>) -> PodClaims {
+        let mut s = self.state();
+        let now = Instant::now();
+        let mut allocated = Vec::new();
+        for (name, r) in read {
+            if let ClaimRead::Allocated(c) = &r {
+                allocated.push(c.clone());
+            }
+            s.claim_read(&name, Ok(r), now);
+        }
+        let allocated: Vec<&Claim> = allocated.iter().collect();
+        s.join_claims(pod, &allocated)
+    }
+
+    /// The claims due to be read now, each marked as being read, and when the next retry is due.
+    pub fn claims_due(&self, now: Instant) -> (Vec<ClaimName>, Option<Instant>) {
+        let mut s = self.state();
+        let mut due = Vec::new();
+        let mut next: Option<Instant> = None;
+        for ((namespace, name), slot) in s.claims.iter_mut() {
+            let attempts = match slot {
+                ClaimSlot::Unread => 0,
+                ClaimSlot::Retry { at, attempts } if *at <= now => *attempts,
+                ClaimSlot::Retry { at, .. } => {
+                    next = Some(next.map_or(*at, |n| n.min(*at)));
+                    continue;
+                }
+                ClaimSlot::Reading { .. } | ClaimSlot::Allocated(_) => continue,
+            };
+            *slot = ClaimSlot::Reading { attempts };
+            due.push(ClaimName {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            });
+        }
+        due.sort();
+        (due, next)
+    }
+
+    /// Records the outcome of reading `claim` (an `Err` for an API failure).
+    pub fn claim_read(&self, claim: &ClaimName, read: Result<ClaimRead, ()>) {
+        self.state().claim_read(claim, read, Instant::now());
+        self.changed.send_modify(|n| *n += 1);
     }
 
     /// Whether DRA is served, as last found.
@@ -200,12 +325,6 @@ impl NodeCache {
     /// Records whether DRA is served.
     pub fn set_dra_served(&self, served: DraServed) {
         self.state().dra = served;
-        self.changed.send_modify(|n| *n += 1);
-    }
-
-    /// Applies a claim watch event (the claim trimmed; `None` for one without an allocation).
-    fn apply_claim(&self, event: Event<ClaimEntry>) {
-        self.state().claims.apply(event, |e| Some(e.key.clone()));
         self.changed.send_modify(|n| *n += 1);
     }
 
@@ -240,13 +359,13 @@ impl NodeCache {
                 DraServed::No => Some(false),
                 DraServed::Yes => Some(true),
             },
-            dra_synced: s.dra == DraServed::Yes && s.claims.synced && s.slices.synced,
+            dra_synced: s.dra == DraServed::Yes && s.slices.synced,
             claims: s
                 .claims
-                .items
                 .values()
-                .filter(|e| e.claim.is_some())
+                .filter(|c| matches!(c, ClaimSlot::Allocated(_)))
                 .count(),
+            claim_reads: s.claim_reads,
             slice_devices: s.slices.items.values().map(|e| e.devices.len()).sum(),
         }
     }
@@ -256,11 +375,17 @@ impl NodeCache {
         self.changed.subscribe()
     }
 
-    /// Applies a pod watch event.
+    /// Applies a pod watch event, and keeps the claims of the node's pods (and only those) in the claims cache.
     pub fn apply_pod(&self, event: Event<Pod>) {
-        self.state()
-            .pods
+        let mut s = self.state();
+        let changed = match &event {
+            Event::Apply(p) => Some(p.clone()),
+            _ => None,
+        };
+        s.pods
             .apply(event, |p| Some((p.namespace.clone(), p.name.clone())));
+        s.keep_pods_claims(changed.as_ref());
+        drop(s);
         self.changed.send_modify(|n| *n += 1);
     }
 
@@ -288,18 +413,16 @@ pub struct WatchSettings {
     pub server: String,
 }
 
-/// Runs the pod and NAD watches into `cache` until the future is dropped. Errors (connection loss, 410 Gone,
-/// forbidden) are logged and retried with backoff; a 410 makes the watcher list again.
-pub async fn run_watches(client: Client, cache: Arc<NodeCache>, settings: WatchSettings) {
+/// Runs the pod and NAD watches into `cache` until the future is dropped, and the node's DRA (its ResourceSlices
+/// watched, its pods' claims read by name). Errors (connection loss, 410 Gone, forbidden) are logged and retried
+/// with backoff; a 410 makes the watcher list again.
+pub async fn run_watches(api: KubeApi, cache: Arc<NodeCache>, settings: WatchSettings) {
+    let client = api.client().clone();
     let pod_config = watcher::Config::default()
         .fields(&format!("spec.nodeName={}", settings.node))
         .timeout(settings.timeout_secs)
         .any_semantic();
-    let pods = watcher::watcher(
-        Api::<PartialObjectMeta<KubePod>>::all(client.clone()),
-        pod_config,
-    )
-    .default_backoff();
+    let pods = watcher::watcher(Api::<KubePod>::all(client.clone()), pod_config).default_backoff();
     let nad_config = watcher::Config::default()
         .timeout(settings.timeout_secs)
         .any_semantic();
@@ -307,14 +430,14 @@ pub async fn run_watches(client: Client, cache: Arc<NodeCache>, settings: WatchS
         watcher::watcher(Api::<NadObject>::all(client.clone()), nad_config).default_backoff();
     tokio::join!(
         drive(("pods", &settings.server), pods, &cache, |c, ev| c
-            .apply_pod(map_event(ev, |m| pod_from_meta(m.metadata)))),
+            .apply_pod(map_event(ev, pod_from_kube))),
         drive(
             ("network-attachment-definitions", &settings.server),
             nads,
             &cache,
             |c, ev| c.apply_nad(map_event(ev, nad_from_kube))
         ),
-        run_dra_watches(client, &cache, &settings),
+        run_dra(&api, &cache, &settings),
     );
 }
 
@@ -345,10 +468,11 @@ async fn probe_dra(client: &Client, node: &str) -> Result<Option<bool>, kube::Er
     }
 }
 
-/// The DRA watches: every allocated ResourceClaim (trimmed to what planning reads) and this node's
-/// ResourceSlices' devices. Until the API server says whether it serves DRA, a pod's claims are unsynced; where
-/// it does not, they are none, and it is asked again every minute.
-async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSettings) {
+/// The node's DRA: its ResourceSlices' devices, watched, and its pods' claims, read by name. Until the API
+/// server says whether it serves DRA, a pod's claims are unsynced; where it does not, they are none, and it is
+/// asked again every minute.
+async fn run_dra(api: &KubeApi, cache: &NodeCache, settings: &WatchSettings) {
+    let client = api.client().clone();
     let node = settings.node.clone();
     let by_field = loop {
         match probe_dra(&client, &node).await {
@@ -370,7 +494,7 @@ async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSett
     };
     tracing::info!(
         by_field,
-        "watching ResourceClaims and this node's ResourceSlices"
+        "watching this node's ResourceSlices; reading its pods' ResourceClaims by name"
     );
     let mut slice_config = watcher::Config::default()
         .timeout(settings.timeout_secs)
@@ -378,39 +502,48 @@ async fn run_dra_watches(client: Client, cache: &NodeCache, settings: &WatchSett
     if by_field {
         slice_config = slice_config.fields(&format!("spec.nodeName={node}"));
     }
-    let claim_config = watcher::Config::default()
-        .timeout(settings.timeout_secs)
-        .any_semantic();
-    let claims =
-        watcher::watcher(Api::<ResourceClaim>::all(client.clone()), claim_config).default_backoff();
     let slices =
         watcher::watcher(Api::<ResourceSlice>::all(client), slice_config).default_backoff();
     cache.set_dra_served(DraServed::Yes);
-    let claim_entry = |c: ResourceClaim| ClaimEntry {
-        key: (
-            c.metadata.namespace.clone().unwrap_or_default(),
-            c.metadata.name.clone().unwrap_or_default(),
-        ),
-        claim: claim_from_kube(c),
-    };
     let slice_entry = |s: ResourceSlice| SliceEntry {
         name: s.metadata.name.clone().unwrap_or_default(),
         devices: slice_devices(s, &node),
     };
     tokio::join!(
         drive(
-            ("resourceclaims", &settings.server),
-            claims,
-            cache,
-            |c, ev| c.apply_claim(map_event(ev, claim_entry))
-        ),
-        drive(
             ("resourceslices", &settings.server),
             slices,
             cache,
             |c, ev| c.apply_slice(map_event(ev, slice_entry))
         ),
+        read_claims(api, cache),
     );
+}
+
+/// Reads the claims the node's pods use as they become due ([`NodeCache::claims_due`]), one at a time, until
+/// the future is dropped.
+async fn read_claims(api: &KubeApi, cache: &NodeCache) {
+    let mut changes = cache.subscribe();
+    loop {
+        changes.mark_unchanged();
+        let (due, next) = cache.claims_due(Instant::now());
+        for claim in &due {
+            let read = api.claim(claim).await.map_err(|e| {
+                tracing::warn!(claim = %claim, error = %e, "cannot read a pod's ResourceClaim; reading it again later");
+            });
+            if let Ok(r @ (ClaimRead::Missing | ClaimRead::Unallocated)) = &read {
+                tracing::debug!(claim = %claim, read = ?r, "a pod's ResourceClaim is not allocated yet");
+            }
+            cache.claim_read(claim, read);
+        }
+        if !due.is_empty() {
+            continue;
+        }
+        let wait = next.map_or(std::time::Duration::from_secs(3600), |at| {
+            at.saturating_duration_since(Instant::now())
+        });
+        let _ = tokio::time::timeout(wait, changes.changed()).await;
+    }
 }
 
 /// Feeds one watch stream into `cache` through `apply`, counting and logging its errors.
@@ -507,5 +640,125 @@ mod tests {
         cache.apply_pod(Event::Delete(pod("ns", "a", "2")));
         assert_eq!(cache.pod("ns", "a"), Lookup::Missing);
         assert!(rx.has_changed().unwrap());
+    }
+
+    fn claim_name(name: &str) -> ClaimName {
+        ClaimName {
+            namespace: "ns".into(),
+            name: name.into(),
+        }
+    }
+
+    fn allocated(name: &str) -> ClaimRead {
+        ClaimRead::Allocated(Claim {
+            name: claim_name(name),
+            results: Vec::new(),
+            attachments: Vec::new(),
+        })
+    }
+
+    fn with_claims(name: &str, claims: &[(&str, Option<&str>)]) -> Pod {
+        Pod {
+            resource_claims: claims
+                .iter()
+                .map(|(n, c)| plexus_core::spec::PodClaimRef {
+                    name: n.to_string(),
+                    claim: c.map(Into::into),
+                })
+                .collect(),
+            ..pod("ns", name, name)
+        }
+    }
+
+    fn synced_dra() -> NodeCache {
+        let cache = NodeCache::default();
+        cache.set_dra_served(DraServed::Yes);
+        cache.apply_slice(Event::Init);
+        cache.apply_slice(Event::InitDone);
+        cache.apply_pod(Event::Init);
+        cache.apply_pod(Event::InitDone);
+        cache
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_cache_holds_the_claims_of_its_pods_and_reads_each_when_due() {
+        let cache = synced_dra();
+        let web = with_claims("web", &[("nics", Some("a")), ("extra", None)]);
+        cache.apply_pod(Event::Apply(web.clone()));
+        assert_eq!(cache.pod_claims(&web), Lookup::Missing, "not read yet");
+        let (due, _) = cache.claims_due(Instant::now());
+        assert_eq!(due, [claim_name("a")]);
+        assert!(
+            cache.claims_due(Instant::now()).0.is_empty(),
+            "a claim being read is not due again"
+        );
+        cache.claim_read(&claim_name("a"), Ok(allocated("a")));
+        assert!(matches!(cache.pod_claims(&web), Lookup::Found(_)));
+
+        // The template's claim is named later; pod changes read nothing more once it is read.
+        let web = with_claims("web", &[("nics", Some("a")), ("extra", Some("b"))]);
+        cache.apply_pod(Event::Apply(web.clone()));
+        assert_eq!(cache.claims_due(Instant::now()).0, [claim_name("b")]);
+        cache.claim_read(&claim_name("b"), Ok(allocated("b")));
+        cache.apply_pod(Event::Apply(web.clone()));
+        assert!(cache.claims_due(Instant::now()).0.is_empty());
+        assert_eq!((cache.health().claims, cache.health().claim_reads), (2, 2));
+
+        // Another pod shares `a`; `a` stays until neither uses it.
+        let db = with_claims("db", &[("nics", Some("a"))]);
+        cache.apply_pod(Event::Apply(db.clone()));
+        cache.apply_pod(Event::Delete(web));
+        assert_eq!(cache.health().claims, 1);
+        assert!(matches!(cache.pod_claims(&db), Lookup::Found(_)));
+        cache.apply_pod(Event::Delete(db));
+        assert_eq!(cache.health().claims, 0);
+        // A read that comes back for a claim no pod uses any more keeps nothing.
+        cache.claim_read(&claim_name("a"), Ok(allocated("a")));
+        assert_eq!(cache.health().claims, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_claim_not_allocated_is_read_again_with_backoff_or_when_its_pod_changes() {
+        let cache = synced_dra();
+        let web = with_claims("web", &[("nics", Some("a"))]);
+        cache.apply_pod(Event::Apply(web.clone()));
+        let t0 = Instant::now();
+        assert_eq!(cache.claims_due(t0).0.len(), 1);
+        cache.claim_read(&claim_name("a"), Ok(ClaimRead::Unallocated));
+        assert_eq!(cache.pod_claims(&web), Lookup::Missing);
+        let (due, next) = cache.claims_due(t0);
+        assert!(due.is_empty());
+        assert_eq!(next, Some(t0 + std::time::Duration::from_secs(1)));
+        // Failed reads back off: 1 s, 2 s, 4 s ...
+        assert_eq!(
+            cache
+                .claims_due(t0 + std::time::Duration::from_secs(1))
+                .0
+                .len(),
+            1
+        );
+        cache.claim_read(&claim_name("a"), Err(()));
+        let (_, next) = cache.claims_due(t0);
+        assert_eq!(next, Some(t0 + std::time::Duration::from_secs(2)));
+        // ...and a change of the pod makes it due at once.
+        cache.apply_pod(Event::Apply(web.clone()));
+        assert_eq!(cache.claims_due(t0).0, [claim_name("a")]);
+        cache.claim_read(&claim_name("a"), Ok(allocated("a")));
+        assert!(matches!(cache.pod_claims(&web), Lookup::Found(_)));
+    }
+
+    #[test]
+    fn claims_cannot_be_told_before_dra_and_the_slices_are_known() {
+        let cache = NodeCache::default();
+        let web = with_claims("web", &[("nics", Some("a"))]);
+        assert_eq!(cache.pod_claims(&web), Lookup::Unsynced);
+        cache.set_dra_served(DraServed::Yes);
+        assert_eq!(
+            cache.pod_claims(&web),
+            Lookup::Unsynced,
+            "slices not listed"
+        );
+        cache.set_dra_served(DraServed::No);
+        assert_eq!(cache.pod_claims(&web), Lookup::Found(PodClaims::default()));
     }
 }

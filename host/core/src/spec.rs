@@ -46,7 +46,7 @@ pub use naming::{
     is_dns1123_label, validate_container_id, validate_dns1123_label, validate_ifname,
     validate_network_name, IfNameAllocator, NamingError,
 };
-pub use objects::{NetworkAttachmentDefinition, Pod, PodRef};
+pub use objects::{NetworkAttachmentDefinition, Pod, PodClaimRef, PodRef};
 pub use resolve::{resolve_nad, ConfigSource, OnDiskConf, ResolveError, ResolvedConfig};
 pub use runtime_config::{
     check_capabilities, config_plugins, filter_runtime_config, has_capability,

@@ -8,8 +8,9 @@
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use plexus_core::spec::dra::{
-    pod_claims, AllocatedDevice, AttachmentConfig, Claim, ClaimName, DeviceKey, DeviceNetworkData,
-    PodClaims, SliceDevice, DEVICE_ID_ATTRIBUTE, RESOURCE_NAME_ATTRIBUTE,
+    claims_of_pod, pod_claims, AllocatedDevice, AttachmentConfig, Claim, ClaimName, DeviceKey,
+    DeviceNetworkData, PodClaims, SliceDevice, DEVICE_ID_ATTRIBUTE, MAX_POD_CLAIM_ITEMS,
+    RESOURCE_NAME_ATTRIBUTE,
 };
 use plexus_core::spec::Pod;
 use serde_json::{json, Value};
@@ -25,6 +26,25 @@ pub const CLAIM_WRITE_ATTEMPTS: u32 = 5;
 /// The most objects of one kind a node reads in one list (pages of 500).
 const MAX_LISTED: usize = 20_000;
 
+/// A claim read by name.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimRead {
+    Allocated(Claim),
+    /// It exists and has no allocation (yet, or any more).
+    Unallocated,
+    /// It does not exist (or DRA is not served).
+    Missing,
+}
+
+impl ClaimRead {
+    pub fn allocated(&self) -> Option<&Claim> {
+        match self {
+            ClaimRead::Allocated(c) => Some(c),
+            _ => None,
+        }
+    }
+}
+
 /// The claim as planning reads it; `None` for a claim not allocated (it gives no device).
 pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
     let status = found.status?;
@@ -34,12 +54,6 @@ pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
             namespace: found.metadata.namespace.unwrap_or_default(),
             name: found.metadata.name.unwrap_or_default(),
         },
-        reserved_for: status
-            .reserved_for
-            .unwrap_or_default()
-            .into_iter()
-            .map(|r| r.uid)
-            .collect(),
         results: allocation
             .results
             .unwrap_or_default()
@@ -277,25 +291,44 @@ impl KubeApi {
         }
     }
 
-    /// The allocated claims of `namespace`; none where DRA is not served.
-    pub async fn claims_in(&self, namespace: &str) -> Result<Vec<Claim>, ClusterError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), namespace);
+    /// The claim `namespace`/`name` as planning reads it: `None` when it does not exist, or where DRA is not
+    /// served; [`ClaimRead::Unallocated`] for one that has no allocation yet.
+    pub async fn claim(&self, claim: &ClaimName) -> Result<ClaimRead, ClusterError> {
+        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
         let op = Op {
-            verb: "list",
+            verb: "get",
             resource: "resourceclaims",
             group: DRA_GROUP,
-            namespace,
-            name: "",
+            namespace: &claim.namespace,
+            name: &claim.name,
         };
-        let found = self
-            .list_dra(&api, &op, ListParams::default())
+        match self
+            .call(&op, self.deadline(), self.settings.retries, || {
+                api.get(&claim.name)
+            })
             .await
-            .map_err(|f| self.generic(&op, ObjectKind::ResourceClaim, f))?;
-        Ok(found
-            .unwrap_or_default()
-            .into_iter()
-            .filter_map(claim_from_kube)
-            .collect())
+        {
+            Ok(found) => {
+                Ok(claim_from_kube(found).map_or(ClaimRead::Unallocated, ClaimRead::Allocated))
+            }
+            Err(Failure::Api(status)) if status.code == 404 => Ok(ClaimRead::Missing),
+            Err(f) => Err(self.generic(&op, ObjectKind::ResourceClaim, f)),
+        }
+    }
+
+    /// The pod's claims, each read by name (at most [`MAX_POD_CLAIM_ITEMS`]); those missing or not allocated
+    /// are left out.
+    pub async fn claims_of(&self, pod: &Pod) -> Result<Vec<(ClaimName, ClaimRead)>, ClusterError> {
+        let mut found = Vec::new();
+        for name in pod.claim_names().into_iter().take(MAX_POD_CLAIM_ITEMS) {
+            let claim = ClaimName {
+                namespace: pod.namespace.clone(),
+                name: name.to_string(),
+            };
+            let read = self.claim(&claim).await?;
+            found.push((claim, read));
+        }
+        Ok(found)
     }
 
     /// The devices of `node`'s ResourceSlices; none where DRA is not served.
@@ -328,20 +361,21 @@ impl KubeApi {
             .collect())
     }
 
-    /// What the pod's claims give its networks (thin mode: one list of the namespace's claims, and the node's
+    /// What the pod's claims give its networks (thin mode: each of the pod's claims read by name, and the node's
     /// slices only when a claim of the pod has a device).
     pub async fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
-        let claims = self.claims_in(&pod.namespace).await?;
-        let mine = plexus_core::spec::dra::claims_of_pod(
-            &pod.namespace,
-            pod.uid.as_deref(),
-            &pod.resource_claims,
-            &claims,
-        );
-        if mine.is_empty() {
+        if pod.claim_names().is_empty() {
             return Ok(PodClaims::default());
         }
-        let devices = match (&pod.node_name, mine.iter().any(|c| !c.results.is_empty())) {
+        let read = self.claims_of(pod).await?;
+        let allocated: Vec<&Claim> = read.iter().filter_map(|(_, r)| r.allocated()).collect();
+        let mine = claims_of_pod(pod, |n| {
+            allocated.iter().copied().find(|c| c.name.name == n)
+        });
+        let devices = match (
+            &pod.node_name,
+            mine.iter().any(|(_, c)| !c.results.is_empty()),
+        ) {
             (Some(node), true) => self.node_slice_devices(node).await?,
             _ => Vec::new(),
         };

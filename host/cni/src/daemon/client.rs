@@ -64,6 +64,8 @@ pub struct DaemonCluster<'a> {
     gone: Cell<bool>,
     /// The connection this invocation's questions share.
     conn: RefCell<Option<BufReader<UnixStream>>>,
+    /// What the pod's claims give, as the daemon answered with the pod.
+    claims: RefCell<Option<(PodRef, PodClaims)>>,
 }
 
 impl<'a> DaemonCluster<'a> {
@@ -73,6 +75,7 @@ impl<'a> DaemonCluster<'a> {
             thin,
             gone: Cell::new(false),
             conn: RefCell::new(None),
+            claims: RefCell::new(None),
         }
     }
 
@@ -282,6 +285,14 @@ pub fn readiness(socket: &std::path::Path, timeout: Duration) -> Result<(), Unre
     }
 }
 
+fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        namespace: pod.namespace.clone(),
+        name: pod.name.clone(),
+        uid: pod.uid.clone(),
+    }
+}
+
 fn unexpected(what: &str, answer: Answer) -> ClusterError {
     ClusterError::Invalid {
         what: "node daemon answer".into(),
@@ -292,7 +303,10 @@ fn unexpected(what: &str, answer: Answer) -> ClusterError {
 impl Cluster for DaemonCluster<'_> {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         match self.ask(&Request::Pod { pod: pod.clone() }, self.conf.timeout) {
-            Some(Answer::Pod { pod }) => Ok(pod),
+            Some(Answer::Pod { pod: found, claims }) => {
+                *self.claims.borrow_mut() = claims.map(|c| (pod_ref(&found), c));
+                Ok(found)
+            }
             Some(Answer::Failed { error }) => Err(error),
             Some(other) => Err(unexpected("a pod", other)),
             None => self.thin.pod(pod),
@@ -316,21 +330,13 @@ impl Cluster for DaemonCluster<'_> {
         }
     }
 
+    /// As the daemon answered with the pod (no round trip of its own); where it could not tell, read here.
     fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
-        let request = Request::Claims {
-            pod: PodRef {
-                namespace: pod.namespace.clone(),
-                name: pod.name.clone(),
-                uid: pod.uid.clone(),
-            },
-            claim_names: pod.resource_claims.clone(),
-        };
-        match self.ask(&request, self.conf.timeout) {
-            Some(Answer::Claims { claims }) => Ok(claims),
-            Some(Answer::Failed { error }) => Err(error),
-            Some(other) => Err(unexpected("a pod's claims", other)),
-            None => self.thin.pod_claims(pod),
+        match self.claims.borrow().as_ref() {
+            Some((of, claims)) if *of == pod_ref(pod) => return Ok(claims.clone()),
+            _ => {}
         }
+        self.thin.pod_claims(pod)
     }
 
     fn write_claim_status(

@@ -39,8 +39,8 @@ pub enum Request {
         message: String,
     },
     Health,
-    /// What the pod's ResourceClaims give its networks, from the daemon's DRA caches. `claimNames` are the pod's
-    /// `status.resourceClaimStatuses` where the CNI process knows them (the daemon's pods are metadata only).
+    /// What the pod's ResourceClaims give its networks: sent by CNI processes of the version before the pod's
+    /// answer carried them (the daemon answers from the pod it has; `claimNames` is not read).
     Claims {
         pod: PodRef,
         #[serde(default, skip_serializing_if = "Vec::is_empty")]
@@ -105,8 +105,11 @@ pub struct DelegateCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "answer", rename_all = "camelCase")]
 pub enum Answer {
+    /// The pod, with what its ResourceClaims give its networks where the daemon can tell (one round trip).
     Pod {
         pod: Pod,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        claims: Option<PodClaims>,
     },
     Nad {
         nad: NetworkAttachmentDefinition,

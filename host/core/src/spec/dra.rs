@@ -9,13 +9,11 @@
 //!
 //! Pure: the cluster sources trim claims and slices to these types, and [`pod_claims`] joins them.
 
-use std::collections::{BTreeMap, HashSet};
-
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::selection::{parse_selections, Selection};
-use super::{json_excerpt, json_type};
+use super::{json_excerpt, json_type, Pod};
 
 /// The device attribute holding the ID a delegate is given (a PCI address for SR-IOV).
 pub const DEVICE_ID_ATTRIBUTE: &str = "k8s.cni.cncf.io/deviceID";
@@ -78,9 +76,6 @@ pub struct AttachmentConfig {
 pub struct Claim {
     #[serde(flatten)]
     pub name: ClaimName,
-    /// The UIDs of the pods in `status.reservedFor[]`.
-    #[serde(default)]
-    pub reserved_for: Vec<String>,
     #[serde(default)]
     pub results: Vec<AllocatedDevice>,
     /// The configurations of [`ATTACHMENT_API_VERSION`], from `spec.devices.config[]` and
@@ -120,6 +115,9 @@ pub struct SliceDevice {
 #[serde(rename_all = "camelCase")]
 pub struct ClaimDevice {
     pub claim: ClaimName,
+    /// The name the pod gives the claim (its `spec.resourceClaims[].name`).
+    #[serde(default, skip_serializing_if = "String::is_empty")]
+    pub pod_claim: String,
     pub request: String,
     #[serde(flatten)]
     pub key: DeviceKey,
@@ -205,35 +203,21 @@ impl PodClaims {
     }
 }
 
-/// The claims of a pod: those `claim_names` names (its `status.resourceClaimStatuses`) in the pod's namespace,
-/// in that order; without names, those whose `reservedFor` lists `pod_uid`, by name. `claims` may hold claims of
-/// other pods and namespaces.
+/// The pod's claims in its order, each once, with the name the pod gives it: those of its
+/// `spec.resourceClaims[]` that name a claim `find` has (the pod's namespace is the claims').
 pub fn claims_of_pod<'c>(
-    namespace: &str,
-    pod_uid: Option<&str>,
-    claim_names: &[String],
-    claims: impl IntoIterator<Item = &'c Claim>,
-) -> Vec<&'c Claim> {
-    let in_namespace = claims.into_iter().filter(|c| c.name.namespace == namespace);
-    let mut found: Vec<&Claim> = if claim_names.is_empty() {
-        let Some(uid) = pod_uid.filter(|u| !u.is_empty()) else {
-            return Vec::new();
+    pod: &Pod,
+    find: impl Fn(&str) -> Option<&'c Claim>,
+) -> Vec<(String, &'c Claim)> {
+    let mut found: Vec<(String, &Claim)> = Vec::new();
+    for r in &pod.resource_claims {
+        let Some(claim) = r.claim.as_deref().and_then(&find) else {
+            continue;
         };
-        let mut by_uid: Vec<&Claim> = in_namespace
-            .filter(|c| c.reserved_for.iter().any(|r| r == uid))
-            .collect();
-        by_uid.sort_by(|a, b| a.name.name.cmp(&b.name.name));
-        by_uid
-    } else {
-        let by_name: BTreeMap<&str, &Claim> =
-            in_namespace.map(|c| (c.name.name.as_str(), c)).collect();
-        let mut seen = HashSet::new();
-        claim_names
-            .iter()
-            .filter(|n| seen.insert(n.as_str()))
-            .filter_map(|n| by_name.get(n.as_str()).copied())
-            .collect()
-    };
+        if !found.iter().any(|(_, c)| c.name == claim.name) {
+            found.push((r.name.clone(), claim));
+        }
+    }
     found.truncate(MAX_POD_CLAIM_ITEMS);
     found
 }
@@ -242,15 +226,16 @@ pub fn claims_of_pod<'c>(
 /// slice of the node lists has none, so it never matches a NAD's resourceName), and every network the claims ask
 /// for, one per configuration and request.
 pub fn pod_claims<'c>(
-    claims: impl IntoIterator<Item = &'c Claim>,
+    claims: impl IntoIterator<Item = (String, &'c Claim)>,
     node_devices: impl Fn(&DeviceKey) -> Option<SliceDevice>,
 ) -> PodClaims {
     let mut out = PodClaims::default();
-    for claim in claims {
+    for (pod_claim, claim) in claims {
         for result in &claim.results {
             let attrs = node_devices(&result.key);
             out.devices.push(ClaimDevice {
                 claim: claim.name.clone(),
+                pod_claim: pod_claim.clone(),
                 request: result.request.clone(),
                 key: result.key.clone(),
                 device_id: attrs.as_ref().and_then(|a| a.device_id.clone()),
@@ -343,6 +328,7 @@ impl ClaimDevices {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::spec::PodClaimRef;
     use serde_json::json;
 
     fn key(device: &str) -> DeviceKey {
@@ -353,13 +339,12 @@ mod tests {
         }
     }
 
-    fn claim(ns: &str, name: &str, uids: &[&str], results: &[(&str, &str)]) -> Claim {
+    fn claim(ns: &str, name: &str, results: &[(&str, &str)]) -> Claim {
         Claim {
             name: ClaimName {
                 namespace: ns.into(),
                 name: name.into(),
             },
-            reserved_for: uids.iter().map(|u| u.to_string()).collect(),
             results: results
                 .iter()
                 .map(|(request, device)| AllocatedDevice {
@@ -372,32 +357,57 @@ mod tests {
     }
 
     #[test]
-    fn a_pods_claims_by_name_in_order_else_by_reservation() {
+    fn a_pods_claims_in_its_order_each_once_with_the_pods_names_for_them() {
         let claims = [
-            claim("ns", "b", &["uid-1"], &[]),
-            claim("ns", "a", &["uid-1", "uid-2"], &[]),
-            claim("other", "c", &["uid-1"], &[]),
-            claim("ns", "d", &["uid-2"], &[]),
+            claim("ns", "b", &[]),
+            claim("ns", "a", &[]),
+            claim("ns", "d", &[]),
         ];
-        let names = |found: Vec<&Claim>| -> Vec<String> {
-            found.iter().map(|c| c.name.name.clone()).collect()
+        let find = |n: &str| claims.iter().find(|c| c.name.name == n);
+        let r = |name: &str, claim: Option<&str>| PodClaimRef {
+            name: name.into(),
+            claim: claim.map(Into::into),
         };
+        let pod = Pod {
+            namespace: "ns".into(),
+            name: "p".into(),
+            resource_claims: vec![
+                r("gpu", Some("d")),
+                r("pending", None),
+                r("gone", Some("x")),
+                r("nics", Some("b")),
+                r("again", Some("d")),
+            ],
+            ..Pod::default()
+        };
+        let found: Vec<(String, String)> = claims_of_pod(&pod, find)
+            .into_iter()
+            .map(|(p, c)| (p, c.name.name.clone()))
+            .collect();
         assert_eq!(
-            names(claims_of_pod("ns", Some("uid-1"), &[], &claims)),
-            ["a", "b"]
+            found,
+            [("gpu", "d"), ("nics", "b")].map(|(a, b)| (a.to_string(), b.to_string())),
+            "a template not yet resolved and a claim not found give nothing; a claim named twice counts once"
         );
-        // Names win over reservations, in the pod's order; a name with no claim is skipped.
-        let listed = ["d".to_string(), "x".to_string(), "b".to_string()];
+        assert!(claims_of_pod(&Pod::default(), find).is_empty());
+    }
+
+    #[test]
+    fn a_pod_claim_reference_reads_the_older_wire_form() {
+        let old: Vec<PodClaimRef> = serde_json::from_value(json!(["c1"])).unwrap();
+        assert_eq!(old[0].claim.as_deref(), Some("c1"));
+        let new: Vec<PodClaimRef> =
+            serde_json::from_value(json!([{"name": "nics"}, {"name": "gpu", "claim": "g-1"}]))
+                .unwrap();
         assert_eq!(
-            names(claims_of_pod("ns", Some("uid-1"), &listed, &claims)),
-            ["d", "b"]
+            (new[0].claim.as_deref(), new[1].claim.as_deref()),
+            (None, Some("g-1"))
         );
-        assert!(claims_of_pod("ns", None, &[], &claims).is_empty());
     }
 
     #[test]
     fn devices_take_attributes_from_the_nodes_slices_only() {
-        let mut c = claim("ns", "c", &["u"], &[("nic", "vf0"), ("nic", "vf1")]);
+        let mut c = claim("ns", "c", &[("nic", "vf0"), ("nic", "vf1")]);
         c.attachments.push(AttachmentConfig {
             requests: Vec::new(),
             parameters: json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND, "name": "n"}),
@@ -409,7 +419,8 @@ mod tests {
                 resource_name: Some("example.com/sriov".into()),
             })
         };
-        let got = pod_claims([&c], slices);
+        let got = pod_claims([("nics".to_string(), &c)], slices);
+        assert_eq!(got.devices[0].pod_claim, "nics");
         assert_eq!(got.devices.len(), 2);
         assert_eq!(got.devices[0].device_id.as_deref(), Some("0000:01:00.1"));
         assert_eq!(got.devices[1].device_id, None);

@@ -35,16 +35,51 @@ pub struct Pod {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub annotations: BTreeMap<String, String>,
-    /// `spec.nodeName`, where the source read the pod whole (the node daemon's cache keeps metadata only).
+    /// `spec.nodeName`, where the source read it.
     #[serde(default, rename = "nodeName", skip_serializing_if = "Option::is_none")]
     pub node_name: Option<String>,
-    /// The names of the pod's ResourceClaims, from `status.resourceClaimStatuses[]`, where the source read it.
+    /// The pod's `spec.resourceClaims[]`, in order, each with the ResourceClaim it is, where the source read them.
     #[serde(
         default,
         rename = "resourceClaims",
         skip_serializing_if = "Vec::is_empty"
     )]
-    pub resource_claims: Vec<String>,
+    pub resource_claims: Vec<PodClaimRef>,
+}
+
+/// One of a pod's `spec.resourceClaims[]`: the name the pod gives it, and the ResourceClaim it is: its
+/// `resourceClaimName`, or for a template the claim made from it as `status.resourceClaimStatuses[]` names it
+/// (`None` until the claim is made, or when the template needs none).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(from = "PodClaimWire")]
+pub struct PodClaimRef {
+    pub name: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claim: Option<String>,
+}
+
+/// A [`PodClaimRef`] as read: daemons before it sent the claims' names alone.
+#[derive(Deserialize)]
+#[serde(untagged)]
+enum PodClaimWire {
+    Ref {
+        name: String,
+        #[serde(default)]
+        claim: Option<String>,
+    },
+    Name(String),
+}
+
+impl From<PodClaimWire> for PodClaimRef {
+    fn from(w: PodClaimWire) -> Self {
+        match w {
+            PodClaimWire::Ref { name, claim } => PodClaimRef { name, claim },
+            PodClaimWire::Name(n) => PodClaimRef {
+                name: n.clone(),
+                claim: Some(n),
+            },
+        }
+    }
 }
 
 impl Pod {
@@ -53,6 +88,21 @@ impl Pod {
         self.annotations
             .get(NETWORKS_ANNOTATION)
             .map(String::as_str)
+    }
+
+    /// The names of the ResourceClaims the pod uses, in its order, each once.
+    pub fn claim_names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = Vec::new();
+        for name in self
+            .resource_claims
+            .iter()
+            .filter_map(|r| r.claim.as_deref())
+        {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+        names
     }
 }
 

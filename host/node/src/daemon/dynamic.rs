@@ -458,15 +458,11 @@ impl Cluster for LocalCluster {
     }
 
     fn pod_claims(&self, pod: &Pod) -> Result<plexus_core::spec::dra::PodClaims, ClusterError> {
-        match self
-            .shared
-            .cache
-            .pod_claims(&pod.namespace, pod.uid.as_deref(), &pod.resource_claims)
-        {
-            plexus_cluster::Lookup::Found(claims) => Ok(claims),
+        match self.handle.block_on(self.shared.pod_claims(pod)) {
+            Some(found) => found,
             // A change must not take a claim's network for absent because the caches cannot tell yet.
-            _ => Err(ClusterError::unavailable(
-                "the daemon's ResourceClaim caches have not listed yet",
+            None => Err(ClusterError::unavailable(
+                "the daemon's DRA caches have not listed yet",
             )),
         }
     }

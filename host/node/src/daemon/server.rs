@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use plexus_cluster::{run_watches, ClusterError, KubeApi, NodeCache, WatchSettings};
 use plexus_cni::daemon::proto::{self, Answer, DaemonHealth, Request, MAX_REQUEST_BYTES};
+use plexus_core::spec::dra::PodClaims;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt};
 use tokio::net::{UnixListener, UnixStream};
 use tokio::task::JoinSet;
@@ -162,7 +163,7 @@ fn start_tasks(
 ) -> JoinSet<()> {
     let mut tasks = JoinSet::new();
     tasks.spawn(run_watches(
-        api.client().clone(),
+        api.clone(),
         state.cache.clone(),
         WatchSettings {
             node: settings.node.clone(),
@@ -355,6 +356,18 @@ fn health(state: &NodeState) -> Answer {
     Answer::Health(h)
 }
 
+/// What the pod's claims give its networks, to answer with the pod; `None` when the daemon cannot tell (the CNI
+/// process then reads them itself, and meets the same error if it was one).
+async fn pod_claims_or_none(state: &NodeState, pod: &plexus_core::spec::Pod) -> Option<PodClaims> {
+    match state.pod_claims(pod).await? {
+        Ok(claims) => Some(claims),
+        Err(e) => {
+            tracing::debug!(pod = %pod.name, error = %e, "the pod's claims not answered with it");
+            None
+        }
+    }
+}
+
 /// An answer from the caches, or from what they could not answer (`unsynced`, or the API's answer).
 fn looked_up<T>(
     found: Option<Result<T, ClusterError>>,
@@ -374,19 +387,25 @@ async fn answer(state: &Arc<NodeState>, request: Request) -> Answer {
             state.metrics.record(&report);
             Answer::Done
         }
-        Request::Pod { pod } => looked_up(state.pod_for_add(&pod).await, |pod| Answer::Pod { pod }),
+        Request::Pod { pod } => match state.pod_for_add(&pod).await {
+            Some(Ok(pod)) => {
+                let claims = pod_claims_or_none(state, &pod).await;
+                Answer::Pod { pod, claims }
+            }
+            other => looked_up(other, |pod| Answer::Pod { pod, claims: None }),
+        },
         Request::Nad { namespace, name } => looked_up(state.nad(&namespace, &name).await, |nad| {
             Answer::Nad { nad }
         }),
-        Request::Claims { pod, claim_names } => {
-            match state
-                .cache
-                .pod_claims(&pod.namespace, pod.uid.as_deref(), &claim_names)
-            {
-                plexus_cluster::Lookup::Found(claims) => Answer::Claims { claims },
-                _ => Answer::Unsynced,
-            }
-        }
+        // From CNI processes of the version before claims came with the pod.
+        Request::Claims { pod, .. } => match state.cached_pod(&pod) {
+            plexus_cluster::Lookup::Found(pod) => match state.pod_claims(&pod).await {
+                Some(Ok(claims)) => Answer::Claims { claims },
+                Some(Err(error)) => Answer::Failed { error },
+                None => Answer::Unsynced,
+            },
+            _ => Answer::Unsynced,
+        },
         Request::ClaimStatus {
             pod,
             claim,

@@ -126,7 +126,7 @@ async fn past_max_in_flight_a_request_is_shed_after_the_queue_wait_and_health_st
     assert!(start.elapsed() < Duration::from_millis(10), "health waited");
     assert_eq!((h.in_flight, h.max_in_flight, h.shed), (1, 1, 1));
 
-    let Some(Answer::Pod { pod }) = first.answer().await else {
+    let Some(Answer::Pod { pod, .. }) = first.answer().await else {
         panic!("no pod")
     };
     assert_eq!(pod.name, "web");
@@ -165,7 +165,7 @@ async fn a_status_request_is_answered_at_once_and_written_behind_it() {
     assert_eq!(api.writes(), vec![("ns/web".to_string(), "[]".to_string())]);
     assert_eq!(state.pending_writes(), 0);
     // From the cache, without the API.
-    let Some(Answer::Pod { pod }) = client
+    let Some(Answer::Pod { pod, .. }) = client
         .ask(&Request::Pod {
             pod: pod_ref("ns", "web", "u1"),
         })

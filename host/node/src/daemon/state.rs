@@ -6,8 +6,8 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use plexus_cluster::{ClusterError, KubeApi, Lookup, NodeCache};
-use plexus_core::spec::dra::{ClaimName, DeviceNetworkData};
+use plexus_cluster::{ClaimRead, ClusterError, KubeApi, Lookup, NodeCache};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
@@ -49,6 +49,10 @@ pub trait NodeApi: Send + Sync + 'static {
         Err(ClusterError::unavailable(
             "this API side writes no claim status",
         ))
+    }
+    /// Each of the pod's claims read by name.
+    async fn claims_of(&self, _pod: &Pod) -> Result<Vec<(ClaimName, ClaimRead)>, ClusterError> {
+        Err(ClusterError::unavailable("this API side reads no claims"))
     }
 }
 
@@ -92,6 +96,9 @@ impl NodeApi for KubeApi {
         devices: &[DeviceNetworkData],
     ) -> Result<(), ClusterError> {
         KubeApi::apply_claim_status(self, claim, devices).await
+    }
+    async fn claims_of(&self, pod: &Pod) -> Result<Vec<(ClaimName, ClaimRead)>, ClusterError> {
+        KubeApi::claims_of(self, pod).await
     }
 }
 
@@ -240,6 +247,27 @@ impl NodeState {
         }
         tracing::debug!(pod = %pod, "pod not in the cache in time; reading it from the API");
         Some(self.read_pod(pod).await)
+    }
+
+    /// What `pod`'s claims give its networks: from the cache, else each of its claims read by name (counted as
+    /// API reads, and kept for the next time). `None`: the cache cannot tell yet (DRA's state unknown, the node's
+    /// slices not listed).
+    pub async fn pod_claims(&self, pod: &Pod) -> Option<Result<PodClaims, ClusterError>> {
+        match self.cache.pod_claims(pod) {
+            Lookup::Found(claims) => Some(Ok(claims)),
+            Lookup::Unsynced => None,
+            Lookup::Missing => {
+                let names = pod.claim_names().len() as u64;
+                self.api_reads.fetch_add(names, Ordering::Relaxed);
+                tracing::debug!(pod = %pod.namespace, name = %pod.name, "the pod's claims are not cached yet; reading them");
+                Some(
+                    self.api
+                        .claims_of(pod)
+                        .await
+                        .map(|read| self.cache.claims_read(pod, read)),
+                )
+            }
+        }
     }
 
     async fn read_pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
