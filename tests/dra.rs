@@ -534,6 +534,238 @@ fn a_daemon_reads_only_its_pods_claims_each_once() {
     d.wait("the claims dropped with their pod", |h| h.cache.claims == 0);
 }
 
+/// Creates an allocated claim of `team-a` whose results are `(request, driver, device, shareID)` on node1's pool,
+/// with the opaque `config`, reserved for `pod`.
+fn raw_claim(
+    c: &Dra,
+    name: &str,
+    config: Vec<Value>,
+    results: &[(&str, &str, &str, Option<&str>)],
+    pod: (&str, &str),
+) {
+    let mut requests: Vec<&str> = results.iter().map(|r| r.0).collect();
+    requests.dedup();
+    let requests: Vec<Value> = requests
+        .iter()
+        .map(|r| json!({"name": r, "exactly": {"deviceClassName": "nics"}}))
+        .collect();
+    c.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": "team-a"},
+        "spec": {"devices": {"requests": requests, "config": config}}
+    }));
+    let results: Vec<Value> = results
+        .iter()
+        .map(|(request, driver, device, share)| {
+            let mut r =
+                json!({"request": request, "driver": driver, "pool": NODE, "device": device});
+            if let Some(share) = share {
+                r["shareID"] = json!(share);
+            }
+            r
+        })
+        .collect();
+    c.api.must(
+        "PATCH",
+        &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}/status"),
+        Some(&json!({"status": {
+            "allocation": {
+                "devices": {"results": results},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
+        }})),
+    );
+}
+
+/// A CNI configuration in the claim, in the CNI DRA driver's form (kubernetes-sigs/cni-dra-driver), attaches with
+/// its request's device on its `ifName`, through the daemon too; the same form for a device of that driver
+/// itself is left to it; a selection element naming the pod's claim and request
+/// (`dev.plexus.resourceClaim`) gets that claim's device where the NAD's resource alone would have taken the
+/// first claim's.
+#[test]
+fn the_cni_dra_drivers_form_attaches_and_a_selection_picks_its_claim() {
+    let c = dra_cluster();
+    let annotation = json!([{"name": "sriov-net",
+                             "dev.plexus.resourceClaim": {"name": "nic1", "request": "nic"}}]);
+    let uid = c.pod(
+        "multi",
+        Some(&annotation.to_string()),
+        &["multi-a", "multi-b", "multi-own"],
+    );
+    let carried = |driver: &str, request: &str, marker: &str| {
+        json!({"requests": [request], "opaque": {"driver": driver, "parameters": {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNI", "ifName": "cni0",
+            "config": {"cniVersion": "1.0.0", "name": "macvlan-eth0",
+                       "plugins": [{"type": "secondary-plugin", "marker": marker,
+                                    "capabilities": {"deviceID": true}}]}
+        }}})
+    };
+    raw_claim(
+        &c,
+        "multi-a",
+        vec![carried(DRIVER, "nic", "carried")],
+        &[("nic", DRIVER, "vf0", None)],
+        ("multi", &uid),
+    );
+    raw_claim(
+        &c,
+        "multi-b",
+        Vec::new(),
+        &[("nic", DRIVER, "vf1", None)],
+        ("multi", &uid),
+    );
+    // A claim the CNI DRA driver allocated itself: its configuration is that driver's to attach.
+    raw_claim(
+        &c,
+        "multi-own",
+        vec![carried("cni.dra.networking.x-k8s.io", "own", "not-plexus")],
+        &[("own", "cni.dra.networking.x-k8s.io", "eth1", None)],
+        ("multi", &uid),
+    );
+    for daemon in [false, true] {
+        let _d = daemon.then(|| {
+            let d = NodeDaemon::start(
+                NODE,
+                &c.sb.path("daemon.kubeconfig"),
+                &c.sb.path("run/daemon.sock"),
+                &c.sb.path("cache"),
+                &c.sb.path("daemon.log"),
+                &[],
+            );
+            d.wait("the pod's claims read", |h| h.cache.claims == 3);
+            d
+        });
+        c.sb.clear_calls();
+        let conf = c.conf(daemon);
+        let id = format!("c-multi-{daemon}");
+        c.add(&id, "multi", &uid, &conf).ok();
+        assert_eq!(
+            c.device_calls(),
+            [("net1", "0000:01:00.2"), ("cni0", "0000:01:00.1")]
+                .map(|(i, d)| (i.to_string(), d.to_string(), d.to_string())),
+            "the NAD took nic1's device, the carried configuration its request's (daemon: {daemon})"
+        );
+        let markers: Vec<String> =
+            c.sb.calls()
+                .iter()
+                .filter(|call| call.command == "ADD")
+                .filter_map(|call| call.stdin["marker"].as_str().map(str::to_string))
+                .collect();
+        assert_eq!(
+            markers,
+            ["carried"],
+            "the claim's own configuration ran, the driver's was left to it"
+        );
+        let names: Vec<String> = c
+            .api
+            .network_status("team-a", "multi")
+            .into_iter()
+            .map(|(n, _)| n)
+            .collect();
+        assert_eq!(
+            names,
+            ["cluster-net", "team-a/sriov-net", "team-a/macvlan-eth0"]
+        );
+        let claim = c.wait_claim("multi-a", "the carried network's data", |d| {
+            entry(d, "vf0").is_some_and(|e| e["networkData"]["interfaceName"] == "cni0")
+        });
+        assert!(entry(claim["status"]["devices"].as_array().unwrap(), "vf1").is_none());
+        c.wait_claim("multi-b", "the referenced device's data", |d| {
+            entry(d, "vf1").is_some_and(|e| e["networkData"]["interfaceName"] == "net1")
+        });
+        c.del(&id, "multi", &uid, &conf).ok();
+        c.wait_claim("multi-a", "taken back", <[Value]>::is_empty);
+    }
+
+    // A reference to a claim the pod does not have fails the ADD, naming it; nothing attached.
+    let bad = json!([{"name": "sriov-net", "dev.plexus.resourceClaim": {"name": "nope"}}]);
+    let uid = c.pod("stray", Some(&bad.to_string()), &[]);
+    c.sb.clear_calls();
+    let run = c.add("c-stray", "stray", &uid, &c.conf(false));
+    assert_eq!(run.code(), 7, "a configuration error");
+    let err = run.msg();
+    assert!(
+        err.contains("the pod's claim \"nope\"") && err.contains("team-a/sriov-net"),
+        "{err}"
+    );
+    assert!(c.device_calls().is_empty());
+}
+
+/// A shared device's allocations (KEP-5075) are each their own entry of `status.devices`, with the allocation's
+/// `shareID`; an entry whose network data the DRA driver wrote itself is kept as the driver wrote it.
+#[test]
+fn shares_get_entries_of_their_own_and_a_drivers_network_data_is_kept() {
+    let c = dra_cluster();
+    let uid = c.pod("shared", Some("sriov-net,sriov-net"), &["shared-nics"]);
+    let (s1, s2) = (
+        "6a3c1b8e-2f4d-4e5a-9b7c-0d1e2f3a4b5c",
+        "7b4d2c9f-3a5e-4f6b-8c8d-1e2f3a4b5c6d",
+    );
+    raw_claim(
+        &c,
+        "shared-nics",
+        Vec::new(),
+        &[
+            ("nic", DRIVER, "vf0", Some(s1)),
+            ("nic", DRIVER, "vf0", Some(s2)),
+        ],
+        ("shared", &uid),
+    );
+    let allocated = c.claim_object("shared-nics");
+    assert_eq!(
+        allocated["status"]["allocation"]["devices"]["results"][1]["shareID"], s2,
+        "the API server keeps shareID: {allocated:#}"
+    );
+    c.add("c-shared", "shared", &uid, &c.conf(false)).ok();
+    let claim = c.wait_claim("shared-nics", "two entries", |d| d.len() == 2);
+    let devices = claim["status"]["devices"].as_array().unwrap();
+    let by_share = |s: &str| devices.iter().find(|d| d["shareID"] == s).cloned();
+    assert_eq!(
+        by_share(s1).expect("share 1")["networkData"]["interfaceName"],
+        "net1"
+    );
+    assert_eq!(
+        by_share(s2).expect("share 2")["networkData"]["interfaceName"],
+        "net2"
+    );
+    c.del("c-shared", "shared", &uid, &c.conf(false)).ok();
+    c.wait_claim("shared-nics", "taken back", <[Value]>::is_empty);
+
+    // The driver wrote vf0's network data itself.
+    let uid = c.pod("driven", Some("sriov-net"), &["driven-nic"]);
+    raw_claim(
+        &c,
+        "driven-nic",
+        Vec::new(),
+        &[("nic", DRIVER, "vf0", None)],
+        ("driven", &uid),
+    );
+    let drivers = json!({"driver": DRIVER, "pool": NODE, "device": "vf0",
+                         "networkData": {"interfaceName": "eth9", "ips": ["10.9.0.2/24"]}});
+    c.api.must(
+        "PATCH",
+        "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/driven-nic/status",
+        Some(&json!({"status": {"devices": [drivers]}})),
+    );
+    let before = c.claim_object("driven-nic")["status"]["devices"].clone();
+    assert_eq!(before[0]["networkData"], drivers["networkData"]);
+    c.sb.clear_calls();
+    c.add("c-driven", "driven", &uid, &c.conf(false)).ok();
+    assert_eq!(
+        c.device_calls().len(),
+        1,
+        "the network attached with the device"
+    );
+    std::thread::sleep(Duration::from_millis(500));
+    let devices = c.claim_object("driven-nic")["status"]["devices"].clone();
+    assert_eq!(devices, before, "the driver's entry as it wrote it");
+    c.del("c-driven", "driven", &uid, &c.conf(false)).ok();
+    let devices = c.claim_object("driven-nic")["status"]["devices"].clone();
+    assert_eq!(devices, before, "and after DEL");
+}
+
 /// Hooks see the device (WIT 0.1.2): the example resolver `network-templates` fills a NAD without a config with
 /// the template of the DRA driver whose device the selection uses, and leaves a selection without one alone.
 #[test]

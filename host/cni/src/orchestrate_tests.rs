@@ -425,6 +425,7 @@ fn claims(networks: &[(&str, &str, Option<&str>)]) -> plexus_core::spec::dra::Po
     let device = |request: &str, device: &str, id: Option<&str>| ClaimDevice {
         claim: claim.clone(),
         pod_claim: "nics".into(),
+        share_id: None,
         request: request.into(),
         key: DeviceKey {
             driver: "d".into(),

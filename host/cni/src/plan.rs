@@ -7,7 +7,7 @@ use std::path::Path;
 
 use plexus_cluster::Cluster;
 use plexus_core::cni::NetworkConfigList;
-use plexus_core::spec::dra::{ClaimDevices, ClaimName, PodClaims};
+use plexus_core::spec::dra::{claim_reference, ClaimDevices, ClaimName, PodClaims};
 use plexus_core::spec::naming::IfNameAllocator;
 use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
 use plexus_core::spec::selection::{parse_selection_annotation, InvalidSelectionPolicy, Selection};
@@ -73,6 +73,8 @@ pub(crate) struct Planner<'a> {
     claim_devices: std::cell::RefCell<Option<ClaimDevices>>,
     /// The networks a claim asks for (namespaced name), with the claim and request whose device each uses.
     claim_networks: std::cell::RefCell<BTreeMap<String, (ClaimName, String)>>,
+    /// The NADs CNI configurations carried in claims stand for, by network.
+    carried: std::cell::RefCell<BTreeMap<String, NetworkAttachmentDefinition>>,
 }
 
 impl<'a> Planner<'a> {
@@ -85,6 +87,7 @@ impl<'a> Planner<'a> {
             claims: std::cell::OnceCell::new(),
             claim_devices: std::cell::RefCell::new(None),
             claim_networks: std::cell::RefCell::new(BTreeMap::new()),
+            carried: std::cell::RefCell::new(BTreeMap::new()),
         }
     }
 
@@ -165,6 +168,38 @@ impl<'a> Planner<'a> {
             )
         })?;
         Ok(Device::of_claim(resource, d))
+    }
+
+    /// The device of a selection's network: the device of the claim it names
+    /// ([`plexus_core::spec::dra::CLAIM_REFERENCE_KEY`]), else of the claim that asks for the network, else the
+    /// next device of the NAD's resource; none for a network without any of these.
+    fn network_device(
+        &self,
+        sel: &Selection,
+        resource: Option<String>,
+        from_claim: Option<&(ClaimName, String)>,
+        pod: &Pod,
+    ) -> Result<Option<Device>, PlexusError> {
+        let reference = claim_reference(sel).map_err(|why| {
+            PlexusError::config(format!("network {}", sel.namespaced_name()), why)
+        })?;
+        if let Some(reference) = reference {
+            let found = self.with_claim_devices(pod, |d| d.take_referenced(&reference))?;
+            let d = found.ok_or_else(|| {
+                PlexusError::config(
+                    format!("network {}", sel.namespaced_name()),
+                    format!("{reference} has no allocated device left for it (the pod's claims are those of its spec.resourceClaims; each device serves one network)"),
+                )
+            })?;
+            return Ok(Some(Device::of_claim(resource, d)));
+        }
+        match (from_claim, resource) {
+            (Some((claim, request)), resource) => {
+                self.claim_device(claim, request, resource, pod).map(Some)
+            }
+            (None, Some(resource)) => self.device(&resource, pod).map(Some),
+            (None, None) => Ok(None),
+        }
     }
 
     /// The next of the pod's device-plugin devices of `resource`.
@@ -443,21 +478,15 @@ impl<'a> Planner<'a> {
                 continue;
             };
             // The device first: resolver hooks see it (`host.selection-device`).
-            let device = match (resource, &from_claim) {
-                (None, None) => None,
-                (resource, from_claim) => match match from_claim {
-                    Some((claim, request)) => self.claim_device(claim, request, resource, pod),
-                    None => self.device(resource.as_deref().unwrap_or_default(), pod),
-                } {
-                    Ok(device) => Some(device),
-                    Err(e) => match &unplannable {
-                        Unplannable::Fail => return Err(ctx(e)),
-                        // A DEL without a cache tears down without the device rather than not at all.
-                        Unplannable::Skip(_) => {
-                            tracing::warn!(network = %network, "planning the DEL without its device: {e}");
-                            None
-                        }
-                    },
+            let device = match self.network_device(&sel, resource, from_claim.as_ref(), pod) {
+                Ok(device) => device,
+                Err(e) => match &unplannable {
+                    Unplannable::Fail => return Err(ctx(e)),
+                    // A DEL without a cache tears down without the device rather than not at all.
+                    Unplannable::Skip(_) => {
+                        tracing::warn!(network = %network, "planning the DEL without its device: {e}");
+                        None
+                    }
                 },
             };
             self.show_devices(&sel, device.as_ref());
@@ -488,10 +517,14 @@ impl<'a> Planner<'a> {
         sel: &Selection,
     ) -> Result<(NetworkAttachmentDefinition, Option<String>), PlexusError> {
         let network = sel.namespaced_name();
-        let nad = self
-            .cluster()?
-            .nad(&sel.namespace, &sel.name)
-            .map_err(|e| PlexusError::from(e).context(format!("network {network}")))?;
+        let carried = self.carried.borrow().get(&network).cloned();
+        let nad = match carried {
+            Some(nad) => nad,
+            None => self
+                .cluster()?
+                .nad(&sel.namespace, &sel.name)
+                .map_err(|e| PlexusError::from(e).context(format!("network {network}")))?,
+        };
         let resource = nad
             .annotations
             .get(RESOURCE_NAME_ANNOTATION)
@@ -636,7 +669,7 @@ impl<'a> Planner<'a> {
         let claims = self.pod_claims(pod)?;
         let mut bound = self.claim_networks.borrow_mut();
         for net in &claims.networks {
-            let sel = net.selection().map_err(|why| {
+            let (sel, carried) = net.network().map_err(|why| {
                 PlexusError::config(
                     format!(
                         "ResourceClaim {} (request {:?}): opaque parameters",
@@ -646,11 +679,23 @@ impl<'a> Planner<'a> {
                 )
             })?;
             let name = sel.namespaced_name();
+            if carried.is_some()
+                && (bound.contains_key(&name)
+                    || selections.iter().any(|s| s.namespaced_name() == name))
+            {
+                return Err(PlexusError::config(
+                    format!("ResourceClaim {} (request {:?})", net.claim, net.request),
+                    format!("its CNI configuration's network {name} is a network the pod selects already; give the configuration another name"),
+                ));
+            }
             if bound.contains_key(&name) {
                 tracing::warn!(claim = %net.claim, network = %name, "another claim asks for this network already; attaching it once");
                 continue;
             }
             bound.insert(name.clone(), (net.claim.clone(), net.request.clone()));
+            if let Some(nad) = carried {
+                self.carried.borrow_mut().insert(name.clone(), nad);
+            }
             if !selections.iter().any(|s| s.namespaced_name() == name) {
                 selections.push(sel);
             }

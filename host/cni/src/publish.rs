@@ -134,7 +134,7 @@ fn claim_statuses(
         };
         let entries = by_claim.entry(used.claim.clone()).or_default();
         if attached {
-            entries.push(network_data(att, used.key.clone()));
+            entries.push(network_data(att, used.key.clone(), used.share_id.clone()));
         }
     }
     by_claim.into_iter().collect()
@@ -142,9 +142,14 @@ fn claim_statuses(
 
 /// What the attachment made of its device: the pod-side interface's name and MAC and its addresses with their
 /// prefix length, from the CNI result.
-fn network_data(att: &Attachment, key: plexus_core::spec::dra::DeviceKey) -> DeviceNetworkData {
+fn network_data(
+    att: &Attachment,
+    key: plexus_core::spec::dra::DeviceKey,
+    share_id: Option<String>,
+) -> DeviceNetworkData {
     let mut data = DeviceNetworkData {
         key,
+        share_id,
         interface_name: Some(att.ifname.clone()),
         ips: Vec::new(),
         hardware_address: None,

@@ -65,6 +65,7 @@ pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
                     pool: r.pool,
                     device: r.device,
                 },
+                share_id: r.share_id,
             })
             .collect(),
         attachments: Vec::new(),
@@ -163,18 +164,30 @@ fn attached_condition_index(entry: &Value) -> Option<usize> {
         .position(|c| c["reason"] == ATTACHED_REASON)
 }
 
-fn same_device(entry: &Value, key: &DeviceKey) -> bool {
-    entry["driver"] == key.driver.as_str()
-        && entry["pool"] == key.pool.as_str()
-        && entry["device"] == key.device.as_str()
+/// Whether `entry` of `status.devices` is `d`'s: the same driver, pool, device and share (an entry without
+/// `shareID` is the unshared device's).
+fn same_device(entry: &Value, d: &DeviceNetworkData) -> bool {
+    entry["driver"] == d.key.driver.as_str()
+        && entry["pool"] == d.key.pool.as_str()
+        && entry["device"] == d.key.device.as_str()
+        && entry["shareID"].as_str() == d.share_id.as_deref()
+}
+
+/// Whether `entry` carries network data another writer (the device's DRA driver) put there: Plexus leaves such
+/// an entry alone rather than take the device's network data over.
+fn drivers_network_data(entry: &Value) -> bool {
+    !entry["networkData"].is_null()
+        && entry["networkData"] != json!({})
+        && attached_condition_index(entry).is_none()
 }
 
 /// The JSON patch (RFC 6902) that makes Plexus's part of a claim's `status.devices` (`current`, read at
-/// `resource_version`) exactly `devices`: each device's entry gets its `networkData` and Plexus's `Ready` condition
-/// (an entry is added for a device that has none), and what Plexus wrote for devices not in `devices` is taken back
-/// (its condition and `networkData`; the whole entry when nothing else is in it). Entries and fields of others
-/// (the DRA driver's `data`, its conditions) are not touched, and a driver's own `Ready` condition is not
-/// overridden. The first operation tests the resourceVersion, so that the indices hold: a claim changed in between
+/// `resource_version`) exactly `devices`: each device's entry (driver, pool, device and `shareID`) gets its
+/// `networkData` and Plexus's `Ready` condition (an entry is added for a device that has none), and what Plexus
+/// wrote for devices not in `devices` is taken back (its condition and `networkData`; the whole entry when nothing
+/// else is in it). Entries and fields of others (the DRA driver's `data`, its conditions) are not touched, a
+/// driver's own `Ready` condition is not overridden, and an entry whose `networkData` the driver wrote is left
+/// as it is (no forced takeover). The first operation tests the resourceVersion, so that the indices hold: a claim changed in between
 /// fails the patch, and the caller reads it again. `None` when nothing would change.
 ///
 /// A JSON patch rather than a server-side apply: Kubernetes 1.37's server-side apply of a claim's status round
@@ -192,7 +205,8 @@ pub fn claim_status_patch(
     let mut appends = Vec::new();
     for (i, entry) in current.iter().enumerate() {
         let path = format!("/status/devices/{i}");
-        match devices.iter().find(|d| same_device(entry, &d.key)) {
+        match devices.iter().find(|d| same_device(entry, d)) {
+            Some(_) if drivers_network_data(entry) => {}
             Some(d) => {
                 let network = network_data_json(d);
                 if entry["networkData"] != network {
@@ -227,7 +241,12 @@ pub fn claim_status_patch(
                         .filter(|(k, v)| {
                             !matches!(
                                 k.as_str(),
-                                "driver" | "pool" | "device" | "networkData" | "conditions"
+                                "driver"
+                                    | "pool"
+                                    | "device"
+                                    | "shareID"
+                                    | "networkData"
+                                    | "conditions"
                             ) && !v.is_null()
                         })
                         .count()
@@ -245,15 +264,16 @@ pub fn claim_status_patch(
         }
     }
     for d in devices {
-        if !current.iter().any(|e| same_device(e, &d.key)) {
-            appends.push(json!({
-                "op": "add", "path": "/status/devices/-",
-                "value": {
-                    "driver": d.key.driver, "pool": d.key.pool, "device": d.key.device,
-                    "networkData": network_data_json(d),
-                    "conditions": [attached_condition(d, now)],
-                }
-            }));
+        if !current.iter().any(|e| same_device(e, d)) {
+            let mut entry = json!({
+                "driver": d.key.driver, "pool": d.key.pool, "device": d.key.device,
+                "networkData": network_data_json(d),
+                "conditions": [attached_condition(d, now)],
+            });
+            if let Some(share) = &d.share_id {
+                entry["shareID"] = json!(share);
+            }
+            appends.push(json!({"op": "add", "path": "/status/devices/-", "value": entry}));
         }
     }
     if edits.is_empty() && removals.is_empty() && appends.is_empty() {
@@ -484,6 +504,7 @@ mod tests {
                 pool: "node1".into(),
                 device: device.into(),
             },
+            share_id: None,
             interface_name: Some(ifname.into()),
             ips: vec!["10.1.0.5/24".into()],
             hardware_address: Some("aa:bb:cc:dd:ee:ff".into()),
@@ -591,6 +612,63 @@ mod tests {
             claim_status_patch(&current[1..2], "9", &[], "t"),
             None,
             "nothing of Plexus's: nothing to do"
+        );
+    }
+
+    #[test]
+    fn shares_are_entries_of_their_own_and_a_drivers_network_data_is_kept() {
+        let share = |id: &str, ifname: &str| DeviceNetworkData {
+            share_id: Some(id.into()),
+            ..data("pf0", ifname)
+        };
+        // Two shares of one device: two entries, each with its shareID.
+        let patch =
+            claim_status_patch(&[], "1", &[share("s-1", "net1"), share("s-2", "net2")], "t")
+                .unwrap();
+        assert_eq!(patch[2]["value"]["shareID"], "s-1");
+        assert_eq!(patch[3]["value"]["shareID"], "s-2");
+        assert_eq!(patch[3]["value"]["networkData"]["interfaceName"], "net2");
+        // Share s-1's entry exists already (the driver's, without network data): edited in place; s-2 appended.
+        let current = [
+            json!({"driver": "sriov.example.com", "pool": "node1", "device": "pf0",
+                              "shareID": "s-1", "data": {}}),
+        ];
+        assert_eq!(
+            ops(claim_status_patch(
+                &current,
+                "2",
+                &[share("s-1", "net1"), share("s-2", "net2")],
+                "t"
+            )),
+            [
+                ("test", "/metadata/resourceVersion"),
+                ("add", "/status/devices/0/networkData"),
+                ("add", "/status/devices/0/conditions"),
+                ("add", "/status/devices/-"),
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+        );
+        // The driver wrote the device's network data itself: Plexus writes nothing there, takes nothing back.
+        let drivers = [
+            json!({"driver": "sriov.example.com", "pool": "node1", "device": "vf0",
+                              "networkData": {"interfaceName": "eth1", "ips": ["10.9.0.2/24"]}}),
+        ];
+        assert_eq!(
+            claim_status_patch(&drivers, "3", &[data("vf0", "net1")], "t"),
+            None
+        );
+        assert_eq!(claim_status_patch(&drivers, "3", &[], "t"), None);
+        // A share's entry that was Plexus's alone goes whole.
+        let mine = json!({"driver": "sriov.example.com", "pool": "node1", "device": "pf0", "shareID": "s-1",
+                          "networkData": {"interfaceName": "net1"},
+                          "conditions": [{"type": "Ready", "status": "True", "reason": ATTACHED_REASON}]});
+        assert_eq!(
+            ops(claim_status_patch(&[mine], "4", &[], "t")),
+            [
+                ("test", "/metadata/resourceVersion"),
+                ("remove", "/status/devices/0")
+            ]
+            .map(|(a, b)| (a.to_string(), b.to_string()))
         );
     }
 }

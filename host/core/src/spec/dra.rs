@@ -9,11 +9,13 @@
 //!
 //! Pure: the cluster sources trim claims and slices to these types, and [`pod_claims`] joins them.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value};
 
 use super::selection::{parse_selections, Selection};
-use super::{json_excerpt, json_type, Pod};
+use super::{json_excerpt, json_type, NetworkAttachmentDefinition, Pod};
 
 /// The device attribute holding the ID a delegate is given (a PCI address for SR-IOV).
 pub const DEVICE_ID_ATTRIBUTE: &str = "k8s.cni.cncf.io/deviceID";
@@ -23,6 +25,17 @@ pub const RESOURCE_NAME_ATTRIBUTE: &str = "k8s.cni.cncf.io/resourceName";
 pub const ATTACHMENT_API_VERSION: &str = "plexus.dev/v1alpha1";
 /// Its `kind`.
 pub const ATTACHMENT_KIND: &str = "NetworkAttachment";
+/// The `apiVersion`s of the opaque parameters the Kubernetes CNI DRA driver (kubernetes-sigs/cni-dra-driver) reads:
+/// a CNI configuration list carried in the claim (its examples use the first; its design the second).
+pub const CNI_CONFIG_API_VERSIONS: [&str; 2] = [
+    "cni.networking.x-k8s.io/v1alpha1",
+    "cni.dra.networking.x-k8s.io/v1alpha1",
+];
+/// Their `kind`s (its examples say `CNI`, its Go type is `CNIConfig`).
+pub const CNI_CONFIG_KINDS: [&str; 2] = ["CNI", "CNIConfig"];
+/// That driver's name: a device it allocated is its to attach (at the sandbox's creation, through NRI), so a
+/// configuration of its form for such a device is left to it.
+pub const CNI_DRA_DRIVER: &str = "cni.dra.networking.x-k8s.io";
 /// The most claims, devices or claim networks one pod's answer carries: past that the rest are left out.
 pub const MAX_POD_CLAIM_ITEMS: usize = 64;
 
@@ -59,6 +72,10 @@ pub struct AllocatedDevice {
     pub request: String,
     #[serde(flatten)]
     pub key: DeviceKey,
+    /// The share of a device allocated more than once (`shareID`, KEP-5075): each share is its own entry of
+    /// `status.devices`.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
 }
 
 /// An opaque device configuration of the claim that asks for a network: the requests it applies to (all of the
@@ -85,9 +102,13 @@ pub struct Claim {
 }
 
 impl Claim {
-    /// Whether `config` (an opaque configuration's `parameters`) is one this module reads.
+    /// Whether `config` (an opaque configuration's `parameters`) is one this module reads: Plexus's
+    /// NetworkAttachment, or a CNI configuration in the CNI DRA driver's form.
     pub fn is_attachment(parameters: &Value) -> bool {
-        parameters.get("apiVersion").and_then(Value::as_str) == Some(ATTACHMENT_API_VERSION)
+        parameters
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(|v| v == ATTACHMENT_API_VERSION || is_cni_config(v))
     }
 
     /// Adds `config` unless the claim has it already.
@@ -96,6 +117,10 @@ impl Claim {
             self.attachments.push(config);
         }
     }
+}
+
+fn is_cni_config(api_version: &str) -> bool {
+    CNI_CONFIG_API_VERSIONS.contains(&api_version)
 }
 
 /// A device of one of the node's ResourceSlices, with the attributes networks read.
@@ -121,6 +146,9 @@ pub struct ClaimDevice {
     pub request: String,
     #[serde(flatten)]
     pub key: DeviceKey,
+    /// The allocation's `shareID` for a shared device.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
     /// `k8s.cni.cncf.io/deviceID`, when a slice of this node lists the device with it.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub device_id: Option<String>,
@@ -138,6 +166,68 @@ pub struct ClaimNetwork {
 }
 
 impl ClaimNetwork {
+    /// The network the parameters describe: a selection, and for a CNI configuration carried in the claim the
+    /// NetworkAttachmentDefinition it stands for (no object of the cluster is read for it).
+    pub fn network(&self) -> Result<(Selection, Option<NetworkAttachmentDefinition>), String> {
+        match self.parameters.get("apiVersion").and_then(Value::as_str) {
+            Some(v) if is_cni_config(v) => self.carried().map(|(s, n)| (s, Some(n))),
+            _ => self.selection().map(|s| (s, None)),
+        }
+    }
+
+    /// A CNI configuration in the CNI DRA driver's form: `ifName` (the pod's interface; the next free `netN`
+    /// without it) and `config` (a configuration list, or a single configuration, as a JSON object). Its network
+    /// is the configuration's `name` (a DNS-1123 label, as a NAD's) in the claim's namespace; it stands for no
+    /// NAD of the cluster. Other keys are ignored, as that driver ignores them.
+    fn carried(&self) -> Result<(Selection, NetworkAttachmentDefinition), String> {
+        let Value::Object(body) = &self.parameters else {
+            return Err("opaque parameters must be an object".into());
+        };
+        match body.get("kind") {
+            Some(Value::String(k)) if CNI_CONFIG_KINDS.contains(&k.as_str()) => {}
+            other => {
+                return Err(format!(
+                    "kind must be one of {CNI_CONFIG_KINDS:?}, not {}",
+                    other.map_or("missing".into(), |v| json_excerpt(v, 60))
+                ))
+            }
+        }
+        let mut element = Map::new();
+        match body.get("ifName") {
+            None | Some(Value::Null) => {}
+            Some(Value::String(i)) if i.is_empty() => {}
+            Some(Value::String(i)) => {
+                element.insert("interface".into(), Value::String(i.clone()));
+            }
+            Some(v) => return Err(format!("ifName must be a string, not {}", json_type(v))),
+        }
+        let config = match body.get("config") {
+            Some(c @ Value::Object(_)) => c,
+            None => return Err("config (the CNI configuration) is missing".into()),
+            Some(v) => {
+                return Err(format!(
+                    "config must be a CNI configuration (a JSON object), not {}",
+                    json_type(v)
+                ))
+            }
+        };
+        match config.get("name") {
+            Some(Value::String(n)) => element.insert("name".into(), Value::String(n.clone())),
+            _ => return Err("config has no \"name\": it names the network".into()),
+        };
+        let text = Value::Array(vec![Value::Object(element)]).to_string();
+        let selection = parse_selections(&text, &self.claim.namespace)
+            .map_err(|e| format!("config's name or ifName: {e}"))?
+            .remove(0);
+        let nad = NetworkAttachmentDefinition {
+            namespace: self.claim.namespace.clone(),
+            name: selection.name.clone(),
+            config: Some(config.to_string()),
+            annotations: BTreeMap::new(),
+        };
+        Ok((selection, nad))
+    }
+
     /// The selection the parameters describe: one element of the `networks` annotation's JSON-list form plus
     /// `apiVersion` and `kind`; its namespace defaults to the claim's. The error says what is wrong, without
     /// naming the claim (the caller does).
@@ -172,12 +262,66 @@ impl ClaimNetwork {
     }
 }
 
+/// The selection element's extension key (4.1.2.1) naming the claim, and optionally the request, its network's
+/// device comes from: `{"name": <the pod's name for the claim, spec.resourceClaims[].name>, "request": <a request
+/// of that claim>}`.
+pub const CLAIM_REFERENCE_KEY: &str = "dev.plexus.resourceClaim";
+
+/// A selection element's [`CLAIM_REFERENCE_KEY`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClaimReference {
+    /// The pod's name for the claim (`spec.resourceClaims[].name`), as its containers name it.
+    pub name: String,
+    pub request: Option<String>,
+}
+
+impl std::fmt::Display for ClaimReference {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match &self.request {
+            Some(r) => write!(f, "the pod's claim {:?} (request {r:?})", self.name),
+            None => write!(f, "the pod's claim {:?}", self.name),
+        }
+    }
+}
+
+/// The claim reference of `sel`, if it has one; the error says what is wrong with it.
+pub fn claim_reference(sel: &Selection) -> Result<Option<ClaimReference>, String> {
+    let Some(value) = sel.extras.get(CLAIM_REFERENCE_KEY) else {
+        return Ok(None);
+    };
+    let Value::Object(body) = value else {
+        return Err(format!(
+            "{CLAIM_REFERENCE_KEY} must be an object with \"name\" and optionally \"request\", not {}",
+            json_type(value)
+        ));
+    };
+    if let Some(k) = body.keys().find(|k| *k != "name" && *k != "request") {
+        return Err(format!("{CLAIM_REFERENCE_KEY}: unknown key {k:?}"));
+    }
+    let text = |key: &str| match body.get(key) {
+        None => Ok(None),
+        Some(Value::String(v)) if !v.is_empty() => Ok(Some(v.clone())),
+        Some(v) => Err(format!(
+            "{CLAIM_REFERENCE_KEY}.{key} must be a non-empty string, not {}",
+            json_excerpt(v, 60)
+        )),
+    };
+    let name = text("name")?.ok_or_else(|| format!("{CLAIM_REFERENCE_KEY}.name is missing"))?;
+    Ok(Some(ClaimReference {
+        name,
+        request: text("request")?,
+    }))
+}
+
 /// What the network made of a claim's device, for the claim's `status.devices[]` (`networkData`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct DeviceNetworkData {
     #[serde(flatten)]
     pub key: DeviceKey,
+    /// The allocation's `shareID`: part of the entry's identity for a shared device.
+    #[serde(default, rename = "shareID", skip_serializing_if = "Option::is_none")]
+    pub share_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub interface_name: Option<String>,
     /// Addresses with their prefix length (`10.1.0.5/24`).
@@ -238,6 +382,7 @@ pub fn pod_claims<'c>(
                 pod_claim: pod_claim.clone(),
                 request: result.request.clone(),
                 key: result.key.clone(),
+                share_id: result.share_id.clone(),
                 device_id: attrs.as_ref().and_then(|a| a.device_id.clone()),
                 resource_name: attrs.and_then(|a| a.resource_name),
             });
@@ -255,6 +400,9 @@ pub fn pod_claims<'c>(
                 config.requests.iter().map(String::as_str).collect()
             };
             for request in requests {
+                if left_to_cni_dra_driver(claim, &config.parameters, request) {
+                    continue;
+                }
                 out.networks.push(ClaimNetwork {
                     claim: claim.name.clone(),
                     request: request.to_string(),
@@ -266,6 +414,20 @@ pub fn pod_claims<'c>(
     out.devices.truncate(MAX_POD_CLAIM_ITEMS);
     out.networks.truncate(MAX_POD_CLAIM_ITEMS);
     out
+}
+
+/// Whether a configuration of the CNI DRA driver's form for `request` is that driver's to attach: the request's
+/// devices are all its own.
+fn left_to_cni_dra_driver(claim: &Claim, parameters: &Value, request: &str) -> bool {
+    let form = parameters.get("apiVersion").and_then(Value::as_str);
+    let mut devices = claim
+        .results
+        .iter()
+        .filter(|r| r.request == request)
+        .peekable();
+    form.is_some_and(is_cni_config)
+        && devices.peek().is_some()
+        && devices.all(|r| r.key.driver == CNI_DRA_DRIVER)
 }
 
 /// Hands out a pod's claim devices to its networks, each device once: by a claim's request (a claim network) or
@@ -319,6 +481,14 @@ impl ClaimDevices {
             .map(|i| self.devices[i].clone())
     }
 
+    /// The next unused device of the claim the pod calls `pod_claim` (of `request`, when given).
+    pub fn take_referenced(&mut self, reference: &ClaimReference) -> Option<ClaimDevice> {
+        self.take_where(|d| {
+            d.pod_claim == reference.name
+                && reference.request.as_ref().is_none_or(|r| *r == d.request)
+        })
+    }
+
     /// The next unused device of `claim`'s `request`.
     pub fn take_request(&mut self, claim: &ClaimName, request: &str) -> Option<ClaimDevice> {
         self.take_where(Self::of_request(claim, request))
@@ -350,6 +520,7 @@ mod tests {
                 .map(|(request, device)| AllocatedDevice {
                     request: request.to_string(),
                     key: key(device),
+                    share_id: None,
                 })
                 .collect(),
             attachments: Vec::new(),
@@ -449,6 +620,59 @@ mod tests {
     }
 
     #[test]
+    fn a_selection_names_the_claim_and_request_its_device_comes_from() {
+        let sel = |extra: Value| {
+            let mut text = json!([{"name": "n"}]);
+            text[0][CLAIM_REFERENCE_KEY] = extra;
+            parse_selections(&text.to_string(), "ns").unwrap().remove(0)
+        };
+        let r = claim_reference(&sel(json!({"name": "nics", "request": "b"})))
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.name.as_str(), r.request.as_deref()), ("nics", Some("b")));
+        let none = parse_selections(r#"[{"name": "n"}]"#, "ns")
+            .unwrap()
+            .remove(0);
+        assert_eq!(claim_reference(&none), Ok(None));
+        for (bad, says) in [
+            (json!("nics"), "must be an object"),
+            (json!({"request": "b"}), "name is missing"),
+            (json!({"name": ""}), "non-empty string"),
+            (json!({"name": "nics", "pool": "x"}), "unknown key"),
+        ] {
+            let err = claim_reference(&sel(bad)).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+
+        let claim_a = ClaimName {
+            namespace: "ns".into(),
+            name: "web-a".into(),
+        };
+        let dev = |pod_claim: &str, request: &str, device: &str| ClaimDevice {
+            claim: claim_a.clone(),
+            pod_claim: pod_claim.into(),
+            request: request.into(),
+            key: key(device),
+            share_id: None,
+            device_id: None,
+            resource_name: None,
+        };
+        let mut devices = ClaimDevices::new(vec![
+            dev("nics", "a", "vf0"),
+            dev("nics", "b", "vf1"),
+            dev("gpu", "a", "g0"),
+        ]);
+        assert_eq!(devices.take_referenced(&r).unwrap().key.device, "vf1");
+        assert!(devices.take_referenced(&r).is_none(), "each device once");
+        let any = ClaimReference {
+            name: "nics".into(),
+            request: None,
+        };
+        assert_eq!(devices.take_referenced(&any).unwrap().key.device, "vf0");
+        assert!(devices.take_referenced(&any).is_none());
+    }
+
+    #[test]
     fn a_claim_network_is_one_selection_element() {
         let net = |parameters: Value| ClaimNetwork {
             claim: ClaimName {
@@ -485,5 +709,43 @@ mod tests {
         assert!(err.contains("name"), "{err}");
         let err = net(json!(["x"])).selection().unwrap_err();
         assert!(err.contains("must be an object"), "{err}");
+
+        // The CNI DRA driver's form: the configuration is the network, named by its `name`.
+        let cni = |body: Value| {
+            let mut p = json!({"apiVersion": CNI_CONFIG_API_VERSIONS[0], "kind": "CNI"});
+            p.as_object_mut()
+                .unwrap()
+                .extend(body.as_object().unwrap().clone());
+            net(p).network()
+        };
+        let (sel, nad) = cni(
+            json!({"ifName": "net7", "config": {"cniVersion": "1.0.0", "name": "mv",
+                                                              "plugins": [{"type": "macvlan"}]}}),
+        )
+        .unwrap();
+        assert_eq!(
+            (sel.namespaced_name(), sel.interface.as_deref()),
+            ("team/mv".into(), Some("net7"))
+        );
+        let nad = nad.expect("the NAD it stands for");
+        assert_eq!((nad.namespace.as_str(), nad.name.as_str()), ("team", "mv"));
+        assert!(nad.config.unwrap().contains("macvlan"));
+        for (body, says) in [
+            (json!({"config": {"type": "x"}}), "has no \"name\""),
+            (json!({"config": "text"}), "must be a CNI configuration"),
+            (
+                json!({"ifName": 3, "config": {"name": "a"}}),
+                "ifName must be a string",
+            ),
+            (json!({"config": {"name": "Not_A_Label"}}), "DNS-1123"),
+            (json!({}), "is missing"),
+        ] {
+            let err = cni(body).unwrap_err();
+            assert!(err.contains(says), "{err}");
+        }
+        let err = net(json!({"apiVersion": CNI_CONFIG_API_VERSIONS[1], "kind": "Other"}))
+            .network()
+            .unwrap_err();
+        assert!(err.contains("kind must be one of"), "{err}");
     }
 }

@@ -106,7 +106,7 @@ pub struct Bandwidth {
 }
 
 /// One validated network selection: an element of the JSON list, or one reference of the comma format.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct Selection {
     /// The NetworkAttachmentDefinition's name (4.1.2.1.1).
     pub name: String,

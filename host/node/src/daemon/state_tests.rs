@@ -405,6 +405,7 @@ async fn a_claim_status_write_is_kept_across_an_outage_and_a_restart() {
             pool: "p".into(),
             device: "vf0".into(),
         },
+        share_id: None,
         interface_name: Some(ifname.into()),
         ips: vec!["10.1.0.5/24".into()],
         hardware_address: None,
