@@ -2,10 +2,10 @@
 # The scale report: what nodes cost the cluster around them, against the real kube-apiserver and etcd. Runs N node
 # agents (N `plexus daemon` processes with their own node names, directories and sockets) for each N, measures
 # the plexus.dev objects, a hook rollout as one node's watch sees it, the agents' API requests and memory, plays
-# the previous version's writes for the "before" figures, and writes docs/scale.md with the extrapolation to
-# 5,000 nodes.
+# the previous version's writes for the "before" figures; then the DRA row (the largest N among thousands of
+# ResourceClaims); and writes docs/scale.md with the extrapolation to 5,000 nodes.
 #
-#   bash tests/scale.sh [N...]   (as root; default N: 1 10 30; about 5 minutes on 2 cores)
+#   bash tests/scale.sh [N...] [--dra-claims C]   (as root; default N: 1 10 30 and 3,000 claims; about 8 minutes on 2 cores)
 #
 # Not part of tests/run.sh.
 set -euo pipefail
@@ -23,7 +23,8 @@ mkdir -p "$target/scale"
 "$target/release/plexus-scale" "$@" > "$target/scale/results.json"
 python3 - "$target/scale/results.json" "$root/docs/scale.md" <<'PY'
 import json, sys, datetime
-rows = json.load(open(sys.argv[1]))
+data = json.load(open(sys.argv[1]))
+rows, dra = data["hooks"], data.get("dra")
 N = 5000
 # Fits: the hook's size before grows per node; the watch bytes of one rollout before are the sum of the object's
 # size over the N writes, a + b*k at the k-th: N*a + b*N*(N+1)/2.
@@ -85,6 +86,32 @@ w("")
 w("The requests at rest and during a rollout come from the API server's audit log (every request of the agents'")
 w("service account, each once). The rollout is a change of the hook's module to another signed artifact, timed from")
 w("the patch to every node reporting the new digest.")
+if dra:
+    a, b = dra["after"], dra["before"]
+    per_claim = b["listBytesPerNode"] / max(1, dra["claims"])
+    pods = 110
+    w("")
+    w("## Dynamic Resource Allocation: each node reads its own pods' claims")
+    w("")
+    w(f"{dra['nodes']} node daemons among {dra['claims']:,} allocated ResourceClaims: {dra['claimsPerNode']} on each daemon's node, each")
+    w("used by a pod there, and the rest on 1,000 other nodes (made by the run, not by pods it runs). *After* is")
+    w("this version (a claim a pod of the node uses read by name); *before* is the previous version's watch of every")
+    w("claim of the cluster, measured as what it receives: the list at its start and the events while the claims were")
+    w("made (a watch on all claims, open during the run).")
+    w("")
+    w("| | claims held per node | claim requests per node | bytes of claims a node receives |")
+    w("| --- | ---: | ---: | ---: |")
+    reqs = sum(a["claimRequestsByVerb"].values()) / dra["nodes"]
+    verbs = ", ".join(f"{v} {k}" for k, v in sorted(a["claimRequestsByVerb"].items()))
+    w(f"| before | {b['heldPerNode']:,} | 1 list + 1 watch (renewed) | {b['listBytesPerNode']:,} B at start, {b['watchBytesPerNode']:,} B of {b['watchEventsPerNode']:,} events while they were made |")
+    w(f"| after | {a['heldPerNodeMax']} | {reqs:.1f} ({verbs} in all) | {a['bytesPerNode']:,} B, once |")
+    w("")
+    w(f"Extrapolated to 5,000 nodes with {pods} pods each and one claim per pod (550,000 claims, {per_claim:,.0f} B each as")
+    w(f"measured): **before**, each node holds and receives all of them, {550000*per_claim/2**20:,.0f} MiB at each start and")
+    w(f"every claim change of the cluster after, {5000*550000*per_claim/2**30:,.0f} GiB across the cluster per full relist;")
+    w(f"**after**, each node reads its own {pods}, {pods*per_claim/2**10:,.0f} KiB, once each (a claim made from a template after its")
+    w("pod appeared is read when the pod names it), and receives no claim of another node. The daemons' median RSS here:")
+    w(f"{a['daemonRssKibMedian']/1024:.1f} MiB.")
 open(sys.argv[2], "w").write("\n".join(out) + "\n")
 print(f"scale: wrote {sys.argv[2]}", file=sys.stderr)
 PY

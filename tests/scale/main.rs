@@ -8,7 +8,12 @@
 //! NetworkHook's `status.nodes`, each by server-side apply under the node's field manager) on a second hook, with
 //! a watch on it, as the issue that asked for this measured them.
 //!
-//! Usage: `plexus-scale [N...]` (default 1 10 30).
+//! Then the DRA row: 30 daemons (the largest N) among thousands of allocated ResourceClaims, a few on each daemon's
+//! node (each used by a pod there) and the rest on other nodes: what each daemon holds, the requests it makes and
+//! the bytes it receives for claims, against what the previous version's watch of every claim received.
+//!
+//! Usage: `plexus-scale [N...] [--dra-claims C]` (default 1 10 30, and 3,000 claims; `--dra-claims 0` skips the
+//! DRA row).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
@@ -27,18 +32,165 @@ const REST: Duration = Duration::from_secs(60);
 const AGENT: &str = "system:serviceaccount:kube-system:plexus";
 
 fn main() -> ExitCode {
-    let ns: Vec<usize> = std::env::args()
-        .skip(1)
-        .filter_map(|a| a.parse().ok())
-        .collect();
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mut claims = 3000;
+    let mut ns = Vec::new();
+    let mut i = 0;
+    while i < args.len() {
+        if args[i] == "--dra-claims" {
+            claims = args
+                .get(i + 1)
+                .and_then(|c| c.parse().ok())
+                .unwrap_or(claims);
+            i += 1;
+        } else if let Ok(n) = args[i].parse() {
+            ns.push(n);
+        }
+        i += 1;
+    }
     let ns = if ns.is_empty() { vec![1, 10, 30] } else { ns };
     let mut rows = Vec::new();
-    for n in ns {
+    for &n in &ns {
         eprintln!("plexus-scale: {n} node(s)");
         rows.push(measure(n));
     }
-    println!("{}", serde_json::to_string_pretty(&rows).unwrap());
+    let dra = (claims > 0).then(|| {
+        let n = ns.iter().copied().max().unwrap_or(30);
+        eprintln!("plexus-scale: DRA, {n} node(s), {claims} claims");
+        measure_dra(n, claims)
+    });
+    println!(
+        "{}",
+        serde_json::to_string_pretty(&json!({"hooks": rows, "dra": dra})).unwrap()
+    );
     ExitCode::SUCCESS
+}
+
+/// Claims each measured node's pods use.
+const CLAIMS_PER_NODE: usize = 3;
+const DRA_NS: &str = "team";
+
+/// An allocated claim `name` of [`DRA_NS`] on `node`, reserved for pod `pod`; its size as the API server sends it
+/// to a client that asks for JSON (compact).
+fn allocated_claim(api: &KubeApiServer, name: &str, node: &str, pod: &str) -> usize {
+    api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": name, "namespace": DRA_NS},
+        "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nics"}}]}}
+    }));
+    let claim = api.must(
+        "PATCH",
+        &format!("/apis/resource.k8s.io/v1/namespaces/{DRA_NS}/resourceclaims/{name}/status"),
+        Some(&json!({"status": {
+            "allocation": {
+                "devices": {"results": [{"request": "nic", "driver": "sriov.example.com",
+                                         "pool": node, "device": "vf0"}]},
+                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+            },
+            "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("uid-{pod}")}]
+        }})),
+    );
+    claim.to_string().len()
+}
+
+/// The DRA row: `n` daemons, each node with [`CLAIMS_PER_NODE`] pods using a claim of their own, among `total`
+/// claims in all (the rest on 1,000 other nodes).
+fn measure_dra(n: usize, total: usize) -> Value {
+    let c = Cluster::new();
+    c.api.namespace(DRA_NS);
+    let nodes: Vec<String> = (1..=n).map(|i| format!("node{i}")).collect();
+    // Every claim created is an event of the previous version's watch of all claims, on every node.
+    let (_, list) = c.get("/apis/resource.k8s.io/v1/resourceclaims?limit=1");
+    let watch = c.api.watch(
+        "/apis/resource.k8s.io/v1/resourceclaims",
+        list["metadata"]["resourceVersion"].as_str().unwrap(),
+        1800,
+    );
+    let others = total.saturating_sub(n * CLAIMS_PER_NODE);
+    let threads = 4;
+    let mut own_bytes = 0;
+    std::thread::scope(|scope| {
+        let api = &c.api;
+        for t in 0..threads {
+            scope.spawn(move || {
+                for i in (t..others).step_by(threads) {
+                    allocated_claim(
+                        api,
+                        &format!("far-{i}"),
+                        &format!("far-node-{}", i % 1000),
+                        &format!("far-{i}"),
+                    );
+                }
+            });
+        }
+        for node in &nodes {
+            for k in 0..CLAIMS_PER_NODE {
+                let pod = format!("{node}-pod-{k}");
+                let claim = format!("{pod}-nic");
+                own_bytes += allocated_claim(api, &claim, node, &pod);
+                api.create(&json!({
+                    "apiVersion": "v1", "kind": "Pod",
+                    "metadata": {"name": pod, "namespace": DRA_NS},
+                    "spec": {"nodeName": node, "automountServiceAccountToken": false,
+                             "resourceClaims": [{"name": "nic", "resourceClaimName": claim}],
+                             "containers": [{"name": "c", "image": "pause"}]}
+                }));
+            }
+        }
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let (before_events, before_watch_bytes) = watch.events();
+    // What a node of the previous version listed at its start: every claim of the cluster.
+    let (_, all) = c.get("/apis/resource.k8s.io/v1/resourceclaims");
+    let listed_bytes = all.to_string().len();
+    let listed = all["items"].as_array().map_or(0, Vec::len);
+
+    let from = now();
+    let daemons: Vec<NodeDaemon> = nodes.iter().map(|node| c.start(node)).collect();
+    let mut held = Vec::new();
+    for d in &daemons {
+        let h = d.wait("the node's pods' claims read", |h| {
+            h.cache.claims == CLAIMS_PER_NODE
+        });
+        held.push((h.cache.claims, h.cache.claim_reads));
+    }
+    std::thread::sleep(Duration::from_secs(2));
+    let mut claim_requests = std::collections::BTreeMap::<String, usize>::new();
+    for e in c.api.audit_entries() {
+        let uri = e["requestURI"].as_str().unwrap_or_default();
+        let at: Option<Timestamp> = e["requestReceivedTimestamp"]
+            .as_str()
+            .and_then(|t| t.parse().ok());
+        if e["user"]["username"] == AGENT
+            && uri.contains("/resourceclaims")
+            && at.is_some_and(|at| at >= from)
+        {
+            let verb = e["verb"].as_str().unwrap_or_default().to_string();
+            *claim_requests.entry(verb).or_default() += 1;
+        }
+    }
+    let mut rss: Vec<u64> = daemons.iter().map(|d| rss_kib(d.child.id())).collect();
+    rss.sort_unstable();
+    drop(daemons);
+    json!({
+        "nodes": n,
+        "claims": listed,
+        "claimsPerNode": CLAIMS_PER_NODE,
+        "after": {
+            "heldPerNodeMax": held.iter().map(|h| h.0).max(),
+            "claimReadsPerNodeMax": held.iter().map(|h| h.1).max(),
+            "claimRequestsByVerb": claim_requests,
+            "bytesPerNode": own_bytes / n,
+            "daemonRssKibMedian": rss[rss.len() / 2],
+        },
+        "before": {
+            "heldPerNode": listed,
+            "listBytesPerNode": listed_bytes,
+            "watchEventsPerNode": before_events.len(),
+            "watchBytesPerNode": before_watch_bytes,
+        },
+    })
 }
 
 struct Cluster {
