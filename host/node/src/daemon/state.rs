@@ -11,7 +11,7 @@ use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
-use super::status_queue::{Key, StatusQueue};
+use super::status_queue::{ClaimWrite, Kept, Key, StatusQueue, Write};
 use crate::backoff::Backoff;
 
 /// What the daemon asks of the API server: [`KubeApi`] in the process, an in-memory fake in tests.
@@ -298,7 +298,7 @@ impl NodeState {
 /// wait for the API server's commit. `false` when the queue is full or cannot be written (the CNI process then
 /// writes it itself). Needs the daemon's runtime.
 pub fn enqueue_status(state: &Arc<NodeState>, pod: PodRef, value: String) -> bool {
-    let key = (pod.namespace.clone(), pod.name.clone());
+    let key = Key::pod(&pod.namespace, &pod.name);
     match state.writes.accept(pod, value) {
         Ok(true) => {
             start_writer(state, key);
@@ -321,7 +321,7 @@ pub fn enqueue_claim_status(
     claim: ClaimName,
     devices: Vec<DeviceNetworkData>,
 ) -> bool {
-    let key = super::status_queue::claim_key(&claim);
+    let key = Key::Claim(claim.clone());
     match state.writes.accept_claim(pod, claim, devices) {
         Ok(true) => {
             start_writer(state, key);
@@ -337,7 +337,7 @@ pub fn enqueue_claim_status(
 
 /// One kept claim write, until the API server takes it (a newer write of the claim replaces it meanwhile) or
 /// refuses it for good (forbidden, invalid: dropped with a warning; a claim that is gone is taken as written).
-async fn send_claim(state: &NodeState, key: &Key, mut write: super::status_queue::ClaimWrite) {
+async fn send_claim(state: &NodeState, key: &Key, mut write: ClaimWrite) {
     let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
     loop {
         match state
@@ -356,7 +356,7 @@ async fn send_claim(state: &NodeState, key: &Key, mut write: super::status_queue
                 tokio::time::sleep(wait).await;
             }
         }
-        if let Some(newer) = state.writes.newer(key).and_then(|k| k.claim) {
+        if let Some(Write::Claim(newer)) = state.writes.newer(key).map(|k| k.write) {
             write = newer;
         }
     }
@@ -375,23 +375,26 @@ pub fn start_writer(state: &Arc<NodeState>, key: Key) {
     });
 }
 
-/// One kept write, until the API server takes it (a newer write of the same pod replaces it meanwhile).
-async fn send_kept(state: &NodeState, key: &Key, mut kept: super::status_queue::Kept) {
-    if let Some(write) = kept.claim.take() {
-        return send_claim(state, key, write).await;
+/// One kept write, until the API server takes it (a newer write of the same pod or claim replaces it meanwhile).
+async fn send_kept(state: &NodeState, key: &Key, kept: Kept) {
+    match kept.write {
+        Write::Claim(write) => send_claim(state, key, write).await,
+        Write::Status(value) => send_status(state, key, kept.pod, value).await,
     }
+}
+
+/// One kept network-status write, until the API server takes it, or dropped when the pod is gone (the cache
+/// holds the pod under another UID).
+async fn send_status(state: &NodeState, key: &Key, mut pod: PodRef, mut value: String) {
     let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
     loop {
-        if let Lookup::Found(p) = state.cache.pod(&key.0, &key.1) {
-            if p.uid.is_some() && kept.pod.uid.is_some() && p.uid != kept.pod.uid {
-                tracing::info!(pod = %kept.pod, "pod replaced by one with another UID: its status write is dropped");
+        if let Lookup::Found(p) = state.cache.pod(&pod.namespace, &pod.name) {
+            if p.uid.is_some() && pod.uid.is_some() && p.uid != pod.uid {
+                tracing::info!(pod = %pod, "pod replaced by one with another UID: its status write is dropped");
                 return;
             }
         }
-        let result = state
-            .api
-            .write_status(&kept.pod, &kept.network_status)
-            .await;
+        let result = state.api.write_status(&pod, &value).await;
         let label = ResultLabel {
             result: if result.is_ok() { "success" } else { "error" }.into(),
         };
@@ -400,10 +403,14 @@ async fn send_kept(state: &NodeState, key: &Key, mut kept: super::status_queue::
             return;
         };
         let wait = backoff.next_delay();
-        tracing::warn!(pod = %kept.pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
+        tracing::warn!(pod = %pod, error = %e, retry_in = ?wait, "cannot publish network-status yet; kept and retried");
         tokio::time::sleep(wait).await;
-        if let Some(newer) = state.writes.newer(key) {
-            kept = newer;
+        if let Some(Kept {
+            pod: newer_pod,
+            write: Write::Status(newer),
+        }) = state.writes.newer(key)
+        {
+            (pod, value) = (newer_pod, newer);
         }
     }
 }

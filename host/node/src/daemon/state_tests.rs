@@ -116,8 +116,8 @@ async fn writes_a_daemon_kept_are_sent_by_the_next_one() {
     assert_eq!(
         kept,
         vec![
-            ("ns".to_string(), "db".to_string()),
-            ("ns".to_string(), "web".to_string())
+            super::status_queue::Key::pod("ns", "db"),
+            super::status_queue::Key::pod("ns", "web")
         ]
     );
     for key in kept {

@@ -28,15 +28,57 @@ pub const MAX_BYTES: usize = 64 << 20;
 /// A kept write's mode: root's alone.
 const FILE_MODE: u32 = 0o600;
 
-/// One pod's write, as kept; or, with `claim`, a claim's device status written for that pod.
+/// One write, as kept: for a pod, its network-status, or a claim's device status written for it.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(rename_all = "camelCase")]
+#[serde(from = "KeptFile", into = "KeptFile")]
 pub struct Kept {
     pub pod: PodRef,
+    pub write: Write,
+}
+
+/// What a kept write sets.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Write {
+    /// The pod's network-status annotation.
+    Status(String),
+    /// Plexus's entries of a claim's `status.devices[]`.
+    Claim(ClaimWrite),
+}
+
+/// A kept write's file (the form daemons before the [`Write`] enum kept too, so a restart across versions keeps
+/// its writes).
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct KeptFile {
+    pod: PodRef,
     #[serde(default)]
-    pub network_status: String,
+    network_status: String,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub claim: Option<ClaimWrite>,
+    claim: Option<ClaimWrite>,
+}
+
+impl From<KeptFile> for Kept {
+    fn from(f: KeptFile) -> Kept {
+        let write = match f.claim {
+            Some(c) => Write::Claim(c),
+            None => Write::Status(f.network_status),
+        };
+        Kept { pod: f.pod, write }
+    }
+}
+
+impl From<Kept> for KeptFile {
+    fn from(k: Kept) -> KeptFile {
+        let (network_status, claim) = match k.write {
+            Write::Status(s) => (s, None),
+            Write::Claim(c) => (String::new(), Some(c)),
+        };
+        KeptFile {
+            pod: k.pod,
+            network_status,
+            claim,
+        }
+    }
 }
 
 /// Plexus's entries of a claim's `status.devices[]` (all of them: none takes them back).
@@ -46,7 +88,30 @@ pub struct ClaimWrite {
     pub devices: Vec<DeviceNetworkData>,
 }
 
-pub type Key = (String, String);
+/// What a kept write is filed under: one file and one writer each.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Key {
+    Pod { namespace: String, name: String },
+    Claim(ClaimName),
+}
+
+impl Key {
+    pub fn pod(namespace: &str, name: &str) -> Key {
+        Key::Pod {
+            namespace: namespace.into(),
+            name: name.into(),
+        }
+    }
+
+    /// The name its file's name is the digest of: the pod's `namespace/name`; a claim's behind a prefix no
+    /// namespace can have (a `/`), so a claim and a pod of the same name never share a file.
+    fn file_name(&self) -> String {
+        match self {
+            Key::Pod { namespace, name } => format!("{namespace}/{name}"),
+            Key::Claim(c) => format!("resourceclaims/{}/{}", c.namespace, c.name),
+        }
+    }
+}
 
 #[derive(Default)]
 struct State {
@@ -76,24 +141,11 @@ pub struct StatusQueue {
     state: Mutex<State>,
 }
 
-fn key_of(pod: &PodRef) -> Key {
-    (pod.namespace.clone(), pod.name.clone())
-}
-
-/// A claim's key: its namespace behind a prefix no namespace name can have (a `/`), so a claim and a pod of the
-/// same name never share a file.
-pub fn claim_key(claim: &ClaimName) -> Key {
-    (
-        format!("resourceclaims/{}", claim.namespace),
-        claim.name.clone(),
-    )
-}
-
 /// What a kept write is filed under: its claim, or its pod.
 fn key_of_kept(kept: &Kept) -> Key {
-    match &kept.claim {
-        Some(c) => claim_key(&c.claim),
-        None => key_of(&kept.pod),
+    match &kept.write {
+        Write::Claim(c) => Key::Claim(c.claim.clone()),
+        Write::Status(_) => Key::pod(&kept.pod.namespace, &kept.pod.name),
     }
 }
 
@@ -158,8 +210,7 @@ impl StatusQueue {
     pub fn accept(&self, pod: PodRef, network_status: String) -> Result<bool, AcceptError> {
         self.accept_kept(Kept {
             pod,
-            network_status,
-            claim: None,
+            write: Write::Status(network_status),
         })
     }
 
@@ -173,8 +224,7 @@ impl StatusQueue {
     ) -> Result<bool, AcceptError> {
         self.accept_kept(Kept {
             pod,
-            network_status: String::new(),
-            claim: Some(ClaimWrite { claim, devices }),
+            write: Write::Claim(ClaimWrite { claim, devices }),
         })
     }
 
@@ -253,7 +303,7 @@ impl StatusQueue {
 /// A pod's file under `dir`: named by the digest of namespace/name (bounded, and no name can climb out).
 fn path_in(dir: &Path, key: &Key) -> PathBuf {
     use sha2::Digest as _;
-    let digest = sha2::Sha256::digest(format!("{}/{}", key.0, key.1).as_bytes());
+    let digest = sha2::Sha256::digest(key.file_name().as_bytes());
     dir.join(format!("{}.json", hex::encode(&digest[..16])))
 }
 
@@ -307,17 +357,17 @@ mod tests {
         assert!(q.accept(pod("a", "u1"), "[1]".into()).unwrap());
         // A second write before the writer took the first: replaces it, no second writer.
         assert!(!q.accept(pod("a", "u1"), "[2]".into()).unwrap());
-        let key = ("ns".to_string(), "a".to_string());
+        let key = Key::pod("ns", "a");
         let file = q.path_of(&key);
         assert_eq!(std::fs::metadata(&file).unwrap().mode() & 0o777, 0o600);
         let taken = q.take(&key).unwrap();
-        assert_eq!(taken.network_status, "[2]");
+        assert_eq!(taken.write, Write::Status("[2]".into()));
         // Accepted while the writer sends [2]: the file holds [3] and stays when [2] is done.
         assert!(!q.accept(pod("a", "u1"), "[3]".into()).unwrap());
         q.finished(&key);
         assert!(file.exists());
         assert_eq!(q.len(), 1);
-        assert_eq!(q.take(&key).unwrap().network_status, "[3]");
+        assert_eq!(q.take(&key).unwrap().write, Write::Status("[3]".into()));
         q.finished(&key);
         assert!(!file.exists());
         assert!(q.take(&key).is_none());
@@ -341,20 +391,14 @@ mod tests {
         {
             let (q, _) = StatusQueue::open(&q2).unwrap();
             q.accept(pod("c", "u3"), "[\"c\"]".into()).unwrap();
-            let path = q.path_of(&("ns".into(), "c".into()));
+            let path = q.path_of(&Key::pod("ns", "c"));
             std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
             std::fs::rename(&path, qdir.join(path.file_name().unwrap())).unwrap();
         }
         std::os::unix::fs::symlink("/etc/hostname", qdir.join("link.json")).unwrap();
         let (q, mut found) = StatusQueue::open(&qdir).unwrap();
         found.sort();
-        assert_eq!(
-            found,
-            vec![
-                ("ns".to_string(), "a".to_string()),
-                ("ns".to_string(), "b".to_string())
-            ]
-        );
+        assert_eq!(found, vec![Key::pod("ns", "a"), Key::pod("ns", "b")]);
         assert_eq!(q.take(&found[0]).unwrap().pod.uid.as_deref(), Some("u1"));
         let left: Vec<_> = std::fs::read_dir(&qdir).unwrap().flatten().collect();
         assert_eq!(left.len(), 2, "{left:?}");
@@ -382,13 +426,13 @@ mod tests {
         }
         let (q, mut found) = StatusQueue::open(&qdir).unwrap();
         found.sort();
+        assert_eq!(found, vec![Key::pod("ns", "a"), Key::Claim(claim.clone())]);
+        let kept = q.take(&Key::Claim(claim.clone())).unwrap();
+        assert!(matches!(kept.write, Write::Claim(w) if w.claim == claim));
         assert_eq!(
-            found,
-            vec![("ns".to_string(), "a".to_string()), claim_key(&claim)]
+            q.take(&found[0]).unwrap().write,
+            Write::Status("[1]".into())
         );
-        let kept = q.take(&claim_key(&claim)).unwrap();
-        assert_eq!(kept.claim.unwrap().claim, claim);
-        assert_eq!(q.take(&found[0]).unwrap().network_status, "[1]");
     }
 
     #[test]
@@ -407,5 +451,22 @@ mod tests {
         assert!(n > 0 && n <= MAX_BYTES / (MAX_REQUEST_BYTES - 200), "{n}");
         // A pod already kept may still replace its own write.
         q.accept(pod("p0", "u"), "[]".into()).unwrap();
+    }
+
+    #[test]
+    fn a_kept_file_keeps_the_form_earlier_daemons_wrote() {
+        let status = Kept {
+            pod: pod("a", "u1"),
+            write: Write::Status("[1]".into()),
+        };
+        assert_eq!(
+            serde_json::to_value(&status).unwrap(),
+            serde_json::json!({"pod": {"namespace": "ns", "name": "a", "uid": "u1"}, "networkStatus": "[1]"})
+        );
+        let earlier = serde_json::json!({"pod": {"namespace": "ns", "name": "a"}, "networkStatus": "",
+            "claim": {"claim": {"namespace": "ns", "name": "c"}, "devices": []}});
+        let kept: Kept = serde_json::from_value(earlier.clone()).unwrap();
+        assert!(matches!(&kept.write, Write::Claim(w) if w.claim.name == "c"));
+        assert_eq!(serde_json::to_value(&kept).unwrap(), earlier);
     }
 }
