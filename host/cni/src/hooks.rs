@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
+use plexus_core::spec::dra::ClaimDevice;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, Selection};
-use plexus_hooks::{Compile, HookSpec, Hooks, PolicyOutcome};
+use plexus_hooks::{Compile, HookSpec, Hooks, PolicyOutcome, SelectionDevices};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -15,24 +16,25 @@ use crate::error::PlexusError;
 pub trait HookRunner {
     fn is_empty(&self) -> bool;
     /// The policy hooks' verdict on the pod's selections (spec 7.4); what they admit follows the spec's
-    /// rules.
+    /// rules. `devices`: the claim device each network will use, by network (what `host.selection-device`
+    /// answers).
     fn policy(
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
+        devices: SelectionDevices,
     ) -> Result<PolicyOutcome<Selection>, PlexusError>;
+    /// The resolver hooks' config for `selection`, which will use the claim device `device`, if any.
     fn resolve(
         &self,
         pod: &Pod,
         selection: &Selection,
         nad: &NetworkAttachmentDefinition,
         config: Option<&Value>,
+        device: Option<&ClaimDevice>,
     ) -> Result<Option<Value>, PlexusError>;
     /// The status entries after the status hooks; they follow the spec's rules (section 5).
     fn status(&self, pod: &Pod, entries: Vec<Value>) -> Result<Vec<Value>, PlexusError>;
-    /// The claim devices the selections of the next calls use, by network (what `host.selection-device`
-    /// answers).
-    fn set_devices(&self, _devices: plexus_hooks::SelectionDevices) {}
     /// Every hook call made so far, for the report to the node daemon.
     fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {
         Vec::new()
@@ -51,6 +53,7 @@ impl HookRunner for NoHooks {
         &self,
         _: &Pod,
         selections: Vec<Selection>,
+        _: SelectionDevices,
     ) -> Result<PolicyOutcome<Selection>, PlexusError> {
         Ok(PolicyOutcome::Admit(selections))
     }
@@ -60,6 +63,7 @@ impl HookRunner for NoHooks {
         _: &Selection,
         _: &NetworkAttachmentDefinition,
         _: Option<&Value>,
+        _: Option<&ClaimDevice>,
     ) -> Result<Option<Value>, PlexusError> {
         Ok(None)
     }
@@ -192,10 +196,6 @@ impl HookRunner for Hooks {
         Hooks::is_empty(self)
     }
 
-    fn set_devices(&self, devices: plexus_hooks::SelectionDevices) {
-        Hooks::set_devices(self, devices);
-    }
-
     fn calls(&self) -> Vec<crate::daemon::proto::HookCall> {
         Hooks::calls(self)
             .into_iter()
@@ -211,9 +211,10 @@ impl HookRunner for Hooks {
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
+        devices: SelectionDevices,
     ) -> Result<PolicyOutcome<Selection>, PlexusError> {
         let input = selections.iter().map(Selection::to_json).collect();
-        Ok(match Hooks::policy(self, pod, input)? {
+        Ok(match Hooks::policy_seeing(self, pod, input, devices)? {
             PolicyOutcome::Deny { hook, reason } => PolicyOutcome::Deny { hook, reason },
             // Checked by the hook chain against the same rules; parsing cannot fail on what passed them.
             PolicyOutcome::Admit(list) => PolicyOutcome::Admit(
@@ -232,6 +233,7 @@ impl HookRunner for Hooks {
         selection: &Selection,
         nad: &NetworkAttachmentDefinition,
         config: Option<&Value>,
+        device: Option<&ClaimDevice>,
     ) -> Result<Option<Value>, PlexusError> {
         // The WIT carries both in their Kubernetes JSON forms.
         let nad = serde_json::json!({
@@ -240,12 +242,13 @@ impl HookRunner for Hooks {
             "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
             "spec": nad.config.as_ref().map_or(serde_json::json!({}), |c| serde_json::json!({"config": c})),
         });
-        Ok(Hooks::resolve(
+        Ok(Hooks::resolve_seeing(
             self,
             pod,
             &selection.to_json(),
             Some(&nad),
             config,
+            device.cloned(),
         )?)
     }
 

@@ -717,10 +717,18 @@ impl HookRunner for FakeHooks {
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
+        devices: plexus_hooks::SelectionDevices,
     ) -> Result<PolicyOutcome<Selection>, PlexusError> {
-        self.calls
-            .borrow_mut()
-            .push(format!("policy {} {}", pod.name, selections.len()));
+        let seen: Vec<String> = devices
+            .iter()
+            .map(|((_, net), d)| format!(" {net}={}", d.key.device))
+            .collect();
+        self.calls.borrow_mut().push(format!(
+            "policy {} {}{}",
+            pod.name,
+            selections.len(),
+            seen.concat()
+        ));
         if self.deny {
             return Ok(PolicyOutcome::Deny {
                 hook: "fake".into(),
@@ -738,9 +746,11 @@ impl HookRunner for FakeHooks {
         selection: &Selection,
         nad: &NetworkAttachmentDefinition,
         _: Option<&Value>,
+        device: Option<&plexus_core::spec::dra::ClaimDevice>,
     ) -> Result<Option<Value>, PlexusError> {
+        let seen = device.map_or(String::new(), |d| format!(" device {}", d.key.device));
         self.calls.borrow_mut().push(format!(
-            "resolve {} {}",
+            "resolve {} {}{seen}",
             selection.namespaced_name(),
             nad.name
         ));
@@ -806,6 +816,31 @@ fn a_policy_hook_that_denies_fails_add_with_code_102_before_any_delegate_runs() 
     assert!(
         warnings.len() == 1 && warnings[0].1.contains("policy hook \"fake\": no"),
         "{warnings:?}"
+    );
+}
+
+/// Each hook call is handed the devices of its selections as an argument: the policy hooks the devices of the
+/// networks the claims ask for, each resolver call its own network's device.
+#[test]
+fn hooks_are_handed_their_selections_devices() {
+    let node = Node::new("1.0.0");
+    let exec = FakeExec::default();
+    let mut cluster = FakeCluster::with_pod("a");
+    cluster.claims = claims(&[("extra", "a", Some("ignored0")), ("nic", "b", None)]);
+    let hooks = FakeHooks::default();
+    let fx = Effects {
+        hooks: &hooks,
+        ..effects(&exec, &cluster)
+    };
+    orchestrate::add(&node.invocation("ADD", json!({})), &fx).unwrap();
+    assert_eq!(
+        *hooks.calls.borrow(),
+        vec![
+            "policy web 2 a=vf1 b=vf0",
+            "resolve ns/a a device vf1",
+            "resolve ns/b b device vf0",
+            "status 3"
+        ]
     );
 }
 

@@ -300,7 +300,7 @@ impl<'a> Planner<'a> {
             }
         };
         let nad = self.cluster()?.nad(&ns, &name)?;
-        let list = self.resolve_nad_config(&nad, None, pod)?;
+        let list = self.resolve_nad_config(&nad, None, pod, None)?;
         Ok((format!("{ns}/{name}"), list))
     }
 
@@ -348,7 +348,7 @@ impl<'a> Planner<'a> {
             }
             let sel = sels.remove(0);
             let nad = self.cluster()?.nad(&sel.namespace, &sel.name)?;
-            let list = self.resolve_nad_config(&nad, Some(&sel), pod)?;
+            let list = self.resolve_nad_config(&nad, Some(&sel), pod, None)?;
             Ok((sel.namespaced_name(), list))
         };
         Some(resolve())
@@ -360,6 +360,7 @@ impl<'a> Planner<'a> {
         nad: &NetworkAttachmentDefinition,
         selection: Option<&Selection>,
         pod: Option<&Pod>,
+        device: Option<&Device>,
     ) -> Result<NetworkConfigList, PlexusError> {
         let label = format!("NetworkAttachmentDefinition {}/{}", nad.namespace, nad.name);
         if let (false, Some(pod)) = (self.fx.hooks.is_empty(), pod) {
@@ -375,7 +376,12 @@ impl<'a> Planner<'a> {
             let sel = selection
                 .cloned()
                 .unwrap_or_else(|| Selection::new(&nad.namespace, &nad.name));
-            if let Some(cfg) = self.fx.hooks.resolve(pod, &sel, nad, current.as_ref())? {
+            let claim_device = device.and_then(|d| d.claim.as_ref());
+            if let Some(cfg) =
+                self.fx
+                    .hooks
+                    .resolve(pod, &sel, nad, current.as_ref(), claim_device)?
+            {
                 return self
                     .parse_list(&cfg, &nad.name)
                     .map_err(|e| e.context(format!("{label} (from resolver hook)")));
@@ -489,8 +495,9 @@ impl<'a> Planner<'a> {
                     }
                 },
             };
-            self.show_devices(&sel, device.as_ref());
-            let resolved = self.resolve_fetched(&sel, &nad, pod).map_err(in_claim);
+            let resolved = self
+                .resolve_fetched(&sel, &nad, pod, device.as_ref())
+                .map_err(in_claim);
             let Some(list) = unplannable.handle(resolved)? else {
                 continue;
             };
@@ -498,17 +505,6 @@ impl<'a> Planner<'a> {
                 .push(self.attachment(sel, ifname, list, device));
         }
         Ok(plan)
-    }
-
-    /// What `host.selection-device` answers the resolver hooks of `sel`: its claim device, if it has one.
-    fn show_devices(&self, sel: &Selection, device: Option<&Device>) {
-        if self.fx.hooks.is_empty() {
-            return;
-        }
-        let shown = device
-            .and_then(|d| d.claim.clone())
-            .map(|d| ((sel.namespace.clone(), sel.name.clone()), d));
-        self.fx.hooks.set_devices(shown.into_iter().collect());
     }
 
     /// A selection's NAD, with the device-plugin resource it names, if any. Errors name the network.
@@ -540,10 +536,11 @@ impl<'a> Planner<'a> {
         sel: &Selection,
         nad: &NetworkAttachmentDefinition,
         pod: &Pod,
+        device: Option<&Device>,
     ) -> Result<NetworkConfigList, PlexusError> {
         let network = sel.namespaced_name();
         let list = self
-            .resolve_nad_config(nad, Some(sel), Some(pod))
+            .resolve_nad_config(nad, Some(sel), Some(pod), device)
             .map_err(|e| e.context(format!("network {network}")))?;
         check_capabilities(&sel.required_capabilities(), &list.plugins, &network)?;
         Ok(list)
@@ -611,8 +608,7 @@ impl<'a> Planner<'a> {
                 ),
             ));
         }
-        self.show_devices(&sel, None);
-        let list = self.resolve_fetched(&sel, &nad, pod)?;
+        let list = self.resolve_fetched(&sel, &nad, pod, None)?;
         Ok(self.attachment(sel, ifname, list, None))
     }
 
@@ -755,18 +751,17 @@ impl<'a> Planner<'a> {
         pod: &Pod,
         selections: Vec<Selection>,
     ) -> Result<Vec<Selection>, PlexusError> {
+        let mut shown = plexus_hooks::SelectionDevices::new();
         if !self.fx.hooks.is_empty() {
             let bound = self.claim_networks.borrow().clone();
-            let mut shown = plexus_hooks::SelectionDevices::new();
             for (network, (claim, request)) in bound {
                 let found = self.with_claim_devices(pod, |d| d.peek_request(&claim, &request))?;
                 if let (Some(d), Some((ns, name))) = (found, network.split_once('/')) {
                     shown.insert((ns.to_string(), name.to_string()), d);
                 }
             }
-            self.fx.hooks.set_devices(shown);
         }
-        match self.fx.hooks.policy(pod, selections)? {
+        match self.fx.hooks.policy(pod, selections, shown)? {
             PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
                 "selection rejected by policy hook {hook:?}: {reason}"
             ))),

@@ -123,8 +123,6 @@ pub struct Hooks {
     calls: std::sync::Mutex<Vec<HookCall>>,
     /// What `host.pod-running` answers (see [`Hooks::set_pod_running`]).
     pod_running: bool,
-    /// What `host.selection-device` answers in the next calls (see [`Hooks::set_devices`]).
-    devices: std::sync::Mutex<Arc<SelectionDevices>>,
 }
 
 /// The claim devices selections will use, by the network's (namespace, name): what `host.selection-device`
@@ -291,7 +289,6 @@ impl Hooks {
             return Ok(Hooks {
                 calls: Default::default(),
                 pod_running: false,
-                devices: Default::default(),
                 hooks,
                 artifacts: Vec::new(),
                 runtime: None,
@@ -448,7 +445,6 @@ impl Hooks {
         Ok(Hooks {
             calls: Default::default(),
             pod_running: false,
-            devices: Default::default(),
             hooks,
             artifacts,
             runtime: Some(Runtime { engine, ticker }),
@@ -495,12 +491,6 @@ impl Hooks {
         Ok(true)
     }
 
-    /// The claim devices the selections of the next calls use (what `host.selection-device` answers, WIT
-    /// 0.1.2); replaces the earlier ones.
-    pub fn set_devices(&self, devices: SelectionDevices) {
-        *self.devices.lock().unwrap_or_else(|p| p.into_inner()) = Arc::new(devices);
-    }
-
     /// How each distinct component was made ready (compiled or loaded from the cache).
     pub fn artifacts(&self) -> &[Artifact] {
         &self.artifacts
@@ -509,6 +499,17 @@ impl Hooks {
     /// Runs the policy hooks in order. `selections` are spec selection elements (validated, namespace
     /// filled); each hook sees the previous one's rewrite. The first deny ends the chain.
     pub fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, HookError> {
+        self.policy_seeing(pod, selections, SelectionDevices::new())
+    }
+
+    /// [`Hooks::policy`], the hooks seeing `devices` (what `host.selection-device` answers, WIT 0.1.2).
+    pub fn policy_seeing(
+        &self,
+        pod: &Pod,
+        selections: Vec<Value>,
+        devices: SelectionDevices,
+    ) -> Result<PolicyOutcome, HookError> {
+        let devices = Arc::new(devices);
         let wpod = convert::pod(pod);
         let mut current = selections;
         for hook in self.of_kind(HookKind::Policy, &pod.namespace) {
@@ -524,7 +525,7 @@ impl Hooks {
                     .map(|s| convert::selection_to_wire(s, &pod.namespace))
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(Fault::Input)?;
-                let decision = self.call(hook, |store, inst| {
+                let decision = self.call(hook, &devices, |store, inst| {
                     idx.load(&mut *store, inst)?
                         .call_check(&mut *store, &wpod, &wire)
                 })?;
@@ -567,6 +568,25 @@ impl Hooks {
         nad: Option<&Value>,
         config: Option<&Value>,
     ) -> Result<Option<Value>, HookError> {
+        self.resolve_seeing(pod, selection, nad, config, None)
+    }
+
+    /// [`Hooks::resolve`], the hooks seeing `device` as the selection's (`host.selection-device`, WIT 0.1.2).
+    pub fn resolve_seeing(
+        &self,
+        pod: &Pod,
+        selection: &Value,
+        nad: Option<&Value>,
+        config: Option<&Value>,
+        device: Option<plexus_core::spec::dra::ClaimDevice>,
+    ) -> Result<Option<Value>, HookError> {
+        let mut devices = SelectionDevices::new();
+        if let Some(d) = device {
+            let namespace = selection["namespace"].as_str().unwrap_or(&pod.namespace);
+            let name = selection["name"].as_str().unwrap_or_default();
+            devices.insert((namespace.to_string(), name.to_string()), d);
+        }
+        let devices = Arc::new(devices);
         let mut resolvers = self.of_kind(HookKind::Resolver, &pod.namespace).peekable();
         if resolvers.peek().is_none() {
             return Ok(None);
@@ -586,7 +606,7 @@ impl Hooks {
                 let sel =
                     convert::selection_to_wire(selection, &pod.namespace).map_err(Fault::Input)?;
                 let cfg_text = current.as_ref().map(Value::to_string);
-                let out = self.call(hook, |store, inst| {
+                let out = self.call(hook, &devices, |store, inst| {
                     idx.load(&mut *store, inst)?.call_resolve(
                         &mut *store,
                         &wpod,
@@ -638,7 +658,7 @@ impl Hooks {
                     .map(convert::entry_to_wire)
                     .collect::<Result<Vec<_>, _>>()
                     .map_err(Fault::Input)?;
-                let out = self.call(hook, |store, inst| {
+                let out = self.call(hook, &Arc::default(), |store, inst| {
                     idx.load(&mut *store, inst)?
                         .call_shape(&mut *store, &wpod, &wire)
                 })?;
@@ -696,6 +716,7 @@ impl Hooks {
     fn call<T>(
         &self,
         hook: &LoadedHook,
+        devices: &Arc<SelectionDevices>,
         f: impl FnOnce(&mut Store<State>, &Instance) -> wasmtime::Result<Result<T, String>>,
     ) -> Result<T, Fault> {
         let (Some(rt), Some(pre)) = (&self.runtime, &hook.pre) else {
@@ -707,10 +728,7 @@ impl Hooks {
                 hook.info.clone(),
                 Duration::from_millis(hook.timeout_ms),
                 self.pod_running,
-                self.devices
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .clone(),
+                devices.clone(),
             ),
         );
         store.limiter(|s| &mut s.limits);
