@@ -128,7 +128,9 @@ impl Sandbox {
 
     /// The pod's selections as an ADD would take them now: parsed (spec 4.1) and through the policy hooks.
     pub fn wanted(&self, fx: &Effects<'_>, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
-        Planner::new(&self.inv, fx).selections(pod)
+        Planner::new(&self.inv, fx)
+            .selections(pod)
+            .map(|s| s.selections)
     }
 
     /// Records that the plan matches `pod`'s annotation without changing any attachment (a change that asked

@@ -71,10 +71,22 @@ pub(crate) struct Planner<'a> {
     claims: std::cell::OnceCell<PodClaims>,
     /// The claims' devices not yet given to a network.
     claim_devices: std::cell::RefCell<Option<ClaimDevices>>,
-    /// The networks a claim asks for (namespaced name), with the claim and request whose device each uses.
-    claim_networks: std::cell::RefCell<BTreeMap<String, (ClaimName, String)>>,
-    /// The NADs CNI configurations carried in claims stand for, by network.
-    carried: std::cell::RefCell<BTreeMap<String, NetworkAttachmentDefinition>>,
+}
+
+/// A network one of the pod's claims asks for: the claim and request whose device it uses, and the NAD a CNI
+/// configuration carried in the claim stands for.
+#[derive(Debug, Clone)]
+pub(crate) struct FromClaim {
+    claim: ClaimName,
+    request: String,
+    carried: Option<NetworkAttachmentDefinition>,
+}
+
+/// The pod's selections (after the policy hooks), and which of them its claims ask for, by network.
+#[derive(Debug, Default)]
+pub(crate) struct Selected {
+    pub(crate) selections: Vec<Selection>,
+    from_claims: BTreeMap<String, FromClaim>,
 }
 
 impl<'a> Planner<'a> {
@@ -86,8 +98,6 @@ impl<'a> Planner<'a> {
             devices: std::cell::RefCell::new(None),
             claims: std::cell::OnceCell::new(),
             claim_devices: std::cell::RefCell::new(None),
-            claim_networks: std::cell::RefCell::new(BTreeMap::new()),
-            carried: std::cell::RefCell::new(BTreeMap::new()),
         }
     }
 
@@ -177,7 +187,7 @@ impl<'a> Planner<'a> {
         &self,
         sel: &Selection,
         resource: Option<String>,
-        from_claim: Option<&(ClaimName, String)>,
+        from_claim: Option<&FromClaim>,
         pod: &Pod,
     ) -> Result<Option<Device>, PlexusError> {
         let reference = claim_reference(sel).map_err(|why| {
@@ -194,9 +204,9 @@ impl<'a> Planner<'a> {
             return Ok(Some(Device::of_claim(resource, d)));
         }
         match (from_claim, resource) {
-            (Some((claim, request)), resource) => {
-                self.claim_device(claim, request, resource, pod).map(Some)
-            }
+            (Some(f), resource) => self
+                .claim_device(&f.claim, &f.request, resource, pod)
+                .map(Some),
             (None, Some(resource)) => self.device(&resource, pod).map(Some),
             (None, None) => Ok(None),
         }
@@ -458,20 +468,22 @@ impl<'a> Planner<'a> {
             });
         }
         let Some(pod) = pod else { return Ok(plan) };
-        let Some(selections) = unplannable.handle(self.selections(pod))? else {
+        let Some(selected) = unplannable.handle(self.selections(pod))? else {
             return Ok(plan);
         };
-        for sel in selections {
+        for sel in selected.selections {
             let network = sel.namespaced_name();
             let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let from_claim = self.claim_networks.borrow().get(&network).cloned();
-            let in_claim = |e: PlexusError| match &from_claim {
-                Some((claim, request)) => {
-                    e.context(format!("ResourceClaim {claim} (request {request:?})"))
-                }
+            let from_claim = selected.from_claims.get(&network);
+            let in_claim = |e: PlexusError| match from_claim {
+                Some(f) => e.context(format!(
+                    "ResourceClaim {} (request {:?})",
+                    f.claim, f.request
+                )),
                 None => e,
             };
-            let fetched = self.fetch_nad(&sel).map_err(in_claim);
+            let carried = from_claim.and_then(|f| f.carried.as_ref());
+            let fetched = self.fetch_nad(&sel, carried).map_err(in_claim);
             // The interface name is taken whether or not the network resolves, so a DEL that skips one
             // network gives the others the names their ADD gave them.
             let ifname = ifnames
@@ -484,7 +496,7 @@ impl<'a> Planner<'a> {
                 continue;
             };
             // The device first: resolver hooks see it (`host.selection-device`).
-            let device = match self.network_device(&sel, resource, from_claim.as_ref(), pod) {
+            let device = match self.network_device(&sel, resource, from_claim, pod) {
                 Ok(device) => device,
                 Err(e) => match &unplannable {
                     Unplannable::Fail => return Err(ctx(e)),
@@ -508,14 +520,15 @@ impl<'a> Planner<'a> {
     }
 
     /// A selection's NAD, with the device-plugin resource it names, if any. Errors name the network.
+    /// `carried`: the NAD a CNI configuration carried in a claim stands for (no object of the cluster is read).
     fn fetch_nad(
         &self,
         sel: &Selection,
+        carried: Option<&NetworkAttachmentDefinition>,
     ) -> Result<(NetworkAttachmentDefinition, Option<String>), PlexusError> {
         let network = sel.namespaced_name();
-        let carried = self.carried.borrow().get(&network).cloned();
         let nad = match carried {
-            Some(nad) => nad,
+            Some(nad) => nad.clone(),
             None => self
                 .cluster()?
                 .nad(&sel.namespace, &sel.name)
@@ -598,7 +611,7 @@ impl<'a> Planner<'a> {
         ifname: String,
         pod: &Pod,
     ) -> Result<Attachment, PlexusError> {
-        let (nad, resource) = self.fetch_nad(&sel)?;
+        let (nad, resource) = self.fetch_nad(&sel, None)?;
         if let Some(resource) = resource {
             return Err(PlexusError::config(
                 format!("network {}", sel.namespaced_name()),
@@ -661,9 +674,9 @@ impl<'a> Planner<'a> {
         &self,
         pod: &Pod,
         selections: &mut Vec<Selection>,
-    ) -> Result<(), PlexusError> {
+    ) -> Result<BTreeMap<String, FromClaim>, PlexusError> {
         let claims = self.pod_claims(pod)?;
-        let mut bound = self.claim_networks.borrow_mut();
+        let mut bound: BTreeMap<String, FromClaim> = BTreeMap::new();
         for net in &claims.networks {
             let (sel, carried) = net.network().map_err(|why| {
                 PlexusError::config(
@@ -688,28 +701,30 @@ impl<'a> Planner<'a> {
                 tracing::warn!(claim = %net.claim, network = %name, "another claim asks for this network already; attaching it once");
                 continue;
             }
-            bound.insert(name.clone(), (net.claim.clone(), net.request.clone()));
-            if let Some(nad) = carried {
-                self.carried.borrow_mut().insert(name.clone(), nad);
-            }
             if !selections.iter().any(|s| s.namespaced_name() == name) {
                 selections.push(sel);
             }
+            let from = FromClaim {
+                claim: net.claim.clone(),
+                request: net.request.clone(),
+                carried,
+            };
+            bound.insert(name, from);
         }
-        Ok(())
+        Ok(bound)
     }
 
     /// The pod's selections after parsing (spec 4.1), with the networks its ResourceClaims ask for, and policy
     /// hooks (spec 7.4).
-    pub(crate) fn selections(&self, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+    pub(crate) fn selections(&self, pod: &Pod) -> Result<Selected, PlexusError> {
         let Some(raw) = pod.networks_annotation() else {
             // No annotation: the claims' networks alone, if they ask for any.
             let mut selections = Vec::new();
-            self.add_claim_networks(pod, &mut selections)?;
+            let from_claims = self.add_claim_networks(pod, &mut selections)?;
             if selections.is_empty() {
-                return Ok(selections);
+                return Ok(Selected::default());
             }
-            return self.admitted(pod, selections);
+            return self.admitted(pod, selections, from_claims);
         };
         let policy = if self.inv.conf.ignore_invalid_selections {
             InvalidSelectionPolicy::Ignore
@@ -731,7 +746,7 @@ impl<'a> Planner<'a> {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
         let mut selections = parsed.selections;
-        self.add_claim_networks(pod, &mut selections)?;
+        let from_claims = self.add_claim_networks(pod, &mut selections)?;
         if selections.len() > MAX_SELECTIONS {
             return Err(PlexusError::config(
                 plexus_core::spec::objects::NETWORKS_ANNOTATION,
@@ -741,7 +756,7 @@ impl<'a> Planner<'a> {
                 ),
             ));
         }
-        self.admitted(pod, selections)
+        self.admitted(pod, selections, from_claims)
     }
 
     /// The selections the policy hooks admit (spec 7.4). The hooks see the device of each network a claim asks
@@ -750,12 +765,13 @@ impl<'a> Planner<'a> {
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
-    ) -> Result<Vec<Selection>, PlexusError> {
+        from_claims: BTreeMap<String, FromClaim>,
+    ) -> Result<Selected, PlexusError> {
         let mut shown = plexus_hooks::SelectionDevices::new();
         if !self.fx.hooks.is_empty() {
-            let bound = self.claim_networks.borrow().clone();
-            for (network, (claim, request)) in bound {
-                let found = self.with_claim_devices(pod, |d| d.peek_request(&claim, &request))?;
+            for (network, f) in &from_claims {
+                let found =
+                    self.with_claim_devices(pod, |d| d.peek_request(&f.claim, &f.request))?;
                 if let (Some(d), Some((ns, name))) = (found, network.split_once('/')) {
                     shown.insert((ns.to_string(), name.to_string()), d);
                 }
@@ -765,7 +781,10 @@ impl<'a> Planner<'a> {
             PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
                 "selection rejected by policy hook {hook:?}: {reason}"
             ))),
-            PolicyOutcome::Admit(selections) => Ok(selections),
+            PolicyOutcome::Admit(selections) => Ok(Selected {
+                selections,
+                from_claims,
+            }),
         }
     }
 }
