@@ -856,7 +856,7 @@ fn sorted(v: &[f64]) -> Vec<f64> {
     s
 }
 
-/// Reads of one identity, gets and lists (a thin-mode ADD lists the namespace's claims).
+/// Reads of one identity, gets and lists (a thin-mode ADD reads the pod's claims by name).
 fn reads_of(api: &KubeApiServer, user: &str) -> usize {
     api.audit()
         .into_iter()
@@ -869,7 +869,7 @@ type DraPods = (Vec<String>, Vec<String>);
 
 /// Two NADs per resource in [`NS_DRA`] (the world's first two networks): `dra-a`, `dra-b` on resource
 /// `example.com/dra`, whose devices come from ResourceClaims, and `dp-a`, `dp-b` on `example.com/dp`, from a
-/// device plugin. The node's ResourceSlice lists two devices per DRA pod; each DRA pod `dra-<i>` has a claim
+/// device plugin. The node's ResourceSlice lists two devices per DRA pod; each DRA pod `dra-<i>` names a claim
 /// allocated two of them and reserved for it; pods `dp-<i>` select the device-plugin NADs.
 fn dra_setup(api: &KubeApiServer, w: &World) -> Result<DraPods, String> {
     api.namespace(NS_DRA);
@@ -899,13 +899,19 @@ fn dra_setup(api: &KubeApiServer, w: &World) -> Result<DraPods, String> {
         "spec": {"driver": "dra.bench.example.com", "nodeName": NODE,
             "pool": {"name": NODE, "generation": 1, "resourceSliceCount": 1}, "devices": devices}
     }));
+    // A DRA pod names its claim in spec.resourceClaims, as the claims of a pod are found.
     let pods = |prefix: &str, networks: &str| -> Result<Vec<String>, String> {
         (0..PODS_DRA)
             .map(|i| {
+                let claims = match prefix {
+                    "dra" => json!([{"name": "nics", "resourceClaimName": format!("dra-{i}-nics")}]),
+                    _ => json!([]),
+                };
                 let pod = api.create(&json!({"apiVersion": "v1", "kind": "Pod",
                     "metadata": {"name": format!("{prefix}-{i}"), "namespace": NS_DRA,
                         "annotations": {"k8s.v1.cni.cncf.io/networks": networks}},
                     "spec": {"nodeName": NODE, "automountServiceAccountToken": false,
+                        "resourceClaims": claims,
                         "containers": [{"name": "c", "image": "pause"}]}}));
                 pod["metadata"]["uid"]
                     .as_str()
