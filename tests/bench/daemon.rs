@@ -904,7 +904,9 @@ fn dra_setup(api: &KubeApiServer, w: &World) -> Result<DraPods, String> {
         (0..PODS_DRA)
             .map(|i| {
                 let claims = match prefix {
-                    "dra" => json!([{"name": "nics", "resourceClaimName": format!("dra-{i}-nics")}]),
+                    "dra" => {
+                        json!([{"name": "nics", "resourceClaimName": format!("dra-{i}-nics")}])
+                    }
                     _ => json!([]),
                 };
                 let pod = api.create(&json!({"apiVersion": "v1", "kind": "Pod",
