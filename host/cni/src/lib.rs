@@ -9,6 +9,7 @@ pub mod attach;
 pub mod cache;
 pub mod change;
 pub mod cli;
+mod compat;
 pub mod conf;
 pub mod daemon;
 pub mod deleted;

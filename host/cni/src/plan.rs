@@ -19,7 +19,8 @@ use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
 
 /// The key a device's ID is passed under (plugin conf and runtimeConfig).
 const DEVICE_ID: &str = "deviceID";
-use crate::conf::{is_conf_file, is_plexus_conf, read_capped, Compat, STDIN_CAP};
+pub use crate::compat::{with_missing_version, MISSING_CNI_VERSION, MULTUS_DEFAULT_NETWORK};
+use crate::conf::{read_capped, STDIN_CAP};
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
 use crate::invocation::Invocation;
@@ -255,13 +256,7 @@ impl<'a> Planner<'a> {
         pod: Option<&Pod>,
     ) -> Result<(String, NetworkConfigList), PlexusError> {
         if reference.starts_with('/') {
-            let file = match self.inv.conf.compat {
-                // Multus takes a directory's first conf file, in libcni's order.
-                Compat::Multus if Path::new(reference).is_dir() => {
-                    first_conf_file(Path::new(reference))?
-                }
-                _ => Path::new(reference).to_path_buf(),
-            };
+            let file = self.inv.conf.compat.conf_file(Path::new(reference))?;
             let reference = file.to_string_lossy();
             let reference = reference.as_ref();
             // A conf file is held to the limit of a conf on stdin.
@@ -314,13 +309,8 @@ impl<'a> Planner<'a> {
         Ok((format!("{ns}/{name}"), list))
     }
 
-    /// A delegate config as planning reads it: under [`Compat::Multus`] one without `cniVersion` gets `0.1.0`, the
-    /// version a plugin reads a config without one as (libcni passes such a config on unchanged, as Multus does).
     fn versioned(&self, config: &Value) -> Value {
-        match self.inv.conf.compat {
-            Compat::Multus => with_missing_version(config).unwrap_or_else(|| config.clone()),
-            Compat::Strict => config.clone(),
-        }
+        self.inv.conf.compat.versioned(config)
     }
 
     fn parse_list(
@@ -331,20 +321,14 @@ impl<'a> Planner<'a> {
         parse_list(&self.versioned(config), default_name)
     }
 
-    /// Under [`Compat::Multus`], the network the pod's `v1.multus-cni.io/default-network` names instead of the
+    /// Under [`crate::conf::Compat::Multus`], the network the pod's `v1.multus-cni.io/default-network` names instead of the
     /// cluster network: one NAD, `name` or `namespace/name` (a bare name is in `plexusNamespace`, as Multus reads
     /// it in its own namespace), resolved like a selection's. `None` without the annotation or outside that mode.
     fn pod_default_network(
         &self,
         pod: Option<&Pod>,
     ) -> Option<Result<(String, NetworkConfigList), PlexusError>> {
-        if self.inv.conf.compat != Compat::Multus {
-            return None;
-        }
-        let value = pod?
-            .annotations
-            .get(MULTUS_DEFAULT_NETWORK)
-            .filter(|v| !v.trim().is_empty())?;
+        let value = self.inv.conf.compat.pod_default_network(pod?)?;
         let resolve = || {
             let bad = |why: String| PlexusError::config(MULTUS_DEFAULT_NETWORK, why);
             let mut sels =
@@ -442,10 +426,12 @@ impl<'a> Planner<'a> {
             return Ok(plan);
         }
         // Multus gives pods of its system namespaces no default networks.
-        let system_pod = inv.pod.as_ref().is_some_and(|p| {
-            inv.conf.compat == Compat::Multus && inv.conf.system_namespaces.contains(&p.namespace)
+        let gets_defaults = inv.pod.as_ref().is_none_or(|p| {
+            inv.conf
+                .compat
+                .gives_default_networks(&p.namespace, &inv.conf.system_namespaces)
         });
-        for reference in inv.conf.default_networks.iter().filter(|_| !system_pod) {
+        for reference in inv.conf.default_networks.iter().filter(|_| gets_defaults) {
             let resolved = self
                 .resolve_ref(reference, pod)
                 .map_err(|e| e.context(format!("default network {reference:?}")));
@@ -731,15 +717,8 @@ impl<'a> Planner<'a> {
         } else {
             InvalidSelectionPolicy::Fail
         };
-        let lenient;
-        let raw = match self.inv.conf.compat {
-            Compat::Multus => {
-                lenient = without_unknown_keys(raw, pod);
-                lenient.as_str()
-            }
-            Compat::Strict => raw,
-        };
-        let parsed = parse_selection_annotation(raw, &pod.namespace, policy)
+        let raw = self.inv.conf.compat.selection_annotation(raw, pod);
+        let parsed = parse_selection_annotation(&raw, &pod.namespace, policy)
             // The caller names the pod.
             .map_err(PlexusError::from)?;
         if let Some(ignored) = &parsed.ignored {
@@ -794,60 +773,7 @@ fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, P
         .map_err(PlexusError::from)
 }
 
-/// The pod annotation Multus reads as the pod's own cluster network.
-pub const MULTUS_DEFAULT_NETWORK: &str = "v1.multus-cni.io/default-network";
-/// The version a config without `cniVersion` is run as under [`Compat::Multus`].
-pub const MISSING_CNI_VERSION: &str = "0.1.0";
-
-/// `config` with `"cniVersion": "0.1.0"` added when it is an object without one (how compat multus runs such a
-/// config); `None` otherwise.
-pub fn with_missing_version(config: &Value) -> Option<Value> {
-    let mut m = config
-        .as_object()
-        .filter(|m| !m.contains_key("cniVersion"))?
-        .clone();
-    m.insert("cniVersion".into(), json!(MISSING_CNI_VERSION));
-    Some(Value::Object(m))
-}
-
-/// The first conf file of `dir` in libcni's order (file names sorted; `.conf`, `.conflist`, `.json`), skipping
-/// Plexus's own, as `plexus install` picks the cluster network.
-fn first_conf_file(dir: &Path) -> Result<std::path::PathBuf, PlexusError> {
-    let ours = |c: &OnDiskConf| {
-        serde_json::from_str::<Value>(&c.contents).is_ok_and(|v| is_plexus_conf(&v))
-    };
-    read_conf_dir(dir)
-        .into_iter()
-        .filter(|c| is_conf_file(&c.file_name))
-        .find(|c| !ours(c))
-        .map(|c| dir.join(c.file_name))
-        .ok_or_else(|| {
-            PlexusError::config(
-                "clusterNetwork",
-                format!(
-                    "directory {} holds no conf file (.conf, .conflist, .json)",
-                    dir.display()
-                ),
-            )
-        })
-}
-
-/// Under compat multus: the annotation without the element keys Multus ignores, each named in a warning.
-fn without_unknown_keys(raw: &str, pod: &Pod) -> String {
-    match plexus_core::spec::selection::without_unknown_keys(raw) {
-        Some((lenient, dropped)) => {
-            tracing::warn!(
-                pod = %format!("{}/{}", pod.namespace, pod.name),
-                "ignoring keys of the networks annotation that are not the standard's (compat multus): {}",
-                dropped.join(", ")
-            );
-            lenient
-        }
-        None => raw.to_string(),
-    }
-}
-
-fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
+pub(crate) fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {
     let Ok(entries) = std::fs::read_dir(dir) else {
         return Vec::new();
     };
