@@ -958,6 +958,11 @@ impl DaemonWorld {
     }
 
     fn run(&self, command: &str, i: usize) -> bool {
+        self.run_answer(command, i).is_ok()
+    }
+
+    /// The invocation's error object's message when it failed.
+    fn run_answer(&self, command: &str, i: usize) -> Result<(), String> {
         let env = env_for(
             command,
             &format!("{ID_PREFIX}daemon-{i}"),
@@ -968,9 +973,12 @@ impl DaemonWorld {
                 self.uids[i]
             ),
         );
-        self.sb
-            .run_env(&env, self.conf().to_string().as_bytes())
-            .success
+        let run = self.sb.run_env(&env, self.conf().to_string().as_bytes());
+        if run.success {
+            Ok(())
+        } else {
+            Err(run.stdout.clone())
+        }
     }
 
     /// Pods among `range` whose network-status lists the NAD.
@@ -1101,17 +1109,33 @@ fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
         "metadata": {"name": "wrong-kind"},
         "spec": {"kind": "status", "module": reference["reference"], "failurePolicy": "Fail"}}),
     );
-    let failed = range.clone().filter(|i| !w.run("ADD", *i)).count();
+    // failurePolicy Fail fails closed (#45): once the node knows the hook cannot serve, its ADDs are refused,
+    // naming the hook; an ADD that failed otherwise is lost.
+    let answers: Vec<Result<(), String>> = range.clone().map(|i| w.run_answer("ADD", i)).collect();
+    let refused = answers
+        .iter()
+        .filter(|a| a.as_ref().is_err_and(|e| e.contains("wrong-kind")))
+        .count();
+    let failed_otherwise = answers.iter().filter(|a| a.is_err()).count() - refused;
     let reason = {
         let end = Instant::now() + Duration::from_secs(60);
         loop {
-            let h = w.api.must(
-                "GET",
-                "/apis/plexus.dev/v1alpha1/networkhooks/wrong-kind",
-                None,
-            );
-            if let Some(r) = h["status"]["nodes"][0]["reason"].as_str() {
-                break r.to_string();
+            let (code, text) = w
+                .api
+                .request(
+                    "GET",
+                    &format!("/apis/plexus.dev/v1alpha1/nodehookstatuses/{NODE}"),
+                    None,
+                )
+                .unwrap();
+            let report: Value = serde_json::from_str(&text).unwrap_or(Value::Null);
+            let found = report["status"]["hooks"]
+                .as_array()
+                .and_then(|hooks| hooks.iter().find(|h| h["name"] == "wrong-kind"))
+                .and_then(|h| h["reason"].as_str())
+                .map(str::to_string);
+            if let (200, Some(r)) = (code, found) {
+                break r;
             }
             if Instant::now() >= end {
                 break "not reported".into();
@@ -1124,9 +1148,11 @@ fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
             .into(),
         pods: hooked,
         outcome: format!(
-            "ADD failed {failed}/{hooked}; the node reported the hook {reason}"
+            "{} ADDs before the node knew it succeeded; then {refused} refused naming the hook (failurePolicy Fail \
+             fails closed), {failed_otherwise} failed otherwise; the node reported the hook {reason}",
+            hooked - refused - failed_otherwise
         ),
-        lost: failed,
+        lost: failed_otherwise,
         leaks: w.teardown(range),
     });
     rows
