@@ -150,7 +150,8 @@ impl Dra {
     }
 
     /// A claim of `team-a` with `config`, allocated (as the scheduler does for node-local devices: the pool's node
-    /// in the allocation's node selector) `results` of (request, pool, device) and reserved for the pod `uid`.
+    /// in the allocation's node selector) `results` of (request, pool, device) of [`DRIVER`] and reserved for the
+    /// pod `uid`.
     fn claim(
         &self,
         name: &str,
@@ -158,7 +159,23 @@ impl Dra {
         results: &[(&str, &str, &str)],
         pod: (&str, &str),
     ) {
-        let requests: Vec<&str> = results.iter().map(|r| r.0).collect();
+        let results: Vec<Allocated> = results
+            .iter()
+            .map(|&(request, pool, device)| (request, DRIVER, pool, device, None))
+            .collect();
+        self.allocated_claim(name, config, &results, pod);
+    }
+
+    /// [`Dra::claim`] with each device's driver and share given.
+    fn allocated_claim(
+        &self,
+        name: &str,
+        config: Vec<Value>,
+        results: &[Allocated],
+        pod: (&str, &str),
+    ) {
+        let mut requests: Vec<&str> = results.iter().map(|r| r.0).collect();
+        requests.dedup();
         let requests: Vec<Value> = requests
             .iter()
             .map(|r| json!({"name": r, "exactly": {"deviceClassName": "sriov"}}))
@@ -168,25 +185,31 @@ impl Dra {
             "metadata": {"name": name, "namespace": "team-a"},
             "spec": {"devices": {"requests": requests, "config": config}}
         }));
-        let node = results.first().map_or(NODE, |r| r.1);
+        let node = results.first().map_or(NODE, |r| r.2);
         let results: Vec<Value> = results
             .iter()
-            .map(|(request, pool, device)| {
-                json!({"request": request, "driver": DRIVER, "pool": pool, "device": device})
+            .map(|(request, driver, pool, device, share)| {
+                let mut r =
+                    json!({"request": request, "driver": driver, "pool": pool, "device": device});
+                if let Some(share) = share {
+                    r["shareID"] = json!(share);
+                }
+                r
             })
             .collect();
-        self.api.must(
-            "PATCH",
-            &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}/status"),
-            Some(&json!({"status": {
-                "allocation": {
-                    "devices": {"results": results},
-                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
-                },
-                "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
-            }})),
-        );
+        self.api.allocate_claim("team-a", name, results, node, pod);
+    }
+
+    /// The node daemon of `node1`, with the daemon's kubeconfig and the sandbox's socket, cache and log.
+    fn daemon(&self) -> NodeDaemon {
+        NodeDaemon::start(
+            NODE,
+            &self.sb.path("daemon.kubeconfig"),
+            &self.sb.path("run/daemon.sock"),
+            &self.sb.path("cache"),
+            &self.sb.path("daemon.log"),
+            &[],
+        )
     }
 
     fn claim_object(&self, name: &str) -> Value {
@@ -368,14 +391,7 @@ fn claim_devices_go_to_nads_by_resource_and_to_the_claims_own_networks() {
     assert_eq!(claim["status"]["reservedFor"][0]["uid"], uid.as_str());
 
     // Through the daemon: the same plan, and the ADD reads nothing from the API.
-    let d = NodeDaemon::start(
-        NODE,
-        &c.sb.path("daemon.kubeconfig"),
-        &c.sb.path("run/daemon.sock"),
-        &c.sb.path("cache"),
-        &c.sb.path("daemon.log"),
-        &[],
-    );
+    let d = c.daemon();
     let h = d.wait("caches synced, DRA included", |h| {
         h.cache.pods_synced && h.cache.nads_synced && h.cache.dra_synced
     });
@@ -440,14 +456,7 @@ fn a_daemon_reads_only_its_pods_claims_each_once() {
                  "containers": [{"name": "c", "image": "pause"}]}
     }));
     let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
-    let d = NodeDaemon::start(
-        NODE,
-        &c.sb.path("daemon.kubeconfig"),
-        &c.sb.path("run/daemon.sock"),
-        &c.sb.path("cache"),
-        &c.sb.path("daemon.log"),
-        &[],
-    );
+    let d = c.daemon();
     let h = d.wait("the pod's one claim read", |h| {
         h.cache.dra_synced && h.cache.claims == 1
     });
@@ -534,8 +543,10 @@ fn a_daemon_reads_only_its_pods_claims_each_once() {
     d.wait("the claims dropped with their pod", |h| h.cache.claims == 0);
 }
 
-/// Creates an allocated claim of `team-a` whose results are `(request, driver, device, shareID)` on node1's pool,
-/// with the opaque `config`, reserved for `pod`.
+/// One device of a claim's allocation: (request, driver, pool, device, shareID).
+type Allocated<'a> = (&'a str, &'a str, &'a str, &'a str, Option<&'a str>);
+
+/// [`Dra::allocated_claim`] on node1's pool: `results` are (request, driver, device, shareID).
 fn raw_claim(
     c: &Dra,
     name: &str,
@@ -543,40 +554,11 @@ fn raw_claim(
     results: &[(&str, &str, &str, Option<&str>)],
     pod: (&str, &str),
 ) {
-    let mut requests: Vec<&str> = results.iter().map(|r| r.0).collect();
-    requests.dedup();
-    let requests: Vec<Value> = requests
+    let results: Vec<Allocated> = results
         .iter()
-        .map(|r| json!({"name": r, "exactly": {"deviceClassName": "nics"}}))
+        .map(|&(request, driver, device, share)| (request, driver, NODE, device, share))
         .collect();
-    c.api.create(&json!({
-        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
-        "metadata": {"name": name, "namespace": "team-a"},
-        "spec": {"devices": {"requests": requests, "config": config}}
-    }));
-    let results: Vec<Value> = results
-        .iter()
-        .map(|(request, driver, device, share)| {
-            let mut r =
-                json!({"request": request, "driver": driver, "pool": NODE, "device": device});
-            if let Some(share) = share {
-                r["shareID"] = json!(share);
-            }
-            r
-        })
-        .collect();
-    c.api.must(
-        "PATCH",
-        &format!("/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims/{name}/status"),
-        Some(&json!({"status": {
-            "allocation": {
-                "devices": {"results": results},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [NODE]}]}]}
-            },
-            "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
-        }})),
-    );
+    c.allocated_claim(name, config, &results, pod);
 }
 
 /// A CNI configuration in the claim, in the CNI DRA driver's form (kubernetes-sigs/cni-dra-driver), attaches with
@@ -626,14 +608,7 @@ fn the_cni_dra_drivers_form_attaches_and_a_selection_picks_its_claim() {
     );
     for daemon in [false, true] {
         let _d = daemon.then(|| {
-            let d = NodeDaemon::start(
-                NODE,
-                &c.sb.path("daemon.kubeconfig"),
-                &c.sb.path("run/daemon.sock"),
-                &c.sb.path("cache"),
-                &c.sb.path("daemon.log"),
-                &[],
-            );
+            let d = c.daemon();
             d.wait("the pod's claims read", |h| h.cache.claims == 3);
             d
         });

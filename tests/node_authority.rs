@@ -212,17 +212,9 @@ fn a_nodes_token_writes_only_the_device_status_of_its_nodes_claims() {
         api.create(&json!({"apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
             "metadata": {"name": name, "namespace": "team"},
             "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nic"}}]}}}));
-        api.must(
-            "PATCH",
-            &format!("{claims}/{name}/status"),
-            Some(&json!({"status": {
-                "allocation": {
-                    "devices": {"results": [{"request": "nic", "driver": "example.com",
-                                             "pool": node, "device": "vf0"}]},
-                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}},
-                "reservedFor": [{"resource": "pods", "name": "web", "uid": "uid-web"}]}})),
-        );
+        let results =
+            vec![json!({"request": "nic", "driver": "example.com", "pool": node, "device": "vf0"})];
+        api.allocate_claim("team", name, results, node, ("web", "uid-web"));
     }
     let devices = json!({"status": {"devices": [{"driver": "example.com", "pool": "node-a", "device": "vf0",
         "networkData": {"interfaceName": "net1", "ips": ["10.1.1.2/24"]}}]}});

@@ -78,19 +78,10 @@ fn allocated_claim(api: &KubeApiServer, name: &str, node: &str, pod: &str) -> us
         "metadata": {"name": name, "namespace": DRA_NS},
         "spec": {"devices": {"requests": [{"name": "nic", "exactly": {"deviceClassName": "nics"}}]}}
     }));
-    let claim = api.must(
-        "PATCH",
-        &format!("/apis/resource.k8s.io/v1/namespaces/{DRA_NS}/resourceclaims/{name}/status"),
-        Some(&json!({"status": {
-            "allocation": {
-                "devices": {"results": [{"request": "nic", "driver": "sriov.example.com",
-                                         "pool": node, "device": "vf0"}]},
-                "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
-                    {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
-            },
-            "reservedFor": [{"resource": "pods", "name": pod, "uid": format!("uid-{pod}")}]
-        }})),
-    );
+    let results = vec![
+        json!({"request": "nic", "driver": "sriov.example.com", "pool": node, "device": "vf0"}),
+    ];
+    let claim = api.allocate_claim(DRA_NS, name, results, node, (pod, &format!("uid-{pod}")));
     claim.to_string().len()
 }
 

@@ -485,6 +485,33 @@ impl KubeApiServer {
         }))
     }
 
+    /// Allocates the claim `namespace`/`name` as the scheduler does for node-local devices (`results`, the
+    /// entries of `status.allocation.devices.results[]`; `node` in the allocation's node selector) and reserves
+    /// it for the pod `(name, uid)`; the claim as the server answers.
+    pub fn allocate_claim(
+        &self,
+        namespace: &str,
+        name: &str,
+        results: Vec<Value>,
+        node: &str,
+        pod: (&str, &str),
+    ) -> Value {
+        self.must(
+            "PATCH",
+            &format!(
+                "/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims/{name}/status"
+            ),
+            Some(&json!({"status": {
+                "allocation": {
+                    "devices": {"results": results},
+                    "nodeSelector": {"nodeSelectorTerms": [{"matchFields": [
+                        {"key": "metadata.name", "operator": "In", "values": [node]}]}]}
+                },
+                "reservedFor": [{"resource": "pods", "name": pod.0, "uid": pod.1}]
+            }})),
+        )
+    }
+
     pub fn nad(&self, namespace: &str, name: &str, config: &Value) -> Value {
         self.create(&json!({
             "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
