@@ -22,6 +22,7 @@ use plexus_core::spec::{Pod, Selection};
 
 use crate::attach::{attach_from, route_default};
 use crate::cache::{AttachmentCache, AttachmentPlan};
+use crate::devices::DeviceBook;
 use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
@@ -128,8 +129,9 @@ impl Sandbox {
 
     /// The pod's selections as an ADD would take them now: parsed (spec 4.1) and through the policy hooks.
     pub fn wanted(&self, fx: &Effects<'_>, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
+        let devices = DeviceBook::read(&self.inv, fx, pod)?;
         Planner::new(&self.inv, fx)
-            .selections(pod)
+            .selections(pod, &devices)
             .map(|s| s.selections)
     }
 

@@ -14,6 +14,7 @@ pub mod conf;
 pub mod daemon;
 pub mod deleted;
 pub mod device_info;
+mod devices;
 pub mod effects;
 pub mod entry;
 pub mod error;

@@ -16,6 +16,7 @@ use serde_json::{json, Value};
 use crate::attach::{attach_all, attachment_label, rollback, route_default};
 use crate::cache::AttachmentCache;
 use crate::deleted::DeletedLog;
+use crate::devices::DeviceBook;
 use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::invocation::Invocation;
@@ -79,8 +80,12 @@ fn add_steps(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     };
     let mut plan = {
         let _p = phase("plan");
+        let mut devices = match &pod {
+            Some(pod) => DeviceBook::read(inv, fx, pod).map_err(|e| e.context(inv.pod_label()))?,
+            None => DeviceBook::without_claims(inv, fx),
+        };
         Planner::new(inv, fx)
-            .plan(pod.as_ref(), Unplannable::Fail)
+            .plan(pod.as_ref(), &mut devices, Unplannable::Fail)
             .map_err(|e| e.context(inv.pod_label()))?
     };
     {

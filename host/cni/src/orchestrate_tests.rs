@@ -125,6 +125,8 @@ struct FakeCluster {
     down: bool,
     /// What the pod's ResourceClaims give (every pod's).
     claims: plexus_core::spec::dra::PodClaims,
+    /// The claims cannot be read (the API server stops answering claim reads).
+    claims_down: bool,
     /// Claim status writes: (claim, interfaces of its entries).
     claim_writes: RefCell<Vec<(String, Vec<String>)>>,
 }
@@ -198,6 +200,9 @@ impl Cluster for FakeCluster {
     }
 
     fn pod_claims(&self, _pod: &Pod) -> Result<plexus_core::spec::dra::PodClaims, ClusterError> {
+        if self.claims_down {
+            return Err(ClusterError::unavailable("connection refused"));
+        }
         Ok(self.claims.clone())
     }
 
@@ -611,6 +616,34 @@ fn del_without_a_cache_replans_and_skips_what_no_longer_resolves() {
     let warnings = cluster.warnings.borrow();
     assert_eq!(warnings.len(), 1);
     assert!(warnings[0].1.starts_with("TeardownIncomplete") && warnings[0].1.contains("ns/a"));
+    assert!(node.path("run/deleted/c1").exists());
+}
+
+#[test]
+fn a_del_without_a_cache_whose_claims_cannot_be_read_releases_the_rest_and_is_not_complete() {
+    let node = Node::new("1.0.0");
+    let mut cluster = FakeCluster::with_pod("a,b");
+    cluster.claims = claims(&[("extra", "c", None)]);
+    cluster.claims_down = true;
+    let exec = FakeExec::default();
+    let del = || node.invocation("DEL", json!({}));
+    orchestrate::del(&del(), &effects(&exec, &cluster)).unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![
+            s("b-plugin", "DEL", "net2"),
+            s("a-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0")
+        ]
+    );
+    // The claim's network is still to release: the DEL is not recorded as complete, and no warning blames a
+    // cluster that did not answer.
+    assert!(!node.path("run/deleted/c1").exists());
+    assert!(cluster.warnings.borrow().is_empty());
+    cluster.claims_down = false;
+    let again = FakeExec::default();
+    orchestrate::del(&del(), &effects(&again, &cluster)).unwrap();
+    assert!(again.summary().contains(&s("c-plugin", "DEL", "net3")));
     assert!(node.path("run/deleted/c1").exists());
 }
 

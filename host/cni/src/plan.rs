@@ -7,7 +7,6 @@ use std::path::Path;
 
 use plexus_cluster::Cluster;
 use plexus_core::cni::NetworkConfigList;
-use plexus_core::spec::dra::{claim_reference, ClaimDevices, ClaimName, PodClaims};
 use plexus_core::spec::naming::IfNameAllocator;
 use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
 use plexus_core::spec::selection::{parse_selection_annotation, InvalidSelectionPolicy, Selection};
@@ -15,7 +14,8 @@ use plexus_core::spec::{check_capabilities, merge_cni_args, NetworkAttachmentDef
 use serde_json::{json, Map, Value};
 
 use crate::cache::{Attachment, AttachmentPlan, Device, DEVICE_INFO_CAPABILITY};
-use crate::podresources::{DeviceAllocator, RESOURCE_NAME_ANNOTATION};
+use crate::devices::{ClaimNetworks, DeviceBook, FromClaim};
+use crate::podresources::RESOURCE_NAME_ANNOTATION;
 
 /// The key a device's ID is passed under (plugin conf and runtimeConfig).
 const DEVICE_ID: &str = "deviceID";
@@ -66,28 +66,13 @@ pub(crate) struct Planner<'a> {
     inv: &'a Invocation,
     fx: &'a Effects<'a>,
     on_disk: std::cell::OnceCell<Vec<OnDiskConf>>,
-    /// The pod's devices, asked for once, when the first network needs one.
-    devices: std::cell::RefCell<Option<DeviceAllocator>>,
-    /// What the pod's ResourceClaims give its networks, asked for once.
-    claims: std::cell::OnceCell<PodClaims>,
-    /// The claims' devices not yet given to a network.
-    claim_devices: std::cell::RefCell<Option<ClaimDevices>>,
-}
-
-/// A network one of the pod's claims asks for: the claim and request whose device it uses, and the NAD a CNI
-/// configuration carried in the claim stands for.
-#[derive(Debug, Clone)]
-pub(crate) struct FromClaim {
-    claim: ClaimName,
-    request: String,
-    carried: Option<NetworkAttachmentDefinition>,
 }
 
 /// The pod's selections (after the policy hooks), and which of them its claims ask for, by network.
 #[derive(Debug, Default)]
 pub(crate) struct Selected {
     pub(crate) selections: Vec<Selection>,
-    from_claims: BTreeMap<String, FromClaim>,
+    from_claims: ClaimNetworks,
 }
 
 impl<'a> Planner<'a> {
@@ -96,141 +81,7 @@ impl<'a> Planner<'a> {
             inv,
             fx,
             on_disk: std::cell::OnceCell::new(),
-            devices: std::cell::RefCell::new(None),
-            claims: std::cell::OnceCell::new(),
-            claim_devices: std::cell::RefCell::new(None),
         }
-    }
-
-    /// What the pod's ResourceClaims give its networks, asked for once: none with `dynamicResourceAllocation`
-    /// off or without a cluster source. A source that may not read claims (RBAC from before DRA) gives none, with
-    /// a warning: the pod's other networks still attach.
-    fn pod_claims(&self, pod: &Pod) -> Result<&PodClaims, PlexusError> {
-        if let Some(found) = self.claims.get() {
-            return Ok(found);
-        }
-        let found = match (self.inv.conf.dra, self.fx.cluster) {
-            (true, Some(cluster)) => match cluster.pod_claims(pod) {
-                Ok(found) => found,
-                Err(e @ plexus_cluster::ClusterError::Forbidden { .. }) => {
-                    tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "not reading the pod's ResourceClaims: {e}");
-                    PodClaims::default()
-                }
-                Err(e) => return Err(PlexusError::from(e).context("the pod's ResourceClaims")),
-            },
-            _ => PodClaims::default(),
-        };
-        Ok(self.claims.get_or_init(|| found))
-    }
-
-    /// The claims' devices not yet given out, filled on first use.
-    fn with_claim_devices<T>(
-        &self,
-        pod: &Pod,
-        f: impl FnOnce(&mut ClaimDevices) -> T,
-    ) -> Result<T, PlexusError> {
-        let claims = self.pod_claims(pod)?;
-        let mut slot = self.claim_devices.borrow_mut();
-        let devices = slot.get_or_insert_with(|| ClaimDevices::new(claims.devices.clone()));
-        Ok(f(devices))
-    }
-
-    /// The next of the pod's devices of `resource`: a claim's device with that resourceName where the pod's
-    /// claims have one (Dynamic Resource Allocation), else a device plugin's (Device Information Specification
-    /// 4.1).
-    fn device(&self, resource: &str, pod: &Pod) -> Result<Device, PlexusError> {
-        let from_claims = self.with_claim_devices(pod, |d| {
-            d.has_resource(resource).then(|| d.take_resource(resource))
-        })?;
-        match from_claims {
-            Some(Some(d)) => return Ok(Device::of_claim(Some(resource.to_string()), d)),
-            Some(None) => {
-                return Err(PlexusError::config(
-                    self.inv.pod_label(),
-                    format!(
-                        "the pod's ResourceClaims have no device of resource {resource} left for this network                          (each network takes its own)"
-                    ),
-                ))
-            }
-            None => {}
-        }
-        let id = self.plugin_device(resource)?;
-        Ok(Device {
-            resource: resource.to_string(),
-            id,
-            claim: None,
-        })
-    }
-
-    /// The device of `claim`'s `request` for a network the claim asks for; `resource` is the NAD's resourceName,
-    /// if it names one.
-    fn claim_device(
-        &self,
-        claim: &ClaimName,
-        request: &str,
-        resource: Option<String>,
-        pod: &Pod,
-    ) -> Result<Device, PlexusError> {
-        let found = self.with_claim_devices(pod, |d| d.take_request(claim, request))?;
-        let d = found.ok_or_else(|| {
-            PlexusError::config(
-                format!("ResourceClaim {claim}"),
-                format!("request {request:?} has no allocated device left for its network"),
-            )
-        })?;
-        Ok(Device::of_claim(resource, d))
-    }
-
-    /// The device of a selection's network: the device of the claim it names
-    /// ([`plexus_core::spec::dra::CLAIM_REFERENCE_KEY`]), else of the claim that asks for the network, else the
-    /// next device of the NAD's resource; none for a network without any of these.
-    fn network_device(
-        &self,
-        sel: &Selection,
-        resource: Option<String>,
-        from_claim: Option<&FromClaim>,
-        pod: &Pod,
-    ) -> Result<Option<Device>, PlexusError> {
-        let reference = claim_reference(sel).map_err(|why| {
-            PlexusError::config(format!("network {}", sel.namespaced_name()), why)
-        })?;
-        if let Some(reference) = reference {
-            let found = self.with_claim_devices(pod, |d| d.take_referenced(&reference))?;
-            let d = found.ok_or_else(|| {
-                PlexusError::config(
-                    format!("network {}", sel.namespaced_name()),
-                    format!("{reference} has no allocated device left for it (the pod's claims are those of its spec.resourceClaims; each device serves one network)"),
-                )
-            })?;
-            return Ok(Some(Device::of_claim(resource, d)));
-        }
-        match (from_claim, resource) {
-            (Some(f), resource) => self
-                .claim_device(&f.claim, &f.request, resource, pod)
-                .map(Some),
-            (None, Some(resource)) => self.device(&resource, pod).map(Some),
-            (None, None) => Ok(None),
-        }
-    }
-
-    /// The next of the pod's device-plugin devices of `resource`.
-    fn plugin_device(&self, resource: &str) -> Result<String, PlexusError> {
-        let mut slot = self.devices.borrow_mut();
-        if slot.is_none() {
-            let pod = self.inv.pod.as_ref().ok_or_else(|| {
-                PlexusError::config(format!("resource {resource}"), "no pod to ask devices for")
-            })?;
-            let allocated = self
-                .fx
-                .devices
-                .allocated(pod)
-                .map_err(|e| e.context(format!("devices of resource {resource}")))?;
-            *slot = Some(DeviceAllocator::new(allocated));
-        }
-        let alloc = slot.as_mut().expect("filled above");
-        alloc
-            .take(resource)
-            .map_err(|why| PlexusError::config(self.inv.pod_label(), why))
     }
 
     /// The on-disk confs of `confDir`, read once, in file-name order. A missing directory is empty.
@@ -386,11 +237,13 @@ impl<'a> Planner<'a> {
             .map_err(|e| e.context(label))
     }
 
-    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4). What
-    /// cannot be planned fails the plan or is skipped, as `unplannable` says.
+    /// Builds the full plan: cluster network, defaultNetworks, then the pod's selections (spec 6.2, 4), each
+    /// network's device taken from `devices`. What cannot be planned fails the plan or is skipped, as
+    /// `unplannable` says.
     pub(crate) fn plan(
         &self,
         pod: Option<&Pod>,
+        devices: &mut DeviceBook<'_>,
         mut unplannable: Unplannable<'_>,
     ) -> Result<AttachmentPlan, PlexusError> {
         let inv = self.inv;
@@ -404,27 +257,66 @@ impl<'a> Planner<'a> {
             networks: pod.and_then(|p| p.networks_annotation().map(str::to_string)),
             ..inv.context.clone()
         });
+        let out = &mut plan.attachments;
+        out.extend(self.cluster_attachment(pod, &mut unplannable)?);
+        if inv.pod.is_none() {
+            return Ok(plan);
+        }
+        let mut ifnames = IfNameAllocator::new(&inv.ifname);
+        self.default_attachments(pod, &mut ifnames, out, &mut unplannable)?;
+        let Some(pod) = pod else { return Ok(plan) };
+        let Some(selected) = unplannable.handle(self.selections(pod, devices))? else {
+            return Ok(plan);
+        };
+        for sel in selected.selections {
+            let from_claim = selected.from_claims.get(&sel.namespaced_name());
+            let planned = self.selected_attachment(
+                sel,
+                from_claim,
+                pod,
+                devices,
+                &mut ifnames,
+                &mut unplannable,
+            );
+            out.extend(planned?);
+        }
+        Ok(plan)
+    }
+
+    /// The cluster network's attachment: the pod's default network under Multus compatibility, else
+    /// `clusterNetwork`.
+    fn cluster_attachment(
+        &self,
+        pod: Option<&Pod>,
+        unplannable: &mut Unplannable<'_>,
+    ) -> Result<Option<Attachment>, PlexusError> {
+        let inv = self.inv;
         let cluster = self
             .pod_default_network(pod)
             .unwrap_or_else(|| self.resolve_ref(&inv.conf.cluster_network, pod))
             .map_err(|e| e.context("cluster network"));
-        if let Some((name, list)) = unplannable.handle(cluster)? {
-            plan.attachments.push(Attachment {
-                network: name,
-                ifname: inv.ifname.clone(),
-                is_default: true,
-                config: list,
-                // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
-                capability_args: inv.conf.runtime_config.clone(),
-                selection: None,
-                device: None,
-                result: None,
-            });
-        }
-        let mut ifnames = IfNameAllocator::new(&inv.ifname);
-        if inv.pod.is_none() {
-            return Ok(plan);
-        }
+        Ok(unplannable.handle(cluster)?.map(|(name, list)| Attachment {
+            network: name,
+            ifname: inv.ifname.clone(),
+            is_default: true,
+            config: list,
+            // Spec 7.5: the runtime's runtimeConfig goes to the cluster network only.
+            capability_args: inv.conf.runtime_config.clone(),
+            selection: None,
+            device: None,
+            result: None,
+        }))
+    }
+
+    /// The attachments of `defaultNetworks`, added to `out` (none for the pods Multus gives none).
+    fn default_attachments(
+        &self,
+        pod: Option<&Pod>,
+        ifnames: &mut IfNameAllocator,
+        out: &mut Vec<Attachment>,
+        unplannable: &mut Unplannable<'_>,
+    ) -> Result<(), PlexusError> {
+        let inv = self.inv;
         // Multus gives pods of its system namespaces no default networks.
         let gets_defaults = inv.pod.as_ref().is_none_or(|p| {
             inv.conf
@@ -442,7 +334,7 @@ impl<'a> Planner<'a> {
             let Some(ifname) = unplannable.handle(ifname)? else {
                 continue;
             };
-            plan.attachments.push(Attachment {
+            out.push(Attachment {
                 network: name,
                 ifname,
                 is_default: false,
@@ -453,56 +345,58 @@ impl<'a> Planner<'a> {
                 result: None,
             });
         }
-        let Some(pod) = pod else { return Ok(plan) };
-        let Some(selected) = unplannable.handle(self.selections(pod))? else {
-            return Ok(plan);
+        Ok(())
+    }
+
+    /// The attachment of one of the pod's selections, with its device from `devices`; `None` where
+    /// `unplannable` skips it.
+    fn selected_attachment(
+        &self,
+        sel: Selection,
+        from_claim: Option<&FromClaim>,
+        pod: &Pod,
+        devices: &mut DeviceBook<'_>,
+        ifnames: &mut IfNameAllocator,
+        unplannable: &mut Unplannable<'_>,
+    ) -> Result<Option<Attachment>, PlexusError> {
+        let network = sel.namespaced_name();
+        let in_claim = |e: PlexusError| match from_claim {
+            Some(f) => e.context(format!(
+                "ResourceClaim {} (request {:?})",
+                f.claim, f.request
+            )),
+            None => e,
         };
-        for sel in selected.selections {
-            let network = sel.namespaced_name();
-            let ctx = |e: PlexusError| e.context(format!("network {network}"));
-            let from_claim = selected.from_claims.get(&network);
-            let in_claim = |e: PlexusError| match from_claim {
-                Some(f) => e.context(format!(
-                    "ResourceClaim {} (request {:?})",
-                    f.claim, f.request
-                )),
-                None => e,
-            };
-            let carried = from_claim.and_then(|f| f.carried.as_ref());
-            let fetched = self.fetch_nad(&sel, carried).map_err(in_claim);
-            // The interface name is taken whether or not the network resolves, so a DEL that skips one
-            // network gives the others the names their ADD gave them.
-            let ifname = ifnames
-                .next(sel.interface.as_deref())
-                .map_err(|e| ctx(e.into()));
-            let Some((nad, resource)) = unplannable.handle(fetched)? else {
-                continue;
-            };
-            let Some(ifname) = unplannable.handle(ifname)? else {
-                continue;
-            };
-            // The device first: resolver hooks see it (`host.selection-device`).
-            let device = match self.network_device(&sel, resource, from_claim, pod) {
-                Ok(device) => device,
-                Err(e) => match &unplannable {
-                    Unplannable::Fail => return Err(ctx(e)),
-                    // A DEL without a cache tears down without the device rather than not at all.
-                    Unplannable::Skip(_) => {
-                        tracing::warn!(network = %network, "planning the DEL without its device: {e}");
-                        None
-                    }
-                },
-            };
-            let resolved = self
-                .resolve_fetched(&sel, &nad, pod, device.as_ref())
-                .map_err(in_claim);
-            let Some(list) = unplannable.handle(resolved)? else {
-                continue;
-            };
-            plan.attachments
-                .push(self.attachment(sel, ifname, list, device));
-        }
-        Ok(plan)
+        let carried = from_claim.and_then(|f| f.carried.as_ref());
+        let fetched = self.fetch_nad(&sel, carried).map_err(in_claim);
+        // The interface name is taken whether or not the network resolves, so a DEL that skips one
+        // network gives the others the names their ADD gave them.
+        let ifname = ifnames
+            .next(sel.interface.as_deref())
+            .map_err(|e| PlexusError::from(e).context(format!("network {network}")));
+        let Some((nad, resource)) = unplannable.handle(fetched)? else {
+            return Ok(None);
+        };
+        let Some(ifname) = unplannable.handle(ifname)? else {
+            return Ok(None);
+        };
+        // The device first: resolver hooks see it (`host.selection-device`).
+        let device = match (devices.take(&sel, resource, from_claim), &unplannable) {
+            (Ok(device), _) => device,
+            (Err(e), Unplannable::Fail) => return Err(e.context(format!("network {network}"))),
+            // A DEL without a cache tears down without the device rather than not at all.
+            (Err(e), Unplannable::Skip(_)) => {
+                tracing::warn!(network = %network, "planning the DEL without its device: {e}");
+                None
+            }
+        };
+        let resolved = self
+            .resolve_fetched(&sel, &nad, pod, device.as_ref())
+            .map_err(in_claim);
+        let Some(list) = unplannable.handle(resolved)? else {
+            return Ok(None);
+        };
+        Ok(Some(self.attachment(sel, ifname, list, device)))
     }
 
     /// A selection's NAD, with the device-plugin resource it names, if any. Errors name the network.
@@ -628,8 +522,17 @@ impl<'a> Planner<'a> {
             },
             _ => None,
         };
+        // Claims that cannot be read leave their networks out, and the annotation's networks are released
+        // without their claims' devices; the DEL is not complete then.
+        let mut devices = match &pod {
+            Some(pod) => DeviceBook::read(self.inv, self.fx, pod).unwrap_or_else(|e| {
+                unresolved.push(e);
+                DeviceBook::without_claims(self.inv, self.fx)
+            }),
+            None => DeviceBook::without_claims(self.inv, self.fx),
+        };
         let plan = self
-            .plan(pod.as_ref(), Unplannable::Skip(&mut unresolved))
+            .plan(pod.as_ref(), &mut devices, Unplannable::Skip(&mut unresolved))
             .unwrap_or_else(|e| {
                 // Skip reports every failure through `unresolved`; nothing else fails.
                 tracing::warn!(container = %self.inv.container_id, "DEL without a cached plan: {e}");
@@ -654,63 +557,21 @@ impl<'a> Planner<'a> {
         (plan, cluster_answered)
     }
 
-    /// The networks the pod's ResourceClaims ask for, after the annotation's: one the annotation names already is
-    /// attached once, with the claim's device. A malformed request fails, naming the claim.
-    fn add_claim_networks(
-        &self,
-        pod: &Pod,
-        selections: &mut Vec<Selection>,
-    ) -> Result<BTreeMap<String, FromClaim>, PlexusError> {
-        let claims = self.pod_claims(pod)?;
-        let mut bound: BTreeMap<String, FromClaim> = BTreeMap::new();
-        for net in &claims.networks {
-            let (sel, carried) = net.network().map_err(|why| {
-                PlexusError::config(
-                    format!(
-                        "ResourceClaim {} (request {:?}): opaque parameters",
-                        net.claim, net.request
-                    ),
-                    why,
-                )
-            })?;
-            let name = sel.namespaced_name();
-            if carried.is_some()
-                && (bound.contains_key(&name)
-                    || selections.iter().any(|s| s.namespaced_name() == name))
-            {
-                return Err(PlexusError::config(
-                    format!("ResourceClaim {} (request {:?})", net.claim, net.request),
-                    format!("its CNI configuration's network {name} is a network the pod selects already; give the configuration another name"),
-                ));
-            }
-            if bound.contains_key(&name) {
-                tracing::warn!(claim = %net.claim, network = %name, "another claim asks for this network already; attaching it once");
-                continue;
-            }
-            if !selections.iter().any(|s| s.namespaced_name() == name) {
-                selections.push(sel);
-            }
-            let from = FromClaim {
-                claim: net.claim.clone(),
-                request: net.request.clone(),
-                carried,
-            };
-            bound.insert(name, from);
-        }
-        Ok(bound)
-    }
-
     /// The pod's selections after parsing (spec 4.1), with the networks its ResourceClaims ask for, and policy
     /// hooks (spec 7.4).
-    pub(crate) fn selections(&self, pod: &Pod) -> Result<Selected, PlexusError> {
+    pub(crate) fn selections(
+        &self,
+        pod: &Pod,
+        devices: &DeviceBook<'_>,
+    ) -> Result<Selected, PlexusError> {
         let Some(raw) = pod.networks_annotation() else {
             // No annotation: the claims' networks alone, if they ask for any.
             let mut selections = Vec::new();
-            let from_claims = self.add_claim_networks(pod, &mut selections)?;
+            let from_claims = devices.claim_networks(&mut selections)?;
             if selections.is_empty() {
                 return Ok(Selected::default());
             }
-            return self.admitted(pod, selections, from_claims);
+            return self.admitted(pod, selections, from_claims, devices);
         };
         let policy = if self.inv.conf.ignore_invalid_selections {
             InvalidSelectionPolicy::Ignore
@@ -725,7 +586,7 @@ impl<'a> Planner<'a> {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
         let mut selections = parsed.selections;
-        let from_claims = self.add_claim_networks(pod, &mut selections)?;
+        let from_claims = devices.claim_networks(&mut selections)?;
         if selections.len() > MAX_SELECTIONS {
             return Err(PlexusError::config(
                 plexus_core::spec::objects::NETWORKS_ANNOTATION,
@@ -735,7 +596,7 @@ impl<'a> Planner<'a> {
                 ),
             ));
         }
-        self.admitted(pod, selections, from_claims)
+        self.admitted(pod, selections, from_claims, devices)
     }
 
     /// The selections the policy hooks admit (spec 7.4). The hooks see the device of each network a claim asks
@@ -744,13 +605,13 @@ impl<'a> Planner<'a> {
         &self,
         pod: &Pod,
         selections: Vec<Selection>,
-        from_claims: BTreeMap<String, FromClaim>,
+        from_claims: ClaimNetworks,
+        devices: &DeviceBook<'_>,
     ) -> Result<Selected, PlexusError> {
         let mut shown = plexus_hooks::SelectionDevices::new();
         if !self.fx.hooks.is_empty() {
             for (network, f) in &from_claims {
-                let found =
-                    self.with_claim_devices(pod, |d| d.peek_request(&f.claim, &f.request))?;
+                let found = devices.peek(f);
                 if let (Some(d), Some((ns, name))) = (found, network.split_once('/')) {
                     shown.insert((ns.to_string(), name.to_string()), d);
                 }
