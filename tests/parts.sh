@@ -6,12 +6,13 @@
 #   containerd containerd-shim-runc-v2 ctr                                       (tests/parts/containerd)
 #   crictl critest                                                               (tests/parts/cri-tools)
 #   cni/<plugin>, the CNI reference plugins                                      (tests/parts/cni-plugins)
+#   multus-shim multus-daemon, Multus thick, for the benchmarks' side-by-side runs (tests/parts/multus)
 # Each is a Go module of the project's own (tests/parts/*) whose go.mod pins the release (and, for Kubernetes, every k8s.io staging
 # module at the matching v0.x) and whose go.sum is committed; the programs are its `tool` entries. One `go build`
 # per module, so the packages its programs share compile once; Go's build cache is kept beside the binaries, so a
 # rebuild after a version change compiles only what changed.
 #
-# Cache: PLEXUS_PARTS_CACHE (default /var/cache/plexus-tests), one directory per content of the four modules and
+# Cache: PLEXUS_PARTS_CACHE (default /var/cache/plexus-tests), one directory per content of the five modules and
 # the Go version; a later run only checks the binaries. Runs Go as found on PATH (1.26 on the project's machines).
 set -euo pipefail
 
@@ -28,7 +29,8 @@ OUT="$CACHE/parts-$key"
 
 want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd dra-driver
       containerd containerd-shim-runc-v2 ctr crictl critest
-      cni/bridge cni/host-local cni/static cni/loopback cni/portmap cni/bandwidth cni/tuning cni/macvlan)
+      cni/bridge cni/host-local cni/static cni/loopback cni/portmap cni/bandwidth cni/tuning cni/macvlan
+      multus-shim multus-daemon)
 complete() { local b; for b in "${want[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
 if complete; then
   echo "$OUT"
@@ -55,8 +57,8 @@ timed() {
   log "$what: $((SECONDS - start)) s"
 }
 
-# Every module the four need, with checksums checked against the committed go.sum files.
-download() { local m; for m in kubernetes containerd cri-tools cni-plugins; do (cd "$parts/$m" && go mod download); done; }
+# Every module the five need, with checksums checked against the committed go.sum files.
+download() { local m; for m in kubernetes containerd cri-tools cni-plugins multus; do (cd "$parts/$m" && go mod download); done; }
 timed "downloading modules" download
 
 # The version Kubernetes' own release build stamps (kubectl version, the Node's kubeletVersion).
@@ -102,6 +104,13 @@ build_plugins() {
   go build -ldflags "-s -w" -o "$tmp/cni/" $(sed -n '/^tool (/,/^)/{/^\t/p}' go.mod)
 }
 timed "building the CNI plugins $(cd "$parts/cni-plugins" && go list -m -f '{{.Version}}' github.com/containernetworking/plugins)" build_plugins
+
+build_multus() {
+  cd "$parts/multus"
+  # shellcheck disable=SC2046
+  go build -ldflags "-s -w" -o "$tmp/" $(sed -n '/^tool (/,/^)/{/^\t/p}' go.mod)
+}
+timed "building Multus $(cd "$parts/multus" && go list -m -f '{{.Version}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)" build_multus
 
 rm -f "$tmp/build.log"
 rm -rf "$OUT"
