@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use plexus_tests::containerd::{cni_dirs, Containerd};
 use plexus_tests::control_plane::Component;
-use plexus_tests::dra_driver::{allocated, DraDriver};
+use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
@@ -55,7 +55,7 @@ impl Node {
 
     /// With `dra`: the cluster allocates devices as a current one does: the DeviceClass of the driver, the
     /// kube-scheduler, the controller-manager's resourceclaim controller, and the driver's kubelet plugin, which
-    /// publishes this node's ResourceSlice (vf0-vf3 with both network attributes) and prepares claims; NAD
+    /// publishes this node's ResourceSlice (vf0-vf5 with both network attributes) and prepares claims; NAD
     /// `sriov-net` (net-b's bridge and a recording chained plugin, `resourceName` example.com/sriov), and the
     /// daemon waits for its DRA caches too.
     fn start_with(dra: bool) -> Node {
@@ -176,6 +176,8 @@ impl Node {
                     ("vf1", "0000:01:00.2"),
                     ("vf2", "0000:01:00.3"),
                     ("vf3", "0000:01:00.4"),
+                    ("vf4", "0000:01:00.5"),
+                    ("vf5", "0000:01:00.6"),
                 ];
                 let driver =
                     DraDriver::start(&api, &kubelet, DRIVER, RESOURCE, &devices, sb.path("dra"));
@@ -455,6 +457,114 @@ fn recorded_devices(sb: &Sandbox) -> Vec<(String, String, String)> {
         .collect()
 }
 
+/// The identity the node's Plexus uses (the DaemonSet's service account, bound to a pod on the node).
+const NODE_USER: &str = "system:serviceaccount:kube-system:plexus";
+
+/// Claims as the DRA drivers write them, through the real scheduler, resourceclaim controller and kubelet: pod
+/// `drivers` has claim `cni-nics` (its `first`), whose request carries a CNI configuration in the CNI DRA driver's
+/// form, and a claim the controller makes from template `ref-nics` (its `second`) after the pod appears, whose
+/// device the suite's driver writes network data for itself. The annotation's `sriov-net` names the `second` claim
+/// (`dev.plexus.resourceClaim`): it gets that claim's device although `first`'s has the same resource and comes
+/// first; the carried configuration attaches on its `ifName` with `first`'s device; Plexus writes the carried
+/// network's data and leaves the driver's alone. Returns the two claims' names.
+fn claims_as_the_drivers_write_them(node: &Node) -> [String; 2] {
+    let carried = bridge_host_local("carried", &node.bridges[3].1, &node.ipam);
+    let carried_subnet = carried["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let carried_prefix = format!("{}.", carried_subnet.rsplit_once('.').unwrap().0);
+    node.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "cni-nics", "namespace": NS},
+        "spec": claim_spec(&[("cni", "0000:01:00.5")], json!([{"requests": ["cni"], "opaque": {
+            "driver": DRIVER, "parameters": {"apiVersion": "cni.networking.x-k8s.io/v1alpha1",
+                "kind": "CNI", "ifName": "cni0", "config": carried}}}]))
+    }));
+    node.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+        "metadata": {"name": "ref-nics", "namespace": NS},
+        "spec": {"spec": claim_spec(&[(DRIVER_OWNED_REQUEST, "0000:01:00.6")], json!([]))}
+    }));
+    let networks = json!([{"name": "sriov-net", "interface": "ref1",
+                           "dev.plexus.resourceClaim": {"name": "second"}}]);
+    let mut pod = pod_on_node(NS, "drivers", &networks.to_string());
+    pod["spec"].as_object_mut().unwrap().remove("nodeName");
+    pod["spec"]["resourceClaims"] = json!([{"name": "first", "resourceClaimName": "cni-nics"},
+                                           {"name": "second", "resourceClaimTemplateName": "ref-nics"}]);
+    pod["spec"]["containers"][0]["resources"] =
+        json!({"claims": [{"name": "first"}, {"name": "second"}]});
+    node.api.create(&pod);
+    node.within(90, "pod drivers Running", || {
+        node.api
+            .request(
+                "GET",
+                &format!("/api/v1/namespaces/{NS}/pods/drivers"),
+                None,
+            )
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    let generated = node
+        .generated_claim("drivers")
+        .expect("the claim made from ref-nics");
+    node.within(20, "drivers' network-status", || {
+        node.api.network_status(NS, "drivers")
+            == [
+                ("cluster-net".to_string(), "eth0".to_string()),
+                (format!("{NS}/sriov-net"), "ref1".to_string()),
+                (format!("{NS}/carried"), "cni0".to_string()),
+            ]
+    });
+    assert!(
+        recorded_devices(&node.sb).contains(&(
+            "ref1".to_string(),
+            "0000:01:00.6".to_string(),
+            "0000:01:00.6".to_string()
+        )),
+        "sriov-net got the device of the claim it names: {:?}",
+        recorded_devices(&node.sb)
+    );
+    assert!(
+        node.driver
+            .as_ref()
+            .unwrap()
+            .calls()
+            .contains(&format!("networkData {NS}/{generated}")),
+        "the driver wrote its network data when it prepared the claim"
+    );
+    node.within(20, "the carried network's data", || {
+        node.claim_devices("cni-nics").len() == 1
+    });
+    let entry = &node.claim_devices("cni-nics")[0];
+    assert_eq!(
+        (&entry["device"], &entry["networkData"]["interfaceName"]),
+        (&json!("vf4"), &json!("cni0")),
+        "{entry}"
+    );
+    let ips = entry["networkData"]["ips"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        ips.iter().any(|ip| ip
+            .as_str()
+            .is_some_and(|ip| ip.starts_with(&carried_prefix))),
+        "{entry}"
+    );
+    // The driver's entry is as the driver wrote it: Plexus did not take it over.
+    let owned = node.claim_devices(&generated);
+    assert_eq!(owned.len(), 1, "{owned:?}");
+    assert_eq!(owned[0]["device"], "vf5");
+    assert_eq!(
+        owned[0]["networkData"],
+        json!({"interfaceName": "drv-vf5", "ips": ["192.0.2.10/24"]}),
+        "{owned:?}"
+    );
+    ["cni-nics".to_string(), generated]
+}
+
 /// How a pod names its device claim.
 enum ClaimRef<'a> {
     /// A ResourceClaim of that name.
@@ -638,6 +748,8 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
         assert_eq!(entry["conditions"][0]["type"], "Ready");
     }
 
+    let drivers_claims = claims_as_the_drivers_write_them(&node);
+
     // A claim made from a template, naming a NAD that does not exist: the sandbox fails, naming the claim the
     // controller made, and nothing stays.
     node.api.create(&json!({
@@ -667,17 +779,52 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
         "{:?}",
         driver.calls()
     );
-    assert_eq!(node.reserved("cluster-net").len(), 1, "only web's address");
+    assert_eq!(
+        node.reserved("cluster-net").len(),
+        2,
+        "only the addresses of web and drivers"
+    );
 
     // Gone: the claim's network data goes with the pod, the driver unprepares the claims, the controller
     // deallocates the claim and deletes the one it made.
-    node.kubectl(&["-n", NS, "delete", "pod", "web", "bad", "--wait=false"]);
+    node.kubectl(&[
+        "-n",
+        NS,
+        "delete",
+        "pod",
+        "web",
+        "bad",
+        "drivers",
+        "--wait=false",
+    ]);
     node.within(90, "the pods gone", || {
         node.pod().is_none() && node.sb.cached().is_empty()
     });
     node.within(30, "the claim's network data taken back", || {
-        node.claim_devices("web-nics").is_empty()
+        node.claim_devices("web-nics").is_empty() && node.claim_devices("cni-nics").is_empty()
     });
+    assert!(node.ipam.reserved_ips("carried").is_empty());
+    // Only its pods' claims, each by name: no list or watch of claims by the node's identity.
+    let mut ours = vec!["web-nics".to_string(), bad_claim.clone()];
+    ours.extend(drivers_claims);
+    let claim_requests: Vec<(String, String)> = node
+        .api
+        .audit()
+        .into_iter()
+        .filter(|(u, _, uri)| u == NODE_USER && uri.contains("/resourceclaims"))
+        .map(|(_, verb, uri)| (verb, uri))
+        .collect();
+    assert!(!claim_requests.is_empty());
+    for (verb, uri) in &claim_requests {
+        let prefix = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/");
+        let name = uri
+            .strip_prefix(&prefix)
+            .map(|rest| rest.split(['/', '?']).next().unwrap_or(""));
+        assert!(
+            matches!(verb.as_str(), "get" | "patch" | "update") && name.is_some_and(|n| ours.iter().any(|o| o == n)),
+            "the node asked for something else than its pods' claims by name: {verb} {uri}\n{claim_requests:?}"
+        );
+    }
     node.within(
         30,
         "the claim deallocated, the template's claim deleted",

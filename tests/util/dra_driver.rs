@@ -12,6 +12,10 @@ use serde_json::Value;
 use crate::kubeapi::KubeApiServer;
 use crate::kubelet::{Kubelet, NODE};
 
+/// The request whose devices the driver writes network data for itself when it prepares them (status.devices
+/// `networkData`, interface `drv-<device>`), as drivers that configure the interface do.
+pub const DRIVER_OWNED_REQUEST: &str = "owned";
+
 pub struct DraDriver {
     child: Child,
     dir: PathBuf,
@@ -52,6 +56,7 @@ impl DraDriver {
                 root.join("plugins").join(driver).display()
             ))
             .arg(format!("--record={}", dir.join("calls").display()))
+            .arg(format!("--network-data-request={DRIVER_OWNED_REQUEST}"))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)

@@ -45,6 +45,9 @@ impl ClaimRead {
     }
 }
 
+/// `status.allocation.devices.config[].source` of a configuration copied from the claim's spec.
+const ALLOCATION_FROM_CLAIM: &str = "FromClaim";
+
 /// The claim as planning reads it; `None` for a claim not allocated (it gives no device).
 pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
     let status = found.status?;
@@ -77,10 +80,13 @@ pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
         .unwrap_or_default()
         .into_iter()
         .map(|c| (c.requests, c.opaque));
+    // The allocation repeats the claim's own configurations (source FromClaim), and a real scheduler may write
+    // them without their `requests`, which would widen one to every request: only the class's are taken from it.
     let from_allocation = allocation
         .config
         .unwrap_or_default()
         .into_iter()
+        .filter(|c| c.source != ALLOCATION_FROM_CLAIM)
         .map(|c| (c.requests, c.opaque));
     for (requests, opaque) in from_spec.chain(from_allocation) {
         let Some(parameters) = opaque.map(|o| o.parameters.0) else {
@@ -524,6 +530,43 @@ mod tests {
                 )
             })
             .collect()
+    }
+
+    /// As a 1.37 scheduler writes an allocation: the claim's configuration for request `cni` copied without its
+    /// requests, beside a class's configuration for `nic`.
+    #[test]
+    fn the_allocations_copy_of_the_claims_configuration_is_not_read_twice_or_widened() {
+        let parameters =
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment", "name": "a"});
+        let class_parameters =
+            json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment", "name": "b"});
+        let found: ResourceClaim = serde_json::from_value(json!({
+            "metadata": {"name": "c", "namespace": "ns"},
+            "spec": {"devices": {
+                "requests": [{"name": "cni"}, {"name": "nic"}],
+                "config": [{"requests": ["cni"], "opaque": {"driver": "d", "parameters": parameters}}]}},
+            "status": {"allocation": {"devices": {
+                "results": [{"request": "cni", "driver": "d", "pool": "p", "device": "vf4"},
+                            {"request": "nic", "driver": "d", "pool": "p", "device": "vf5"}],
+                "config": [
+                    {"source": "FromClaim", "opaque": {"driver": "d", "parameters": parameters}},
+                    {"source": "FromClass", "requests": ["nic"],
+                     "opaque": {"driver": "d", "parameters": class_parameters}}]}}}
+        }))
+        .expect("a claim");
+        let claim = claim_from_kube(found).expect("allocated");
+        let read: Vec<(Vec<String>, Value)> = claim
+            .attachments
+            .into_iter()
+            .map(|a| (a.requests, a.parameters["name"].clone()))
+            .collect();
+        assert_eq!(
+            read,
+            [
+                (vec!["cni".to_string()], json!("a")),
+                (vec!["nic".to_string()], json!("b"))
+            ]
+        );
     }
 
     #[test]

@@ -3,7 +3,9 @@
 // k8s.cni.cncf.io/resourceName attributes, as network device drivers publish them for Multus and Plexus),
 // registers with the kubelet on its plugin registration socket and answers NodePrepareResources and
 // NodeUnprepareResources for the claims allocated from those devices. There is no hardware behind the devices:
-// preparing a claim records it and hands the kubelet no CDI device.
+// preparing a claim records it and hands the kubelet no CDI device. With --network-data-request, it also writes
+// the claim's status.devices networkData of that request's devices when it prepares them, as drivers that
+// configure the interface themselves do (dranet, the SR-IOV DRA driver).
 //
 // It is built on k8s.io/dynamic-resource-allocation's kubeletplugin helper, the library DRA drivers use.
 package main
@@ -25,6 +27,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/clientcmd"
+	"k8s.io/client-go/util/retry"
 	"k8s.io/dynamic-resource-allocation/kubeletplugin"
 	"k8s.io/dynamic-resource-allocation/resourceslice"
 	"k8s.io/klog/v2"
@@ -32,7 +35,10 @@ import (
 )
 
 type driver struct {
-	name string
+	name   string
+	client kubernetes.Interface
+	// The request whose devices get network data written by the driver ("" for none).
+	networkDataRequest string
 	// Each prepare and unprepare call, one line each ("prepare NS/NAME UID request=pool/device ..."), for the test.
 	record *os.File
 	mu     sync.Mutex
@@ -64,11 +70,60 @@ func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 				})
 				line = append(line, fmt.Sprintf("%s=%s/%s", r.Request, r.Pool, r.Device))
 			}
+			if err := d.writeNetworkData(ctx, claim); err != nil {
+				prepared.Err = err
+			}
 		}
 		d.note(strings.Join(line, " "))
 		result[claim.UID] = prepared
 	}
 	return result, nil
+}
+
+// writeNetworkData gives each device of the claim's --network-data-request an entry of status.devices with the
+// driver's own networkData (interface "drv-<device>", address 192.0.2.<n>/24), unless the claim has it already.
+func (d *driver) writeNetworkData(ctx context.Context, claim *resourceapi.ResourceClaim) error {
+	if d.networkDataRequest == "" {
+		return nil
+	}
+	claims := d.client.ResourceV1().ResourceClaims(claim.Namespace)
+	return retry.RetryOnConflict(retry.DefaultRetry, func() error {
+		current, err := claims.Get(ctx, claim.Name, metav1.GetOptions{})
+		if err != nil || current.Status.Allocation == nil {
+			return err
+		}
+		changed := false
+		for i, r := range current.Status.Allocation.Devices.Results {
+			if r.Driver != d.name || r.Request != d.networkDataRequest || hasEntry(current, r) {
+				continue
+			}
+			current.Status.Devices = append(current.Status.Devices, resourceapi.AllocatedDeviceStatus{
+				Driver: r.Driver, Pool: r.Pool, Device: r.Device,
+				NetworkData: &resourceapi.NetworkDeviceData{
+					InterfaceName: "drv-" + r.Device,
+					IPs:           []string{fmt.Sprintf("192.0.2.%d/24", 10+i)},
+				},
+			})
+			changed = true
+		}
+		if !changed {
+			return nil
+		}
+		_, err = claims.UpdateStatus(ctx, current, metav1.UpdateOptions{})
+		if err == nil {
+			d.note(fmt.Sprintf("networkData %s/%s", claim.Namespace, claim.Name))
+		}
+		return err
+	})
+}
+
+func hasEntry(claim *resourceapi.ResourceClaim, r resourceapi.DeviceRequestAllocationResult) bool {
+	for _, e := range claim.Status.Devices {
+		if e.Driver == r.Driver && e.Pool == r.Pool && e.Device == r.Device {
+			return true
+		}
+	}
+	return false
 }
 
 func (d *driver) UnprepareResourceClaims(ctx context.Context, claims []kubeletplugin.NamespacedObject) (map[types.UID]error, error) {
@@ -101,6 +156,7 @@ func main() {
 		registrarDir = flag.String("registrar-dir", "", "the kubelet's plugin registration directory (<root-dir>/plugins_registry)")
 		pluginDir    = flag.String("plugin-dir", "", "the directory of this plugin's socket (<root-dir>/plugins/<driver>)")
 		record       = flag.String("record", "", "the file each prepare and unprepare call is recorded in")
+		networkData  = flag.String("network-data-request", "", "the request whose devices get the driver's own status.devices networkData when prepared")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -110,13 +166,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *kubeconfig, *nodeName, *driverName, *resourceName, *devices, *registrarDir, *pluginDir, *record); err != nil {
+	if err := run(ctx, *kubeconfig, *nodeName, *driverName, *resourceName, *devices, *registrarDir, *pluginDir, *record, *networkData); err != nil {
 		fmt.Fprintf(os.Stderr, "dra-driver: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, deviceList, registrarDir, pluginDir, recordPath string) error {
+func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, deviceList, registrarDir, pluginDir, recordPath, networkDataRequest string) error {
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
@@ -155,7 +211,7 @@ func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, de
 	if err != nil {
 		return fmt.Errorf("node %s: %w", nodeName, err)
 	}
-	d := &driver{name: driverName, record: recordFile}
+	d := &driver{name: driverName, client: client, networkDataRequest: networkDataRequest, record: recordFile}
 	helper, err := kubeletplugin.Start(ctx, d,
 		kubeletplugin.KubeClient(client),
 		kubeletplugin.NodeName(nodeName),
