@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use plexus_tests::containerd::{cni_dirs, Containerd};
 use plexus_tests::control_plane::Component;
-use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST};
+use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST, SHARED_DEVICE};
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
@@ -466,8 +466,10 @@ const NODE_USER: &str = "system:serviceaccount:kube-system:plexus";
 /// device the suite's driver writes network data for itself. The annotation's `sriov-net` names the `second` claim
 /// (`dev.plexus.resourceClaim`): it gets that claim's device although `first`'s has the same resource and comes
 /// first; the carried configuration attaches on its `ifName` with `first`'s device; Plexus writes the carried
-/// network's data and leaves the driver's alone. Returns the two claims' names.
-fn claims_as_the_drivers_write_them(node: &Node) -> [String; 2] {
+/// network's data and leaves the driver's alone. Its third claim, `shared-nics`, has two requests the scheduler
+/// allocates from one device shared (KEP-5075), each asking for a network: each share gets an entry of its own
+/// with its `shareID`. Returns the three claims' names.
+fn claims_as_the_drivers_write_them(node: &Node) -> [String; 3] {
     let carried = bridge_host_local("carried", &node.bridges[3].1, &node.ipam);
     let carried_subnet = carried["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
         .as_str()
@@ -486,14 +488,26 @@ fn claims_as_the_drivers_write_them(node: &Node) -> [String; 2] {
         "metadata": {"name": "ref-nics", "namespace": NS},
         "spec": {"spec": claim_spec(&[(DRIVER_OWNED_REQUEST, "0000:01:00.6")], json!([]))}
     }));
+    let share_of = |request: &str, network: &str, ifname: &str| {
+        json!({"requests": [request], "opaque": {"driver": DRIVER, "parameters": {
+            "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkAttachment",
+            "name": network, "interface": ifname}}})
+    };
+    node.api.create(&json!({
+        "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+        "metadata": {"name": "shared-nics", "namespace": NS},
+        "spec": claim_spec(&[("s1", SHARED_DEVICE.1), ("s2", SHARED_DEVICE.1)],
+                           json!([share_of("s1", "net-a", "sh1"), share_of("s2", "net-b", "sh2")]))
+    }));
     let networks = json!([{"name": "sriov-net", "interface": "ref1",
                            "dev.plexus.resourceClaim": {"name": "second"}}]);
     let mut pod = pod_on_node(NS, "drivers", &networks.to_string());
     pod["spec"].as_object_mut().unwrap().remove("nodeName");
     pod["spec"]["resourceClaims"] = json!([{"name": "first", "resourceClaimName": "cni-nics"},
-                                           {"name": "second", "resourceClaimTemplateName": "ref-nics"}]);
+                                           {"name": "second", "resourceClaimTemplateName": "ref-nics"},
+                                           {"name": "third", "resourceClaimName": "shared-nics"}]);
     pod["spec"]["containers"][0]["resources"] =
-        json!({"claims": [{"name": "first"}, {"name": "second"}]});
+        json!({"claims": [{"name": "first"}, {"name": "second"}, {"name": "third"}]});
     node.api.create(&pod);
     node.within(90, "pod drivers Running", || {
         node.api
@@ -515,6 +529,8 @@ fn claims_as_the_drivers_write_them(node: &Node) -> [String; 2] {
                 ("cluster-net".to_string(), "eth0".to_string()),
                 (format!("{NS}/sriov-net"), "ref1".to_string()),
                 (format!("{NS}/carried"), "cni0".to_string()),
+                (format!("{NS}/net-a"), "sh1".to_string()),
+                (format!("{NS}/net-b"), "sh2".to_string()),
             ]
     });
     assert!(
@@ -562,7 +578,38 @@ fn claims_as_the_drivers_write_them(node: &Node) -> [String; 2] {
         json!({"interfaceName": "drv-vf5", "ips": ["192.0.2.10/24"]}),
         "{owned:?}"
     );
-    ["cni-nics".to_string(), generated]
+    // The shares: one device allocated twice, each allocation with its shareID, each share's entry its own.
+    let shared = node.claim("shared-nics").unwrap();
+    let shares: Vec<(String, String)> = shared["status"]["allocation"]["devices"]["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| {
+            assert_eq!(r["device"], SHARED_DEVICE.0, "{r}");
+            let s = |v: &Value| v.as_str().unwrap_or_default().to_string();
+            (s(&r["request"]), s(&r["shareID"]))
+        })
+        .collect();
+    assert!(
+        shares.len() == 2
+            && shares.iter().all(|(_, id)| !id.is_empty())
+            && shares[0].1 != shares[1].1,
+        "the scheduler allocated two shares: {shared:#}"
+    );
+    node.within(20, "the shares' network data", || {
+        node.claim_devices("shared-nics").len() == 2
+    });
+    for (request, ifname) in [("s1", "sh1"), ("s2", "sh2")] {
+        let (_, share) = shares.iter().find(|(r, _)| r == request).unwrap();
+        let entries = node.claim_devices("shared-nics");
+        let entry = entries.iter().find(|e| e["shareID"] == share.as_str());
+        assert_eq!(
+            entry.map(|e| e["networkData"]["interfaceName"].clone()),
+            Some(json!(ifname)),
+            "share {share} of {request}: {entries:?}"
+        );
+    }
+    ["cni-nics".to_string(), generated, "shared-nics".to_string()]
 }
 
 /// How a pod names its device claim.
@@ -801,7 +848,9 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
         node.pod().is_none() && node.sb.cached().is_empty()
     });
     node.within(30, "the claim's network data taken back", || {
-        node.claim_devices("web-nics").is_empty() && node.claim_devices("cni-nics").is_empty()
+        ["web-nics", "cni-nics", "shared-nics"]
+            .iter()
+            .all(|c| node.claim_devices(c).is_empty())
     });
     assert!(node.ipam.reserved_ips("carried").is_empty());
     // Only its pods' claims, each by name: no list or watch of claims by the node's identity.

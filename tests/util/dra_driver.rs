@@ -16,6 +16,10 @@ use crate::kubelet::{Kubelet, NODE};
 /// `networkData`, interface `drv-<device>`), as drivers that configure the interface do.
 pub const DRIVER_OWNED_REQUEST: &str = "owned";
 
+/// A device the driver publishes with `allowMultipleAllocations` beside the ones it is given: each allocation of
+/// it is a share with its own `shareID` (KEP-5075). (name, PCI address)
+pub const SHARED_DEVICE: (&str, &str) = ("pf0", "0000:02:00.0");
+
 pub struct DraDriver {
     child: Child,
     dir: PathBuf,
@@ -57,6 +61,10 @@ impl DraDriver {
             ))
             .arg(format!("--record={}", dir.join("calls").display()))
             .arg(format!("--network-data-request={DRIVER_OWNED_REQUEST}"))
+            .arg(format!(
+                "--shared-devices={}={}",
+                SHARED_DEVICE.0, SHARED_DEVICE.1
+            ))
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("log fd"))
             .stderr(log)
@@ -69,7 +77,7 @@ impl DraDriver {
             let published = slices["items"].as_array().into_iter().flatten().any(|s| {
                 s["spec"]["driver"] == driver
                     && s["spec"]["nodeName"] == NODE
-                    && s["spec"]["devices"].as_array().map(Vec::len) == Some(devices.len())
+                    && s["spec"]["devices"].as_array().map(Vec::len) == Some(devices.len() + 1)
             });
             let registered = std::fs::read_to_string(d.dir.join("dra-driver.log"))
                 .unwrap_or_default()

@@ -67,6 +67,7 @@ func (d *driver) PrepareResourceClaims(ctx context.Context, claims []*resourceap
 					Requests:   []string{r.Request},
 					PoolName:   r.Pool,
 					DeviceName: r.Device,
+					ShareID:    r.ShareID,
 				})
 				line = append(line, fmt.Sprintf("%s=%s/%s", r.Request, r.Pool, r.Device))
 			}
@@ -157,6 +158,7 @@ func main() {
 		pluginDir    = flag.String("plugin-dir", "", "the directory of this plugin's socket (<root-dir>/plugins/<driver>)")
 		record       = flag.String("record", "", "the file each prepare and unprepare call is recorded in")
 		networkData  = flag.String("network-data-request", "", "the request whose devices get the driver's own status.devices networkData when prepared")
+		shared       = flag.String("shared-devices", "", "comma-separated NAME=PCI-ADDRESS: devices published with allowMultipleAllocations (each allocation a share with its shareID)")
 	)
 	klog.InitFlags(nil)
 	flag.Parse()
@@ -166,13 +168,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	if err := run(ctx, *kubeconfig, *nodeName, *driverName, *resourceName, *devices, *registrarDir, *pluginDir, *record, *networkData); err != nil {
+	if err := run(ctx, *kubeconfig, *nodeName, *driverName, *resourceName, *devices, *registrarDir, *pluginDir, *record, *networkData, *shared); err != nil {
 		fmt.Fprintf(os.Stderr, "dra-driver: %v\n", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, deviceList, registrarDir, pluginDir, recordPath, networkDataRequest string) error {
+func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, deviceList, registrarDir, pluginDir, recordPath, networkDataRequest, sharedList string) error {
 	config, err := clientcmd.BuildConfigFromFlags("", kubeconfig)
 	if err != nil {
 		return fmt.Errorf("kubeconfig %s: %w", kubeconfig, err)
@@ -182,23 +184,15 @@ func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, de
 	if err != nil {
 		return err
 	}
-	var published []resourceapi.Device
-	for _, item := range strings.Split(deviceList, ",") {
-		if item == "" {
-			continue
-		}
-		name, pci, ok := strings.Cut(item, "=")
-		if !ok {
-			return fmt.Errorf("--devices: %q is not NAME=PCI-ADDRESS", item)
-		}
-		published = append(published, resourceapi.Device{
-			Name: name,
-			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
-				"k8s.cni.cncf.io/deviceID":     {StringValue: ptr.To(pci)},
-				"k8s.cni.cncf.io/resourceName": {StringValue: ptr.To(resourceName)},
-			},
-		})
+	published, err := parseDevices(deviceList, resourceName, false)
+	if err != nil {
+		return fmt.Errorf("--devices: %w", err)
 	}
+	shared, err := parseDevices(sharedList, resourceName, true)
+	if err != nil {
+		return fmt.Errorf("--shared-devices: %w", err)
+	}
+	published = append(published, shared...)
 	if err := os.MkdirAll(pluginDir, 0o750); err != nil {
 		return err
 	}
@@ -248,4 +242,31 @@ func run(ctx context.Context, kubeconfig, nodeName, driverName, resourceName, de
 			}
 		}
 	}
+}
+
+// parseDevices reads NAME=PCI-ADDRESS,... into devices with both network attributes; `multiple` publishes them with
+// allowMultipleAllocations.
+func parseDevices(list, resourceName string, multiple bool) ([]resourceapi.Device, error) {
+	var out []resourceapi.Device
+	for _, item := range strings.Split(list, ",") {
+		if item == "" {
+			continue
+		}
+		name, pci, ok := strings.Cut(item, "=")
+		if !ok {
+			return nil, fmt.Errorf("%q is not NAME=PCI-ADDRESS", item)
+		}
+		d := resourceapi.Device{
+			Name: name,
+			Attributes: map[resourceapi.QualifiedName]resourceapi.DeviceAttribute{
+				"k8s.cni.cncf.io/deviceID":     {StringValue: ptr.To(pci)},
+				"k8s.cni.cncf.io/resourceName": {StringValue: ptr.To(resourceName)},
+			},
+		}
+		if multiple {
+			d.AllowMultipleAllocations = ptr.To(true)
+		}
+		out = append(out, d)
+	}
+	return out, nil
 }
