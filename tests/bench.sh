@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
 # The benchmark command: what Plexus costs a pod, against a floor that execs the same delegates directly.
-# Writes docs/benchmarks.md and docs/benchmarks.png (overwritten on every run) from target/bench/*.json.
+# Writes docs/benchmarks.md, docs/benchmarks.png and docs/density.png (overwritten on every run) from
+# target/bench/*.json.
 #
-#   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; under 10 minutes on 2 cores
+#   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; about 20 minutes on 2 cores
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).
 #
-# PLEXUS_BENCH_MULTUS=DIR (optional): a directory holding Multus's thick plugin (multus-shim and
-# multus-daemon, built by you; the project neither builds nor ships Multus). The daemon section then runs the
-# same pods, NADs and delegates through Multus in the same run (tests/bench/multus.rs); without it that row
-# says "not measured".
+# Multus thick (multus-shim and multus-daemon, v4.3.0) comes with the cluster parts (tests/parts/multus, built
+# by tests/parts.sh; the project does not ship it): the daemon section runs the same pods, NADs and delegates
+# through Multus in the same run (tests/bench/multus.rs). PLEXUS_BENCH_MULTUS=DIR takes the two binaries from
+# DIR instead.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -24,6 +25,7 @@ cd "$root"
 # The node daemon's rows run against a real kube-apiserver (built once per machine, then cached).
 PLEXUS_PARTS=$(bash tests/parts.sh)
 export PLEXUS_PARTS
+export PLEXUS_BENCH_MULTUS=${PLEXUS_BENCH_MULTUS:-$PLEXUS_PARTS}
 mkdir -p "${CARGO_TARGET_DIR:-$root/target}"
 target=$(cd "${CARGO_TARGET_DIR:-$root/target}" && pwd)
 
@@ -48,5 +50,5 @@ PLEXUS_GUESTS_DIR=$target/guests "$snap/hook_bench" >"$out/hook_bench.json"
 
 echo "bench: report" >&2
 /usr/bin/python3 "$here/bench/report.py" --results "$out/results.json" --hooks "$out/hook_bench.json" \
-    --out "$root/docs/benchmarks.md" --plot "$root/docs/benchmarks.png"
+    --out "$root/docs/benchmarks.md" --plot "$root/docs/benchmarks.png" --density-plot "$root/docs/density.png"
 echo "bench: wrote docs/benchmarks.md and docs/benchmarks.png" >&2

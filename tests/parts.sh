@@ -107,8 +107,11 @@ timed "building the CNI plugins $(cd "$parts/cni-plugins" && go list -m -f '{{.V
 
 build_multus() {
   cd "$parts/multus"
+  local m=gopkg.in/k8snetworkplumbingwg/multus-cni.v4 v
+  v=$(go list -m -f '{{.Version}}' "$m")
+  # The version its release build stamps (multus-daemon -version).
   # shellcheck disable=SC2046
-  go build -ldflags "-s -w" -o "$tmp/" $(sed -n '/^tool (/,/^)/{/^\t/p}' go.mod)
+  go build -ldflags "-s -w -X $m/pkg/multus.version=$v" -o "$tmp/" $(sed -n '/^tool (/,/^)/{/^\t/p}' go.mod)
 }
 timed "building Multus $(cd "$parts/multus" && go list -m -f '{{.Version}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)" build_multus
 

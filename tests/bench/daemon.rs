@@ -30,19 +30,34 @@ const NS_DRA: &str = "bench-dra";
 const PODS_DRA: usize = 10;
 const PODS_10: usize = 10;
 
-struct Daemon {
+pub(crate) struct Daemon {
     child: Child,
     socket: std::path::PathBuf,
 }
 
 impl Daemon {
+    /// The daemon of node `node` (another than the daemon section's).
+    pub(crate) fn start_on(
+        plexus: &Path,
+        node: &str,
+        kubeconfig: &Path,
+        socket: &Path,
+        log: &Path,
+    ) -> Result<Daemon, String> {
+        Self::spawn(plexus, node, kubeconfig, socket, log, &[])
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn start(
         plexus: &Path,
         kubeconfig: &Path,
         socket: &Path,
         log: &Path,
     ) -> Result<Daemon, String> {
-        Self::start_with(plexus, kubeconfig, socket, log, &[])
+        Self::spawn(plexus, NODE, kubeconfig, socket, log, &[])
     }
 
     fn start_with(
@@ -52,8 +67,19 @@ impl Daemon {
         log: &Path,
         extra: &[&std::ffi::OsStr],
     ) -> Result<Daemon, String> {
+        Self::spawn(plexus, NODE, kubeconfig, socket, log, extra)
+    }
+
+    fn spawn(
+        plexus: &Path,
+        node: &str,
+        kubeconfig: &Path,
+        socket: &Path,
+        log: &Path,
+        extra: &[&std::ffi::OsStr],
+    ) -> Result<Daemon, String> {
         let child = Command::new(plexus)
-            .args(["daemon", "--node-name", NODE, "--kubeconfig"])
+            .args(["daemon", "--node-name", node, "--kubeconfig"])
             .arg(kubeconfig)
             .arg("--socket")
             .arg(socket)
@@ -79,7 +105,7 @@ impl Daemon {
         }
     }
 
-    fn wait(
+    pub(crate) fn wait(
         &self,
         what: &str,
         limit: Duration,

@@ -4,10 +4,13 @@
 //! renders `docs/benchmarks.md` from the JSON this writes (`target/bench/results.json`). Under the name
 //! `bench-noop` the binary is the no-op delegate (see noop.rs).
 //!
-//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...` (defaults: 50 runs,
+//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...
+//! [--density-pods N] [--density-rounds N]` (defaults: 50 runs, 100 pods per density burst (at most 240: the
+//! test kubelet's pod limit is 250), 2 rounds,
 //! the plexus beside this binary, the target dir above it).
 
 mod daemon;
+mod density;
 mod floor;
 mod multus;
 mod noop;
@@ -53,8 +56,11 @@ struct Opts {
     plexus_cni: PathBuf,
     work: PathBuf,
     quick: bool,
+    /// Node density: pods per burst, and rounds of the four subjects.
+    density_pods: usize,
+    density_rounds: usize,
     /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, daemon,
-    /// profile;
+    /// density, profile;
     /// `perf-loop-nohooks` / `perf-loop-hooks` (internal: the profile section runs it under `perf record`).
     only: Vec<String>,
 }
@@ -77,6 +83,8 @@ fn opts() -> Result<Opts, String> {
         work: target.join("bench/work"),
         target,
         quick: false,
+        density_pods: 100,
+        density_rounds: 2,
         only: Vec::new(),
     };
     let mut out: Option<PathBuf> = None;
@@ -100,6 +108,16 @@ fn opts() -> Result<Opts, String> {
                 o.work = o.target.join("bench/work");
             }
             "--quick" => o.quick = true,
+            "--density-pods" | "--density-rounds" => {
+                let v = args.next().ok_or(format!("{a} needs a number"))?;
+                let n: usize = v
+                    .parse()
+                    .map_err(|_| format!("{a} {v:?} is not a number"))?;
+                match a.as_str() {
+                    "--density-pods" => o.density_pods = n.clamp(1, 240),
+                    _ => o.density_rounds = n.max(1),
+                }
+            }
             "--only" => o.only.push(args.next().ok_or("--only needs a section")?),
             other => return Err(format!("unknown argument {other:?}")),
         }
@@ -870,6 +888,11 @@ fn run() -> Result<(), String> {
     } else {
         Value::Null
     };
+    let density = if on("density") {
+        density::density(&o)?
+    } else {
+        Value::Null
+    };
     let profile = if on("profile") {
         profile(&o)
     } else {
@@ -888,6 +911,7 @@ fn run() -> Result<(), String> {
         "concurrency": concurrency,
         "hammer": hammer,
         "daemon": daemon,
+        "density": density,
         "profile": profile,
         "benchSeconds": started.elapsed().as_secs_f64(),
         "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),

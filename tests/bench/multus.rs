@@ -92,6 +92,8 @@ impl Multus {
             })
             .unwrap_or_else(|| "(version unknown)".into());
         let root = w.root.join("multus");
+        // A socket or shim conf of an earlier daemon must not pass for this one's.
+        let _ = std::fs::remove_dir_all(&root);
         for d in ["secrets", "sock", "cache", "net.d", "multus.d"] {
             std::fs::create_dir_all(root.join(d))
                 .map_err(|e| format!("{}: {e}", root.display()))?;
@@ -169,6 +171,16 @@ impl Multus {
         m.shim_conf =
             serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", conf.display()))?;
         Ok(m)
+    }
+
+    /// The daemon's process (the mount namespace's shell execs it).
+    pub fn pid(&self) -> u32 {
+        self.daemon.id()
+    }
+
+    /// The shim's conf the daemon wrote: what a runtime finds first in its conf dir.
+    pub fn shim_conf(&self) -> &Value {
+        &self.shim_conf
     }
 
     /// The size of the binary the runtime execs, bytes.

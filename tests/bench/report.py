@@ -62,12 +62,90 @@ def top_lines(text, n, skip_prefix=()):
     return out
 
 
+DENSITY_LABELS = (("floor", "cluster network alone (the floor)"), ("plexus-daemon", "Plexus, daemon mode"),
+                  ("plexus-thin", "Plexus, thin mode"), ("multus-thick", "Multus thick"))
+
+
+def density_section(dn, w, plot, m):
+    ds = dn["subjects"]
+    mu = dn.get("multus") or {}
+    w("## Node density: many pods with secondary networks on one node")
+    w("")
+    w(f"![Pod startup latency, node density](density.png)")
+    w("")
+    w(f"As kube-burner's node-density-cni measures it, on one real node: kubelet over containerd 2 (from "
+      f"tests/parts), pods placed by the real kube-scheduler. {dn['pods']} pods are created at once (four threads of "
+      f"creates), each with the cluster network and {dn['networks'] - 1} secondary networks (NADs of the reference "
+      "bridge + host-local, each its own bridge and subnet); when every pod is Ready they are all deleted. Each subject "
+      "gets a fresh containerd and kubelet whose CNI configuration is the subject's; the subjects run one after the "
+      f"other, {dn['rounds']} round(s). *Startup*: from the create request to the pod's Ready condition as the bench sees "
+      "it (the pods are listed every 100 ms); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
+      "created and its network set up\". Latencies are over every pod of every round; pods/s, API requests and the "
+      "node agent's figures are medians over rounds. *Floor*: the cluster network's conflist alone is the runtime's "
+      "configuration (no secondary networks: the two extra networks' delegates are part of every other subject's "
+      "cost). *Multus thick*: " + (f"{mu['version']}, multus-shim and multus-daemon built from the Go module proxy "
+      "(tests/parts/multus), its daemon configured as its DaemonSet is (`multusConfigFile: auto`, the cluster network "
+      "its default)." if "version" in mu else f"not measured ({mu.get('skipped', 'no Multus given')})."))
+    w("")
+    w("| subject | startup p50 | p99 | max | sandbox p50 | p99 | pods/s | p99 / floor's | node agent RSS: resting → "
+      "peak → after | agent CPU | API requests | addresses left |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    f99 = ds["floor"]["ready"]["p99"] if "floor" in ds else None
+    for key, label in DENSITY_LABELS:
+        v = ds.get(key)
+        if not v:
+            continue
+        rd, sb, ag = v["ready"], v["sandbox"], v.get("agent")
+        agent = (f"{f(ag['restKiB'] / 1024, 1)} → {f(ag['peakKiB'] / 1024, 1)} → {f(ag['afterKiB'] / 1024, 1)} MiB"
+                 if ag else "none (no node agent)")
+        cpu = f"{f(ag['cpuSeconds'], 2)} s" if ag else ""
+        ratio = f(rd["p99"] / f99) if f99 else ""
+        w(f"| {label} | {f(rd['median'] / 1e3, 1)} s | {f(rd['p99'] / 1e3, 1)} s | {f(rd['max'] / 1e3, 1)} s | "
+          f"{f(sb['median'] / 1e3, 1)} s | {f(sb['p99'] / 1e3, 1)} s | {f(v['podsPerSecond']['median'], 1)} | {ratio} | "
+          f"{agent} | {cpu} | {f(v['apiRequests']['median'], 0)} | {v['leftAddresses']} |")
+    w("")
+    rounds = ", ".join(f"{k} " + "/".join(f(x / 1e3, 1) for x in ds[k]["readyP99"]["rounds"])
+                       for k, _ in DENSITY_LABELS if k in ds)
+    w(f"Startup p99 of each round, s: {rounds}. API requests are those the API server's audit log attributes to the "
+      "subject's identities during the burst (the node daemon's and the CNI plugin's service accounts; Multus's). "
+      "*Addresses left*: what host-local still held 30 s after the subject's pods were gone (summed over rounds).")
+    w("")
+    for key, label in DENSITY_LABELS:
+        v = ds.get(key) or {}
+        held = {}
+        for by in v.get("leftByNetwork", []):
+            for net, n in by.items():
+                held[net] = held.get(net, 0) + n
+        if held:
+            nets = ", ".join(f"{n} of {net}" for net, n in sorted(held.items()))
+            w(f"{label}: addresses still held after its pods were gone: {nets} (its DEL of those networks did not "
+              "release them; containerd's teardown at the end of the burst tries again).")
+            w("")
+    fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
+    for key, label in DENSITY_LABELS:
+        v = ds.get(key)
+        if not v:
+            continue
+        xs = sorted(x / 1e3 for x in v["ready"]["samples"])
+        ys = [(i + 1) / len(xs) for i in range(len(xs))]
+        ax.step(xs, ys, where="post", label=label)
+    ax.set_xlabel("pod startup latency, s (created → Ready)")
+    ax.set_ylabel("fraction of pods Ready")
+    ax.set_title(f"{dn['pods']} pods at once, {dn['networks'] - 1} secondary networks each, {dn['rounds']} round(s) "
+                 f"({m['nproc']} CPUs)", fontsize=9)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(plot)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--results", required=True)
     ap.add_argument("--hooks", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot", required=True)
+    ap.add_argument("--density-plot", required=True)
     args = ap.parse_args()
     r = json.load(open(args.results))
     hb = json.load(open(args.hooks))
@@ -281,6 +359,25 @@ def main():
                          f"attach median {f(at['median'])} ms, max {f(at['max'])} ms; detach median {f(de['median'])} ms, "
                          f"max {f(de['max'])} ms", max(at["max"], de["max"]) <= 2000 and hp["delOk"]
                          and not hp["cacheLeftAfterDel"]))
+
+    dn = r.get("density") or {}
+    ds = dn.get("subjects") or {}
+    if "plexus-daemon" in ds and "floor" in ds:
+        d99 = ds["plexus-daemon"]["ready"]["p99"]
+        f99 = ds["floor"]["ready"]["p99"]
+        mt = ds.get("multus-thick")
+        vs = f", Multus thick {f(mt['ready']['p99'] / 1e3, 1)} s" if mt else ", Multus not measured"
+        ok = d99 <= 1.15 * f99 and (mt is None or d99 < mt["ready"]["p99"])
+        rows.append((f"Node density: {dn['pods']} pods at once on the real node, 2 secondary networks each; "
+                     "Plexus daemon mode's pod startup p99 (created → Ready) / the cluster network alone's",
+                     "≤ 1.15, and below Multus thick's",
+                     f"{f(d99 / f99)} ({f(d99 / 1e3, 1)} / {f(f99 / 1e3, 1)} s{vs})", ok))
+        ag = ds["plexus-daemon"].get("agent")
+        if ag:
+            grow = ag["peakOverRestKiB"] / 1024
+            rows.append(("… the node daemon's memory across the burst (peak − resting RSS)", "≤ 10 MiB",
+                         f"{f(grow, 1)} MiB ({f(ag['restKiB'] / 1024, 1)} → {f(ag['peakKiB'] / 1024, 1)} MiB)",
+                         grow <= 10))
 
     w("## Targets")
     w("")
@@ -543,6 +640,10 @@ def main():
           f"{'succeeded' if kd['delFailures'] == 0 else 'did not succeed'}, and the attachment cache was "
           f"{'empty' if not kd['cacheLeftAfterDel'] else 'not empty'} afterwards.")
         w("")
+
+    # ---------------------------------------------------------------- density
+    if ds:
+        density_section(dn, w, args.density_plot, m)
 
     # ---------------------------------------------------------------- hooks
     w("## Hook runtime (`cargo run --release -p plexus-hooks --example hook_bench`)")

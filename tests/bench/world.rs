@@ -324,6 +324,19 @@ impl World {
     }
 
     /// The plexus conf of [`World::conf`] with the Kubernetes API as its cluster source.
+    /// The addresses host-local holds for each of the world's networks that holds any (real delegates).
+    pub fn reserved_addresses(&self) -> Vec<(String, usize)> {
+        let Some(ipam) = &self._ipam else {
+            return Vec::new();
+        };
+        self.nets
+            .iter()
+            .filter_map(|n| n.list["name"].as_str())
+            .map(|name| (name.to_string(), ipam.reserved_ips(name).len()))
+            .filter(|(_, n)| *n > 0)
+            .collect()
+    }
+
     pub fn kube_conf(&self, kubeconfig: &Path, daemon: Value) -> Value {
         let mut c = self.conf(Path::new("/"), false);
         c["cluster"] = json!({"source": "kube", "kubeconfig": kubeconfig});

@@ -182,6 +182,8 @@ volumePluginDir: {root}/volume-plugins
 staticPodPath: ''
 syncFrequency: 5s
 nodeStatusUpdateFrequency: 2s
+# Room for the density benchmark's larger bursts (110 is kubelet's default).
+maxPods: 250
 containerRuntimeEndpoint: unix://{runtime}
 # The project's machines have cgroup v1, which kubelet 1.35+ refuses unless told otherwise.
 failCgroupV1: false

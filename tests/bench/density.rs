@@ -1,0 +1,615 @@
+//! Node density with secondary networks, as the field measures it (kube-burner's node-density-cni): N pods created
+//! at once on one real node (kubelet over containerd 2, placed by the real kube-scheduler), each with the cluster
+//! network and two secondary networks (the reference bridge + host-local), until every pod is Ready; then all are
+//! deleted. Subjects, each on the same kubelet, containerd, NADs and delegates, interleaved round by round:
+//!
+//! - `floor`: the cluster network's conflist alone is the runtime's CNI configuration (no secondary networks);
+//! - `plexus-daemon`: the plexus CNI plugin with the node daemon (the pod and NADs from its caches);
+//! - `plexus-thin`: the plexus CNI plugin reading the API server itself on every ADD;
+//! - `multus-thick`: Multus's shim and daemon (tests/parts/multus), configured as its DaemonSet is.
+//!
+//! Per subject and round: each pod's startup latency (created to Ready, and to `PodReadyToStartContainers`, the
+//! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (polled every
+//! 100 ms); pods per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU
+//! during it; the API requests of the subject's identities during it; the addresses the pods left once deleted.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use plexus_tests::containerd::{self, Containerd};
+use plexus_tests::control_plane::Component;
+use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
+use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
+use serde_json::{json, Value};
+
+use crate::daemon::Daemon;
+use crate::world::{Delegates, World};
+use crate::{log, multus, stats, Opts};
+
+const NS: &str = "density";
+const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
+const MULTUS_USER: &str = "system:serviceaccount:kube-system:multus";
+const SUBJECTS: [&str; 4] = ["floor", "plexus-daemon", "plexus-thin", "multus-thick"];
+
+/// One subject's burst: what was measured.
+struct Burst {
+    /// Per pod, ms from its creation request: (sandbox ready, Ready).
+    startup: Vec<(f64, f64)>,
+    pods_per_second: f64,
+    agent: Option<AgentUse>,
+    api_requests: usize,
+    /// Addresses host-local still held once the pods were gone, by network.
+    left_addresses: Vec<(String, usize)>,
+}
+
+/// The node agent's memory (KiB) and CPU over a burst.
+#[derive(Default, Clone, Copy)]
+struct AgentUse {
+    rest_kib: u64,
+    peak_kib: u64,
+    after_kib: u64,
+    cpu_seconds: f64,
+}
+
+/// The node agent of a subject, while its burst runs.
+enum Agent {
+    None,
+    Plexus(Daemon),
+    Multus(multus::Multus),
+}
+
+impl Agent {
+    fn pid(&self) -> Option<u32> {
+        match self {
+            Agent::None => None,
+            Agent::Plexus(d) => Some(d.pid()),
+            Agent::Multus(m) => Some(m.pid()),
+        }
+    }
+}
+
+pub fn density(o: &Opts) -> Result<Value, String> {
+    if !containerd::available() {
+        return Ok(json!({"skipped": "containerd or the cluster parts are not available"}));
+    }
+    let pods = o.density_pods;
+    let rounds = if o.quick { 1 } else { o.density_rounds };
+    let multus_bins = multus::provided();
+    let mut users = vec![("cni-token", "kube-system/plexus-cni")];
+    if multus_bins.is_some() {
+        users.push(multus::TOKEN);
+    }
+    let api = KubeApiServer::start(&users, &[]);
+    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
+    for f in ["crds.yaml", "networkhooks.yaml", "rbac.yaml"] {
+        api.apply_file(&deploy.join(f));
+    }
+    api.apply_node_authority();
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": "plexus-cni"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
+        "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
+    }));
+    if multus_bins.is_some() {
+        multus::rbac(&api);
+    }
+    api.namespace(NS);
+    let w = World::new(&o.work, "density", Delegates::Real, 3, 0, &json!({}));
+    let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
+    for (i, net) in w.nets.iter().enumerate().skip(1) {
+        api.nad(NS, &format!("net{i}"), &net.list);
+    }
+    let _control = [
+        Component::scheduler(&api, &w.root),
+        Component::controller_manager(&api, &w.root, &["node-lifecycle-controller"]),
+    ];
+    let cni_kubeconfig = w.root.join("cni.kubeconfig");
+    api.write_kubeconfig(&cni_kubeconfig, "cni-token");
+    let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
+    let token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&daemon_kubeconfig, &token);
+    let bin = cni_bin_dir(o, &w, multus_bins.as_deref())?;
+
+    let mut bursts: BTreeMap<&str, Vec<Burst>> = BTreeMap::new();
+    let mut multus_version = None;
+    for round in 0..rounds {
+        for subject in SUBJECTS {
+            let conf_dir = w.root.join(format!("conf-{subject}"));
+            let _ = std::fs::remove_dir_all(&conf_dir);
+            std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
+            let agent = match subject {
+                "floor" => {
+                    write_conf(&conf_dir.join("10-cluster.conflist"), &w.nets[0].list)?;
+                    Agent::None
+                }
+                "plexus-daemon" | "plexus-thin" => {
+                    let socket = w.run.join("daemon.sock");
+                    let served = subject == "plexus-daemon";
+                    let daemon = if served {
+                        json!({"socket": socket, "timeoutMs": 5000})
+                    } else {
+                        json!(false)
+                    };
+                    let conf = plexus_list(w.kube_conf(&cni_kubeconfig, daemon));
+                    write_conf(&conf_dir.join("00-plexus.conflist"), &conf)?;
+                    if served {
+                        let d = Daemon::start_on(
+                            &o.plexus,
+                            NODE,
+                            &daemon_kubeconfig,
+                            &socket,
+                            &w.root.join(format!("daemon-{round}.log")),
+                        )?;
+                        d.wait("synced", Duration::from_secs(60), |h| {
+                            plexus_tests::plexus::settled(h)
+                        })?;
+                        Agent::Plexus(d)
+                    } else {
+                        Agent::None
+                    }
+                }
+                _ => match &multus_bins {
+                    Some(bins) => {
+                        let m = multus::Multus::start(bins, &api, &w, NODE)?;
+                        multus_version = Some(m.version.clone());
+                        write_conf(&conf_dir.join("00-multus.conf"), m.shim_conf())?;
+                        Agent::Multus(m)
+                    }
+                    None => continue,
+                },
+            };
+            log(&format!("density: round {round}, {subject}: {pods} pods"));
+            let burst = burst(&api, &w, &bin, &conf_dir, &agent, subject, pods, &selection)?;
+            log(&format!(
+                "density: {subject}: Ready p50 {:.0} ms, p99 {:.0} ms, {:.1} pods/s",
+                stats::percentile(&sorted(burst.startup.iter().map(|s| s.1)), 0.5),
+                stats::percentile(&sorted(burst.startup.iter().map(|s| s.1)), 0.99),
+                burst.pods_per_second
+            ));
+            bursts.entry(subject).or_default().push(burst);
+        }
+    }
+    let subjects: BTreeMap<&str, Value> = bursts
+        .iter()
+        .map(|(subject, runs)| (*subject, summarize(runs)))
+        .collect();
+    Ok(json!({
+        "pods": pods,
+        "rounds": rounds,
+        "networks": w.nets.len(),
+        "multus": multus_version.map_or_else(
+            || json!({"skipped": format!("{} not set", multus::ENV)}),
+            |v| json!({"version": v})),
+        "subjects": subjects,
+    }))
+}
+
+/// containerd's CNI binary dir: `plexus` (the CNI-only binary, as nodes install it), `multus-shim`, the reference
+/// plugins.
+fn cni_bin_dir(o: &Opts, w: &World, multus: Option<&Path>) -> Result<PathBuf, String> {
+    let bin = w.root.join("cni-bin");
+    std::fs::create_dir_all(&bin).map_err(|e| e.to_string())?;
+    let link = |from: &Path, name: &str| {
+        let from = std::fs::canonicalize(from).map_err(|e| format!("{}: {e}", from.display()))?;
+        std::os::unix::fs::symlink(&from, bin.join(name))
+            .map_err(|e| format!("link {}: {e}", from.display()))
+    };
+    link(&o.plexus_cni, "plexus")?;
+    if let Some(m) = multus {
+        link(&m.join("multus-shim"), "multus-shim")?;
+    }
+    let plugins = std::fs::read_dir(plexus_tests::netns::cni_bin_dir())
+        .map_err(|e| format!("the reference plugins: {e}"))?;
+    for p in plugins.flatten() {
+        link(&p.path(), &p.file_name().to_string_lossy())?;
+    }
+    Ok(bin)
+}
+
+/// A conflist of the one plexus conf `conf` (its `cniVersion` and `name` go to the list).
+fn plexus_list(mut conf: Value) -> Value {
+    if let Some(obj) = conf.as_object_mut() {
+        obj.remove("cniVersion");
+        obj.remove("name");
+    }
+    json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [conf]})
+}
+
+fn write_conf(path: &Path, conf: &Value) -> Result<(), String> {
+    std::fs::write(path, conf.to_string()).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
+    let mut v: Vec<f64> = v.collect();
+    v.sort_by(f64::total_cmp);
+    v
+}
+
+/// One burst of `pods` pods on a fresh containerd and kubelet with `conf_dir` as the runtime's CNI configuration.
+#[allow(clippy::too_many_arguments)]
+fn burst(
+    api: &KubeApiServer,
+    w: &World,
+    bin: &Path,
+    conf_dir: &Path,
+    agent: &Agent,
+    subject: &str,
+    pods: usize,
+    selection: &[String],
+) -> Result<Burst, String> {
+    let containerd = Containerd::start(bin, conf_dir);
+    let since = utc_now();
+    let kubelet = Kubelet::start(api, &containerd.socket());
+    // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
+    wait_heartbeat(api, &since)?;
+    let users: &[&str] = match subject {
+        "plexus-daemon" => &[PLEXUS_USER, CNI_USER],
+        "plexus-thin" => &[CNI_USER],
+        "multus-thick" => &[MULTUS_USER],
+        _ => &[],
+    };
+    let requests_before = requests_of(api, users);
+    let sampler = agent.pid().map(Sampler::start);
+    let names: Vec<String> = (0..pods).map(|i| format!("p{i}")).collect();
+    let created = create_all(api, &names, &selection.join(","))?;
+    let limit = Duration::from_secs(60 + 2 * pods as u64);
+    let seen = watch_ready(api, &names, limit).map_err(|e| {
+        let log = containerd.log();
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "density {subject}: {e}\nkubelet:\n{}\ncontainerd:\n{}",
+            kubelet.log_tail(20),
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        )
+    })?;
+    let done = Instant::now();
+    let agent_use = sampler.map(|s| s.stop());
+    let api_requests = requests_of(api, users).saturating_sub(requests_before);
+    let first = created.values().min().copied().unwrap_or(done);
+    let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
+    let startup = names
+        .iter()
+        .map(|n| {
+            let c = created[n];
+            let (sandbox, ready) = seen[n];
+            (
+                sandbox.duration_since(c).as_secs_f64() * 1e3,
+                ready.duration_since(c).as_secs_f64() * 1e3,
+            )
+        })
+        .collect();
+    let pods_per_second = pods as f64 / last_ready.duration_since(first).as_secs_f64();
+    let after_kib = agent.pid().map(|pid| {
+        std::thread::sleep(Duration::from_secs(5));
+        rss_kib(pid)
+    });
+    delete_all(api, pods)?;
+    let addresses = addresses_left(w);
+    drop(kubelet);
+    drop(containerd);
+    Ok(Burst {
+        startup,
+        pods_per_second,
+        agent: agent_use.map(|mut a| {
+            a.after_kib = after_kib.unwrap_or(0);
+            a
+        }),
+        api_requests,
+        left_addresses: addresses,
+    })
+}
+
+/// Now as the API server writes times (RFC 3339, whole seconds, UTC), which order as strings.
+fn utc_now() -> String {
+    std::process::Command::new("date")
+        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Waits until the node's Ready condition has a heartbeat from `since` on, and says True.
+fn wait_heartbeat(api: &KubeApiServer, since: &str) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let node = api
+            .request("GET", &format!("/api/v1/nodes/{NODE}"), None)
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .unwrap_or_default();
+        let fresh = node["status"]["conditions"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|c| {
+                c["type"] == "Ready"
+                    && c["status"] == "True"
+                    && c["lastHeartbeatTime"].as_str().is_some_and(|t| t > since)
+            });
+        if fresh {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!(
+                "node {NODE}: no Ready heartbeat after {since} within 60 s"
+            ));
+        }
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}
+
+/// Creates the pods from a few threads at once; when each create was sent.
+fn create_all(
+    api: &KubeApiServer,
+    names: &[String],
+    networks: &str,
+) -> Result<BTreeMap<String, Instant>, String> {
+    let chunks: Vec<&[String]> = names.chunks(names.len().div_ceil(4).max(1)).collect();
+    let results: Vec<Result<Vec<(String, Instant)>, String>> = std::thread::scope(|s| {
+        let handles: Vec<_> = chunks
+            .iter()
+            .map(|chunk| {
+                s.spawn(move || {
+                    let mut out = Vec::new();
+                    for name in *chunk {
+                        let mut pod = pod_on_node(NS, name, networks);
+                        // The scheduler places them.
+                        pod["spec"].as_object_mut().map(|s| s.remove("nodeName"));
+                        let at = Instant::now();
+                        match api.request(
+                            "POST",
+                            &format!("/api/v1/namespaces/{NS}/pods"),
+                            Some(&pod),
+                        ) {
+                            Ok((201, _)) => out.push((name.clone(), at)),
+                            Ok((code, body)) => {
+                                return Err(format!("create pod {name}: {code} {body}"))
+                            }
+                            Err(e) => return Err(format!("create pod {name}: {e}")),
+                        }
+                    }
+                    Ok(out)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join()
+                    .unwrap_or_else(|_| Err("a creating thread panicked".into()))
+            })
+            .collect()
+    });
+    let mut created = BTreeMap::new();
+    for r in results {
+        created.extend(r?);
+    }
+    Ok(created)
+}
+
+/// Polls the pods every 100 ms until each is Ready: when each was first seen with `PodReadyToStartContainers`
+/// and with `Ready`.
+fn watch_ready(
+    api: &KubeApiServer,
+    names: &[String],
+    limit: Duration,
+) -> Result<BTreeMap<String, (Instant, Instant)>, String> {
+    let deadline = Instant::now() + limit;
+    let mut sandbox: BTreeMap<String, Instant> = BTreeMap::new();
+    let mut ready: BTreeMap<String, Instant> = BTreeMap::new();
+    while ready.len() < names.len() {
+        if Instant::now() > deadline {
+            return Err(format!(
+                "{} of {} pods Ready within {} s",
+                ready.len(),
+                names.len(),
+                limit.as_secs()
+            ));
+        }
+        let list = api
+            .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
+            .ok()
+            .filter(|(code, _)| *code == 200)
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok());
+        let now = Instant::now();
+        for pod in list
+            .iter()
+            .flat_map(|l| l["items"].as_array().into_iter().flatten())
+        {
+            let name = pod["metadata"]["name"].as_str().unwrap_or_default();
+            let is = |kind: &str| {
+                pod["status"]["conditions"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|c| c["type"] == kind && c["status"] == "True")
+            };
+            if is("PodReadyToStartContainers") {
+                sandbox.entry(name.to_string()).or_insert(now);
+            }
+            if is("Ready") {
+                ready.entry(name.to_string()).or_insert(now);
+                sandbox.entry(name.to_string()).or_insert(now);
+            }
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(names
+        .iter()
+        .map(|n| (n.clone(), (sandbox[n], ready[n])))
+        .collect())
+}
+
+/// Deletes the namespace's pods at once, gracefully (the API server keeps each until the kubelet has stopped its
+/// sandbox, which runs the CNI DEL), and waits until they are gone.
+fn delete_all(api: &KubeApiServer, pods: usize) -> Result<(), String> {
+    let path = format!("/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=1");
+    api.request("DELETE", &path, None)
+        .map_err(|e| format!("delete the pods: {e}"))?;
+    let deadline = Instant::now() + Duration::from_secs(60 + pods as u64);
+    loop {
+        let left = api
+            .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
+            .ok()
+            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
+            .and_then(|l| l["items"].as_array().map(Vec::len));
+        if left == Some(0) {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            return Err(format!("{left:?} pods still there after the delete"));
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// The addresses host-local still holds once the pods are gone, by network, after at most 30 s for teardowns under
+/// way.
+fn addresses_left(w: &World) -> Vec<(String, usize)> {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = w.reserved_addresses();
+        if held.is_empty() || Instant::now() > deadline {
+            return held;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+/// Requests the API server audited from `users` so far.
+fn requests_of(api: &KubeApiServer, users: &[&str]) -> usize {
+    if users.is_empty() {
+        return 0;
+    }
+    api.audit()
+        .iter()
+        .filter(|(u, _, _)| users.contains(&u.as_str()))
+        .count()
+}
+
+fn rss_kib(pid: u32) -> u64 {
+    proc_field(pid, "VmRSS:")
+}
+
+fn proc_field(pid: u32, name: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find(|l| l.starts_with(name))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// CPU seconds (user + system) of a process so far.
+fn cpu_seconds(pid: u32) -> f64 {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
+    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    (ticks(11) + ticks(12)) / clock_ticks()
+}
+
+/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on Linux's usual builds).
+fn clock_ticks() -> f64 {
+    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
+    *HZ.get_or_init(|| {
+        std::process::Command::new("getconf")
+            .arg("CLK_TCK")
+            .output()
+            .ok()
+            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
+            .filter(|hz: &f64| *hz > 0.0)
+            .unwrap_or(100.0)
+    })
+}
+
+/// Samples a process's RSS every 100 ms from its start to its stop.
+struct Sampler {
+    pid: u32,
+    rest_kib: u64,
+    cpu_start: f64,
+    stop: Arc<AtomicBool>,
+    thread: std::thread::JoinHandle<u64>,
+}
+
+impl Sampler {
+    fn start(pid: u32) -> Sampler {
+        let stop = Arc::new(AtomicBool::new(false));
+        let flag = stop.clone();
+        let thread = std::thread::spawn(move || {
+            let mut peak = 0;
+            while !flag.load(Ordering::Relaxed) {
+                peak = peak.max(rss_kib(pid));
+                std::thread::sleep(Duration::from_millis(100));
+            }
+            peak.max(rss_kib(pid))
+        });
+        Sampler {
+            pid,
+            rest_kib: rss_kib(pid),
+            cpu_start: cpu_seconds(pid),
+            stop,
+            thread,
+        }
+    }
+
+    fn stop(self) -> AgentUse {
+        self.stop.store(true, Ordering::Relaxed);
+        let peak_kib = self.thread.join().unwrap_or(0);
+        AgentUse {
+            rest_kib: self.rest_kib,
+            peak_kib,
+            after_kib: 0,
+            cpu_seconds: cpu_seconds(self.pid) - self.cpu_start,
+        }
+    }
+}
+
+/// A subject's rounds: startup latencies over every pod of every round, the rest per round (and their median).
+fn summarize(runs: &[Burst]) -> Value {
+    let sandbox: Vec<f64> = runs
+        .iter()
+        .flat_map(|b| b.startup.iter().map(|s| s.0))
+        .collect();
+    let ready: Vec<f64> = runs
+        .iter()
+        .flat_map(|b| b.startup.iter().map(|s| s.1))
+        .collect();
+    let per_round = |f: &dyn Fn(&Burst) -> f64| -> Value {
+        let v: Vec<f64> = runs.iter().map(f).collect();
+        json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
+    };
+    let p99_of_round = |b: &Burst| stats::percentile(&sorted(b.startup.iter().map(|s| s.1)), 0.99);
+    let mut v = json!({
+        "ready": stats::summary(&ready),
+        "sandbox": stats::summary(&sandbox),
+        "readyP99": per_round(&p99_of_round),
+        "podsPerSecond": per_round(&|b| b.pods_per_second),
+        "apiRequests": per_round(&|b| b.api_requests as f64),
+        "leftAddresses": runs.iter().flat_map(|b| b.left_addresses.iter().map(|l| l.1)).sum::<usize>(),
+        "leftByNetwork": runs.iter().map(|b| b.left_addresses.iter().cloned().collect::<BTreeMap<_, _>>()).collect::<Vec<_>>(),
+    });
+    let agents: Vec<AgentUse> = runs.iter().filter_map(|b| b.agent).collect();
+    if !agents.is_empty() {
+        let m = |f: &dyn Fn(&AgentUse) -> f64| stats::median(&sorted(agents.iter().map(f)));
+        v["agent"] = json!({
+            "restKiB": m(&|a| a.rest_kib as f64),
+            "peakKiB": m(&|a| a.peak_kib as f64),
+            "afterKiB": m(&|a| a.after_kib as f64),
+            "cpuSeconds": m(&|a| a.cpu_seconds),
+            "peakOverRestKiB": m(&|a| a.peak_kib as f64 - a.rest_kib as f64),
+        });
+    }
+    v
+}
