@@ -117,7 +117,13 @@ pub fn density(o: &Opts) -> Result<Value, String> {
     let mut bursts: BTreeMap<&str, Vec<Burst>> = BTreeMap::new();
     let mut multus_version = None;
     for round in 0..rounds {
-        for subject in SUBJECTS {
+        // Each round starts with another subject, so that none always follows the same one.
+        let order = SUBJECTS
+            .iter()
+            .cycle()
+            .skip(round % SUBJECTS.len())
+            .take(SUBJECTS.len());
+        for &subject in order {
             let conf_dir = w.root.join(format!("conf-{subject}"));
             let _ = std::fs::remove_dir_all(&conf_dir);
             std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
@@ -173,9 +179,13 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             bursts.entry(subject).or_default().push(burst);
         }
     }
+    let floor_p99: Vec<f64> = bursts
+        .get("floor")
+        .map(|runs| runs.iter().map(p99_of).collect())
+        .unwrap_or_default();
     let subjects: BTreeMap<&str, Value> = bursts
         .iter()
-        .map(|(subject, runs)| (*subject, summarize(runs)))
+        .map(|(subject, runs)| (*subject, summarize(runs, &floor_p99)))
         .collect();
     Ok(json!({
         "pods": pods,
@@ -291,6 +301,8 @@ fn burst(
     let addresses = addresses_left(w);
     drop(kubelet);
     drop(containerd);
+    // Counted above; the next burst starts with every address free.
+    w.clear_reservations();
     Ok(Burst {
         startup,
         pods_per_second,
@@ -576,8 +588,13 @@ impl Sampler {
     }
 }
 
-/// A subject's rounds: startup latencies over every pod of every round, the rest per round (and their median).
-fn summarize(runs: &[Burst]) -> Value {
+fn p99_of(b: &Burst) -> f64 {
+    stats::percentile(&sorted(b.startup.iter().map(|s| s.1)), 0.99)
+}
+
+/// A subject's rounds: startup latencies over every pod of every round, the rest per round (and their median);
+/// its p99 over the floor's of the same round (`floor_p99`, by round).
+fn summarize(runs: &[Burst], floor_p99: &[f64]) -> Value {
     let sandbox: Vec<f64> = runs
         .iter()
         .flat_map(|b| b.startup.iter().map(|s| s.0))
@@ -590,11 +607,16 @@ fn summarize(runs: &[Burst]) -> Value {
         let v: Vec<f64> = runs.iter().map(f).collect();
         json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
     };
-    let p99_of_round = |b: &Burst| stats::percentile(&sorted(b.startup.iter().map(|s| s.1)), 0.99);
+    let over_floor: Vec<f64> = runs
+        .iter()
+        .zip(floor_p99)
+        .map(|(b, f)| p99_of(b) / f)
+        .collect();
     let mut v = json!({
         "ready": stats::summary(&ready),
         "sandbox": stats::summary(&sandbox),
-        "readyP99": per_round(&p99_of_round),
+        "readyP99": per_round(&p99_of),
+        "readyP99OverFloor": {"median": stats::median(&sorted(over_floor.iter().copied())), "rounds": over_floor},
         "podsPerSecond": per_round(&|b| b.pods_per_second),
         "apiRequests": per_round(&|b| b.api_requests as f64),
         "leftAddresses": runs.iter().flat_map(|b| b.left_addresses.iter().map(|l| l.1)).sum::<usize>(),

@@ -337,6 +337,26 @@ impl World {
             .collect()
     }
 
+    /// Drops every host-local reservation of the world's networks (a reservation is a file named by its address):
+    /// what a failed DEL left must not shrink the next run's address ranges. Only with nothing attached.
+    pub fn clear_reservations(&self) {
+        let Some(ipam) = &self._ipam else { return };
+        for name in self.nets.iter().filter_map(|n| n.list["name"].as_str()) {
+            let Ok(entries) = std::fs::read_dir(ipam.path().join(name)) else {
+                continue;
+            };
+            for e in entries.flatten() {
+                if e.file_name()
+                    .to_string_lossy()
+                    .parse::<std::net::IpAddr>()
+                    .is_ok()
+                {
+                    let _ = std::fs::remove_file(e.path());
+                }
+            }
+        }
+    }
+
     pub fn kube_conf(&self, kubeconfig: &Path, daemon: Value) -> Value {
         let mut c = self.conf(Path::new("/"), false);
         c["cluster"] = json!({"source": "kube", "kubeconfig": kubeconfig});

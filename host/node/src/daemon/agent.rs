@@ -83,6 +83,8 @@ pub struct AgentSettings {
     pub signatures: SignaturePolicy,
     pub registry: RegistryOptions,
     pub watch_timeout_secs: u32,
+    /// The program whose `hook compile` compiles pulled modules ([`super::compile::own_binary`] in the daemon).
+    pub compiler: PathBuf,
 }
 
 #[derive(Default)]
@@ -149,6 +151,8 @@ struct Agent {
     /// version of its spec.
     probes: HashMap<String, Result<(), Failure>>,
     probes_used: std::collections::HashSet<String>,
+    /// The artifacts this run compiled, by component sha256.
+    compiled: HashMap<String, PathBuf>,
     /// What the keys were when last read (their IDs, or the error), to notice a change.
     keys_seen: String,
     /// The NetworkHooks (their `status.nodes`, for the entries of earlier versions).
@@ -446,6 +450,7 @@ impl Agent {
             retired: HashMap::new(),
             probes: HashMap::new(),
             probes_used: Default::default(),
+            compiled: HashMap::new(),
             keys_seen,
             reports_api: Api::all_with(api.client().clone(), &node_report::api_resource()),
             status_api,
@@ -669,14 +674,16 @@ impl Agent {
         if let Some(rec) = self.record(module) {
             let path = self.module_path(&rec.sha256);
             if self.trusts(&rec) && path.exists() {
-                let (path, cache) = (path.clone(), self.settings.cache_dir.clone());
-                let compiled =
-                    tokio::task::spawn_blocking(move || plexus_hooks::compile(&path, &cache)).await;
-                if let Ok(Ok(a)) = compiled {
-                    if a.sha256 == rec.sha256 {
-                        self.failures.remove(module);
-                        return Ok((digest, rec.sha256, rec.verified_by));
-                    }
+                // Compiled by this run and its artifact still there; else compiled again (an earlier run's artifact
+                // is found in the cache, so that costs a process and no compile).
+                let known = self.compiled.get(&rec.sha256).is_some_and(|a| a.exists());
+                let compiled = match known {
+                    true => Ok(rec.sha256.clone()),
+                    false => self.compile(&path).await,
+                };
+                if compiled.as_deref() == Ok(rec.sha256.as_str()) {
+                    self.failures.remove(module);
+                    return Ok((digest, rec.sha256, rec.verified_by));
                 }
             }
         }
@@ -704,8 +711,22 @@ impl Agent {
         }
     }
 
+    /// Compiles a module into the node's cache in a process of its own (see [`super::compile`]): its sha256.
+    async fn compile(&mut self, module: &Path) -> Result<String, String> {
+        let compiled = super::compile::compile_apart(
+            &self.settings.compiler,
+            module,
+            &self.settings.cache_dir,
+            super::compile::COMPILE_TIMEOUT,
+        )
+        .await?;
+        self.compiled
+            .insert(compiled.sha256.clone(), compiled.artifact);
+        Ok(compiled.sha256)
+    }
+
     async fn fetch(
-        &self,
+        &mut self,
         reference: &oci_client::Reference,
         digest: &str,
         keys: Option<&TrustedKeys>,
@@ -728,19 +749,18 @@ impl Agent {
         };
         super::files::private_dir(&self.modules, 0o700).map_err(io)?;
         plexus_cni::conf::replace_file(&path, &pulled.wasm, 0o600).map_err(io)?;
-        let (p, cache) = (path.clone(), self.settings.cache_dir.clone());
-        let artifact = tokio::task::spawn_blocking(move || plexus_hooks::compile(&p, &cache))
+        let compiled = self
+            .compile(&path)
             .await
-            .map_err(|e| Failure::new(Reason::CompileFailed, e.to_string()))?
-            .map_err(|e| Failure::new(Reason::CompileFailed, e.to_string()))?;
-        if artifact.sha256 != pulled.sha256 {
+            .map_err(|e| Failure::new(Reason::CompileFailed, format!("{}: {e}", path.display())))?;
+        if compiled != pulled.sha256 {
             return Err(Failure::new(
                 Reason::DigestMismatch,
                 format!(
                     "{} changed while compiling: expected sha256:{}, got sha256:{}",
                     path.display(),
                     pulled.sha256,
-                    artifact.sha256
+                    compiled
                 ),
             ));
         }

@@ -13,6 +13,7 @@
 
 pub mod agent;
 pub mod cli;
+pub mod compile;
 pub mod dynamic;
 pub mod files;
 pub mod hook_plan;

@@ -182,6 +182,7 @@ fn start_tasks(
                 registry: h.registry,
                 watch_timeout_secs: settings.watch_timeout_secs,
                 states: state.hook_states.clone(),
+                compiler: super::compile::own_binary(),
             },
         ));
     }
