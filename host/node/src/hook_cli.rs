@@ -51,6 +51,14 @@ pub enum HookCommand {
     /// Run one call of a hook, in the sandbox an ADD runs it in
     #[command(after_help = RUN_INPUT)]
     Run(RunArgs),
+    /// The node agent's probe of a hook entry (JSON on stdin): one call of its kind on a synthetic pod, from the
+    /// compiled artifact; prints the verdict. Run by the daemon in a process of its own.
+    #[command(hide = true)]
+    Probe {
+        /// The plexus cacheDir
+        #[arg(long, value_name = "DIR", default_value = DEFAULT_CACHE_DIR)]
+        cache_dir: PathBuf,
+    },
     /// Push a component to REFERENCE (REGISTRY/REPOSITORY:TAG) as a wasm artifact, optionally signed
     #[command(
         long_about = "FILE (a hook component) goes to REFERENCE as a wasm artifact (one application/wasm layer); \
@@ -168,6 +176,7 @@ pub fn main(args: HookArgs) -> u8 {
         HookCommand::Inspect { file } => inspect(&file),
         HookCommand::Compile { file, cache_dir } => compile(&file, &cache_dir),
         HookCommand::Run(run_args) => run(run_args),
+        HookCommand::Probe { cache_dir } => probe(&cache_dir),
         HookCommand::Push {
             file,
             reference,
@@ -241,6 +250,24 @@ fn inspect(file: &Path) -> Result<Value, CliError> {
         "exports": i.exports,
         "imports": i.imports,
     }))
+}
+
+/// The most of an entry read from stdin.
+const PROBE_INPUT_CAP: u64 = 1024 * 1024;
+
+fn probe(cache_dir: &Path) -> Result<Value, CliError> {
+    use std::io::Read;
+    let mut text = Vec::new();
+    std::io::stdin()
+        .take(PROBE_INPUT_CAP)
+        .read_to_end(&mut text)
+        .map_err(failed)?;
+    let entry: plexus_hooks::HookSpec = serde_json::from_slice(&text)
+        .map_err(|e| CliError::Usage(format!("the entry on stdin is not a hook entry: {e}")))?;
+    Ok(match crate::daemon::agent::probe_entry(&entry, cache_dir) {
+        Ok(()) => json!({"passed": true}),
+        Err(f) => json!({"passed": false, "reason": f.reason.as_str(), "message": f.message}),
+    })
 }
 
 fn compile(file: &Path, cache_dir: &Path) -> Result<Value, CliError> {

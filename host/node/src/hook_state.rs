@@ -27,6 +27,29 @@ pub enum Reason {
 }
 
 impl Reason {
+    const ALL: [Reason; 15] = [
+        Reason::PullFailed,
+        Reason::Unauthorized,
+        Reason::NotFound,
+        Reason::DigestMismatch,
+        Reason::NotAWasmModule,
+        Reason::SignatureMissing,
+        Reason::SignatureInvalid,
+        Reason::NoTrustedKeys,
+        Reason::Untrusted,
+        Reason::InvalidReference,
+        Reason::CompileFailed,
+        Reason::KindMismatch,
+        Reason::Incompatible,
+        Reason::FailedProbe,
+        Reason::InvalidSpec,
+    ];
+
+    /// The reason [`Reason::as_str`] names.
+    pub fn parse(word: &str) -> Option<Reason> {
+        Self::ALL.into_iter().find(|r| r.as_str() == word)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Reason::PullFailed => "PullFailed",

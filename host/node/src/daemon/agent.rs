@@ -83,7 +83,8 @@ pub struct AgentSettings {
     pub signatures: SignaturePolicy,
     pub registry: RegistryOptions,
     pub watch_timeout_secs: u32,
-    /// The program whose `hook compile` compiles pulled modules ([`super::compile::own_binary`] in the daemon).
+    /// The program whose `hook compile` and `hook probe` compile and probe pulled modules
+    /// ([`super::compile::own_binary`] in the daemon).
     pub compiler: PathBuf,
 }
 
@@ -514,15 +515,15 @@ impl Agent {
         if let Some(verdict) = self.probes.get(&key) {
             return verdict.clone();
         }
-        let cache = self.settings.cache_dir.clone();
-        let verdict = tokio::task::spawn_blocking(move || probe_entry(&entry, &cache))
-            .await
-            .unwrap_or_else(|e| {
-                Err(Failure::new(
-                    Reason::FailedProbe,
-                    format!("the probe panicked: {e}"),
-                ))
-            });
+        // In a process of its own, as the compile (see super::compile): the module runs, its memory goes with it.
+        let verdict = super::compile::probe_apart(
+            &self.settings.compiler,
+            &entry,
+            &self.settings.cache_dir,
+            super::compile::COMPILE_TIMEOUT,
+        )
+        .await
+        .unwrap_or_else(|why| Err(Failure::new(Reason::FailedProbe, why)));
         match &verdict {
             Ok(()) => tracing::info!(hook = name, sha256 = sha, "module passed its probe"),
             Err(f) => {
@@ -988,7 +989,7 @@ fn wall_clock(at: Instant) -> String {
 
 /// Loads one entry as an ADD would and calls its kind's export once on a synthetic pod; (reason, message) when
 /// the module cannot serve as that kind.
-fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
+pub(crate) fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
     use plexus_hooks::{HookError, Hooks, LoadError};
     let hooks = match Hooks::load(std::slice::from_ref(entry), cache_dir) {
         Ok(h) => h,

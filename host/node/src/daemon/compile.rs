@@ -1,13 +1,17 @@
-//! Compiling a pulled hook module for the node in a process of its own: `plexus hook compile` run from the daemon's
-//! own binary. The compiler's working memory (tens of MiB for one module, which the allocator keeps once it is
+//! Compiling a pulled hook module for the node, and probing it, in processes of their own: `plexus hook compile`
+//! and `plexus hook probe` run from the daemon's own binary. The compiler's working memory (tens of MiB for one module, which the allocator keeps once it is
 //! freed) never enters the long-running daemon, so a node's daemon with hooks is as big as one without; a module
 //! that crashes or exhausts the compiler ends only that process. Bounded in time and in what is read back.
 
+use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use tokio::io::AsyncReadExt;
+use plexus_hooks::HookSpec;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use crate::hook_state::{Failure, Reason};
 
 /// The longest a compile may take (the example guests take under a second each on two cores).
 pub const COMPILE_TIMEOUT: Duration = Duration::from_secs(120);
@@ -36,46 +40,14 @@ pub async fn compile_apart(
     cache_dir: &Path,
     timeout: Duration,
 ) -> Result<Compiled, String> {
-    let mut child = tokio::process::Command::new(compiler)
-        .arg("hook")
-        .arg("compile")
-        .arg(module)
-        .arg("--cache-dir")
-        .arg(cache_dir)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .map_err(|e| format!("cannot run the compiler {}: {e}", compiler.display()))?;
-    let (mut out, mut err) = (Vec::new(), Vec::new());
-    let (stdout, stderr) = (child.stdout.take(), child.stderr.take());
-    let finished = tokio::time::timeout(timeout, async {
-        tokio::join!(read_capped(stdout, &mut out), read_capped(stderr, &mut err));
-        child.wait().await
-    })
-    .await;
-    let status = match finished {
-        Ok(Ok(status)) => status,
-        Ok(Err(e)) => return Err(format!("waiting for the compiler: {e}")),
-        // Dropping the child kills it.
-        Err(_) => {
-            return Err(format!(
-                "the compile did not finish within {} s",
-                timeout.as_secs()
-            ))
-        }
-    };
-    if !status.success() {
-        let message = String::from_utf8_lossy(&err);
-        let message = message.trim().trim_start_matches("plexus hook: ");
-        return Err(match message.is_empty() {
-            true => format!("the compiler ended with {status}"),
-            false => plexus_cni::error::bounded(message.to_string()),
-        });
-    }
-    let answer: serde_json::Value = serde_json::from_slice(&out)
-        .map_err(|e| format!("the compiler's answer is not JSON: {e}"))?;
+    let args = [
+        OsStr::new("hook"),
+        OsStr::new("compile"),
+        module.as_os_str(),
+        OsStr::new("--cache-dir"),
+        cache_dir.as_os_str(),
+    ];
+    let answer = run_apart(compiler, &args, None, timeout).await?;
     match (answer["sha256"].as_str(), answer["artifact"].as_str()) {
         (Some(sha), Some(artifact)) => Ok(Compiled {
             sha256: sha.to_string(),
@@ -86,6 +58,87 @@ pub async fn compile_apart(
             plexus_cni::error::bounded(answer.to_string())
         )),
     }
+}
+
+/// Probes `entry` (one call of its kind on a synthetic pod, from the compiled artifact) with `compiler hook
+/// probe`: the verdict, or why there is none.
+pub async fn probe_apart(
+    compiler: &Path,
+    entry: &HookSpec,
+    cache_dir: &Path,
+    timeout: Duration,
+) -> Result<Result<(), Failure>, String> {
+    let args = [
+        OsStr::new("hook"),
+        OsStr::new("probe"),
+        OsStr::new("--cache-dir"),
+        cache_dir.as_os_str(),
+    ];
+    let input = serde_json::to_vec(entry).map_err(|e| e.to_string())?;
+    let answer = run_apart(compiler, &args, Some(input), timeout).await?;
+    if answer["passed"] == true {
+        return Ok(Ok(()));
+    }
+    let reason = answer["reason"].as_str().and_then(Reason::parse);
+    match (reason, answer["message"].as_str()) {
+        (Some(reason), Some(message)) => Ok(Err(Failure::new(reason, message))),
+        _ => Err(format!(
+            "the probe's answer is not a verdict: {}",
+            plexus_cni::error::bounded(answer.to_string())
+        )),
+    }
+}
+
+/// Runs `program args`, `input` on its stdin, within `timeout`: its JSON answer, or why there is none.
+async fn run_apart(
+    program: &Path,
+    args: &[&OsStr],
+    input: Option<Vec<u8>>,
+    timeout: Duration,
+) -> Result<serde_json::Value, String> {
+    let mut child = tokio::process::Command::new(program)
+        .args(args)
+        .stdin(if input.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    let (stdin, stdout, stderr) = (child.stdin.take(), child.stdout.take(), child.stderr.take());
+    let finished = tokio::time::timeout(timeout, async {
+        let write = async {
+            if let (Some(mut stdin), Some(input)) = (stdin, input) {
+                let _ = stdin.write_all(&input).await;
+            }
+        };
+        tokio::join!(
+            write,
+            read_capped(stdout, &mut out),
+            read_capped(stderr, &mut err)
+        );
+        child.wait().await
+    })
+    .await;
+    let status = match finished {
+        Ok(Ok(status)) => status,
+        Ok(Err(e)) => return Err(format!("waiting for it: {e}")),
+        // Dropping the child kills it.
+        Err(_) => return Err(format!("it did not finish within {} s", timeout.as_secs())),
+    };
+    if !status.success() {
+        let message = String::from_utf8_lossy(&err);
+        let message = message.trim().trim_start_matches("plexus hook: ");
+        return Err(match message.is_empty() {
+            true => format!("it ended with {status}"),
+            false => plexus_cni::error::bounded(message.to_string()),
+        });
+    }
+    serde_json::from_slice(&out).map_err(|e| format!("its answer is not JSON: {e}"))
 }
 
 /// Reads at most [`OUTPUT_CAP`] bytes of `from` into `buf`, and drains the rest so the writer is not blocked.
@@ -100,11 +153,21 @@ async fn read_capped(from: Option<impl tokio::io::AsyncRead + Unpin>, buf: &mut 
 mod tests {
     use super::*;
 
+    /// A shell script at `dir/compiler`. Written by a shell of its own: a file this process held open for writing
+    /// could be inherited by another test's fork and make exec fail with ETXTBSY.
     fn script(dir: &Path, body: &str) -> PathBuf {
+        use std::io::Write;
         let path = dir.join("compiler");
-        std::fs::write(&path, format!("#!/bin/sh\n{body}\n")).unwrap();
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut writer = std::process::Command::new("/bin/sh")
+            .args(["-c", r#"cat > "$1" && chmod 755 "$1""#, "sh"])
+            .arg(&path)
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut stdin = writer.stdin.take().unwrap();
+        write!(stdin, "#!/bin/sh\n{body}\n").unwrap();
+        drop(stdin);
+        assert!(writer.wait().unwrap().success());
         path
     }
 
@@ -171,5 +234,34 @@ mod tests {
             .await
             .unwrap_err();
         assert!(err.contains("not JSON"), "{err}");
+    }
+
+    #[tokio::test]
+    async fn a_probes_verdict_is_read_back_and_its_entry_goes_on_stdin() {
+        let dir = tempfile::tempdir().unwrap();
+        let seen = dir.path().join("stdin");
+        let entry: HookSpec = serde_json::from_value(
+            serde_json::json!({"name": "h", "kind": "policy", "module": "/m.wasm"}),
+        )
+        .unwrap();
+        let failing = script(
+            dir.path(),
+            &format!(
+                "cat > {}; echo '{{\"passed\": false, \"reason\": \"KindMismatch\", \"message\": \"serves status\"}}'",
+                seen.display()
+            ),
+        );
+        let verdict = probe_apart(&failing, &entry, Path::new("/c"), COMPILE_TIMEOUT).await;
+        assert_eq!(
+            verdict,
+            Ok(Err(Failure::new(Reason::KindMismatch, "serves status")))
+        );
+        let sent: HookSpec = serde_json::from_slice(&std::fs::read(&seen).unwrap()).unwrap();
+        assert_eq!(sent, entry);
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let passing = script(&other, "cat > /dev/null; echo '{\"passed\": true}'");
+        let verdict = probe_apart(&passing, &entry, Path::new("/c"), COMPILE_TIMEOUT).await;
+        assert_eq!(verdict, Ok(Ok(())));
     }
 }
