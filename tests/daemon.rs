@@ -110,12 +110,7 @@ impl Cluster {
     }
 
     fn requests_of(&self, user: &str) -> Vec<(String, String)> {
-        self.api
-            .audit()
-            .into_iter()
-            .filter(|(u, _, _)| u == user)
-            .map(|(_, verb, uri)| (verb, uri))
-            .collect()
+        self.api.requests_of(user)
     }
 }
 

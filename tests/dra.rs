@@ -274,10 +274,9 @@ impl Dra {
 
     fn cni_requests(&self) -> Vec<String> {
         self.api
-            .audit()
+            .requests_of(CNI_USER)
             .into_iter()
-            .filter(|(u, _, _)| u == CNI_USER)
-            .map(|(_, verb, uri)| format!("{verb} {uri}"))
+            .map(|(verb, uri)| format!("{verb} {uri}"))
             .collect()
     }
 }
@@ -494,10 +493,9 @@ fn a_daemon_reads_only_its_pods_claims_each_once() {
 
     let daemon_claim_requests: Vec<(String, String)> = c
         .api
-        .audit()
+        .requests_of(DAEMON_USER)
         .into_iter()
-        .filter(|(u, _, uri)| u == DAEMON_USER && uri.contains("/resourceclaims"))
-        .map(|(_, verb, uri)| (verb, uri))
+        .filter(|(_, uri)| uri.contains("/resourceclaims"))
         .collect();
     assert_eq!(
         daemon_claim_requests,

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 use plexus_tests::containerd::{cni_dirs, Containerd};
 use plexus_tests::control_plane::Component;
 use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST, SHARED_DEVICE};
-use plexus_tests::kubeapi::KubeApiServer;
+use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
@@ -457,9 +457,6 @@ fn recorded_devices(sb: &Sandbox) -> Vec<(String, String, String)> {
         .collect()
 }
 
-/// The identity the node's Plexus uses (the DaemonSet's service account, bound to a pod on the node).
-const NODE_USER: &str = "system:serviceaccount:kube-system:plexus";
-
 /// Claims as the DRA drivers write them, through the real scheduler, resourceclaim controller and kubelet: pod
 /// `drivers` has claim `cni-nics` (its `first`), whose request carries a CNI configuration in the CNI DRA driver's
 /// form, and a claim the controller makes from template `ref-nics` (its `second`) after the pod appears, whose
@@ -858,10 +855,9 @@ fn a_pods_resource_claims_give_its_networks_their_devices() {
     ours.extend(drivers_claims);
     let claim_requests: Vec<(String, String)> = node
         .api
-        .audit()
+        .requests_of(PLEXUS_USER)
         .into_iter()
-        .filter(|(u, _, uri)| u == NODE_USER && uri.contains("/resourceclaims"))
-        .map(|(_, verb, uri)| (verb, uri))
+        .filter(|(_, uri)| uri.contains("/resourceclaims"))
         .collect();
     assert!(!claim_requests.is_empty());
     for (verb, uri) in &claim_requests {

@@ -14,7 +14,7 @@ use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use serde_json::{json, Value};
 
 use crate::world::{Delegates, World, POD_NS};
-use crate::{log, ms, multus, phases, stats, Opts};
+use crate::{log, ms, multus, phases, proc, stats, Opts};
 
 const NODE: &str = "bench-node";
 /// The node's pods the daemon caches: the measured ones, and the pod whose token is the daemon's node-bound identity.
@@ -36,41 +36,17 @@ pub(crate) struct Daemon {
 }
 
 impl Daemon {
-    /// The daemon of node `node` (another than the daemon section's).
-    pub(crate) fn start_on(
-        plexus: &Path,
-        node: &str,
-        kubeconfig: &Path,
-        socket: &Path,
-        log: &Path,
-    ) -> Result<Daemon, String> {
-        Self::spawn(plexus, node, kubeconfig, socket, log, &[])
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.id()
-    }
-
     fn start(
         plexus: &Path,
         kubeconfig: &Path,
         socket: &Path,
         log: &Path,
     ) -> Result<Daemon, String> {
-        Self::spawn(plexus, NODE, kubeconfig, socket, log, &[])
+        Self::start_on(plexus, NODE, kubeconfig, socket, log, &[])
     }
 
-    fn start_with(
-        plexus: &Path,
-        kubeconfig: &Path,
-        socket: &Path,
-        log: &Path,
-        extra: &[&std::ffi::OsStr],
-    ) -> Result<Daemon, String> {
-        Self::spawn(plexus, NODE, kubeconfig, socket, log, extra)
-    }
-
-    fn spawn(
+    /// The daemon of node `node`, with `extra` arguments.
+    pub(crate) fn start_on(
         plexus: &Path,
         node: &str,
         kubeconfig: &Path,
@@ -96,6 +72,10 @@ impl Daemon {
             child,
             socket: socket.into(),
         })
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
     }
 
     fn health(&self) -> Option<DaemonHealth> {
@@ -128,16 +108,11 @@ impl Daemon {
 
     /// Resident and peak resident memory, KiB, from /proc.
     fn memory_kib(&self) -> (u64, u64) {
-        let text = std::fs::read_to_string(format!("/proc/{}/status", self.child.id()))
-            .unwrap_or_default();
-        let field = |name: &str| {
-            text.lines()
-                .find(|l| l.starts_with(name))
-                .and_then(|l| l.split_whitespace().nth(1))
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        };
-        (field("VmRSS:"), field("VmHWM:"))
+        let pid = self.child.id();
+        (
+            proc::status_kib(pid, "VmRSS:"),
+            proc::status_kib(pid, "VmHWM:"),
+        )
     }
 }
 
@@ -253,19 +228,18 @@ fn counts(api: &KubeApiServer, user: &str) -> [usize; 3] {
     n
 }
 
-pub fn daemon(o: &Opts) -> Result<Value, String> {
-    let t0 = Instant::now();
-    let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
-    let multus_bins = multus::provided();
+/// The bench's API server: the CNI plugin's token (`cni-token`, its own service account bound to plexus's
+/// ClusterRole) and, with `multus`, Multus's; the project's CRDs and RBAC as an operator installs them.
+pub(crate) fn bench_api(multus: bool) -> KubeApiServer {
     let mut users = vec![("cni-token", "kube-system/plexus-cni")];
-    if multus_bins.is_some() {
+    if multus {
         users.push(multus::TOKEN);
     }
     let api = KubeApiServer::start(&users, &[]);
     let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
     api.apply_file(&deploy.join("crds.yaml"));
     // The NetworkHook CRDs as an operator installs them: without them the node agent's watch retries its list,
-    // and every retry takes a token of the daemon's --kube-api-qps from the writes measured here.
+    // and every retry takes a token of the daemon's --kube-api-qps from the writes measured.
     api.apply_file(&deploy.join("networkhooks.yaml"));
     api.apply_file(&deploy.join("rbac.yaml"));
     api.create(&json!({
@@ -274,6 +248,14 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
         "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
     }));
+    api
+}
+
+pub fn daemon(o: &Opts) -> Result<Value, String> {
+    let t0 = Instant::now();
+    let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
+    let multus_bins = multus::provided();
+    let api = bench_api(multus_bins.is_some());
     api.namespace(POD_NS);
     let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
     for (i, net) in w.nets.iter().enumerate().skip(1) {
@@ -778,8 +760,9 @@ fn hotplug_latency(
     runs: usize,
 ) -> Result<Value, String> {
     let cache_dir = w.root.join("cache");
-    let d = Daemon::start_with(
+    let d = Daemon::start_on(
         &o.plexus,
+        NODE,
         kubeconfig,
         socket,
         &w.root.join("daemon-hotplug.log"),

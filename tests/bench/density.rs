@@ -19,6 +19,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use k8s_openapi::jiff::Timestamp;
 use plexus_tests::containerd::{self, Containerd};
 use plexus_tests::control_plane::Component;
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
@@ -27,7 +28,7 @@ use serde_json::{json, Value};
 
 use crate::daemon::Daemon;
 use crate::world::{Delegates, World};
-use crate::{log, multus, stats, Opts};
+use crate::{log, multus, proc, stats, Opts};
 
 const NS: &str = "density";
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
@@ -78,22 +79,8 @@ pub fn density(o: &Opts) -> Result<Value, String> {
     let pods = o.density_pods;
     let rounds = if o.quick { 1 } else { o.density_rounds };
     let multus_bins = multus::provided();
-    let mut users = vec![("cni-token", "kube-system/plexus-cni")];
-    if multus_bins.is_some() {
-        users.push(multus::TOKEN);
-    }
-    let api = KubeApiServer::start(&users, &[]);
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
-    for f in ["crds.yaml", "networkhooks.yaml", "rbac.yaml"] {
-        api.apply_file(&deploy.join(f));
-    }
+    let api = crate::daemon::bench_api(multus_bins.is_some());
     api.apply_node_authority();
-    api.create(&json!({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": "plexus-cni"},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "plexus"},
-        "subjects": [{"kind": "ServiceAccount", "name": "plexus-cni", "namespace": "kube-system"}]
-    }));
     if multus_bins.is_some() {
         multus::rbac(&api);
     }
@@ -149,6 +136,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
                             &daemon_kubeconfig,
                             &socket,
                             &w.root.join(format!("daemon-{round}.log")),
+                            &[],
                         )?;
                         d.wait("synced", Duration::from_secs(60), |h| {
                             plexus_tests::plexus::settled(h)
@@ -252,7 +240,7 @@ fn burst(
     selection: &[String],
 ) -> Result<Burst, String> {
     let containerd = Containerd::start(bin, conf_dir);
-    let since = utc_now();
+    let since = Timestamp::now();
     let kubelet = Kubelet::start(api, &containerd.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
     wait_heartbeat(api, &since)?;
@@ -315,17 +303,9 @@ fn burst(
     })
 }
 
-/// Now as the API server writes times (RFC 3339, whole seconds, UTC), which order as strings.
-fn utc_now() -> String {
-    std::process::Command::new("date")
-        .args(["-u", "+%Y-%m-%dT%H:%M:%SZ"])
-        .output()
-        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
-        .unwrap_or_default()
-}
-
-/// Waits until the node's Ready condition has a heartbeat from `since` on, and says True.
-fn wait_heartbeat(api: &KubeApiServer, since: &str) -> Result<(), String> {
+/// Waits until the node's Ready condition says True with a heartbeat after `since` (the API server's times are
+/// whole seconds: the first heartbeat in the second after `since`).
+fn wait_heartbeat(api: &KubeApiServer, since: &Timestamp) -> Result<(), String> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         let node = api
@@ -340,7 +320,10 @@ fn wait_heartbeat(api: &KubeApiServer, since: &str) -> Result<(), String> {
             .any(|c| {
                 c["type"] == "Ready"
                     && c["status"] == "True"
-                    && c["lastHeartbeatTime"].as_str().is_some_and(|t| t > since)
+                    && c["lastHeartbeatTime"]
+                        .as_str()
+                        .and_then(|t| t.parse::<Timestamp>().ok())
+                        .is_some_and(|t| t > *since)
             });
         if fresh {
             return Ok(());
@@ -422,16 +405,9 @@ fn watch_ready(
                 limit.as_secs()
             ));
         }
-        let list = api
-            .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
-            .ok()
-            .filter(|(code, _)| *code == 200)
-            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok());
+        let list = listed_pods(api).unwrap_or_default();
         let now = Instant::now();
-        for pod in list
-            .iter()
-            .flat_map(|l| l["items"].as_array().into_iter().flatten())
-        {
+        for pod in &list {
             let name = pod["metadata"]["name"].as_str().unwrap_or_default();
             let is = |kind: &str| {
                 pod["status"]["conditions"]
@@ -456,6 +432,15 @@ fn watch_ready(
         .collect())
 }
 
+/// The namespace's pods as the API server lists them; `None` when it does not answer with a list.
+fn listed_pods(api: &KubeApiServer) -> Option<Vec<Value>> {
+    let (code, body) = api
+        .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
+        .ok()?;
+    let list: Value = serde_json::from_str(&body).ok().filter(|_| code == 200)?;
+    list["items"].as_array().cloned()
+}
+
 /// Deletes the namespace's pods at once, gracefully (the API server keeps each until the kubelet has stopped its
 /// sandbox, which runs the CNI DEL), and waits until they are gone.
 fn delete_all(api: &KubeApiServer, pods: usize) -> Result<(), String> {
@@ -464,11 +449,7 @@ fn delete_all(api: &KubeApiServer, pods: usize) -> Result<(), String> {
         .map_err(|e| format!("delete the pods: {e}"))?;
     let deadline = Instant::now() + Duration::from_secs(60 + pods as u64);
     loop {
-        let left = api
-            .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
-            .ok()
-            .and_then(|(_, body)| serde_json::from_str::<Value>(&body).ok())
-            .and_then(|l| l["items"].as_array().map(Vec::len));
+        let left = listed_pods(api).map(|l| l.len());
         if left == Some(0) {
             return Ok(());
         }
@@ -504,17 +485,7 @@ fn requests_of(api: &KubeApiServer, users: &[&str]) -> usize {
 }
 
 fn rss_kib(pid: u32) -> u64 {
-    proc_field(pid, "VmRSS:")
-}
-
-fn proc_field(pid: u32, name: &str) -> u64 {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .unwrap_or_default()
-        .lines()
-        .find(|l| l.starts_with(name))
-        .and_then(|l| l.split_whitespace().nth(1))
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(0)
+    proc::status_kib(pid, "VmRSS:")
 }
 
 /// CPU seconds (user + system) of a process so far.

@@ -82,3 +82,13 @@ pub fn children_cpu() -> Duration {
         |t: libc::timeval| Duration::new(t.tv_sec.max(0) as u64, (t.tv_usec.max(0) as u32) * 1000);
     tv(usage.ru_utime) + tv(usage.ru_stime)
 }
+
+/// A KiB field of `/proc/<pid>/status` (`VmRSS:`, `VmHWM:`); 0 when the process or field is gone.
+pub fn status_kib(pid: u32, field: &str) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix(field))
+        .and_then(|v| v.split_whitespace().next()?.parse().ok())
+        .unwrap_or(0)
+}

@@ -583,6 +583,15 @@ impl KubeApiServer {
             .collect()
     }
 
+    /// The completed requests of `user`, in order: `(verb, requestURI)`.
+    pub fn requests_of(&self, user: &str) -> Vec<(String, String)> {
+        self.audit()
+            .into_iter()
+            .filter(|(u, _, _)| u == user)
+            .map(|(_, verb, uri)| (verb, uri))
+            .collect()
+    }
+
     /// Every audited request that completed (a watch once it ended): `(user, verb, requestURI)`.
     pub fn audit(&self) -> Vec<(String, String, String)> {
         let text = std::fs::read_to_string(self.dir.path().join("audit.log")).unwrap_or_default();

@@ -129,7 +129,7 @@ impl Sandbox {
 
     /// The pod's selections as an ADD would take them now: parsed (spec 4.1) and through the policy hooks.
     pub fn wanted(&self, fx: &Effects<'_>, pod: &Pod) -> Result<Vec<Selection>, PlexusError> {
-        let devices = DeviceBook::read(&self.inv, fx, pod)?;
+        let devices = DeviceBook::read(&self.inv, fx, Some(pod))?;
         Planner::new(&self.inv, fx)
             .selections(pod, &devices)
             .map(|s| s.selections)

@@ -71,11 +71,15 @@ impl<'a> DeviceBook<'a> {
     }
 
     /// The book of `pod` for `inv`: its claims read from the cluster source when `dynamicResourceAllocation` is on
-    /// (none otherwise, or without a cluster source). A source that may not read claims (RBAC from before DRA)
-    /// gives none, with a warning: the pod's other networks still attach.
-    pub(crate) fn read(inv: &Invocation, fx: &Effects<'a>, pod: &Pod) -> Result<Self, PlexusError> {
-        let claims = match (inv.conf.dra, fx.cluster) {
-            (true, Some(cluster)) => match cluster.pod_claims(pod) {
+    /// (none otherwise, without a cluster source, or without a pod). A source that may not read claims (RBAC from
+    /// before DRA) gives none, with a warning: the pod's other networks still attach.
+    pub(crate) fn read(
+        inv: &Invocation,
+        fx: &Effects<'a>,
+        pod: Option<&Pod>,
+    ) -> Result<Self, PlexusError> {
+        let claims = match (inv.conf.dra, fx.cluster, pod) {
+            (true, Some(cluster), Some(pod)) => match cluster.pod_claims(pod) {
                 Ok(found) => found,
                 Err(e @ plexus_cluster::ClusterError::Forbidden { .. }) => {
                     tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "not reading the pod's ResourceClaims: {e}");

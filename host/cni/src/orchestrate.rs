@@ -80,10 +80,8 @@ fn add_steps(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
     };
     let mut plan = {
         let _p = phase("plan");
-        let mut devices = match &pod {
-            Some(pod) => DeviceBook::read(inv, fx, pod).map_err(|e| e.context(inv.pod_label()))?,
-            None => DeviceBook::without_claims(inv, fx),
-        };
+        let mut devices =
+            DeviceBook::read(inv, fx, pod.as_ref()).map_err(|e| e.context(inv.pod_label()))?;
         Planner::new(inv, fx)
             .plan(pod.as_ref(), &mut devices, Unplannable::Fail)
             .map_err(|e| e.context(inv.pod_label()))?

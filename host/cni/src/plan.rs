@@ -524,13 +524,10 @@ impl<'a> Planner<'a> {
         };
         // Claims that cannot be read leave their networks out, and the annotation's networks are released
         // without their claims' devices; the DEL is not complete then.
-        let mut devices = match &pod {
-            Some(pod) => DeviceBook::read(self.inv, self.fx, pod).unwrap_or_else(|e| {
-                unresolved.push(e);
-                DeviceBook::without_claims(self.inv, self.fx)
-            }),
-            None => DeviceBook::without_claims(self.inv, self.fx),
-        };
+        let mut devices = DeviceBook::read(self.inv, self.fx, pod.as_ref()).unwrap_or_else(|e| {
+            unresolved.push(e);
+            DeviceBook::without_claims(self.inv, self.fx)
+        });
         let plan = self
             .plan(pod.as_ref(), &mut devices, Unplannable::Skip(&mut unresolved))
             .unwrap_or_else(|e| {
