@@ -12,6 +12,7 @@
 mod daemon;
 mod density;
 mod floor;
+mod hook_memory;
 mod multus;
 mod noop;
 mod phases;
@@ -893,6 +894,11 @@ fn run() -> Result<(), String> {
     } else {
         Value::Null
     };
+    let hook_memory = if on("hook-memory") {
+        hook_memory::hook_memory(&o)?
+    } else {
+        Value::Null
+    };
     let profile = if on("profile") {
         profile(&o)
     } else {
@@ -912,6 +918,7 @@ fn run() -> Result<(), String> {
         "hammer": hammer,
         "daemon": daemon,
         "density": density,
+        "hookMemory": hook_memory,
         "profile": profile,
         "benchSeconds": started.elapsed().as_secs_f64(),
         "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),

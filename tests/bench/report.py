@@ -385,6 +385,14 @@ def main():
                          f"{f(grow, 1)} MiB ({f(ag['restKiB'] / 1024, 1)} → {f(ag['peakKiB'] / 1024, 1)} MiB)",
                          grow <= 10))
 
+    hmem = r.get("hookMemory")
+    if hmem:
+        d = hmem["deltaKiB"] / 1024
+        rows.append(("Node daemon's resident memory with three active hooks − with none (same flags, sampled over the "
+                     "same seconds, median over rounds)", "≤ 15 MiB",
+                     f"{f(d, 1)} MiB ({f(hmem['noneRssKiB'] / 1024, 1)} → {f(hmem['threeRssKiB'] / 1024, 1)} MiB; "
+                     f"anonymous {f(hmem['anonDeltaKiB'] / 1024, 1)} MiB of it)", d <= 15))
+
     w("## Targets")
     w("")
     w("| target | goal | measured | |")
@@ -650,6 +658,26 @@ def main():
     # ---------------------------------------------------------------- density
     if ds:
         density_section(dn, w, args.density_plot, m)
+
+    # ---------------------------------------------------------------- hook memory
+    if hmem:
+        w("## What hooks cost the node daemon in memory")
+        w("")
+        names = ", ".join(f"{h['guest']} ({h['kind']})" for h in hmem["hooks"])
+        w(f"Two node daemons side by side on one real kube-apiserver, with the same flags (a trusted key, a plain-HTTP "
+          f"registry): one on a node three NetworkHooks select ({names}: pulled from a real registry, signature "
+          "checked, compiled and probed by the agent, published), one on a node they do not select. Once the first "
+          f"runs all three, both are sampled every half second over the same ten seconds; each round starts fresh "
+          "daemons. *Anonymous* is heap and stacks; the rest of the resident memory is the binary's code pages the "
+          "process has run (file-backed, shared with every other plexus process on the node).")
+        w("")
+        w("| round | no hooks: RSS | anonymous | file | three hooks: RSS | anonymous | file | difference |")
+        w("| --- | --- | --- | --- | --- | --- | --- | --- |")
+        for i, rd in enumerate(hmem["rounds"]):
+            a, b = rd["none"]["kib"], rd["three"]["kib"]
+            cells = " | ".join(f"{f(x / 1024, 1)} MiB" for x in a + b)
+            w(f"| {i + 1} | {cells} | {f((b[0] - a[0]) / 1024, 1)} MiB |")
+        w("")
 
     # ---------------------------------------------------------------- hooks
     w("## Hook runtime (`cargo run --release -p plexus-hooks --example hook_bench`)")

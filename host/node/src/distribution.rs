@@ -125,10 +125,79 @@ impl Default for RegistryOptions {
     }
 }
 
-/// Parses an OCI reference.
+/// The grammar of a reference, as the distribution project writes it: `[REGISTRY[:PORT]/]PATH[:TAG][@DIGEST]`.
+/// Its character classes are ASCII, as Go's regexp reads them. The OCI crate's own parser builds the same grammar
+/// with Unicode classes: a matcher of about 15 MB that stays for the life of the process, in a daemon that parses
+/// one reference. Built this way it is tens of kilobytes.
+const REFERENCE_GRAMMAR: &str = concat!(
+    // The registry: dot-separated labels and a port, then a slash.
+    r"^((?:[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]*[A-Za-z0-9])?)*(?::[0-9]+)?/)?",
+    // The path: components of lower-case alphanumerics joined by `.`, `_`, `__` or dashes, separated by slashes.
+    r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*(?:/[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*)*)",
+    r"(?::([A-Za-z0-9_][A-Za-z0-9_.-]{0,127}))?",
+    r"(?:@([A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9A-Fa-f]{32,}))?$",
+);
+
+/// Parses an OCI reference: what the OCI crate's parser returns for it, Docker Hub's defaults included.
 pub fn parse_reference(text: &str) -> Result<Reference, DistError> {
-    text.parse::<Reference>()
-        .map_err(|e| DistError::Reference(format!("{text:?} is not an OCI reference: {e}")))
+    static GRAMMAR: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let bad = |why: &str| DistError::Reference(format!("{text:?} is not an OCI reference: {why}"));
+    let grammar = GRAMMAR.get_or_init(|| {
+        regex::RegexBuilder::new(REFERENCE_GRAMMAR)
+            .unicode(false)
+            .build()
+            .expect("the reference grammar compiles")
+    });
+    let caps = grammar
+        .captures(text)
+        .ok_or_else(|| bad("expected [REGISTRY/]REPOSITORY[:TAG][@DIGEST]"))?;
+    let (registry, repository) = split_registry(&caps[1]);
+    if repository.len() > 255 {
+        return Err(bad("its repository name is longer than 255 characters"));
+    }
+    let tag = caps.get(2).map(|m| m.as_str().to_string());
+    let Some(digest) = caps.get(3).map(|m| m.as_str().to_string()) else {
+        let tag = tag.unwrap_or_else(|| "latest".to_string());
+        return Ok(Reference::with_tag(registry, repository, tag));
+    };
+    let (hex, wanted) = match digest.split_once(':') {
+        Some(("sha256", hex)) => (hex.len(), 64),
+        Some(("sha384", hex)) => (hex.len(), 96),
+        Some(("sha512", hex)) => (hex.len(), 128),
+        _ => {
+            return Err(bad(
+                "its digest's algorithm is not sha256, sha384 or sha512",
+            ))
+        }
+    };
+    if hex != wanted {
+        return Err(bad("its digest has the wrong length for its algorithm"));
+    }
+    Ok(match tag {
+        Some(tag) => Reference::with_tag_and_digest(registry, repository, tag, digest),
+        None => Reference::with_digest(registry, repository, digest),
+    })
+}
+
+/// A reference's name split into registry and repository, with Docker Hub's defaults: a first component is a
+/// registry only if it has a dot or a port or is `localhost`; Docker Hub's single-component names are `library/`'s.
+fn split_registry(name: &str) -> (String, String) {
+    const HUB: &str = "docker.io";
+    let (registry, repository) = match name.split_once('/') {
+        Some((first, rest)) if first.contains(['.', ':']) || first == "localhost" => (first, rest),
+        _ => (HUB, name),
+    };
+    let registry = if registry == "index.docker.io" {
+        HUB
+    } else {
+        registry
+    };
+    let repository = if registry == HUB && !repository.contains('/') {
+        format!("library/{repository}")
+    } else {
+        repository.to_string()
+    };
+    (registry.to_string(), repository)
 }
 
 /// Parses a reference that must be pinned by a sha256 digest.
@@ -825,6 +894,45 @@ mod tests {
         tampered[n - 3] ^= 1;
         assert!(check_signature(&tampered, &sig, DIGEST, &trusted(&key(1))).is_err());
         assert!(check_signature(&payload, "%%%", DIGEST, &trusted(&key(1))).is_err());
+    }
+
+    #[test]
+    fn references_parse_as_the_oci_crate_parses_them() {
+        let long = format!("r.io/{}", "a".repeat(256));
+        let cases = [
+            "127.0.0.1:5000/vendor/hook:v1".to_string(),
+            format!("127.0.0.1:5000/vendor/hook@{DIGEST}"),
+            format!("registry.example.com/a/b-c/d__e.f:V1.0-rc_1@{DIGEST}"),
+            "localhost/hook".to_string(),
+            "localhost:5000/x/y:latest".to_string(),
+            "busybox".to_string(),
+            "index.docker.io/busybox:1".to_string(),
+            "vendor/hook:v2".to_string(),
+            "[::1]:5000/hook".to_string(),
+            "Upper/hook".to_string(),
+            "hook:".to_string(),
+            "hook@sha256:abc".to_string(),
+            format!("hook@sha384:{}", "a".repeat(64)),
+            format!("hook@md5:{}", "a".repeat(32)),
+            format!("hook:{}", "t".repeat(129)),
+            "a//b".to_string(),
+            "-a/b".to_string(),
+            "not a reference".to_string(),
+            String::new(),
+            long,
+        ];
+        for case in &cases {
+            let ours = parse_reference(case).ok();
+            let theirs = case.parse::<Reference>().ok();
+            assert_eq!(ours, theirs, "{case:?}");
+        }
+        // Tags are ASCII, as the distribution project's grammar (Go's `\w`) has them.
+        assert!(parse_reference("r.io/hook:v\u{e9}").is_err());
+        let e = parse_reference("not a reference").unwrap_err().to_string();
+        assert!(
+            e.contains("\"not a reference\" is not an OCI reference"),
+            "{e}"
+        );
     }
 
     #[test]

@@ -1,0 +1,198 @@
+//! What hooks cost the node daemon in memory: two daemons side by side on one real kube-apiserver, with the same
+//! flags (trusted key, registry), one on a node that three NetworkHooks select (a policy, a resolver and a status
+//! hook, pulled from a real registry, signature-checked, compiled and probed as in production) and one on a node
+//! they do not select. Both are sampled over the same seconds once the first runs all three; the rounds start
+//! fresh daemons.
+
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+use plexus_tests::registry::{key_pair, Registry};
+use serde_json::{json, Value};
+
+use crate::daemon::{bench_api, Daemon};
+use crate::{log, proc, stats, world, Opts};
+
+const BARE: &str = "hooks-none";
+const HOOKED: &str = "hooks-three";
+const LABEL: &str = "bench.plexus.dev/hooks";
+/// Samples per round, one every half second, after the settle time.
+const SAMPLES: usize = 20;
+const SETTLE: Duration = Duration::from_secs(5);
+const ROUNDS: usize = 3;
+
+/// The three example guests as NetworkHooks: (name, guest, kind, settings), the settings of the bench's conf.
+fn hooks() -> [(&'static str, &'static str, &'static str, Value); 3] {
+    [
+        (
+            "isolation",
+            "namespace-isolation",
+            "policy",
+            json!({"globalNamespaces": ["default"]}),
+        ),
+        (
+            "templates",
+            "network-templates",
+            "resolver",
+            json!({"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}),
+        ),
+        (
+            "labels",
+            "status-labels",
+            "status",
+            json!({"labels": ["app", "tier"]}),
+        ),
+    ]
+}
+
+/// `plexus hook push` of a guest, signed with `key`: its pinned reference.
+fn push(o: &Opts, registry: &Registry, key: &Path, guest: &str) -> Result<String, String> {
+    let out = Command::new(&o.plexus)
+        .args(["hook", "push"])
+        .arg(world::guest(&o.target, guest))
+        .arg(format!("{}/vendor/{guest}:v1", registry.addr))
+        .args(["--insecure-registry", &registry.addr, "--key"])
+        .arg(key)
+        .output()
+        .map_err(|e| format!("plexus hook push: {e}"))?;
+    if !out.status.success() {
+        return Err(format!(
+            "plexus hook push {guest}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("hook push: {e}"))?;
+    v["reference"]
+        .as_str()
+        .map(str::to_string)
+        .ok_or_else(|| format!("hook push printed no reference: {v}"))
+}
+
+/// The median of unsorted samples.
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    stats::median(&v)
+}
+
+/// Resident memory of a process, KiB: (total, anonymous, file-backed).
+fn resident(pid: u32) -> [u64; 3] {
+    ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f))
+}
+
+pub fn hook_memory(o: &Opts) -> Result<Value, String> {
+    let root = o.work.join("hook-memory");
+    let _ = std::fs::remove_dir_all(&root);
+    std::fs::create_dir_all(&root).map_err(|e| format!("create {}: {e}", root.display()))?;
+    let api = bench_api(false);
+    let registry = Registry::start();
+    let (private, public) = key_pair(&root, "vendor");
+    for (node, labels) in [(BARE, json!({})), (HOOKED, json!({LABEL: "on"}))] {
+        api.create(&json!({"apiVersion": "v1", "kind": "Node",
+            "metadata": {"name": node, "labels": labels}}));
+    }
+    for (name, guest, kind, settings) in hooks() {
+        let module = push(o, &registry, &private, guest)?;
+        api.create(
+            &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+            "metadata": {"name": name},
+            "spec": {"kind": kind, "module": module, "settings": settings,
+                     "nodeSelector": {"matchLabels": {LABEL: "on"}}}}),
+        );
+    }
+    let mut rounds = Vec::new();
+    for round in 0..ROUNDS {
+        rounds.push(measure_round(o, &api, &registry, &public, &root, round)?);
+    }
+    let of = |key: &str, which: usize| -> Vec<f64> {
+        rounds
+            .iter()
+            .map(|r| r[key]["kib"][which].as_f64().unwrap_or(0.0))
+            .collect()
+    };
+    let delta: Vec<f64> = of("three", 0)
+        .iter()
+        .zip(of("none", 0))
+        .map(|(t, n)| t - n)
+        .collect();
+    let anon_delta: Vec<f64> = of("three", 1)
+        .iter()
+        .zip(of("none", 1))
+        .map(|(t, n)| t - n)
+        .collect();
+    Ok(json!({
+        "hooks": hooks().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})),
+        "rounds": rounds,
+        "noneRssKiB": median(of("none", 0)),
+        "threeRssKiB": median(of("three", 0)),
+        "deltaKiB": median(delta),
+        "anonDeltaKiB": median(anon_delta),
+    }))
+}
+
+/// One round: both daemons started fresh, sampled together once the hooked one runs its three hooks.
+fn measure_round(
+    o: &Opts,
+    api: &plexus_tests::kubeapi::KubeApiServer,
+    registry: &Registry,
+    key: &Path,
+    root: &Path,
+    round: usize,
+) -> Result<Value, String> {
+    let start = |node: &str| -> Result<Daemon, String> {
+        let dir = root.join(format!("{node}-{round}"));
+        std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let kubeconfig = dir.join("kubeconfig");
+        api.write_kubeconfig(
+            &kubeconfig,
+            &api.node_bound_token("kube-system", "plexus", node),
+        );
+        let cache = dir.join("cache");
+        let extra = [
+            "--cache-dir".as_ref(),
+            cache.as_os_str(),
+            "--hook-key".as_ref(),
+            key.as_os_str(),
+            "--insecure-registry".as_ref(),
+            registry.addr.as_ref(),
+            "--metrics-bind-address".as_ref(),
+            "0".as_ref(),
+        ];
+        Daemon::start_on(
+            &o.plexus,
+            node,
+            &kubeconfig,
+            &dir.join("daemon.sock"),
+            &dir.join("daemon.log"),
+            &extra,
+        )
+    };
+    let bare = start(BARE)?;
+    let hooked = start(HOOKED)?;
+    let limit = Duration::from_secs(120);
+    hooked.wait("three hooks active", limit, |h| {
+        h.hooks.len() == 3 && h.hooks.iter().all(|x| x.active)
+    })?;
+    bare.wait("its agent knowing that no hook selects it", limit, |h| {
+        h.hook_agent_waiting.is_none() && h.hooks.is_empty()
+    })?;
+    std::thread::sleep(SETTLE);
+    let mut samples = [Vec::new(), Vec::new()];
+    for _ in 0..SAMPLES {
+        for (d, s) in [&bare, &hooked].iter().zip(samples.iter_mut()) {
+            s.push(resident(d.pid()));
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+    let summary = |s: &[[u64; 3]]| {
+        let kib = [0, 1, 2].map(|i| median(s.iter().map(|x| x[i] as f64).collect()));
+        json!({"kib": kib})
+    };
+    let [none, three] = samples.map(|s| summary(&s));
+    log(&format!(
+        "hook-memory: round {round}: daemon RSS {:.1} MiB with no hooks, {:.1} MiB with three",
+        none["kib"][0].as_f64().unwrap_or(0.0) / 1024.0,
+        three["kib"][0].as_f64().unwrap_or(0.0) / 1024.0
+    ));
+    Ok(json!({"none": none, "three": three}))
+}
