@@ -4,6 +4,9 @@
 //! deleted. Subjects, each on the same kubelet, containerd, NADs and delegates, interleaved round by round:
 //!
 //! - `floor`: the cluster network's conflist alone is the runtime's CNI configuration (no secondary networks);
+//! - `runtime-3`: the same three networks attached by the runtime itself, no multi-network plugin: containerd
+//!   loads the cluster network's and the two NADs' conflists and runs them one after another (`max_conf_num` 3,
+//!   `setup_serially`), as Plexus runs its delegates. Plexus over it is what Plexus adds to the networks' own work;
 //! - `plexus-daemon`: the plexus CNI plugin with the node daemon (the pod and NADs from its caches);
 //! - `plexus-thin`: the plexus CNI plugin reading the API server itself on every ADD;
 //! - `multus-thick`: Multus's shim and daemon (tests/parts/multus), configured as its DaemonSet is.
@@ -33,7 +36,13 @@ use crate::{log, multus, proc, stats, Opts};
 const NS: &str = "density";
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
 const MULTUS_USER: &str = "system:serviceaccount:kube-system:multus";
-const SUBJECTS: [&str; 4] = ["floor", "plexus-daemon", "plexus-thin", "multus-thick"];
+const SUBJECTS: [&str; 5] = [
+    "floor",
+    "runtime-3",
+    "plexus-daemon",
+    "plexus-thin",
+    "multus-thick",
+];
 
 /// One subject's burst: what was measured.
 struct Burst {
@@ -119,6 +128,12 @@ pub fn density(o: &Opts) -> Result<Value, String> {
                     write_conf(&conf_dir.join("10-cluster.conflist"), &w.nets[0].list)?;
                     Agent::None
                 }
+                "runtime-3" => {
+                    for (i, net) in w.nets.iter().enumerate() {
+                        write_conf(&conf_dir.join(format!("{i}0-net.conflist")), &net.list)?;
+                    }
+                    Agent::None
+                }
                 "plexus-daemon" | "plexus-thin" => {
                     let socket = w.run.join("daemon.sock");
                     let served = subject == "plexus-daemon";
@@ -167,13 +182,16 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             bursts.entry(subject).or_default().push(burst);
         }
     }
-    let floor_p99: Vec<f64> = bursts
-        .get("floor")
-        .map(|runs| runs.iter().map(p99_of).collect())
-        .unwrap_or_default();
+    let p99s = |subject: &str| -> Vec<f64> {
+        bursts
+            .get(subject)
+            .map(|runs| runs.iter().map(p99_of).collect())
+            .unwrap_or_default()
+    };
+    let (floor_p99, runtime_p99) = (p99s("floor"), p99s("runtime-3"));
     let subjects: BTreeMap<&str, Value> = bursts
         .iter()
-        .map(|(subject, runs)| (*subject, summarize(runs, &floor_p99)))
+        .map(|(subject, runs)| (*subject, summarize(runs, &floor_p99, &runtime_p99)))
         .collect();
     Ok(json!({
         "pods": pods,
@@ -239,7 +257,11 @@ fn burst(
     pods: usize,
     selection: &[String],
 ) -> Result<Burst, String> {
-    let containerd = Containerd::start(bin, conf_dir);
+    let containerd = if subject == "runtime-3" {
+        Containerd::start_networks(bin, conf_dir, w.nets.len())
+    } else {
+        Containerd::start(bin, conf_dir)
+    };
     let since = Timestamp::now();
     let kubelet = Kubelet::start(api, &containerd.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
@@ -266,6 +288,18 @@ fn burst(
     })?;
     let done = Instant::now();
     let agent_use = sampler.map(|s| s.stop());
+    // Every subject but the floor gave each pod all three networks: each network holds an address per pod.
+    let held = w.reserved_addresses();
+    let wanted = if subject == "floor" { 1 } else { w.nets.len() };
+    for net in w.nets.iter().take(wanted) {
+        let name = net.list["name"].as_str().unwrap_or_default();
+        let n = held.iter().find(|h| h.0 == name).map_or(0, |h| h.1);
+        if n < pods {
+            return Err(format!(
+                "density {subject}: {n} addresses of {name} held once the {pods} pods were Ready"
+            ));
+        }
+    }
     let api_requests = requests_of(api, users).saturating_sub(requests_before);
     let first = created.values().min().copied().unwrap_or(done);
     let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
@@ -564,8 +598,8 @@ fn p99_of(b: &Burst) -> f64 {
 }
 
 /// A subject's rounds: startup latencies over every pod of every round, the rest per round (and their median);
-/// its p99 over the floor's of the same round (`floor_p99`, by round).
-fn summarize(runs: &[Burst], floor_p99: &[f64]) -> Value {
+/// its p99 over the floor's and over the runtime's own three networks' of the same round (by round).
+fn summarize(runs: &[Burst], floor_p99: &[f64], runtime_p99: &[f64]) -> Value {
     let sandbox: Vec<f64> = runs
         .iter()
         .flat_map(|b| b.startup.iter().map(|s| s.0))
@@ -578,16 +612,20 @@ fn summarize(runs: &[Burst], floor_p99: &[f64]) -> Value {
         let v: Vec<f64> = runs.iter().map(f).collect();
         json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
     };
-    let over_floor: Vec<f64> = runs
-        .iter()
-        .zip(floor_p99)
-        .map(|(b, f)| p99_of(b) / f)
-        .collect();
+    let over = |reference: &[f64]| -> Value {
+        let v: Vec<f64> = runs
+            .iter()
+            .zip(reference)
+            .map(|(b, r)| p99_of(b) / r)
+            .collect();
+        json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
+    };
     let mut v = json!({
         "ready": stats::summary(&ready),
         "sandbox": stats::summary(&sandbox),
         "readyP99": per_round(&p99_of),
-        "readyP99OverFloor": {"median": stats::median(&sorted(over_floor.iter().copied())), "rounds": over_floor},
+        "readyP99OverFloor": over(floor_p99),
+        "readyP99OverRuntime3": over(runtime_p99),
         "podsPerSecond": per_round(&|b| b.pods_per_second),
         "apiRequests": per_round(&|b| b.api_requests as f64),
         "leftAddresses": runs.iter().flat_map(|b| b.left_addresses.iter().map(|l| l.1)).sum::<usize>(),

@@ -58,6 +58,21 @@ impl Containerd {
 
     /// [`Containerd::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) when one is given.
     pub fn start_with(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> Containerd {
+        Containerd::start_config(cni_bin, cni_conf, registry, 1)
+    }
+
+    /// [`Containerd::start`] attaching the first `networks` CNI configurations of `cni_conf` (by file name) to
+    /// every sandbox itself, one after another (`max_conf_num`, `setup_serially`): eth0, eth1, ...
+    pub fn start_networks(cni_bin: &Path, cni_conf: &Path, networks: usize) -> Containerd {
+        Containerd::start_config(cni_bin, cni_conf, None, networks)
+    }
+
+    fn start_config(
+        cni_bin: &Path,
+        cni_conf: &Path,
+        registry: Option<&str>,
+        networks: usize,
+    ) -> Containerd {
         available();
         let dir = tempfile::Builder::new()
             .prefix("plx-containerd-")
@@ -101,6 +116,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins.'io.containerd.cri.v1.runtime'.cni]
     bin_dirs = ["{bin}"]
     conf_dir = "{conf}"
+    max_conf_num = {networks}
+    setup_serially = {serially}
 
 [plugins.'io.containerd.grpc.v1.cri']
   stream_server_address = "127.0.0.1"
@@ -120,6 +137,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             hosts = hosts.display(),
             bin = cni_bin.display(),
             conf = cni_conf.display(),
+            serially = networks > 1,
         );
         std::fs::write(root.join("config.toml"), config).expect("containerd config");
         let mut c = Containerd {
