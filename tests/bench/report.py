@@ -772,6 +772,9 @@ def main():
             w("```")
             # The object a function is in, by file name only: the docs name no path of the measuring machine.
             lines = [re.sub(r"\[(?:[^\]]*/)?([^\]/]+)\]", r"[\1]", ln) for ln in lines]
+            # Sources by crate and file, not by where the measuring machine keeps cargo's registry or rustc's.
+            lines = [re.sub(r"\S*/registry/src/[^/\s]+/", "", ln) for ln in lines]
+            lines = [re.sub(r"/rustc/[0-9a-f]+/", "rustc/", ln) for ln in lines]
             w("\n".join(ln[:160] for ln in lines))
             w("```")
             w("")
