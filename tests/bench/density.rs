@@ -608,17 +608,14 @@ fn summarize(runs: &[Burst], floor_p99: &[f64], runtime_p99: &[f64]) -> Value {
         .iter()
         .flat_map(|b| b.startup.iter().map(|s| s.1))
         .collect();
-    let per_round = |f: &dyn Fn(&Burst) -> f64| -> Value {
-        let v: Vec<f64> = runs.iter().map(f).collect();
-        json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
-    };
-    let over = |reference: &[f64]| -> Value {
-        let v: Vec<f64> = runs
-            .iter()
-            .zip(reference)
-            .map(|(b, r)| p99_of(b) / r)
-            .collect();
-        json!({"median": stats::median(&sorted(v.iter().copied())), "rounds": v})
+    let per_round = |f: &dyn Fn(&Burst) -> f64| stats::by_round(runs.iter().map(f).collect());
+    let over = |reference: &[f64]| {
+        stats::by_round(
+            runs.iter()
+                .zip(reference)
+                .map(|(b, r)| p99_of(b) / r)
+                .collect(),
+        )
     };
     let mut v = json!({
         "ready": stats::summary(&ready),

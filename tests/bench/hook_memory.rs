@@ -69,12 +69,6 @@ fn push(o: &Opts, registry: &Registry, key: &Path, guest: &str) -> Result<String
         .ok_or_else(|| format!("hook push printed no reference: {v}"))
 }
 
-/// The median of unsorted samples.
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(f64::total_cmp);
-    stats::median(&v)
-}
-
 /// Resident memory of a process, KiB: (total, anonymous, file-backed).
 fn resident(pid: u32) -> [u64; 3] {
     ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f))
@@ -123,10 +117,10 @@ pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     Ok(json!({
         "hooks": hooks().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})),
         "rounds": rounds,
-        "noneRssKiB": median(of("none", 0)),
-        "threeRssKiB": median(of("three", 0)),
-        "deltaKiB": median(delta),
-        "anonDeltaKiB": median(anon_delta),
+        "noneRssKiB": stats::median_of(of("none", 0)),
+        "threeRssKiB": stats::median_of(of("three", 0)),
+        "deltaKiB": stats::median_of(delta),
+        "anonDeltaKiB": stats::median_of(anon_delta),
     }))
 }
 
@@ -185,7 +179,7 @@ fn measure_round(
         std::thread::sleep(Duration::from_millis(500));
     }
     let summary = |s: &[[u64; 3]]| {
-        let kib = [0, 1, 2].map(|i| median(s.iter().map(|x| x[i] as f64).collect()));
+        let kib = [0, 1, 2].map(|i| stats::median_of(s.iter().map(|x| x[i] as f64)));
         json!({"kib": kib})
     };
     let [none, three] = samples.map(|s| summary(&s));

@@ -23,6 +23,18 @@ pub fn median(sorted: &[f64]) -> f64 {
     }
 }
 
+/// The median of samples in any order.
+pub fn median_of(samples: impl IntoIterator<Item = f64>) -> f64 {
+    let mut v: Vec<f64> = samples.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    median(&v)
+}
+
+/// `{median, rounds}` of one value per round, in round order.
+pub fn by_round(rounds: Vec<f64>) -> Value {
+    json!({"median": median_of(rounds.iter().copied()), "rounds": rounds})
+}
+
 /// `{n, median, p95, p99, min, max, mean, samples}` of millisecond samples.
 pub fn summary(samples: &[f64]) -> Value {
     let mut s = samples.to_vec();
