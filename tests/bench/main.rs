@@ -6,7 +6,7 @@
 //!
 //! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...
 //! [--density-pods N] [--density-rounds N]` (defaults: 50 runs, 100 pods per density burst (at most 240: the
-//! test kubelet's pod limit is 250), 3 rounds,
+//! test kubelet's pod limit is 250), 5 rounds,
 //! the plexus beside this binary, the target dir above it).
 
 mod daemon;
@@ -85,7 +85,7 @@ fn opts() -> Result<Opts, String> {
         target,
         quick: false,
         density_pods: 100,
-        density_rounds: 3,
+        density_rounds: 5,
         only: Vec::new(),
     };
     let mut out: Option<PathBuf> = None;
