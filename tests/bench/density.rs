@@ -14,7 +14,9 @@
 //! Per subject and round: each pod's startup latency (created to Ready, and to `PodReadyToStartContainers`, the
 //! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (polled every
 //! 100 ms); pods per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU
-//! during it; the API requests of the subject's identities during it; the addresses the pods left once deleted.
+//! during it; the API requests of the subject's identities during it; the addresses the pods left once deleted;
+//! and containerd's own timer of the network plugin per sandbox (set-up and teardown), which leaves out the rest
+//! of a pod's start.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -53,6 +55,8 @@ struct Burst {
     api_requests: usize,
     /// Addresses host-local still held once the pods were gone, by network.
     left_addresses: Vec<(String, usize)>,
+    /// containerd's own timer of the network plugin, mean ms per sandbox: setting up (ADD) and tearing down (DEL).
+    cni_ms: Option<(f64, f64)>,
 }
 
 /// The node agent's memory (KiB) and CPU over a burst.
@@ -189,9 +193,32 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             .unwrap_or_default()
     };
     let (floor_p99, runtime_p99) = (p99s("floor"), p99s("runtime-3"));
+    let runtime_setup: Vec<f64> = bursts.get("runtime-3").map_or_else(Vec::new, |runs| {
+        runs.iter()
+            .map(|b| b.cni_ms.map_or(f64::NAN, |c| c.0))
+            .collect()
+    });
     let subjects: BTreeMap<&str, Value> = bursts
         .iter()
-        .map(|(subject, runs)| (*subject, summarize(runs, &floor_p99, &runtime_p99)))
+        .map(|(subject, runs)| {
+            let mut v = summarize(runs, &floor_p99, &runtime_p99);
+            if runs.iter().all(|b| b.cni_ms.is_some()) {
+                let ms = |of: fn((f64, f64)) -> f64| -> Vec<f64> {
+                    runs.iter().filter_map(|b| b.cni_ms).map(of).collect()
+                };
+                let setup = ms(|c| c.0);
+                v["cniSetupOverRuntime3"] = stats::by_round(
+                    setup
+                        .iter()
+                        .zip(&runtime_setup)
+                        .map(|(a, r)| a / r)
+                        .collect(),
+                );
+                v["cniSetupMs"] = stats::by_round(setup);
+                v["cniTeardownMs"] = stats::by_round(ms(|c| c.1));
+            }
+            (*subject, v)
+        })
         .collect();
     Ok(json!({
         "pods": pods,
@@ -300,6 +327,10 @@ fn burst(
             ));
         }
     }
+    let setup_ms = containerd
+        .metrics()
+        .ok()
+        .and_then(|m| cni_mean_ms(&m, "set_up_pod"));
     let api_requests = requests_of(api, users).saturating_sub(requests_before);
     let first = created.values().min().copied().unwrap_or(done);
     let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
@@ -320,6 +351,10 @@ fn burst(
         rss_kib(pid)
     });
     delete_all(api, pods)?;
+    let teardown_ms = containerd
+        .metrics()
+        .ok()
+        .and_then(|m| cni_mean_ms(&m, "tear_down_pod"));
     let addresses = addresses_left(w);
     drop(kubelet);
     drop(containerd);
@@ -334,7 +369,30 @@ fn burst(
         }),
         api_requests,
         left_addresses: addresses,
+        cni_ms: setup_ms.zip(teardown_ms),
     })
+}
+
+/// The mean, in ms, of containerd's timer of network plugin operation `operation` (its histogram's sum over its
+/// count, over every sandbox of this containerd).
+fn cni_mean_ms(metrics: &str, operation: &str) -> Option<f64> {
+    let label = format!("operation_type=\"{operation}\"");
+    let value = |suffix: &str| -> Option<f64> {
+        metrics
+            .lines()
+            .filter(|l| {
+                l.starts_with("containerd_cri_network_plugin_operations_duration")
+                    && l.contains(&label)
+            })
+            .find(|l| {
+                l.split('{')
+                    .next()
+                    .is_some_and(|name| name.ends_with(suffix))
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let (sum, count) = (value("_sum")?, value("_count")?);
+    (count > 0.0).then(|| sum / count * 1e3)
 }
 
 /// Waits until the node's Ready condition says True with a heartbeat after `since` (the API server's times are

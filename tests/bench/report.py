@@ -85,7 +85,9 @@ def density_section(dn, w, plot, m):
       f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
       "each subject's burst. *Startup*: from the create request to the pod's Ready condition as the bench sees "
       "it (the pods are listed every 100 ms); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
-      "created and its network set up\". Latencies are over every pod of every round; pods/s, API requests and the "
+      "created and its network set up\"; *network set-up*: containerd's own timer of the CNI ADD of each sandbox (its "
+      "`network_plugin_operations_duration_seconds` metric, sum over count), the plugin's part of a pod's start without "
+      "the rest. Latencies are over every pod of every round; pods/s, API requests and the "
       "node agent's figures are medians over rounds. *Floor*: the cluster network's conflist alone is the runtime's "
       "configuration (no secondary networks: the two extra networks' delegates are part of every other subject's "
       "cost). *The same three networks, attached by containerd itself*: no multi-network plugin; containerd loads the "
@@ -96,9 +98,10 @@ def density_section(dn, w, plot, m):
       "its default)." if "version" in mu else f"not measured ({mu.get('skipped', 'no Multus given')})."))
     w("")
     w("| subject | startup p50 | p99 | max | sandbox p50 | p99 | pods/s | p99 / floor's, per round (median) | "
-      "p99 / containerd's three networks', per round (median) | node agent RSS: resting → peak → after | agent CPU | "
+      "p99 / containerd's three networks', per round (median) | network set-up per sandbox, mean (containerd's "
+      "timer) | its / containerd's three networks' | teardown | node agent RSS: resting → peak → after | agent CPU | "
       "API requests | addresses left |")
-    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     f99 = ds["floor"]["ready"]["p99"] if "floor" in ds else None
     for key, label in DENSITY_LABELS:
         v = ds.get(key)
@@ -110,8 +113,12 @@ def density_section(dn, w, plot, m):
         cpu = f"{f(ag['cpuSeconds'], 2)} s" if ag else ""
         ratio = f(v["readyP99OverFloor"]["median"]) if "readyP99OverFloor" in v else ""
         over3 = f((v.get("readyP99OverRuntime3") or {}).get("median"))
+        setup = f((v.get("cniSetupMs") or {}).get("median"), 0)
+        setup3 = f((v.get("cniSetupOverRuntime3") or {}).get("median"))
+        down = f((v.get("cniTeardownMs") or {}).get("median"), 0)
         w(f"| {label} | {f(rd['median'] / 1e3, 1)} s | {f(rd['p99'] / 1e3, 1)} s | {f(rd['max'] / 1e3, 1)} s | "
           f"{f(sb['median'] / 1e3, 1)} s | {f(sb['p99'] / 1e3, 1)} s | {f(v['podsPerSecond']['median'], 1)} | {ratio} | {over3} | "
+          f"{setup} ms | {setup3} | {down} ms | "
           f"{agent} | {cpu} | {f(v['apiRequests']['median'], 0)} | {v['leftAddresses']} |")
     w("")
     rounds = ", ".join(f"{k} " + "/".join(f(x / 1e3, 1) for x in ds[k]["readyP99"]["rounds"])
@@ -401,6 +408,13 @@ def main():
                          "networks), p99 per round (median)", "(no target)",
                          f"networks {f(nets)}, Plexus {f(own)}"
                          + (f" (Multus thick {f(mt['readyP99OverRuntime3']['median'])})" if mt else ""), "info"))
+            if "cniSetupOverRuntime3" in dd:
+                rows.append(("… the network set-up alone (containerd's own timer of the CNI ADD, mean per sandbox, per round "
+                             "median): Plexus daemon mode / containerd attaching the same three networks itself",
+                             "(no target)", f"{f(dd['cniSetupOverRuntime3']['median'])} ({f(dd['cniSetupMs']['median'], 0)} / "
+                             f"{f(r3['cniSetupMs']['median'], 0)} ms)"
+                             + (f"; Multus thick {f(mt['cniSetupOverRuntime3']['median'])}" if mt and "cniSetupOverRuntime3" in mt
+                                else ""), "info"))
         ag = ds["plexus-daemon"].get("agent")
         if ag:
             grow = ag["peakOverRestKiB"] / 1024

@@ -27,6 +27,8 @@ pub struct Containerd {
     dir: tempfile::TempDir,
     child: Option<Child>,
     sandboxes: Vec<String>,
+    /// Where its Prometheus metrics are served (`127.0.0.1:PORT`, path `/v1/metrics`).
+    metrics: String,
 }
 
 /// Fails the test with a message when containerd's build, runc or busybox are missing; tests/setup.sh and
@@ -89,6 +91,12 @@ impl Containerd {
             )
             .expect("hosts.toml");
         }
+        // A free port, released for containerd to bind (another process may take it in between: then the metrics
+        // are not served, and only the callers that read them notice).
+        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .map(|a| a.to_string())
+            .expect("a free port for containerd's metrics");
         let config = format!(
             r#"version = 3
 root = "{root}/root"
@@ -97,6 +105,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [grpc]
   address = "{root}/containerd.sock"
+
+[metrics]
+  address = "{metrics}"
 
 [ttrpc]
   address = "{root}/containerd.sock.ttrpc"
@@ -144,6 +155,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             dir,
             child: None,
             sandboxes: Vec::new(),
+            metrics,
         };
         c.spawn();
         let import = crate::image::ctr(
@@ -171,6 +183,32 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     /// containerd's own log (its stderr): what it says about CNI calls.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
+    }
+
+    /// Its Prometheus metrics as text (`GET /v1/metrics`, at most 8 MiB, within 5 s).
+    pub fn metrics(&self) -> Result<String, String> {
+        use std::io::Read;
+        let fail = |e: std::io::Error| format!("containerd metrics at {}: {e}", self.metrics);
+        let addr: std::net::SocketAddr = self.metrics.parse().map_err(|e| format!("{e}"))?;
+        let mut conn =
+            std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(fail)?;
+        conn.set_read_timeout(Some(Duration::from_secs(5)))
+            .map_err(fail)?;
+        conn.write_all(b"GET /v1/metrics HTTP/1.0\r\nHost: containerd\r\n\r\n")
+            .map_err(fail)?;
+        let mut body = Vec::new();
+        conn.take(8 << 20).read_to_end(&mut body).map_err(fail)?;
+        let text = String::from_utf8_lossy(&body);
+        match text.split_once("\r\n\r\n") {
+            Some((head, rest)) if head.starts_with("HTTP/1.") && head.contains(" 200 ") => {
+                Ok(rest.to_string())
+            }
+            _ => Err(format!(
+                "containerd metrics at {}: {}",
+                self.metrics,
+                text.lines().next().unwrap_or("no answer")
+            )),
+        }
     }
 
     fn spawn(&mut self) {
