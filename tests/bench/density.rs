@@ -284,11 +284,12 @@ fn burst(
     pods: usize,
     selection: &[String],
 ) -> Result<Burst, String> {
-    let containerd = if subject == "runtime-3" {
-        Containerd::start_networks(bin, conf_dir, w.nets.len())
+    let networks = if subject == "runtime-3" {
+        w.nets.len()
     } else {
-        Containerd::start(bin, conf_dir)
+        1
     };
+    let containerd = Containerd::start_measured(bin, conf_dir, networks);
     let since = Timestamp::now();
     let kubelet = Kubelet::start(api, &containerd.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.

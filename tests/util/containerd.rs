@@ -27,8 +27,8 @@ pub struct Containerd {
     dir: tempfile::TempDir,
     child: Option<Child>,
     sandboxes: Vec<String>,
-    /// Where its Prometheus metrics are served (`127.0.0.1:PORT`, path `/v1/metrics`).
-    metrics: String,
+    /// Where its Prometheus metrics are served (`127.0.0.1:PORT`, path `/v1/metrics`), when asked for.
+    metrics: Option<String>,
 }
 
 /// Fails the test with a message when containerd's build, runc or busybox are missing; tests/setup.sh and
@@ -60,13 +60,14 @@ impl Containerd {
 
     /// [`Containerd::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) when one is given.
     pub fn start_with(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> Containerd {
-        Containerd::start_config(cni_bin, cni_conf, registry, 1)
+        Containerd::start_config(cni_bin, cni_conf, registry, 1, false)
     }
 
-    /// [`Containerd::start`] attaching the first `networks` CNI configurations of `cni_conf` (by file name) to
-    /// every sandbox itself, one after another (`max_conf_num`, `setup_serially`): eth0, eth1, ...
-    pub fn start_networks(cni_bin: &Path, cni_conf: &Path, networks: usize) -> Containerd {
-        Containerd::start_config(cni_bin, cni_conf, None, networks)
+    /// [`Containerd::start`] serving its metrics on a loopback port ([`Containerd::metrics`]) and attaching the
+    /// first `networks` CNI configurations of `cni_conf` (by file name) to every sandbox itself, one after another
+    /// (`max_conf_num`, `setup_serially`): eth0, eth1, ...
+    pub fn start_measured(cni_bin: &Path, cni_conf: &Path, networks: usize) -> Containerd {
+        Containerd::start_config(cni_bin, cni_conf, None, networks, true)
     }
 
     fn start_config(
@@ -74,6 +75,7 @@ impl Containerd {
         cni_conf: &Path,
         registry: Option<&str>,
         networks: usize,
+        metrics: bool,
     ) -> Containerd {
         available();
         let dir = tempfile::Builder::new()
@@ -91,12 +93,18 @@ impl Containerd {
             )
             .expect("hosts.toml");
         }
-        // A free port, released for containerd to bind (another process may take it in between: then the metrics
-        // are not served, and only the callers that read them notice).
-        let metrics = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .map(|a| a.to_string())
-            .expect("a free port for containerd's metrics");
+        // A free port, released for containerd to bind: only when asked for, as another process may take it in
+        // between (then containerd does not start, and the caller's start fails).
+        let metrics = metrics.then(|| {
+            std::net::TcpListener::bind("127.0.0.1:0")
+                .and_then(|l| l.local_addr())
+                .map(|a| a.to_string())
+                .expect("a free port for containerd's metrics")
+        });
+        let metrics_section = metrics
+            .as_ref()
+            .map(|a| format!("\n[metrics]\n  address = \"{a}\"\n"))
+            .unwrap_or_default();
         let config = format!(
             r#"version = 3
 root = "{root}/root"
@@ -105,10 +113,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 [grpc]
   address = "{root}/containerd.sock"
-
-[metrics]
-  address = "{metrics}"
-
+{metrics_section}
 [ttrpc]
   address = "{root}/containerd.sock.ttrpc"
 
@@ -188,8 +193,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     /// Its Prometheus metrics as text (`GET /v1/metrics`, at most 8 MiB, within 5 s).
     pub fn metrics(&self) -> Result<String, String> {
         use std::io::Read;
-        let fail = |e: std::io::Error| format!("containerd metrics at {}: {e}", self.metrics);
-        let addr: std::net::SocketAddr = self.metrics.parse().map_err(|e| format!("{e}"))?;
+        let at = self.metrics.as_deref().ok_or(
+            "containerd was started without metrics (Containerd::start_measured serves them)",
+        )?;
+        let fail = |e: std::io::Error| format!("containerd metrics at {at}: {e}");
+        let addr: std::net::SocketAddr = at.parse().map_err(|e| format!("{e}"))?;
         let mut conn =
             std::net::TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(fail)?;
         conn.set_read_timeout(Some(Duration::from_secs(5)))
@@ -204,8 +212,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
                 Ok(rest.to_string())
             }
             _ => Err(format!(
-                "containerd metrics at {}: {}",
-                self.metrics,
+                "containerd metrics at {at}: {}",
                 text.lines().next().unwrap_or("no answer")
             )),
         }
