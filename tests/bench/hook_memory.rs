@@ -22,56 +22,27 @@ const SAMPLES: usize = 20;
 const SETTLE: Duration = Duration::from_secs(5);
 const ROUNDS: usize = 3;
 
-/// The three example guests as NetworkHooks: (name, guest, kind, settings), the settings of the bench's conf.
-fn hooks() -> [(&'static str, &'static str, &'static str, Value); 3] {
-    [
-        (
-            "isolation",
-            "namespace-isolation",
-            "policy",
-            json!({"globalNamespaces": ["default"]}),
-        ),
-        (
-            "templates",
-            "network-templates",
-            "resolver",
-            json!({"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}),
-        ),
-        (
-            "labels",
-            "status-labels",
-            "status",
-            json!({"labels": ["app", "tier"]}),
-        ),
-    ]
-}
-
 /// `plexus hook push` of a guest, signed with `key`: its pinned reference.
 fn push(o: &Opts, registry: &Registry, key: &Path, guest: &str) -> Result<String, String> {
-    let out = Command::new(&o.plexus)
-        .args(["hook", "push"])
-        .arg(world::guest(&o.target, guest))
-        .arg(format!("{}/vendor/{guest}:v1", registry.addr))
-        .args(["--insecure-registry", &registry.addr, "--key"])
-        .arg(key)
-        .output()
-        .map_err(|e| format!("plexus hook push: {e}"))?;
-    if !out.status.success() {
-        return Err(format!(
-            "plexus hook push {guest}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        ));
-    }
-    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| format!("hook push: {e}"))?;
+    let what = format!("plexus hook push {guest}");
+    let v = proc::json_answer(
+        Command::new(&o.plexus)
+            .args(["hook", "push"])
+            .arg(world::guest(&o.target, guest))
+            .arg(format!("{}/vendor/{guest}:v1", registry.addr))
+            .args(["--insecure-registry", &registry.addr, "--key"])
+            .arg(key),
+        &what,
+    )?;
     v["reference"]
         .as_str()
         .map(str::to_string)
-        .ok_or_else(|| format!("hook push printed no reference: {v}"))
+        .ok_or_else(|| format!("{what} printed no reference: {v}"))
 }
 
-/// Resident memory of a process, KiB: (total, anonymous, file-backed).
-fn resident(pid: u32) -> [u64; 3] {
-    ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f))
+/// Resident memory of a process, KiB: total, anonymous, file-backed.
+fn resident(pid: u32) -> [f64; 3] {
+    ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f) as f64)
 }
 
 pub fn hook_memory(o: &Opts) -> Result<Value, String> {
@@ -85,7 +56,7 @@ pub fn hook_memory(o: &Opts) -> Result<Value, String> {
         api.create(&json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": node, "labels": labels}}));
     }
-    for (name, guest, kind, settings) in hooks() {
+    for (name, guest, kind, settings) in world::example_hooks() {
         let module = push(o, &registry, &private, guest)?;
         api.create(
             &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
@@ -98,29 +69,20 @@ pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     for round in 0..ROUNDS {
         rounds.push(measure_round(o, &api, &registry, &public, &root, round)?);
     }
-    let of = |key: &str, which: usize| -> Vec<f64> {
-        rounds
-            .iter()
-            .map(|r| r[key]["kib"][which].as_f64().unwrap_or(0.0))
-            .collect()
+    // Per round, [no hooks, three hooks] × [total, anonymous, file-backed].
+    let of = |daemon: usize, which: usize| -> Vec<f64> {
+        rounds.iter().map(|r| r[daemon][which]).collect()
     };
-    let delta: Vec<f64> = of("three", 0)
-        .iter()
-        .zip(of("none", 0))
-        .map(|(t, n)| t - n)
-        .collect();
-    let anon_delta: Vec<f64> = of("three", 1)
-        .iter()
-        .zip(of("none", 1))
-        .map(|(t, n)| t - n)
-        .collect();
+    let delta =
+        |which: usize| -> Vec<f64> { rounds.iter().map(|r| r[1][which] - r[0][which]).collect() };
     Ok(json!({
-        "hooks": hooks().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})),
-        "rounds": rounds,
-        "noneRssKiB": stats::median_of(of("none", 0)),
-        "threeRssKiB": stats::median_of(of("three", 0)),
-        "deltaKiB": stats::median_of(delta),
-        "anonDeltaKiB": stats::median_of(anon_delta),
+        "hooks": world::example_hooks().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})),
+        "rounds": rounds.iter().map(|[none, three]| json!({"none": {"kib": none}, "three": {"kib": three}}))
+            .collect::<Vec<_>>(),
+        "noneRssKiB": stats::median_of(of(0, 0)),
+        "threeRssKiB": stats::median_of(of(1, 0)),
+        "deltaKiB": stats::median_of(delta(0)),
+        "anonDeltaKiB": stats::median_of(delta(1)),
     }))
 }
 
@@ -132,7 +94,7 @@ fn measure_round(
     key: &Path,
     root: &Path,
     round: usize,
-) -> Result<Value, String> {
+) -> Result<[[f64; 3]; 2], String> {
     let start = |node: &str| -> Result<Daemon, String> {
         let dir = root.join(format!("{node}-{round}"));
         std::fs::create_dir_all(&dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
@@ -178,15 +140,12 @@ fn measure_round(
         }
         std::thread::sleep(Duration::from_millis(500));
     }
-    let summary = |s: &[[u64; 3]]| {
-        let kib = [0, 1, 2].map(|i| stats::median_of(s.iter().map(|x| x[i] as f64)));
-        json!({"kib": kib})
-    };
-    let [none, three] = samples.map(|s| summary(&s));
+    let [none, three] =
+        samples.map(|s: Vec<[f64; 3]>| [0, 1, 2].map(|i| stats::median_of(s.iter().map(|x| x[i]))));
     log(&format!(
         "hook-memory: round {round}: daemon RSS {:.1} MiB with no hooks, {:.1} MiB with three",
-        none["kib"][0].as_f64().unwrap_or(0.0) / 1024.0,
-        three["kib"][0].as_f64().unwrap_or(0.0) / 1024.0
+        none[0] / 1024.0,
+        three[0] / 1024.0
     ));
-    Ok(json!({"none": none, "three": three}))
+    Ok([none, three])
 }

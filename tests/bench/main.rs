@@ -136,7 +136,7 @@ fn opts() -> Result<Opts, String> {
             o.plexus.display()
         ));
     }
-    for g in ["namespace-isolation", "network-templates", "status-labels"] {
+    for (_, g, _, _) in world::example_hooks() {
         let p = world::guest(&o.target, g);
         if !p.is_file() {
             return Err(format!("{} is missing: run guests/build.sh", p.display()));

@@ -92,3 +92,13 @@ pub fn status_kib(pid: u32, field: &str) -> u64 {
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or(0)
 }
+
+/// Runs `cmd` to its end and reads its stdout as JSON; `what` names it in the error (with its stderr when it
+/// failed).
+pub fn json_answer(cmd: &mut Command, what: &str) -> Result<serde_json::Value, String> {
+    let out = cmd.output().map_err(|e| format!("{what}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{what}: {}", String::from_utf8_lossy(&out.stderr)));
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("{what}: its answer is not JSON: {e}"))
+}

@@ -73,6 +73,30 @@ pub fn guest(target: &Path, name: &str) -> PathBuf {
     target.join("guests").join(format!("{name}.wasm"))
 }
 
+/// The bench's three hooks, from the example guests: (name, guest, kind, settings).
+pub fn example_hooks() -> [(&'static str, &'static str, &'static str, Value); 3] {
+    [
+        (
+            "isolation",
+            "namespace-isolation",
+            "policy",
+            json!({"globalNamespaces": ["default"]}),
+        ),
+        (
+            "templates",
+            "network-templates",
+            "resolver",
+            json!({"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}),
+        ),
+        (
+            "labels",
+            "status-labels",
+            "status",
+            json!({"labels": ["app", "tier"]}),
+        ),
+    ]
+}
+
 impl World {
     /// A world under `base/<tag>` (wiped first) whose pods have `attachments` networks: the cluster network
     /// plus `attachments - 1` NADs in the pod's namespace. `pods` pod manifests `pod-0..` select all of them.
@@ -196,14 +220,12 @@ impl World {
             "cluster": {"source": "files", "dir": self.root.join("cluster")},
         });
         if hooks {
-            c["hooks"] = json!([
-                {"name": "isolation", "kind": "policy", "module": guest(target, "namespace-isolation"),
-                 "settings": {"globalNamespaces": ["default"]}},
-                {"name": "templates", "kind": "resolver", "module": guest(target, "network-templates"),
-                 "settings": {"templates": {"lab": {"cniVersion": "1.0.0", "type": "bridge", "bridge": "lab0"}}}},
-                {"name": "labels", "kind": "status", "module": guest(target, "status-labels"),
-                 "settings": {"labels": ["app", "tier"]}},
-            ]);
+            c["hooks"] = example_hooks()
+                .into_iter()
+                .map(|(name, g, kind, settings)| {
+                    json!({"name": name, "kind": kind, "module": guest(target, g), "settings": settings})
+                })
+                .collect();
         }
         c
     }
@@ -216,20 +238,14 @@ impl World {
         let conf = self.conf(target, true);
         let mut hooks = Vec::new();
         for entry in conf["hooks"].as_array().into_iter().flatten() {
-            let out = Command::new(plexus)
-                .args(["hook", "compile"])
-                .arg(entry["module"].as_str().unwrap_or_default())
-                .arg("--cache-dir")
-                .arg(&cache)
-                .output()
-                .map_err(|e| format!("plexus hook compile: {e}"))?;
-            if !out.status.success() {
-                return Err(format!(
-                    "plexus hook compile: {}",
-                    String::from_utf8_lossy(&out.stderr)
-                ));
-            }
-            let compiled: Value = serde_json::from_slice(&out.stdout).map_err(|e| e.to_string())?;
+            let compiled = crate::proc::json_answer(
+                Command::new(plexus)
+                    .args(["hook", "compile"])
+                    .arg(entry["module"].as_str().unwrap_or_default())
+                    .arg("--cache-dir")
+                    .arg(&cache),
+                "plexus hook compile",
+            )?;
             let mut spec: plexus_hooks::HookSpec =
                 serde_json::from_value(entry.clone()).map_err(|e| e.to_string())?;
             spec.sha256 = compiled["sha256"].as_str().map(String::from);
