@@ -12,8 +12,7 @@
 //! - `multus-thick`: Multus's shim and daemon (tests/parts/multus), configured as its DaemonSet is.
 //!
 //! Per subject and round: each pod's startup latency (created to Ready, and to `PodReadyToStartContainers`, the
-//! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (polled every
-//! 100 ms); pods per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU
+//! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (a watch); pods per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU
 //! during it; the API requests of the subject's identities during it; the addresses the pods left once deleted;
 //! and containerd's own timer of the network plugin per sandbox (set-up and teardown), which leaves out the rest
 //! of a pod's start.
@@ -31,6 +30,7 @@ use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use serde_json::{json, Value};
 
+use crate::cpu::{self, Of};
 use crate::daemon::Daemon;
 use crate::world::{Delegates, World};
 use crate::{log, multus, proc, stats, Opts};
@@ -57,6 +57,8 @@ struct Burst {
     left_addresses: Vec<(String, usize)>,
     /// containerd's own timer of the network plugin, mean ms per sandbox: setting up (ADD) and tearing down (DEL).
     cni_ms: Option<(f64, f64)>,
+    /// CPU seconds from the first create to the last pod Ready, by part of the node (`cpu::Ledger`).
+    cpu: BTreeMap<String, f64>,
 }
 
 /// The node agent's memory (KiB) and CPU over a burst.
@@ -103,10 +105,11 @@ pub fn density(o: &Opts) -> Result<Value, String> {
     for (i, net) in w.nets.iter().enumerate().skip(1) {
         api.nad(NS, &format!("net{i}"), &net.list);
     }
-    let _control = [
+    let control = [
         Component::scheduler(&api, &w.root),
         Component::controller_manager(&api, &w.root, &["node-lifecycle-controller"]),
     ];
+    let control_pids: Vec<u32> = control.iter().map(Component::pid).collect();
     let cni_kubeconfig = w.root.join("cni.kubeconfig");
     api.write_kubeconfig(&cni_kubeconfig, "cni-token");
     let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
@@ -176,7 +179,17 @@ pub fn density(o: &Opts) -> Result<Value, String> {
                 },
             };
             log(&format!("density: round {round}, {subject}: {pods} pods"));
-            let burst = burst(&api, &w, &bin, &conf_dir, &agent, subject, pods, &selection)?;
+            let burst = burst(
+                &api,
+                &w,
+                &bin,
+                &conf_dir,
+                &agent,
+                subject,
+                pods,
+                &selection,
+                &control_pids,
+            )?;
             log(&format!(
                 "density: {subject}: Ready p50 {:.0} ms, p99 {:.0} ms, {:.1} pods/s",
                 stats::percentile(&sorted(burst.startup.iter().map(|s| s.1)), 0.5),
@@ -283,6 +296,7 @@ fn burst(
     subject: &str,
     pods: usize,
     selection: &[String],
+    control: &[u32],
 ) -> Result<Burst, String> {
     let networks = if subject == "runtime-3" {
         w.nets.len()
@@ -302,10 +316,12 @@ fn burst(
     };
     let requests_before = requests_of(api, users);
     let sampler = agent.pid().map(Sampler::start);
+    let ledger = cpu_ledger(api, &containerd, &kubelet, agent, control);
     let names: Vec<String> = (0..pods).map(|i| format!("p{i}")).collect();
-    let created = create_all(api, &names, &selection.join(","))?;
     let limit = Duration::from_secs(60 + 2 * pods as u64);
-    let seen = watch_ready(api, &names, limit).map_err(|e| {
+    let watch = PodWatch::start(api, limit)?;
+    let created = create_all(api, &names, &selection.join(","))?;
+    let seen = watch.until_ready(&names).map_err(|e| {
         let log = containerd.log();
         let lines: Vec<&str> = log.lines().collect();
         format!(
@@ -315,6 +331,7 @@ fn burst(
         )
     })?;
     let done = Instant::now();
+    let cpu = ledger.stop();
     let agent_use = sampler.map(|s| s.stop());
     // Every subject but the floor gave each pod all three networks: each network holds an address per pod.
     let held = w.reserved_addresses();
@@ -371,7 +388,36 @@ fn burst(
         api_requests,
         left_addresses: addresses,
         cni_ms: setup_ms.zip(teardown_ms),
+        cpu,
     })
+}
+
+/// The parts of the node whose CPU time a burst counts, from the first create to the last pod Ready.
+fn cpu_ledger(
+    api: &KubeApiServer,
+    containerd: &Containerd,
+    kubelet: &Kubelet,
+    agent: &Agent,
+    control: &[u32],
+) -> cpu::Ledger {
+    let (apiserver, etcd) = api.pids();
+    let one = |pid: Option<u32>, of: Of| pid.map(|p| (p, of)).into_iter().collect::<Vec<_>>();
+    cpu::Ledger::start(vec![
+        // The CNI plugin, its delegates and IPAM: what containerd execs and reaps (also the runc shim's start
+        // command, the same for every subject).
+        ("network plugins".into(), one(containerd.pid(), Of::Reaped)),
+        ("containerd".into(), one(containerd.pid(), Of::Own)),
+        ("kubelet".into(), one(kubelet.pid(), Of::All)),
+        ("node agent".into(), one(agent.pid(), Of::All)),
+        ("kube-apiserver".into(), vec![(apiserver, Of::Own)]),
+        ("etcd".into(), vec![(etcd, Of::Own)]),
+        (
+            "scheduler, controllers".into(),
+            control.iter().map(|&p| (p, Of::Own)).collect(),
+        ),
+        // The bench itself: its watch of the pods and the RSS sampler.
+        ("bench".into(), vec![(std::process::id(), Of::All)]),
+    ])
 }
 
 /// The mean, in ms, of containerd's timer of network plugin operation `operation` (its histogram's sum over its
@@ -479,28 +525,89 @@ fn create_all(
     Ok(created)
 }
 
-/// Polls the pods every 100 ms until each is Ready: when each was first seen with `PodReadyToStartContainers`
-/// and with `Ready`.
-fn watch_ready(
-    api: &KubeApiServer,
-    names: &[String],
+/// The namespace's pods watched from before the creates (the API server streams each change as it happens, as an
+/// informer sees it; polling a list of every pod would add its own load to the node it measures).
+struct PodWatch {
+    curl: std::process::Child,
+    events: std::sync::mpsc::Receiver<(Instant, Value)>,
+    deadline: Instant,
     limit: Duration,
-) -> Result<BTreeMap<String, (Instant, Instant)>, String> {
-    let deadline = Instant::now() + limit;
-    let mut sandbox: BTreeMap<String, Instant> = BTreeMap::new();
-    let mut ready: BTreeMap<String, Instant> = BTreeMap::new();
-    while ready.len() < names.len() {
-        if Instant::now() > deadline {
-            return Err(format!(
-                "{} of {} pods Ready within {} s",
-                ready.len(),
-                names.len(),
-                limit.as_secs()
-            ));
-        }
-        let list = listed_pods(api).unwrap_or_default();
-        let now = Instant::now();
-        for pod in &list {
+}
+
+impl PodWatch {
+    fn start(api: &KubeApiServer, limit: Duration) -> Result<PodWatch, String> {
+        let (code, body) = api
+            .request(
+                "GET",
+                &format!("/api/v1/namespaces/{NS}/pods?limit=1"),
+                None,
+            )
+            .map_err(|e| format!("list the pods: {e}"))?;
+        let list: Value = serde_json::from_str(&body).unwrap_or_default();
+        let version = list["metadata"]["resourceVersion"]
+            .as_str()
+            .filter(|_| code == 200)
+            .ok_or_else(|| format!("list the pods: {code} {body}"))?
+            .to_string();
+        let seconds = u32::try_from(limit.as_secs()).unwrap_or(u32::MAX);
+        let mut curl =
+            api.watch_stream(&format!("/api/v1/namespaces/{NS}/pods"), &version, seconds);
+        let Some(out) = curl.stdout.take() else {
+            let _ = curl.kill();
+            let _ = curl.wait();
+            return Err("the pods' watch has no stdout".into());
+        };
+        let (tx, events) = std::sync::mpsc::channel();
+        // Ends when curl does (killed below, or at its --max-time).
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                let at = Instant::now();
+                if let Ok(event) = serde_json::from_str::<Value>(&line) {
+                    if tx.send((at, event)).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Ok(PodWatch {
+            curl,
+            events,
+            deadline: Instant::now() + limit,
+            limit,
+        })
+    }
+
+    /// Waits until each of `names` is Ready: when each was first seen with `PodReadyToStartContainers` and with
+    /// `Ready`.
+    fn until_ready(
+        mut self,
+        names: &[String],
+    ) -> Result<BTreeMap<String, (Instant, Instant)>, String> {
+        let mut sandbox: BTreeMap<String, Instant> = BTreeMap::new();
+        let mut ready: BTreeMap<String, Instant> = BTreeMap::new();
+        while ready.len() < names.len() {
+            let left = self.deadline.saturating_duration_since(Instant::now());
+            let (at, event) = match self.events.recv_timeout(left) {
+                Ok(e) => e,
+                Err(e) => {
+                    let why = match e {
+                        std::sync::mpsc::RecvTimeoutError::Timeout => "",
+                        std::sync::mpsc::RecvTimeoutError::Disconnected => " (the watch ended)",
+                    };
+                    return Err(format!(
+                        "{} of {} pods Ready within {} s{why}",
+                        ready.len(),
+                        names.len(),
+                        self.limit.as_secs()
+                    ));
+                }
+            };
+            if event["type"] == "ERROR" {
+                return Err(format!("the pods' watch: {}", event["object"]));
+            }
+            let pod = &event["object"];
             let name = pod["metadata"]["name"].as_str().unwrap_or_default();
             let is = |kind: &str| {
                 pod["status"]["conditions"]
@@ -510,19 +617,30 @@ fn watch_ready(
                     .any(|c| c["type"] == kind && c["status"] == "True")
             };
             if is("PodReadyToStartContainers") {
-                sandbox.entry(name.to_string()).or_insert(now);
+                sandbox.entry(name.to_string()).or_insert(at);
             }
             if is("Ready") {
-                ready.entry(name.to_string()).or_insert(now);
-                sandbox.entry(name.to_string()).or_insert(now);
+                ready.entry(name.to_string()).or_insert(at);
+                sandbox.entry(name.to_string()).or_insert(at);
             }
         }
-        std::thread::sleep(Duration::from_millis(100));
+        let _ = self.curl.kill();
+        let _ = self.curl.wait();
+        names
+            .iter()
+            .map(|n| match (sandbox.get(n), ready.get(n)) {
+                (Some(s), Some(r)) => Ok((n.clone(), (*s, *r))),
+                _ => Err(format!("pod {n}: not among the watched pods")),
+            })
+            .collect()
     }
-    Ok(names
-        .iter()
-        .map(|n| (n.clone(), (sandbox[n], ready[n])))
-        .collect())
+}
+
+impl Drop for PodWatch {
+    fn drop(&mut self) {
+        let _ = self.curl.kill();
+        let _ = self.curl.wait();
+    }
 }
 
 /// The namespace's pods as the API server lists them; `None` when it does not answer with a list.
@@ -581,35 +699,6 @@ fn rss_kib(pid: u32) -> u64 {
     proc::status_kib(pid, "VmRSS:")
 }
 
-/// CPU seconds (user + system) of a process so far.
-fn cpu_seconds(pid: u32) -> f64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
-    // Fields after the command's closing parenthesis: utime and stime are the 12th and 13th.
-    let rest = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or_default();
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks = |i: usize| {
-        fields
-            .get(i)
-            .and_then(|v| v.parse::<f64>().ok())
-            .unwrap_or(0.0)
-    };
-    (ticks(11) + ticks(12)) / clock_ticks()
-}
-
-/// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on Linux's usual builds).
-fn clock_ticks() -> f64 {
-    static HZ: std::sync::OnceLock<f64> = std::sync::OnceLock::new();
-    *HZ.get_or_init(|| {
-        std::process::Command::new("getconf")
-            .arg("CLK_TCK")
-            .output()
-            .ok()
-            .and_then(|o| String::from_utf8_lossy(&o.stdout).trim().parse().ok())
-            .filter(|hz: &f64| *hz > 0.0)
-            .unwrap_or(100.0)
-    })
-}
-
 /// Samples a process's RSS every 100 ms from its start to its stop.
 struct Sampler {
     pid: u32,
@@ -634,7 +723,7 @@ impl Sampler {
         Sampler {
             pid,
             rest_kib: rss_kib(pid),
-            cpu_start: cpu_seconds(pid),
+            cpu_start: cpu::process_seconds(pid, Of::Own),
             stop,
             thread,
         }
@@ -647,7 +736,7 @@ impl Sampler {
             rest_kib: self.rest_kib,
             peak_kib,
             after_kib: 0,
-            cpu_seconds: cpu_seconds(self.pid) - self.cpu_start,
+            cpu_seconds: cpu::process_seconds(self.pid, Of::Own) - self.cpu_start,
         }
     }
 }
@@ -687,6 +776,19 @@ fn summarize(runs: &[Burst], floor_p99: &[f64], runtime_p99: &[f64]) -> Value {
         "leftAddresses": runs.iter().flat_map(|b| b.left_addresses.iter().map(|l| l.1)).sum::<usize>(),
         "leftByNetwork": runs.iter().map(|b| b.left_addresses.iter().cloned().collect::<BTreeMap<_, _>>()).collect::<Vec<_>>(),
     });
+    // CPU ms per pod by part of the node, per round.
+    let parts: std::collections::BTreeSet<&String> =
+        runs.iter().flat_map(|b| b.cpu.keys()).collect();
+    v["cpuMsPerPod"] = parts
+        .into_iter()
+        .map(|part| {
+            let per_pod = |b: &Burst| {
+                b.cpu.get(part).copied().unwrap_or(0.0) * 1e3 / b.startup.len().max(1) as f64
+            };
+            (part.clone(), per_round(&per_pod))
+        })
+        .collect::<serde_json::Map<_, _>>()
+        .into();
     let agents: Vec<AgentUse> = runs.iter().filter_map(|b| b.agent).collect();
     if !agents.is_empty() {
         let m = |f: &dyn Fn(&AgentUse) -> f64| stats::median(&sorted(agents.iter().map(f)));

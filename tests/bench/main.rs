@@ -9,6 +9,7 @@
 //! test kubelet's pod limit is 250), 5 rounds,
 //! the plexus beside this binary, the target dir above it).
 
+mod cpu;
 mod daemon;
 mod density;
 mod floor;

@@ -70,6 +70,55 @@ DENSITY_LABELS = (("floor", "cluster network alone (the floor)"),
                   ("plexus-thin", "Plexus, thin mode"), ("multus-thick", "Multus thick"))
 
 
+CPU_PARTS = [
+    ("network plugins", "network plugins: what containerd execs and reaps (the CNI plugin, its delegates, IPAM; "
+     "also the runc shim's start command)"),
+    ("node agent", "node agent (Plexus's or Multus's daemon)"),
+    ("containerd", "containerd"),
+    ("kubelet", "kubelet"),
+    ("kube-apiserver", "kube-apiserver"),
+    ("etcd", "etcd"),
+    ("scheduler, controllers", "kube-scheduler, kube-controller-manager"),
+    ("bench", "the bench (its watch of the pods, the RSS sampler)"),
+    ("rest", "the rest: containers, their shims and runc, the kernel's threads"),
+    ("machine", "**the machine**"),
+]
+
+
+def cpu_section(ds, w):
+    """Where the node's CPU time went during each subject's burst, per pod."""
+    keys = [k for k, _ in DENSITY_LABELS if "cpuMsPerPod" in (ds.get(k) or {})]
+    if not keys:
+        return
+    cpu = {k: {p: v["median"] for p, v in ds[k]["cpuMsPerPod"].items()} for k in keys}
+    w("Where the node's CPU went from the first create to the last pod Ready: user + system ms per pod (median over "
+      "rounds). Each part is its processes' own time, or for *network plugins* the time of the children containerd "
+      "reaped; *the machine* is the whole node's busy time (`/proc/stat`: not idle, iowait or steal). On a node this "
+      "busy, the last pod is Ready about when the machine has done all the burst's work, so the machine's CPU per pod "
+      "is the steadier measure of what a subject costs: wall times move with the host's other tenants, CPU time far "
+      "less.")
+    w("")
+    labels = dict(DENSITY_LABELS)
+    w("| ms CPU per pod | " + " | ".join(labels[k] for k in keys) + " |")
+    w("| --- | " + " | ".join("---" for _ in keys) + " |")
+    for part, label in CPU_PARTS:
+        if not any(part in cpu[k] for k in keys):
+            continue
+        cells = []
+        for k in keys:
+            x = cpu[k].get(part)
+            cells.append("–" if x is None or (part == "node agent" and x == 0) else f(x, 1))
+        w(f"| {label} | " + " | ".join(cells) + " |")
+    floor = cpu.get("floor", {}).get("machine")
+    runtime = cpu.get("runtime-3", {}).get("machine")
+    if floor:
+        w("| the machine / the floor's | " + " | ".join(f(cpu[k]["machine"] / floor) for k in keys) + " |")
+    if runtime:
+        w("| the machine over containerd's three networks, ms per pod | " +
+          " | ".join(f(cpu[k]["machine"] - runtime, 1) if k != "floor" else "–" for k in keys) + " |")
+    w("")
+
+
 def density_section(dn, w, plot, m):
     ds = dn["subjects"]
     mu = dn.get("multus") or {}
@@ -84,7 +133,7 @@ def density_section(dn, w, plot, m):
       "gets a fresh containerd and kubelet whose CNI configuration is the subject's; the subjects run one after the "
       f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
       "each subject's burst. *Startup*: from the create request to the pod's Ready condition as the bench sees "
-      "it (the pods are listed every 100 ms); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
+      "it (a watch of the pods, from before the first create); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
       "created and its network set up\"; *network set-up*: containerd's own timer of the CNI ADD of each sandbox (its "
       "`network_plugin_operations_duration_seconds` metric, sum over count), the plugin's part of a pod's start without "
       "the rest. Latencies are over every pod of every round; pods/s, API requests and the "
@@ -125,6 +174,7 @@ def density_section(dn, w, plot, m):
                        for k, _ in DENSITY_LABELS if k in ds)
     ratios = ", ".join(f"{k} " + "/".join(f(x) for x in ds[k]["readyP99OverFloor"]["rounds"])
                        for k, _ in DENSITY_LABELS if k in ds and k != "floor")
+    cpu_section(ds, w)
     w(f"Startup p99 of each round, s: {rounds}; over the floor's of the same round: {ratios}. API requests are those the API server's audit log attributes to the "
       "subject's identities during the burst (the node daemon's and the CNI plugin's service accounts; Multus's). "
       "*Addresses left*: what host-local still held 30 s after the subject's pods were gone (summed over rounds; the "
@@ -415,6 +465,17 @@ def main():
                              f"{f(r3['cniSetupMs']['median'], 0)} ms)"
                              + (f"; Multus thick {f(mt['cniSetupOverRuntime3']['median'])}" if mt and "cniSetupOverRuntime3" in mt
                                 else ""), "info"))
+        cpu = {k: (ds.get(k) or {}).get("cpuMsPerPod", {}).get("machine", {}).get("median")
+               for k in ("floor", "runtime-3", "plexus-daemon", "multus-thick")}
+        if cpu["floor"] and cpu["plexus-daemon"]:
+            extra = (f"; over containerd's three networks: Plexus +{f(cpu['plexus-daemon'] - cpu['runtime-3'], 1)} ms a pod"
+                     if cpu["runtime-3"] else "")
+            if cpu["runtime-3"] and cpu["multus-thick"]:
+                extra += f", Multus thick +{f(cpu['multus-thick'] - cpu['runtime-3'], 1)}"
+            rows.append(("… the node's CPU per pod over the burst (all processes, first create to last Ready; median "
+                         "over rounds): Plexus daemon mode / the floor", "(no target)",
+                         f"{f(cpu['plexus-daemon'] / cpu['floor'])} ({f(cpu['plexus-daemon'], 0)} / "
+                         f"{f(cpu['floor'], 0)} ms){extra}", "info"))
         ag = ds["plexus-daemon"].get("agent")
         if ag:
             grow = ag["peakOverRestKiB"] / 1024

@@ -181,6 +181,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         c
     }
 
+    /// containerd's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     pub fn socket(&self) -> PathBuf {
         self.dir.path().join("containerd.sock")
     }

@@ -14,6 +14,11 @@ pub struct Component {
 }
 
 impl Component {
+    /// The process's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
     fn spawn(name: &str, api: &KubeApiServer, dir: &Path, args: &[String]) -> Component {
         let kubeconfig = dir.join(format!("{name}.kubeconfig"));
         api.write_kubeconfig(&kubeconfig, "admin-token");

@@ -306,6 +306,23 @@ impl KubeApiServer {
         Watch { child, out }
     }
 
+    /// Watches `path` (a collection) from `resource_version` as admin for at most `seconds`, the events streamed
+    /// on the returned process's stdout as they come (one JSON object a line).
+    pub fn watch_stream(&self, path: &str, resource_version: &str, seconds: u32) -> Child {
+        Command::new("curl")
+            .args(["-skN", "--max-time", &seconds.to_string()])
+            .args(["-H", "Authorization: Bearer admin-token"])
+            .arg(format!(
+                "{}{path}?watch=true&resourceVersion={resource_version}&allowWatchBookmarks=false",
+                self.url()
+            ))
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap()
+    }
+
     /// `request`, asserting a 2xx answer; the body as JSON.
     #[track_caller]
     pub fn must(&self, method: &str, path: &str, body: Option<&Value>) -> Value {
@@ -670,6 +687,11 @@ fn collection_path(obj: &Value) -> String {
 }
 
 impl KubeApiServer {
+    /// The pids of kube-apiserver and of its etcd.
+    pub fn pids(&self) -> (u32, u32) {
+        (self.apiserver.id(), self.etcd.id())
+    }
+
     /// Stops the API server process (SIGSTOP): an outage where requests hang, as a wedged server's do.
     pub fn pause(&self) {
         self.signal("STOP");

@@ -150,6 +150,11 @@ pub struct Kubelet {
 }
 
 impl Kubelet {
+    /// The kubelet's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
     /// Starts kubelet for [`NODE`] against `api`, with the containerd listening on `runtime_socket`; returns
     /// once the node is Ready (containerd reports its network ready once a CNI conf is present).
     pub fn start(api: &KubeApiServer, runtime_socket: &Path) -> Kubelet {
