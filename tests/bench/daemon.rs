@@ -458,8 +458,8 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
             "runs": add_wall.len(),
             "add": phases::summary(&text, "ADD", &add_wall),
             "del": phases::summary(&text, "DEL", &del_wall),
-            "floorPerDelegateExec": (stats::median(&sorted(&samples["floor"].0))
-                + stats::median(&sorted(&samples["floor"].1)))
+            "floorPerDelegateExec": (stats::median_of(samples["floor"].0.iter().copied())
+                + stats::median_of(samples["floor"].1.iter().copied()))
                 / (2 * w.nets.len()) as f64,
             "delegates": w.nets.len(),
         }))
@@ -499,11 +499,11 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         let (add, del) = &samples[key];
         add.iter().zip(del).map(|(a, d)| a + d).collect()
     };
-    let over = |key: &str, floor: &str| {
-        stats::median(&sorted(&total(key))) / stats::median(&sorted(&total(floor)))
+    let over =
+        |key: &str, floor: &str| stats::median_of(total(key)) / stats::median_of(total(floor));
+    let del_over = |v: &[f64], floor: &[f64]| {
+        stats::median_of(v.iter().copied()) / stats::median_of(floor.iter().copied())
     };
-    let del_over =
-        |v: &[f64], floor: &[f64]| stats::median(&sorted(v)) / stats::median(&sorted(floor));
     let cycles = json!({
         "runs": runs,
         "floor": stats::summary(&total("floor")),
@@ -554,8 +554,8 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
                 "add": stats::summary(&samples["multus"].0),
                 "del": stats::summary(&samples["multus"].1),
                 "overFloor": over("multus", "floor"),
-                "plexusCniOverMultus": stats::median(&sorted(&total("daemonCni")))
-                    / stats::median(&sorted(&total("multus"))),
+                "plexusCniOverMultus": stats::median_of(total("daemonCni"))
+                    / stats::median_of(total("multus")),
                 "delOverFloor": del_over(&samples["multus"].1, &samples["floor"].1),
             }),
             None => json!({"skipped": format!("{} not set", multus::ENV)}),
@@ -859,12 +859,6 @@ fn ids_of<R>(results: &[(R, String, usize)]) -> Vec<(String, usize)> {
     results.iter().map(|(_, id, p)| (id.clone(), *p)).collect()
 }
 
-fn sorted(v: &[f64]) -> Vec<f64> {
-    let mut s = v.to_vec();
-    s.sort_by(f64::total_cmp);
-    s
-}
-
 /// Reads of one identity, gets and lists (a thin-mode ADD reads the pod's claims by name).
 fn reads_of(api: &KubeApiServer, user: &str) -> usize {
     api.audit()
@@ -1022,10 +1016,10 @@ fn dra_cycles(
         "nads": 2,
         "claims": stats::summary(&claims),
         "devicePlugin": stats::summary(&plugins),
-        "claimsOverDevicePlugin": stats::median(&sorted(&claims)) / stats::median(&sorted(&plugins)),
+        "claimsOverDevicePlugin": stats::median_of(claims.iter().copied()) / stats::median_of(plugins.iter().copied()),
         "claimsAdd": stats::summary(&claims_add),
         "devicePluginAdd": stats::summary(&plugins_add),
-        "addOverDevicePlugin": stats::median(&sorted(&claims_add)) / stats::median(&sorted(&plugins_add)),
+        "addOverDevicePlugin": stats::median_of(claims_add.iter().copied()) / stats::median_of(plugins_add.iter().copied()),
         "requestsPerAdd": requests,
     }))
 }

@@ -30,6 +30,13 @@ pub fn median_of(samples: impl IntoIterator<Item = f64>) -> f64 {
     median(&v)
 }
 
+/// Nearest-rank percentile of samples in any order.
+pub fn percentile_of(samples: impl IntoIterator<Item = f64>, q: f64) -> f64 {
+    let mut v: Vec<f64> = samples.into_iter().collect();
+    v.sort_by(f64::total_cmp);
+    percentile(&v, q)
+}
+
 /// `{median, rounds}` of one value per round, in round order.
 pub fn by_round(rounds: Vec<f64>) -> Value {
     json!({"median": median_of(rounds.iter().copied()), "rounds": rounds})

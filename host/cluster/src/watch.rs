@@ -29,7 +29,7 @@ use kube::api::Api;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Client;
-use plexus_core::spec::dra::{claims_of_pod, pod_claims, Claim, ClaimName, PodClaims, SliceDevice};
+use plexus_core::spec::dra::{join_pod_claims, Claim, ClaimName, PodClaims, SliceDevice};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod};
 use tokio::time::Instant;
 
@@ -203,17 +203,8 @@ impl State {
 
     /// `pod_claims` of the pod's claims (those in `allocated`) with the node's slices.
     fn join_claims(&self, pod: &Pod, allocated: &[&Claim]) -> PodClaims {
-        let mine = claims_of_pod(pod, |n| {
-            allocated.iter().copied().find(|c| c.name.name == n)
-        });
-        pod_claims(mine, |k| {
-            self.slices
-                .items
-                .values()
-                .flat_map(|e| e.devices.iter())
-                .find(|d| d.key == *k)
-                .cloned()
-        })
+        let devices = self.slices.items.values().flat_map(|e| e.devices.iter());
+        join_pod_claims(pod, allocated, devices)
     }
 }
 

@@ -8,7 +8,7 @@
 use k8s_openapi::api::resource::v1::{ResourceClaim, ResourceSlice};
 use kube::api::{Api, ListParams};
 use plexus_core::spec::dra::{
-    claims_of_pod, pod_claims, AllocatedDevice, AttachmentConfig, Claim, ClaimName, DeviceKey,
+    join_pod_claims, AllocatedDevice, AttachmentConfig, Claim, ClaimName, DeviceKey,
     DeviceNetworkData, PodClaims, SliceDevice, DEVICE_ID_ATTRIBUTE, MAX_POD_CLAIM_ITEMS,
     RESOURCE_NAME_ATTRIBUTE,
 };
@@ -395,19 +395,14 @@ impl KubeApi {
         }
         let read = self.claims_of(pod).await?;
         let allocated: Vec<&Claim> = read.iter().filter_map(|(_, r)| r.allocated()).collect();
-        let mine = claims_of_pod(pod, |n| {
-            allocated.iter().copied().find(|c| c.name.name == n)
-        });
         let devices = match (
             &pod.node_name,
-            mine.iter().any(|(_, c)| !c.results.is_empty()),
+            allocated.iter().any(|c| !c.results.is_empty()),
         ) {
             (Some(node), true) => self.node_slice_devices(node).await?,
             _ => Vec::new(),
         };
-        Ok(pod_claims(mine, |k| {
-            devices.iter().find(|d| d.key == *k).cloned()
-        }))
+        Ok(join_pod_claims(pod, &allocated, devices.iter()))
     }
 
     /// Makes Plexus's part of `claim`'s `status.devices[]` exactly `devices` (empty: takes back what Plexus wrote),

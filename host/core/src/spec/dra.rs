@@ -366,6 +366,21 @@ pub fn claims_of_pod<'c>(
     found
 }
 
+/// [`pod_claims`] of `pod`'s claims found among `allocated` (the claims read allocated), each device's attributes
+/// from `node_devices` (what the node's slices list).
+pub fn join_pod_claims<'d>(
+    pod: &Pod,
+    allocated: &[&Claim],
+    node_devices: impl Iterator<Item = &'d SliceDevice> + Clone,
+) -> PodClaims {
+    let mine = claims_of_pod(pod, |n| {
+        allocated.iter().copied().find(|c| c.name.name == n)
+    });
+    pod_claims(mine, |k| {
+        node_devices.clone().find(|d| d.key == *k).cloned()
+    })
+}
+
 /// Joins a pod's claims with the node's slice devices: every allocated device with its attributes (a device no
 /// slice of the node lists has none, so it never matches a NAD's resourceName), and every network the claims ask
 /// for, one per configuration and request.
