@@ -20,7 +20,8 @@ pub enum Of {
 pub struct Ledger {
     parts: Vec<(String, Vec<(u32, Of)>)>,
     start: Vec<f64>,
-    machine_start: f64,
+    /// The machine's busy and stolen seconds at the start.
+    machine_start: (f64, f64),
 }
 
 impl Ledger {
@@ -30,13 +31,15 @@ impl Ledger {
         Ledger {
             parts,
             start,
-            machine_start: machine_busy_seconds(),
+            machine_start: machine_seconds(),
         }
     }
 
-    /// CPU seconds since the start: per part, `rest` (the machine's busy time that no part counts) and `machine`.
+    /// CPU seconds since the start: per part, `rest` (the machine's busy time that no part counts), `machine`, and
+    /// `steal` (time the hypervisor ran others while the machine wanted a core; not in `machine`).
     pub fn stop(self) -> BTreeMap<String, f64> {
-        let machine = machine_busy_seconds() - self.machine_start;
+        let now = machine_seconds();
+        let machine = now.0 - self.machine_start.0;
         let mut out: BTreeMap<String, f64> = self
             .parts
             .iter()
@@ -46,6 +49,7 @@ impl Ledger {
         let counted: f64 = out.values().sum();
         out.insert("rest".into(), (machine - counted).max(0.0));
         out.insert("machine".into(), machine);
+        out.insert("steal".into(), now.1 - self.machine_start.1);
         out
     }
 }
@@ -83,9 +87,15 @@ pub fn process_seconds(pid: u32, of: Of) -> f64 {
 /// The machine's busy CPU seconds since boot, all CPUs: user, nice, system, irq and softirq (not idle, iowait, or
 /// the time the hypervisor gave to others).
 pub fn machine_busy_seconds() -> f64 {
+    machine_seconds().0
+}
+
+/// The machine's busy and stolen CPU seconds since boot (`/proc/stat`'s first line: user nice system idle iowait
+/// irq softirq steal).
+fn machine_seconds() -> (f64, f64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
     let Some(line) = stat.lines().find(|l| l.starts_with("cpu ")) else {
-        return 0.0;
+        return (0.0, 0.0);
     };
     let v: Vec<f64> = line
         .split_whitespace()
@@ -93,8 +103,22 @@ pub fn machine_busy_seconds() -> f64 {
         .map(|x| x.parse().unwrap_or(0.0))
         .collect();
     let at = |i: usize| v.get(i).copied().unwrap_or(0.0);
-    // user nice system idle iowait irq softirq
-    (at(0) + at(1) + at(2) + at(5) + at(6)) / clock_ticks()
+    let busy = at(0) + at(1) + at(2) + at(5) + at(6);
+    (busy / clock_ticks(), at(7) / clock_ticks())
+}
+
+/// Waits until the machine is quiet: fewer than `cores` of busy CPU over one second, for at most `limit`. The
+/// seconds it waited and the busy cores of the last second.
+pub fn settle(cores: f64, limit: std::time::Duration) -> (f64, f64) {
+    let start = std::time::Instant::now();
+    loop {
+        let before = machine_busy_seconds();
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        let busy = machine_busy_seconds() - before;
+        if busy < cores || start.elapsed() >= limit {
+            return (start.elapsed().as_secs_f64(), busy);
+        }
+    }
 }
 
 /// The kernel's clock ticks per second (`getconf CLK_TCK`; 100 on Linux's usual builds).

@@ -38,6 +38,9 @@ use crate::{log, multus, proc, stats, Opts};
 const NS: &str = "density";
 const CNI_USER: &str = "system:serviceaccount:kube-system:plexus-cni";
 const MULTUS_USER: &str = "system:serviceaccount:kube-system:multus";
+/// Busy cores below which the machine counts as quiet before a burst: the control plane, kubelet and containerd at
+/// rest use a fraction of one.
+const QUIET_CORES: f64 = 0.5;
 const SUBJECTS: [&str; 5] = [
     "floor",
     "runtime-3",
@@ -59,6 +62,11 @@ struct Burst {
     cni_ms: Option<(f64, f64)>,
     /// CPU seconds from the first create to the last pod Ready, by part of the node (`cpu::Ledger`).
     cpu: BTreeMap<String, f64>,
+    /// How long the burst waited for a quiet machine before its first create.
+    settle_seconds: f64,
+    /// Memory cgroups the kernel still kept before the burst, and after its clean caches were dropped (`None`: the
+    /// bench may not drop them here).
+    dropped: Option<(u64, u64)>,
 }
 
 /// The node agent's memory (KiB) and CPU over a burst.
@@ -192,8 +200,8 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             )?;
             log(&format!(
                 "density: {subject}: Ready p50 {:.0} ms, p99 {:.0} ms, {:.1} pods/s",
-                stats::percentile(&sorted(burst.startup.iter().map(|s| s.1)), 0.5),
-                stats::percentile(&sorted(burst.startup.iter().map(|s| s.1)), 0.99),
+                stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.5),
+                stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.99),
                 burst.pods_per_second
             ));
             bursts.entry(subject).or_default().push(burst);
@@ -279,12 +287,6 @@ fn write_conf(path: &Path, conf: &Value) -> Result<(), String> {
     std::fs::write(path, conf.to_string()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-fn sorted(v: impl Iterator<Item = f64>) -> Vec<f64> {
-    let mut v: Vec<f64> = v.collect();
-    v.sort_by(f64::total_cmp);
-    v
-}
-
 /// One burst of `pods` pods on a fresh containerd and kubelet with `conf_dir` as the runtime's CNI configuration.
 #[allow(clippy::too_many_arguments)]
 fn burst(
@@ -308,6 +310,19 @@ fn burst(
     let kubelet = Kubelet::start(api, &containerd.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
     wait_heartbeat(api, &since)?;
+    // Every burst starts from the same machine, whatever the bursts before it left.
+    let dropped = fresh_caches(&[
+        bin.to_path_buf(),
+        containerd.root(),
+        plexus_tests::parts::bin("containerd-shim-runc-v2"),
+        PathBuf::from("/usr/sbin/runc"),
+    ]);
+    let (settle_seconds, busy) = cpu::settle(QUIET_CORES, Duration::from_secs(120));
+    if settle_seconds > 1.5 {
+        log(&format!(
+            "density: {subject}: waited {settle_seconds:.0} s for a quiet machine ({busy:.2} cores busy)"
+        ));
+    }
     let users: &[&str] = match subject {
         "plexus-daemon" => &[PLEXUS_USER, CNI_USER],
         "plexus-thin" => &[CNI_USER],
@@ -389,6 +404,8 @@ fn burst(
         left_addresses: addresses,
         cni_ms: setup_ms.zip(teardown_ms),
         cpu,
+        settle_seconds,
+        dropped,
     })
 }
 
@@ -418,6 +435,45 @@ fn cpu_ledger(
         // The bench itself: its watch of the pods and the RSS sampler.
         ("bench".into(), vec![(std::process::id(), Of::All)]),
     ])
+}
+
+/// Drops the kernel's clean caches, then reads `warm` (files, or every file under a directory, symlinks followed;
+/// 1 GiB at most) back into them: the memory cgroups of the pods before (each freed only once the page cache
+/// charged to it is, they pile up by the thousand over a run, and every burst on top of them costs the whole node
+/// more CPU) go, and what the burst execs is not read from disk during it. The number of memory cgroups before and
+/// after; `None` where the caches cannot be dropped (not root, read-only /proc/sys).
+fn fresh_caches(warm: &[PathBuf]) -> Option<(u64, u64)> {
+    let before = memory_cgroups()?;
+    rustix::fs::sync();
+    std::fs::write("/proc/sys/vm/drop_caches", "3").ok()?;
+    let after = memory_cgroups()?;
+    let mut budget: u64 = 1 << 30;
+    let mut todo: Vec<PathBuf> = warm.to_vec();
+    while let Some(p) = todo.pop() {
+        let Ok(meta) = std::fs::metadata(&p) else {
+            continue;
+        };
+        if meta.is_dir() {
+            if let Ok(entries) = std::fs::read_dir(&p) {
+                todo.extend(entries.flatten().map(|e| e.path()));
+            }
+        } else if meta.is_file() && meta.len() <= budget {
+            budget -= meta.len();
+            if let Ok(mut f) = std::fs::File::open(&p) {
+                let _ = std::io::copy(&mut f, &mut std::io::sink());
+            }
+        }
+    }
+    Some((before, after))
+}
+
+/// The memory cgroups the kernel keeps, those being removed included (`/proc/cgroups`).
+fn memory_cgroups() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/cgroups").ok()?;
+    text.lines()
+        .map(|l| l.split_whitespace().collect::<Vec<_>>())
+        .find(|f| f.first() == Some(&"memory"))
+        .and_then(|f| f.get(2)?.parse().ok())
 }
 
 /// The mean, in ms, of containerd's timer of network plugin operation `operation` (its histogram's sum over its
@@ -742,7 +798,7 @@ impl Sampler {
 }
 
 fn p99_of(b: &Burst) -> f64 {
-    stats::percentile(&sorted(b.startup.iter().map(|s| s.1)), 0.99)
+    stats::percentile_of(b.startup.iter().map(|s| s.1), 0.99)
 }
 
 /// A subject's rounds: startup latencies over every pod of every round, the rest per round (and their median);
@@ -773,6 +829,8 @@ fn summarize(runs: &[Burst], floor_p99: &[f64], runtime_p99: &[f64]) -> Value {
         "readyP99OverRuntime3": over(runtime_p99),
         "podsPerSecond": per_round(&|b| b.pods_per_second),
         "apiRequests": per_round(&|b| b.api_requests as f64),
+        "settleSeconds": per_round(&|b| b.settle_seconds),
+        "memoryCgroups": runs.iter().map(|b| b.dropped.map_or(json!(null), |(before, after)| json!({"before": before, "after": after}))).collect::<Vec<_>>(),
         "leftAddresses": runs.iter().flat_map(|b| b.left_addresses.iter().map(|l| l.1)).sum::<usize>(),
         "leftByNetwork": runs.iter().map(|b| b.left_addresses.iter().cloned().collect::<BTreeMap<_, _>>()).collect::<Vec<_>>(),
     });
@@ -791,7 +849,7 @@ fn summarize(runs: &[Burst], floor_p99: &[f64], runtime_p99: &[f64]) -> Value {
         .into();
     let agents: Vec<AgentUse> = runs.iter().filter_map(|b| b.agent).collect();
     if !agents.is_empty() {
-        let m = |f: &dyn Fn(&AgentUse) -> f64| stats::median(&sorted(agents.iter().map(f)));
+        let m = |f: &dyn Fn(&AgentUse) -> f64| stats::median_of(agents.iter().map(f));
         v["agent"] = json!({
             "restKiB": m(&|a| a.rest_kib as f64),
             "peakKiB": m(&|a| a.peak_kib as f64),

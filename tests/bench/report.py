@@ -82,6 +82,7 @@ CPU_PARTS = [
     ("bench", "the bench (its watch of the pods, the RSS sampler)"),
     ("rest", "the rest: containers, their shims and runc, the kernel's threads"),
     ("machine", "**the machine**"),
+    ("steal", "the hypervisor's: time it ran others while this machine wanted a core (steal; not in the machine's)"),
 ]
 
 
@@ -132,7 +133,10 @@ def density_section(dn, w, plot, m):
       "bridge + host-local, each its own bridge and subnet); when every pod is Ready they are all deleted. Each subject "
       "gets a fresh containerd and kubelet whose CNI configuration is the subject's; the subjects run one after the "
       f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
-      "each subject's burst. *Startup*: from the create request to the pod's Ready condition as the bench sees "
+      "each subject's burst. Each burst starts from the same machine: the kernel's clean caches dropped (the memory "
+      "cgroups of the pods before, kept until the page cache charged to them goes, pile up by the thousand over a run, "
+      "and the whole node's CPU per pod grew with them, round after round), the binaries the burst execs read back "
+      "in, and the machine quiet (under half a core busy over a second). *Startup*: from the create request to the pod's Ready condition as the bench sees "
       "it (a watch of the pods, from before the first create); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
       "created and its network set up\"; *network set-up*: containerd's own timer of the CNI ADD of each sandbox (its "
       "`network_plugin_operations_duration_seconds` metric, sum over count), the plugin's part of a pod's start without "

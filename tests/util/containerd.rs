@@ -190,6 +190,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.dir.path().join("containerd.sock")
     }
 
+    /// containerd's root directory (its content store and snapshots).
+    pub fn root(&self) -> PathBuf {
+        self.dir.path().join("root")
+    }
+
     /// containerd's own log (its stderr): what it says about CNI calls.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("containerd.log")).unwrap_or_default()
