@@ -95,9 +95,9 @@ def cpu_section(ds, w):
     w("Where the node's CPU went from the first create to the last pod Ready: user + system ms per pod (median over "
       "rounds). Each part is its processes' own time, or for *network plugins* the time of the children containerd "
       "reaped; *the machine* is the whole node's busy time (`/proc/stat`: not idle, iowait or steal). On a node this "
-      "busy, the last pod is Ready about when the machine has done all the burst's work, so the machine's CPU per pod "
-      "is the steadier measure of what a subject costs: wall times move with the host's other tenants, CPU time far "
-      "less.")
+      "busy the last pod is Ready about when the machine has done the burst's work, so the machine's CPU per pod adds "
+      "up what a subject cost every process on the node, wherever its pods waited; it moves less between rounds than "
+      "any p99.")
     w("")
     labels = dict(DENSITY_LABELS)
     w("| ms CPU per pod | " + " | ".join(labels[k] for k in keys) + " |")
