@@ -3,7 +3,7 @@
 # Writes docs/benchmarks.md, docs/benchmarks.png and docs/density.png (overwritten on every run) from
 # target/bench/*.json.
 #
-#   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; about 45 minutes on 2 cores
+#   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; about half an hour on 2 cores
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).

@@ -12,10 +12,11 @@
 //! - `multus-thick`: Multus's shim and daemon (tests/parts/multus), configured as its DaemonSet is.
 //!
 //! Per subject and round: each pod's startup latency (created to Ready, and to `PodReadyToStartContainers`, the
-//! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (a watch); pods per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU
-//! during it; the API requests of the subject's identities during it; the addresses the pods left once deleted;
-//! and containerd's own timer of the network plugin per sandbox (set-up and teardown), which leaves out the rest
-//! of a pod's start.
+//! kubelet's "sandbox created and its network set up"), as the bench sees the conditions change (a watch); pods
+//! per second; the node agent's RSS (resting before the burst, peak during it, after it) and CPU during it; the
+//! API requests of the subject's identities during it; the addresses the pods left once deleted; containerd's own
+//! timer of the network plugin per sandbox (set-up and teardown), which leaves out the rest of a pod's start; and
+//! the node's CPU time over the burst, by part (`cpu::Ledger`).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -581,6 +582,9 @@ fn create_all(
     Ok(created)
 }
 
+/// What the bench reads of the pods' watch at most: 240 pods' objects a few times each are a few MiB.
+const WATCH_BYTES: u64 = 256 << 20;
+
 /// The namespace's pods watched from before the creates (the API server streams each change as it happens, as an
 /// informer sees it; polling a list of every pod would add its own load to the node it measures).
 struct PodWatch {
@@ -614,10 +618,10 @@ impl PodWatch {
             return Err("the pods' watch has no stdout".into());
         };
         let (tx, events) = std::sync::mpsc::channel();
-        // Ends when curl does (killed below, or at its --max-time).
+        // Ends when curl does (killed as the watch is dropped, or at its --max-time), or after WATCH_BYTES.
         std::thread::spawn(move || {
-            use std::io::BufRead;
-            for line in std::io::BufReader::new(out).lines() {
+            use std::io::{BufRead, Read};
+            for line in std::io::BufReader::new(out.take(WATCH_BYTES)).lines() {
                 let Ok(line) = line else { break };
                 let at = Instant::now();
                 if let Ok(event) = serde_json::from_str::<Value>(&line) {
@@ -637,10 +641,7 @@ impl PodWatch {
 
     /// Waits until each of `names` is Ready: when each was first seen with `PodReadyToStartContainers` and with
     /// `Ready`.
-    fn until_ready(
-        mut self,
-        names: &[String],
-    ) -> Result<BTreeMap<String, (Instant, Instant)>, String> {
+    fn until_ready(self, names: &[String]) -> Result<BTreeMap<String, (Instant, Instant)>, String> {
         let mut sandbox: BTreeMap<String, Instant> = BTreeMap::new();
         let mut ready: BTreeMap<String, Instant> = BTreeMap::new();
         while ready.len() < names.len() {
@@ -680,8 +681,7 @@ impl PodWatch {
                 sandbox.entry(name.to_string()).or_insert(at);
             }
         }
-        let _ = self.curl.kill();
-        let _ = self.curl.wait();
+        // curl is stopped as the watch is dropped.
         names
             .iter()
             .map(|n| match (sandbox.get(n), ready.get(n)) {

@@ -292,15 +292,10 @@ impl KubeApiServer {
     /// what the API server sent, read with [`Watch::events`] once it is stopped.
     pub fn watch(&self, path: &str, resource_version: &str, seconds: u32) -> Watch {
         let out = tempfile::NamedTempFile::new().unwrap();
-        let child = Command::new("curl")
-            .args(["-skN", "--max-time", &seconds.to_string()])
-            .args(["-H", "Authorization: Bearer admin-token"])
+        let child = self
+            .watch_command(path, resource_version, seconds)
             .arg("-o")
             .arg(out.path())
-            .arg(format!(
-                "{}{path}?watch=true&resourceVersion={resource_version}",
-                self.url()
-            ))
             .spawn()
             .unwrap();
         Watch { child, out }
@@ -309,18 +304,24 @@ impl KubeApiServer {
     /// Watches `path` (a collection) from `resource_version` as admin for at most `seconds`, the events streamed
     /// on the returned process's stdout as they come (one JSON object a line).
     pub fn watch_stream(&self, path: &str, resource_version: &str, seconds: u32) -> Child {
-        Command::new("curl")
-            .args(["-skN", "--max-time", &seconds.to_string()])
-            .args(["-H", "Authorization: Bearer admin-token"])
-            .arg(format!(
-                "{}{path}?watch=true&resourceVersion={resource_version}&allowWatchBookmarks=false",
-                self.url()
-            ))
+        self.watch_command(path, resource_version, seconds)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::null())
             .spawn()
             .unwrap()
+    }
+
+    /// curl watching `path` from `resource_version` as admin, for at most `seconds`.
+    fn watch_command(&self, path: &str, resource_version: &str, seconds: u32) -> Command {
+        let mut cmd = Command::new("curl");
+        cmd.args(["-skN", "--max-time", &seconds.to_string()])
+            .args(["-H", "Authorization: Bearer admin-token"])
+            .arg(format!(
+                "{}{path}?watch=true&resourceVersion={resource_version}",
+                self.url()
+            ));
+        cmd
     }
 
     /// `request`, asserting a 2xx answer; the body as JSON.
