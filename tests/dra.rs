@@ -18,6 +18,8 @@ const DAEMON_USER: &str = "system:serviceaccount:kube-system:plexus";
 const NODE: &str = "node1";
 const DRIVER: &str = "sriov.example.com";
 const RESOURCE: &str = "example.com/sriov";
+/// A user of namespace `team-a` (a service account there), granted claims by [`grant_claims`].
+const TENANT_TOKEN: &str = "tenant-token";
 
 struct Dra {
     api: KubeApiServer,
@@ -28,7 +30,7 @@ struct Dra {
 /// and the daemon's kubeconfigs with tokens bound to a pod on `node1`; `node1`'s slice (vf0, vf1 with both attributes, vf3 with none) and `node2`'s (vf2, the
 /// only slice that lists it); NADs `sriov-net` (resourceName example.com/sriov) and `fast`.
 fn dra_cluster() -> Dra {
-    let api = KubeApiServer::start(&[], &[]);
+    let api = KubeApiServer::start(&[(TENANT_TOKEN, "team-a/tenant")], &[]);
     api.apply_file(&deploy_manifest("crds.yaml"));
     api.apply_file(&deploy_manifest("rbac.yaml"));
     api.apply_node_authority();
@@ -611,7 +613,9 @@ fn the_cni_dra_drivers_form_attaches_and_a_selection_picks_its_claim() {
             d
         });
         c.sb.clear_calls();
-        let conf = c.conf(daemon);
+        let mut conf = c.conf(daemon);
+        // The node conf lets this driver's claims carry CNI configurations (by default none may).
+        conf["claimCniDrivers"] = json!([DRIVER]);
         let id = format!("c-multi-{daemon}");
         c.add(&id, "multi", &uid, &conf).ok();
         assert_eq!(
@@ -952,4 +956,196 @@ fn the_claims_network_data_needs_the_drivers_rule_and_the_node_bound_identity() 
     );
     c.del("c-listed", "auth", &uid, &conf).ok();
     c.wait_claim("auth-nic", "taken back", |d| d.is_empty());
+}
+
+/// As a cluster that runs DRA workloads does: the namespace's users may create ResourceClaims (Kubernetes' `edit`
+/// role does not include them).
+fn grant_claims(api: &KubeApiServer) {
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "claims", "namespace": "team-a"},
+        "rules": [{"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims", "resourceclaimtemplates"],
+                   "verbs": ["create", "get", "list", "delete"]}]
+    }));
+    api.create(&json!({
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "claims", "namespace": "team-a"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "claims"},
+        "subjects": [{"kind": "ServiceAccount", "name": "tenant", "namespace": "team-a"}]
+    }));
+}
+
+/// What a namespace's user writes only selects among what the admin installed (design.md, "Who may make a node
+/// run what"). A claim the tenant creates whose CNI configuration names another driver than its device's is not
+/// attached (whatever the node conf lists), and one under its device's driver attaches only where the node conf
+/// lists that driver (`claimCniDrivers`); a configuration of type `plexus`, carried in a claim or in a NAD, is
+/// refused, and the executable it points at in a directory of the tenant's never runs. Through the daemon too.
+#[test]
+fn a_tenants_claims_and_nads_run_nothing_the_node_conf_does_not_allow() {
+    let c = dra_cluster();
+    grant_claims(&c.api);
+    // The tenant's directory on the node (a pod's emptyDir, say): an executable and a conf naming it.
+    let tenant_dir = c.sb.path("tenant-dir");
+    std::fs::create_dir_all(&tenant_dir).unwrap();
+    let ran = c.sb.path("tenant-ran");
+    let marker = tenant_dir.join("marker");
+    std::fs::write(
+        &marker,
+        format!(
+            "#!/bin/sh\necho ran >> {}\necho '{{\"cniVersion\":\"1.0.0\"}}'\n",
+            ran.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::set_permissions(&marker, std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::write(
+        tenant_dir.join("pwn.conf"),
+        json!({"cniVersion": "1.0.0", "name": "pwn", "type": "marker"}).to_string(),
+    )
+    .unwrap();
+    // The node has plexus itself in its bin dir, as every node does.
+    std::os::unix::fs::symlink(
+        plexus_tests::plexus::plexus_cni_bin(),
+        c.sb.path("bin/plexus"),
+    )
+    .unwrap();
+    let nested = json!({"cniVersion": "1.0.0", "name": "nested", "type": "plexus",
+        "binDir": tenant_dir, "confDir": tenant_dir, "clusterNetwork": tenant_dir.join("pwn.conf"),
+        "cluster": {"source": "files", "dir": tenant_dir}, "clusterHooks": false});
+    c.api.create(&json!({
+        "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+        "metadata": {"name": "nested", "namespace": "team-a"},
+        "spec": {"config": nested.to_string()}
+    }));
+
+    let carried = |driver: &str, config: Value| {
+        json!({"requests": ["nic"], "opaque": {"driver": driver, "parameters": {
+            "apiVersion": "cni.networking.x-k8s.io/v1alpha1", "kind": "CNI", "ifName": "t0",
+            "config": config}}})
+    };
+    let secondary = |name: &str| {
+        json!({"cniVersion": "1.0.0", "name": name,
+               "plugins": [{"type": "secondary-plugin", "marker": name}]})
+    };
+    // The tenant creates each claim with its own token; the test plays the scheduler and allocates it.
+    let tenant_claim = |name: &str, config: Value, device: (&str, &str), uid: &str, pod: &str| {
+        let (code, body) = c
+            .api
+            .request_as(
+                TENANT_TOKEN,
+                "POST",
+                "/apis/resource.k8s.io/v1/namespaces/team-a/resourceclaims",
+                Some(&json!({
+                    "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaim",
+                    "metadata": {"name": name, "namespace": "team-a"},
+                    "spec": {"devices": {
+                        "requests": [{"name": "nic", "exactly": {"deviceClassName": "any"}}],
+                        "config": [config]}}
+                })),
+            )
+            .unwrap();
+        assert_eq!(code, 201, "the tenant may create claims: {body}");
+        c.api.allocate_claim(
+            "team-a",
+            name,
+            vec![json!({"request": "nic", "driver": device.0, "pool": NODE, "device": device.1})],
+            NODE,
+            (pod, uid),
+        );
+    };
+    let other_uid = c.pod("other-driver", None, &["t-other"]);
+    // The device is a GPU; the configuration says it is for another driver.
+    tenant_claim(
+        "t-other",
+        carried("nobody.example.com", secondary("pwn-other")),
+        ("gpu.example.com", "g0"),
+        &other_uid,
+        "other-driver",
+    );
+    let unlisted_uid = c.pod("unlisted", None, &["t-unlisted"]);
+    tenant_claim(
+        "t-unlisted",
+        carried(DRIVER, secondary("pwn-unlisted")),
+        (DRIVER, "vf0"),
+        &unlisted_uid,
+        "unlisted",
+    );
+    let nested_uid = c.pod("nested-claim", None, &["t-nested"]);
+    tenant_claim(
+        "t-nested",
+        carried(DRIVER, nested.clone()),
+        (DRIVER, "vf1"),
+        &nested_uid,
+        "nested-claim",
+    );
+    let nad_uid = c.pod("nested-nad", Some("nested"), &[]);
+
+    let markers = |c: &Dra| -> Vec<String> {
+        c.sb.calls()
+            .iter()
+            .filter(|call| call.command == "ADD")
+            .filter_map(|call| call.stdin["marker"].as_str().map(str::to_string))
+            .collect()
+    };
+    for daemon in [false, true] {
+        let _d = daemon.then(|| {
+            let d = c.daemon();
+            d.wait("the pods' claims read", |h| h.cache.claims == 3);
+            d
+        });
+        let conf = c.conf(daemon);
+        let mut listing = conf.clone();
+        listing["claimCniDrivers"] = json!([DRIVER, "nobody.example.com", "gpu.example.com"]);
+
+        // Another driver's name: nothing is attached from it, listed or not; the pod gets its cluster network.
+        for (i, conf) in [&conf, &listing].into_iter().enumerate() {
+            c.sb.clear_calls();
+            let id = format!("t-other-{daemon}-{i}");
+            c.add(&id, "other-driver", &other_uid, conf).ok();
+            assert_eq!(markers(&c), Vec::<String>::new(), "daemon: {daemon}");
+            assert_eq!(
+                c.sb.call_summary(),
+                [("cluster-plugin", "ADD", "eth0")].map(|(a, b, d)| (a.into(), b.into(), d.into())),
+                "daemon: {daemon}"
+            );
+            c.del(&id, "other-driver", &other_uid, conf).ok();
+        }
+
+        // Its device's driver, not listed: refused, naming the claim and the conf key; nothing stays.
+        c.sb.clear_calls();
+        let id = format!("t-unlisted-{daemon}");
+        let run = c.add(&id, "unlisted", &unlisted_uid, &conf);
+        let msg = run.msg();
+        assert!(run.code() != 0, "{msg}");
+        assert!(msg.contains("ResourceClaim team-a/t-unlisted"), "{msg}");
+        assert!(msg.contains("claimCniDrivers"), "{msg}");
+        assert_eq!(markers(&c), Vec::<String>::new(), "daemon: {daemon}");
+        assert!(c.sb.cached_plan(&id).is_none(), "no cache entry stays");
+        c.del(&id, "unlisted", &unlisted_uid, &conf).ok();
+        // Listed: it attaches.
+        c.sb.clear_calls();
+        let id = format!("t-listed-{daemon}");
+        c.add(&id, "unlisted", &unlisted_uid, &listing).ok();
+        assert_eq!(markers(&c), ["pwn-unlisted"], "daemon: {daemon}");
+        c.del(&id, "unlisted", &unlisted_uid, &listing).ok();
+
+        // type: plexus, in a claim of a listed driver and in a NAD: refused, the tenant's file never runs.
+        for (pod, uid) in [("nested-claim", &nested_uid), ("nested-nad", &nad_uid)] {
+            let id = format!("t-{pod}-{daemon}");
+            let run = c.add(&id, pod, uid, &listing);
+            let msg = run.msg();
+            assert!(run.code() != 0, "{pod}: {msg}");
+            assert!(
+                msg.contains("\"plexus\"") && msg.contains("delegating plugin"),
+                "{pod}: {msg}"
+            );
+            assert!(c.sb.cached_plan(&id).is_none(), "no cache entry stays");
+            c.del(&id, pod, uid, &listing).ok();
+            assert!(
+                !ran.exists(),
+                "the tenant's executable ran ({pod}, daemon: {daemon})"
+            );
+        }
+    }
 }

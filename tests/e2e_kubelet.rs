@@ -117,6 +117,8 @@ impl Node {
         // containerd's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
         // with a policy hook that keeps pods to their own namespace's NADs.
         let plexus = sb.conf(json!({
+            // The test driver's claims may carry CNI configurations (a node conf allows none by default).
+            "claimCniDrivers": [DRIVER],
             "logFile": sb.path("plexus.log"),
             "cluster": {"source": "kube", "kubeconfig": sb.path("plexus.kubeconfig"),
                         "requestTimeoutMs": 2000, "deadlineMs": 5000, "retries": 2,

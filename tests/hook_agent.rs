@@ -196,7 +196,7 @@ impl World {
     /// network-status written); the DEL the runtime would send follows.
     #[track_caller]
     fn refused_add(&self, id: &str) -> String {
-        let conf = self.sb.conf(json!({}));
+        let conf = self.sb.conf(json!({"clusterHooks": true}));
         let args = Sandbox::pod_args("team-a", "web");
         let run = self.sb.run("ADD", id, &args, &conf);
         assert!(!run.success, "the ADD succeeded: {}", run.stdout);
@@ -272,7 +272,7 @@ impl World {
 
     /// ADD then DEL of `team-a/web`; whether the ADD succeeded.
     fn add_del(&self, id: &str) -> bool {
-        let conf = self.sb.conf(json!({}));
+        let conf = self.sb.conf(json!({"clusterHooks": true}));
         let args = Sandbox::pod_args("team-a", "web");
         let ok = self.sb.run("ADD", id, &args, &conf).success;
         self.sb.run("DEL", id, &args, &conf).ok();
@@ -294,7 +294,7 @@ impl World {
 
     /// ADD then DEL of `team-a/web`: the pod labels the status hooks added to its network-status.
     fn add_labels(&self, id: &str) -> Value {
-        let conf = self.sb.conf(json!({}));
+        let conf = self.sb.conf(json!({"clusterHooks": true}));
         let args = Sandbox::pod_args("team-a", "web");
         self.sb.run("ADD", id, &args, &conf).ok();
         let status = self.sb.status("team-a", "web").expect("status written");
@@ -908,7 +908,7 @@ fn adds_during_a_swap_see_the_old_set_or_the_new_one() {
     let old = json!({"app": "web", "tier": "front"});
     let new = json!({"zone": "a", "app": "web"});
     let mut seen = (0, 0);
-    let conf = sb.conf(json!({}));
+    let conf = sb.conf(json!({"clusterHooks": true}));
     let args = Sandbox::pod_args("team-a", "web");
     for i in 0..40 {
         let id = format!("swap{i}");
@@ -1114,6 +1114,10 @@ fn the_cni_binary_without_a_compiler_runs_precompiled_hooks_only() {
     }
     .publish(&cache)
     .unwrap();
+    let conf = sb.conf(
+        json!({"clusterHooks": true, "hooks": [{"name": "labels", "kind": "status", "module": module,
+        "settings": {"labels": ["app"]}}]}),
+    );
     sb.run_bin(&cni, "ADD", "c3", &args, &conf).ok();
     assert_eq!(
         sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
@@ -1661,7 +1665,7 @@ fn an_unreadable_hook_set_fails_the_add() {
         "{\"generation\": 3, \"hooks\": [",
     )
     .unwrap();
-    let conf = sb.conf(json!({}));
+    let conf = sb.conf(json!({"clusterHooks": true}));
     let args = Sandbox::pod_args("team-a", "web");
     let run = sb.run("ADD", "c1", &args, &conf);
     assert!(!run.success, "{}", run.stdout);

@@ -266,6 +266,7 @@ impl World {
     pub fn agent_conf(&self, target: &Path) -> Value {
         let mut c = self.conf(target, false);
         c["cacheDir"] = json!(self.root.join("cache-agent"));
+        c["clusterHooks"] = json!(true);
         c
     }
 
@@ -377,6 +378,8 @@ impl World {
         let mut c = self.conf(Path::new("/"), false);
         c["cluster"] = json!({"source": "kube", "kubeconfig": kubeconfig});
         c["daemon"] = daemon;
+        // The bench's daemons deliver no hooks: the ADDs measured run none.
+        c["clusterHooks"] = json!(false);
         c
     }
 

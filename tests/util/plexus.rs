@@ -255,6 +255,8 @@ impl Sandbox {
             "runDir": self.path("run"),
             "cluster": {"source": "files", "dir": self.path("cluster")},
             "logLevel": "debug",
+            // A test's node runs no node agent unless the test says so ("clusterHooks": true in `extra`).
+            "clusterHooks": false,
         });
         if let Value::Object(m) = extra {
             for (k, v) in m {

@@ -23,7 +23,7 @@ use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 use serde::{Deserialize, Serialize};
 #[cfg(feature = "watch")]
-pub use watch::{run_watches, DraServed, NodeCache, WatchSettings};
+pub use watch::{run_watches, DraServed, NodeCache, WatchSettings, DEFAULT_NAD_BUDGET_BYTES};
 
 /// What a lookup in a cache found.
 #[derive(Debug, Clone, PartialEq)]
@@ -62,6 +62,12 @@ pub struct CacheHealth {
     /// Reads of single claims made since start (by the cache's reader and for ADDs it could not answer).
     #[serde(default)]
     pub claim_reads: u64,
+    /// What the cached NADs weigh (bytes), and how many were dropped since start to keep within the budget (each
+    /// is read by name when an ADD needs it).
+    #[serde(default)]
+    pub nad_bytes: u64,
+    #[serde(default)]
+    pub nads_evicted: u64,
 }
 
 /// The kinds of object a cluster source reads.

@@ -19,7 +19,7 @@
 //! that missed waits on. The list semantics are the store's (buffer until `InitDone`, then swap). The node
 //! agent, which reads its few NetworkHooks only when reconciling, uses the store itself.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::{Arc, Mutex};
 
 use futures::{Stream, StreamExt};
@@ -38,45 +38,135 @@ use crate::{CacheHealth, KubeApi, Lookup};
 
 type Key = (String, String);
 
+/// Objects by key, with what they weigh when the table has a budget.
+struct Held<T> {
+    map: HashMap<Key, (T, usize)>,
+    /// The weights added up (zero without a budget).
+    used: usize,
+    /// Weight and key of each object, heaviest last (kept only with a budget).
+    by_weight: BTreeSet<(usize, Key)>,
+}
+
+impl<T> Default for Held<T> {
+    fn default() -> Self {
+        Held {
+            map: HashMap::new(),
+            used: 0,
+            by_weight: BTreeSet::new(),
+        }
+    }
+}
+
+impl<T> Held<T> {
+    fn values(&self) -> impl Iterator<Item = &T> + Clone {
+        self.map.values().map(|(v, _)| v)
+    }
+
+    fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    fn remove(&mut self, k: &Key) {
+        if let Some((_, w)) = self.map.remove(k) {
+            self.used -= w;
+            self.by_weight.remove(&(w, k.clone()));
+        }
+    }
+}
+
+/// What a table may hold in total: bytes as [`Budget::weigh`] counts them. Past it the heaviest objects are
+/// dropped (the lookups of an object not held read it by name), so that no one namespace's objects size the node's
+/// memory.
+pub(crate) struct Budget<T> {
+    pub(crate) bytes: usize,
+    pub(crate) weigh: fn(&T) -> usize,
+}
+
+impl<T> Clone for Budget<T> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<T> Copy for Budget<T> {}
+
 struct Table<T> {
-    items: HashMap<Key, T>,
+    items: Held<T>,
     /// Filled while a list is in progress; replaces `items` when it completes.
-    listing: Option<HashMap<Key, T>>,
+    listing: Option<Held<T>>,
     synced: bool,
     lists: u64,
+    budget: Option<Budget<T>>,
+    /// Objects dropped for the budget.
+    evicted: u64,
 }
 
 impl<T> Default for Table<T> {
     fn default() -> Self {
         Table {
-            items: HashMap::new(),
+            items: Held::default(),
             listing: None,
             synced: false,
             lists: 0,
+            budget: None,
+            evicted: 0,
         }
     }
 }
 
 impl<T> Table<T> {
+    fn with_budget(budget: Budget<T>) -> Self {
+        Table {
+            budget: Some(budget),
+            ..Table::default()
+        }
+    }
+
+    /// Puts `obj` under `k` into `held`, then drops the heaviest objects until `held` is within the budget.
+    fn hold(budget: Option<Budget<T>>, evicted: &mut u64, held: &mut Held<T>, k: Key, obj: T) {
+        let Some(budget) = budget else {
+            held.map.insert(k, (obj, 0));
+            return;
+        };
+        held.remove(&k);
+        let w = (budget.weigh)(&obj) + k.0.len() + k.1.len();
+        held.map.insert(k.clone(), (obj, w));
+        held.used += w;
+        held.by_weight.insert((w, k));
+        while held.used > budget.bytes {
+            let Some((w, k)) = held.by_weight.pop_last() else {
+                break;
+            };
+            held.map.remove(&k);
+            held.used -= w;
+            *evicted += 1;
+            tracing::warn!(
+                namespace = %k.0, name = %k.1, bytes = w, budget = budget.bytes,
+                "the cache is over its budget: dropped its largest object (an ADD that needs it reads it by name)"
+            );
+        }
+    }
+
     /// Applies one watch event; `key` names an object, `None` for one without a name (never stored).
     fn apply(&mut self, event: Event<T>, key: impl Fn(&T) -> Option<Key>) {
         match event {
-            Event::Init => self.listing = Some(HashMap::new()),
+            Event::Init => self.listing = Some(Held::default()),
             Event::InitApply(obj) => {
                 if let Some(k) = key(&obj) {
-                    self.listing.get_or_insert_with(HashMap::new).insert(k, obj);
+                    let listing = self.listing.get_or_insert_with(Held::default);
+                    Self::hold(self.budget, &mut self.evicted, listing, k, obj);
                 }
             }
             Event::InitDone => {
                 let mut listed = self.listing.take().unwrap_or_default();
-                listed.shrink_to_fit();
+                listed.map.shrink_to_fit();
                 self.items = listed;
                 self.synced = true;
                 self.lists += 1;
             }
             Event::Apply(obj) => {
                 if let Some(k) = key(&obj) {
-                    self.items.insert(k, obj);
+                    Self::hold(self.budget, &mut self.evicted, &mut self.items, k, obj);
                 }
             }
             Event::Delete(obj) => {
@@ -94,12 +184,33 @@ impl<T> Table<T> {
         if !self.synced {
             return Lookup::Unsynced;
         }
-        match self.items.get(&(namespace.to_string(), name.to_string())) {
-            Some(v) => Lookup::Found(v.clone()),
+        match self
+            .items
+            .map
+            .get(&(namespace.to_string(), name.to_string()))
+        {
+            Some((v, _)) => Lookup::Found(v.clone()),
             None => Lookup::Missing,
         }
     }
 }
+
+/// What a NAD weighs in the cache: its strings, and a little for the structures around them.
+fn nad_weight(n: &NetworkAttachmentDefinition) -> usize {
+    const OVERHEAD: usize = 256;
+    OVERHEAD
+        + n.config.as_ref().map_or(0, String::len)
+        + n.annotations
+            .iter()
+            .map(|(k, v)| k.len() + v.len() + 64)
+            .sum::<usize>()
+        + n.namespace.len()
+        + n.name.len()
+}
+
+/// The NAD cache's budget when the daemon is given none: room for tens of thousands of ordinary NADs (a few KiB
+/// each), and well inside the DaemonSet's memory limit even while a relist holds a second table.
+pub const DEFAULT_NAD_BUDGET_BYTES: usize = 32 << 20;
 
 /// Whether the cluster serves DRA's `resource.k8s.io/v1`, as the daemon last found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -143,7 +254,6 @@ struct SliceEntry {
     devices: Vec<SliceDevice>,
 }
 
-#[derive(Default)]
 struct State {
     pods: Table<Pod>,
     nads: Table<NetworkAttachmentDefinition>,
@@ -156,6 +266,21 @@ struct State {
 }
 
 impl State {
+    fn new(nad_budget: usize) -> State {
+        State {
+            pods: Table::default(),
+            nads: Table::with_budget(Budget {
+                bytes: nad_budget,
+                weigh: nad_weight,
+            }),
+            claims: HashMap::new(),
+            claim_reads: 0,
+            slices: Table::default(),
+            dra: DraServed::default(),
+            watch_errors: 0,
+        }
+    }
+
     /// Makes the claims cache hold the claims of the node's pods: a claim newly used is to be read, a claim no
     /// pod uses any more is dropped; the claims of `changed` (a pod that changed) that could not be used are
     /// read again now.
@@ -217,16 +342,25 @@ pub struct NodeCache {
 
 impl Default for NodeCache {
     fn default() -> Self {
-        NodeCache {
-            state: Mutex::default(),
-            changed: tokio::sync::watch::Sender::new(0),
-        }
+        NodeCache::with_nad_budget_bytes(DEFAULT_NAD_BUDGET_BYTES)
     }
 }
 
 impl NodeCache {
     pub fn new() -> Arc<NodeCache> {
         Arc::new(NodeCache::default())
+    }
+
+    /// A cache whose NADs take `bytes` at most (see [`Budget`]).
+    pub fn with_nad_budget(bytes: usize) -> Arc<NodeCache> {
+        Arc::new(NodeCache::with_nad_budget_bytes(bytes))
+    }
+
+    fn with_nad_budget_bytes(bytes: usize) -> NodeCache {
+        NodeCache {
+            state: Mutex::new(State::new(bytes)),
+            changed: tokio::sync::watch::Sender::new(0),
+        }
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -342,6 +476,8 @@ impl NodeCache {
             nads_synced: s.nads.synced,
             pods: s.pods.items.len(),
             nads: s.nads.items.len(),
+            nad_bytes: s.nads.items.used as u64,
+            nads_evicted: s.nads.evicted,
             pod_lists: s.pods.lists,
             nad_lists: s.nads.lists,
             watch_errors: s.watch_errors,
@@ -414,9 +550,12 @@ pub async fn run_watches(api: KubeApi, cache: Arc<NodeCache>, settings: WatchSet
         .timeout(settings.timeout_secs)
         .any_semantic();
     let pods = watcher::watcher(Api::<KubePod>::all(client.clone()), pod_config).default_backoff();
+    // NADs are listed in small pages of the most recent version: a list at any version is served whole from the
+    // API server's cache, whatever its page size, and one namespace's large NADs would then pass through the
+    // daemon's memory all at once, however little of them the cache keeps.
     let nad_config = watcher::Config::default()
         .timeout(settings.timeout_secs)
-        .any_semantic();
+        .page_size(NAD_PAGE_SIZE);
     let nads =
         watcher::watcher(Api::<NadObject>::all(client.clone()), nad_config).default_backoff();
     tokio::join!(
@@ -431,6 +570,9 @@ pub async fn run_watches(api: KubeApi, cache: Arc<NodeCache>, settings: WatchSet
         run_dra(&api, &cache, &settings),
     );
 }
+
+/// NADs a list page holds: at most this many times [`crate::MAX_OBJECT_BYTES`] pass through memory at once.
+const NAD_PAGE_SIZE: u32 = 16;
 
 /// How often the daemon asks again whether DRA is served, while it is not.
 const DRA_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
@@ -631,6 +773,54 @@ mod tests {
         cache.apply_pod(Event::Delete(pod("ns", "a", "2")));
         assert_eq!(cache.pod("ns", "a"), Lookup::Missing);
         assert!(rx.has_changed().unwrap());
+    }
+
+    fn nad(ns: &str, name: &str, config_len: usize) -> NetworkAttachmentDefinition {
+        NetworkAttachmentDefinition {
+            namespace: ns.into(),
+            name: name.into(),
+            config: Some("x".repeat(config_len)),
+            annotations: Default::default(),
+        }
+    }
+
+    #[test]
+    fn the_nad_cache_keeps_within_its_budget_by_dropping_its_largest_nads() {
+        let cache = NodeCache::with_nad_budget_bytes(64 << 10);
+        cache.apply_nad(Event::Init);
+        // One namespace's large NADs come first in the list, the others' small ones after.
+        for i in 0..20 {
+            cache.apply_nad(Event::InitApply(nad("big", &format!("b{i}"), 16 << 10)));
+        }
+        for i in 0..20 {
+            cache.apply_nad(Event::InitApply(nad("small", &format!("s{i}"), 100)));
+        }
+        cache.apply_nad(Event::InitDone);
+        let h = cache.health();
+        assert!(h.nad_bytes <= 64 << 10, "{h:?}");
+        assert!(h.nads_evicted >= 17, "{h:?}");
+        for i in 0..20 {
+            assert!(
+                matches!(cache.nad("small", &format!("s{i}")), Lookup::Found(_)),
+                "small NADs stay"
+            );
+        }
+        // A dropped one is missing from the cache: the daemon reads it by name.
+        let held = (0..20)
+            .filter(|i| matches!(cache.nad("big", &format!("b{i}")), Lookup::Found(_)))
+            .count();
+        assert!(held <= 3, "{held}");
+        // A watch update over the budget drops the largest again; a delete frees its bytes.
+        cache.apply_nad(Event::Apply(nad("small", "s0", 40 << 10)));
+        assert!(cache.health().nad_bytes <= 64 << 10);
+        assert_eq!(
+            cache.nad("small", "s1"),
+            Lookup::Found(nad("small", "s1", 100))
+        );
+        let before = cache.health().nad_bytes;
+        cache.apply_nad(Event::Delete(nad("small", "s1", 100)));
+        assert!(cache.health().nad_bytes < before);
+        assert_eq!(cache.nad("small", "s1"), Lookup::Missing);
     }
 
     fn claim_name(name: &str) -> ClaimName {

@@ -40,6 +40,10 @@ struct RawConf {
     hooks: Vec<Value>,
     cluster_hooks: Option<bool>,
     dynamic_resource_allocation: Option<bool>,
+    #[serde(default)]
+    claim_cni_drivers: Vec<String>,
+    #[serde(default)]
+    class_cni_drivers: Vec<String>,
     log_level: Option<String>,
     log_file: Option<PathBuf>,
     #[serde(default)]
@@ -126,10 +130,14 @@ pub struct PlexusConf {
     pub ignore_invalid_selections: bool,
     pub hooks: Vec<Value>,
     /// Whether an ADD also runs the node's active hook set (published by the node agent from the cluster's
-    /// NetworkHook resources) after the `hooks` of this file.
+    /// NetworkHook resources) after the `hooks` of this file; an ADD is then refused (retryably) until a set is
+    /// published. Default: with the kube cluster source.
     pub cluster_hooks: bool,
     /// Whether planning reads the pod's ResourceClaims (`"dynamicResourceAllocation"`, default true).
     pub dra: bool,
+    /// The drivers whose claims (`claimCniDrivers`) and DeviceClasses (`classCniDrivers`) may carry a CNI
+    /// configuration (default: none).
+    pub carried_config_drivers: plexus_core::spec::dra::CarriedConfigDrivers,
     pub log_level: String,
     pub log_file: Option<PathBuf>,
     pub runtime_config: Map<String, Value>,
@@ -425,6 +433,11 @@ impl PlexusConf {
                 ),
             ));
         }
+        // The node agent delivers hooks from the Kubernetes API: a node reading its cluster from there runs the
+        // set it publishes (and waits for it); one reading files or nothing has no agent to wait for.
+        let cluster_hooks = raw
+            .cluster_hooks
+            .unwrap_or(matches!(cluster, ClusterSource::Kube(_)));
         Ok(Self {
             compat,
             system_namespaces,
@@ -468,8 +481,12 @@ impl PlexusConf {
             delegate_timeout: Duration::from_millis(delegate_timeout_ms),
             ignore_invalid_selections,
             hooks: raw.hooks,
-            cluster_hooks: raw.cluster_hooks.unwrap_or(true),
+            cluster_hooks,
             dra: raw.dynamic_resource_allocation.unwrap_or(true),
+            carried_config_drivers: plexus_core::spec::dra::CarriedConfigDrivers {
+                claim: raw.claim_cni_drivers,
+                class: raw.class_cni_drivers,
+            },
             log_level,
             log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
             runtime_config: raw.runtime_config,

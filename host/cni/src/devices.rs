@@ -9,7 +9,8 @@
 use std::collections::BTreeMap;
 
 use plexus_core::spec::dra::{
-    claim_reference, ClaimDevice, ClaimDevices, ClaimName, ClaimNetwork, PodClaims,
+    claim_reference, CarriedConfigDrivers, ClaimDevice, ClaimDevices, ClaimName, ClaimNetwork,
+    ClaimNetworkRefusal, PodClaims,
 };
 use plexus_core::spec::objects::PodRef;
 use plexus_core::spec::selection::Selection;
@@ -93,14 +94,27 @@ impl<'a> DeviceBook<'a> {
     }
 
     /// The networks the claims ask for, added after `selections` (the annotation's): one the annotation names
-    /// already is attached once, with the claim's device. A malformed request fails, naming the claim.
+    /// already is attached once, with the claim's device. A malformed request fails, naming the claim. A
+    /// configuration for another driver than its devices' asks for nothing (logged); a CNI configuration carried
+    /// where `carried` does not allow it fails the ADD.
     pub(crate) fn claim_networks(
         &self,
         selections: &mut Vec<Selection>,
+        carried: &CarriedConfigDrivers,
     ) -> Result<ClaimNetworks, PlexusError> {
         let mut bound = ClaimNetworks::new();
         for net in &self.networks {
             let at = || format!("ResourceClaim {} (request {:?})", net.claim, net.request);
+            match net.admitted(carried) {
+                Ok(()) => {}
+                Err(ClaimNetworkRefusal::NotTheDevicesDriver(why)) => {
+                    tracing::warn!(claim = %net.claim, request = %net.request, "not attaching the network of a claim's configuration: {why}");
+                    continue;
+                }
+                Err(ClaimNetworkRefusal::CarriedNotAllowed(why)) => {
+                    return Err(PlexusError::config(at(), why));
+                }
+            }
             let (sel, carried) = net
                 .network()
                 .map_err(|why| PlexusError::config(format!("{}: opaque parameters", at()), why))?;
@@ -291,7 +305,18 @@ mod tests {
         ClaimNetwork {
             claim: claim_name(claim),
             request: request.into(),
+            driver: "sriov.example.com".into(),
+            from_class: false,
+            device_drivers: vec!["sriov.example.com".into()],
             parameters,
+        }
+    }
+
+    /// A node conf that lets the test driver's claims carry CNI configurations.
+    fn carrying() -> CarriedConfigDrivers {
+        CarriedConfigDrivers {
+            claim: vec!["sriov.example.com".into()],
+            class: Vec::new(),
         }
     }
 
@@ -312,7 +337,9 @@ mod tests {
         };
         let mut book = DeviceBook::new(claims, &source, pod_ref());
         let mut selections = vec![Selection::new("ns", "plain")];
-        let from = book.claim_networks(&mut selections).expect("networks");
+        let from = book
+            .claim_networks(&mut selections, &carrying())
+            .expect("networks");
         assert_eq!(
             selections
                 .iter()
@@ -423,7 +450,9 @@ mod tests {
         };
         let book = DeviceBook::new(claims, &source, pod_ref());
         let mut selections = vec![Selection::new("ns", "plain")];
-        let err = book.claim_networks(&mut selections).unwrap_err();
+        let err = book
+            .claim_networks(&mut selections, &carrying())
+            .unwrap_err();
         assert!(err.to_string().contains("ResourceClaim ns/c1"), "{err}");
         assert!(err.to_string().contains("another name"), "{err}");
     }

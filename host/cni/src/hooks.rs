@@ -82,7 +82,10 @@ pub fn for_conf(
     compile: Compile,
 ) -> Result<Box<dyn HookRunner>, PlexusError> {
     let set = if conf.cluster_hooks {
-        HookSet::read(&conf.cache_dir)?.filter(|s| !s.hooks.is_empty())
+        match HookSet::read(&conf.cache_dir)? {
+            Some(set) => Some(set).filter(|s| !s.hooks.is_empty()),
+            None => return Err(no_hook_set(&conf.cache_dir)),
+        }
     } else {
         None
     };
@@ -92,6 +95,19 @@ pub fn for_conf(
     let mut hooks = load(&conf.hooks, set, &conf.cache_dir, compile)?;
     hooks.set_pod_running(pod_running);
     Ok(Box::new(hooks))
+}
+
+/// Why an ADD is refused on a node whose agent has not published a hook set yet: the node cannot tell which
+/// policies the cluster asks it to enforce, and a policy never fails open (design.md, "Policy fails closed").
+/// Retryable: the runtime tries the sandbox again, and the ADD goes through once the set is there (an empty set
+/// counts).
+fn no_hook_set(cache_dir: &Path) -> PlexusError {
+    PlexusError::NotReady(format!(
+        "this node has no published hook set yet ({} is missing): ADDs wait until the node agent in `plexus daemon` \
+         has published the cluster's NetworkHooks for this node, so that no policy is skipped; see the daemon's \
+         log and `plexus status` (a node that runs no node agent sets \"clusterHooks\": false in its plexus conf)",
+        HookSet::path(cache_dir).display()
+    ))
 }
 
 /// Loads the conf's `hooks` list, then the node's active hook set when given (compiled artifacts cached under

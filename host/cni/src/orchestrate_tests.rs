@@ -456,6 +456,9 @@ fn claims(networks: &[(&str, &str, Option<&str>)]) -> plexus_core::spec::dra::Po
                 ClaimNetwork {
                     claim: claim.clone(),
                     request: request.to_string(),
+                    driver: "d".into(),
+                    from_class: false,
+                    device_drivers: vec!["d".into()],
                     parameters,
                 }
             })

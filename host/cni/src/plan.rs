@@ -122,9 +122,10 @@ impl<'a> Planner<'a> {
                     format!("invalid JSON: {e}"),
                 )
             })?;
-            let list = NetworkConfigList::parse(&self.versioned(&value)).map_err(|e| {
-                PlexusError::config(format!("network configuration {reference}"), e)
-            })?;
+            let list = NetworkConfigList::parse(&self.versioned(&value))
+                .map_err(PlexusError::from)
+                .and_then(no_delegating_plugin)
+                .map_err(|e| e.context(format!("network configuration {reference}")))?;
             return Ok((list.name.clone(), list));
         }
         let (ns, name) = match reference.split_once('/') {
@@ -564,7 +565,8 @@ impl<'a> Planner<'a> {
         let Some(raw) = pod.networks_annotation() else {
             // No annotation: the claims' networks alone, if they ask for any.
             let mut selections = Vec::new();
-            let from_claims = devices.claim_networks(&mut selections)?;
+            let from_claims =
+                devices.claim_networks(&mut selections, &self.inv.conf.carried_config_drivers)?;
             if selections.is_empty() {
                 return Ok(Selected::default());
             }
@@ -583,7 +585,8 @@ impl<'a> Planner<'a> {
             tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "ignoring the invalid networks annotation: {ignored}");
         }
         let mut selections = parsed.selections;
-        let from_claims = devices.claim_networks(&mut selections)?;
+        let from_claims =
+            devices.claim_networks(&mut selections, &self.inv.conf.carried_config_drivers)?;
         if selections.len() > MAX_SELECTIONS {
             return Err(PlexusError::config(
                 plexus_core::spec::objects::NETWORKS_ANNOTATION,
@@ -626,9 +629,25 @@ impl<'a> Planner<'a> {
     }
 }
 
+/// Every delegate configuration passes here: from a conf file, a NAD, a claim or a resolver hook.
 fn parse_list(config: &Value, default_name: &str) -> Result<NetworkConfigList, PlexusError> {
     NetworkConfigList::parse_with_default_name(config, Some(default_name))
         .map_err(PlexusError::from)
+        .and_then(no_delegating_plugin)
+}
+
+/// `list`, unless one of its plugins is a delegating plugin: a configuration of type `plexus` (or Multus) would
+/// run a plexus that takes `binDir` and `confDir` from that configuration, so whoever wrote it would choose what
+/// the node execs as root. Types resolve in the node conf's `binDir` and `CNI_PATH` only.
+fn no_delegating_plugin(list: NetworkConfigList) -> Result<NetworkConfigList, PlexusError> {
+    match list.delegating_plugin() {
+        None => Ok(list),
+        Some(ty) => Err(PlexusError::config(
+            format!("plugin type {ty:?}"),
+            "is a delegating plugin that reads its own binDir from its configuration; a delegate is never plexus \
+             itself or another delegating plugin (plugins run only from the node conf's binDir and CNI_PATH)",
+        )),
+    }
 }
 
 pub(crate) fn read_conf_dir(dir: &Path) -> Vec<OnDiskConf> {

@@ -150,14 +150,28 @@ impl Delegator<'_> {
     }
 
     /// The plugin binary for `ty` in the search path.
+    ///
+    /// Never plexus itself, by name or as the same file under another name: planning refuses such a delegate,
+    /// and this holds for plans made before it did (DEL then skips it).
     fn locate(&self, ty: &str, rt: &RuntimeParams<'_>) -> Result<PathBuf, PlexusError> {
-        self.exec.find(ty, rt.path).ok_or_else(|| {
+        let refused =
+            |why: &str| PlexusError::config(format!("plugin type {ty:?}"), why.to_string());
+        if plexus_core::cni::is_delegating_plugin_type(ty) {
+            return Err(refused("is a delegating plugin; a delegate is never plexus itself or another delegating plugin"));
+        }
+        let found = self.exec.find(ty, rt.path).ok_or_else(|| {
             let dirs: Vec<_> = rt.path.iter().map(|p| p.display().to_string()).collect();
             PlexusError::PluginNotFound {
                 plugin: ty.to_string(),
                 path: dirs.join(":"),
             }
-        })
+        })?;
+        if is_this_executable(&found) {
+            return Err(refused(
+                "is this plexus binary under another name; a delegate is never plexus itself",
+            ));
+        }
+        Ok(found)
     }
 
     fn invoke(
@@ -293,6 +307,16 @@ fn delegate_args(args: &plexus_core::cni::CniArgs) -> String {
     format!("IgnoreUnknown=1;{args}")
 }
 
+/// Whether `path` is the running executable's file (a link or another name of it).
+fn is_this_executable(path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt as _;
+    let (Ok(exe), Ok(found)) = (std::fs::metadata("/proc/self/exe"), std::fs::metadata(path))
+    else {
+        return false;
+    };
+    (exe.dev(), exe.ino()) == (found.dev(), found.ino())
+}
+
 fn plugin_type(list: &NetworkConfigList, index: usize) -> String {
     list.plugins[index]
         .get("type")
@@ -377,5 +401,57 @@ mod tests {
             "K8S_POD_NAME=p;IgnoreUnknown=true"
         );
         assert_eq!(args(""), "");
+    }
+
+    /// Runs nothing: counts the runs, and finds plugins as the real lookup does.
+    #[derive(Default)]
+    struct Counting(std::cell::Cell<usize>);
+
+    impl Exec for Counting {
+        fn run(&self, _: &ExecRequest<'_>) -> std::io::Result<crate::exec::ExecOutput> {
+            self.0.set(self.0.get() + 1);
+            Ok(crate::exec::ExecOutput {
+                code: Some(0),
+                stdout: br#"{"cniVersion":"1.0.0"}"#.to_vec(),
+                ..Default::default()
+            })
+        }
+    }
+
+    #[test]
+    fn a_delegate_is_never_plexus_itself_by_name_or_as_another_name_of_this_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = std::env::current_exe().unwrap();
+        std::os::unix::fs::symlink(&exe, dir.path().join("innocent")).unwrap();
+        std::fs::hard_link(&exe, dir.path().join("plexus"))
+            .or_else(|_| std::fs::copy(&exe, dir.path().join("plexus")).map(drop))
+            .unwrap();
+        let path = [dir.path().to_path_buf()];
+        let args = CniArgs::new();
+        let rt = RuntimeParams {
+            container_id: "c1",
+            netns: Some("/run/netns/x"),
+            ifname: "net1",
+            args: &args,
+            path: &path,
+            base_env: &[],
+            timeout: Duration::from_secs(1),
+        };
+        for ty in ["plexus", "innocent", "multus"] {
+            let list = NetworkConfigList::parse(
+                &serde_json::json!({"cniVersion": "1.0.0", "name": "n", "plugins": [{"type": ty}]}),
+            )
+            .unwrap();
+            let exec = Counting::default();
+            let d = Delegator { exec: &exec };
+            let err = d.add(&list, &rt, &Map::new()).unwrap_err().to_string();
+            assert!(
+                err.contains(ty) && err.contains("never plexus itself"),
+                "{ty}: {err}"
+            );
+            // DEL of a plan that had one does not stick on it: it skips what it may not run.
+            d.del(&list, &rt, &Map::new(), None).expect("DEL skips it");
+            assert_eq!(exec.0.get(), 0, "{ty} never ran");
+        }
     }
 }

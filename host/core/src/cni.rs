@@ -10,7 +10,7 @@ pub mod result;
 pub mod version;
 
 pub use args::{ArgsError, CniArgs};
-pub use conf::{ConfError, NetworkConfigList};
+pub use conf::{is_delegating_plugin_type, ConfError, NetworkConfigList, DELEGATING_PLUGIN_TYPES};
 pub use error::{CniError, CniErrorCode, ErrorCode, ErrorParseError};
 pub use result::{CniResult, Dns, Interface, IpConfig, IpNet, ResultError, Route};
 pub use version::{CniVersion, UnsupportedVersion};

@@ -7,6 +7,11 @@
 //! [`MAX_OBJECT_BYTES`], or an element of a list's `items` over it, is left out (logged with its name, counted
 //! in [`skipped_objects`]) and the rest of the answer goes on. What is not an item (a single object's answer, a
 //! list's envelope) stays bounded by [`super::MAX_RESPONSE_BYTES`].
+//!
+//! Leaving out is not enough for a watch: an update or delete over the bound would leave the cache holding the
+//! version before it. So a watch event over the bound, of a kind the node daemon caches ([`EVICTED_KINDS`]), is
+//! replaced by a DELETED event of the object's name and resourceVersion alone: the cache drops the object, and a
+//! later ADD that needs it reads it by name (and gets the current version, or the refusal of its size).
 
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,8 +23,14 @@ use http_body::{Body, Frame};
 /// The largest object kept from a list or a watch. etcd refuses a write over 1.5 MiB by default, so no object
 /// of a cluster with default limits comes near it; a NAD, or a pod's metadata, is a few KiB.
 pub const MAX_OBJECT_BYTES: usize = 1 << 20;
-/// How much of a skipped object is kept to name it (its metadata comes first).
+/// How much of a skipped list item is kept to name it in the log.
 const HEAD_BYTES: usize = 4096;
+/// How much of a skipped watch event is kept to evict its object: its metadata whole, annotations (at most 256 KiB
+/// in Kubernetes) and all, since a custom resource's metadata keys come sorted, `annotations` before `name`.
+const EVENT_HEAD_BYTES: usize = 512 << 10;
+/// The kinds whose watch events over the bound become DELETED events of their name (the node daemon's caches).
+/// Their types read an object of metadata alone; a kind whose `spec` is required would not.
+pub const EVICTED_KINDS: [&str; 2] = ["Pod", "NetworkAttachmentDefinition"];
 
 static SKIPPED: AtomicU64 = AtomicU64::new(0);
 
@@ -113,22 +124,29 @@ impl Scanner {
     pub(crate) fn finish(&mut self, out: &mut Vec<u8>) {
         if self.mode == Mode::Lines {
             match self.skipping.take() {
-                Some(head) => skipped(&head),
+                Some(head) => {
+                    skipped(&head);
+                    out.extend(eviction(&head).unwrap_or_default());
+                }
                 None => out.append(&mut self.object),
             }
         }
     }
 
     fn keep(&mut self, bytes: &[u8]) {
+        let head_bytes = match self.mode {
+            Mode::Lines => EVENT_HEAD_BYTES,
+            Mode::Json => HEAD_BYTES,
+        };
         match &mut self.skipping {
             Some(head) => {
-                let room = HEAD_BYTES.saturating_sub(head.len());
+                let room = head_bytes.saturating_sub(head.len());
                 head.extend_from_slice(&bytes[..bytes.len().min(room)]);
             }
             None if self.object.len() + bytes.len() > self.limit => {
                 let mut head = std::mem::take(&mut self.object);
-                head.truncate(HEAD_BYTES);
-                let room = HEAD_BYTES.saturating_sub(head.len());
+                head.truncate(head_bytes);
+                let room = head_bytes.saturating_sub(head.len());
                 head.extend_from_slice(&bytes[..bytes.len().min(room)]);
                 self.skipping = Some(head);
             }
@@ -140,7 +158,13 @@ impl Scanner {
         while let Some(end) = input.iter().position(|&b| b == b'\n') {
             self.keep(&input[..end]);
             match self.skipping.take() {
-                Some(head) => skipped(&head),
+                Some(head) => {
+                    skipped(&head);
+                    if let Some(stub) = eviction(&head) {
+                        out.extend_from_slice(&stub);
+                        out.push(b'\n');
+                    }
+                }
                 None => {
                     out.append(&mut self.object);
                     out.push(b'\n');
@@ -238,6 +262,132 @@ impl Scanner {
     }
 }
 
+/// The members of the JSON object that starts at `text[at]` (`{`), as (key, value) byte ranges of `text`, as far
+/// as `text` holds them whole: a head of a document cut anywhere gives the members before the cut.
+fn members(text: &[u8], at: usize) -> Vec<(&[u8], std::ops::Range<usize>)> {
+    let mut out = Vec::new();
+    if text.get(at) != Some(&b'{') {
+        return out;
+    }
+    let mut i = at + 1;
+    let skip_ws = |i: &mut usize| {
+        while text
+            .get(*i)
+            .is_some_and(|b| b.is_ascii_whitespace() || *b == b',')
+        {
+            *i += 1;
+        }
+    };
+    // The end of the JSON value that starts at `i` (one past it), if `text` holds all of it.
+    let value_end = |mut i: usize| -> Option<usize> {
+        let (mut depth, mut in_string, mut escape) = (0u32, false, false);
+        let first = *text.get(i)?;
+        if first != b'{' && first != b'[' && first != b'"' {
+            // A number, true, false or null: up to the next separator.
+            while text
+                .get(i)
+                .is_some_and(|b| !matches!(b, b',' | b'}' | b']'))
+            {
+                i += 1;
+            }
+            return (i < text.len()).then_some(i);
+        }
+        while let Some(&b) = text.get(i) {
+            i += 1;
+            if in_string {
+                match (escape, b) {
+                    (true, _) => escape = false,
+                    (false, b'\\') => escape = true,
+                    (false, b'"') => {
+                        in_string = false;
+                        if depth == 0 {
+                            return Some(i);
+                        }
+                    }
+                    _ => {}
+                }
+                continue;
+            }
+            match b {
+                b'"' => in_string = true,
+                b'{' | b'[' => depth += 1,
+                b'}' | b']' => {
+                    depth -= 1;
+                    if depth == 0 {
+                        return Some(i);
+                    }
+                }
+                _ => {}
+            }
+        }
+        None
+    };
+    loop {
+        skip_ws(&mut i);
+        if text.get(i) != Some(&b'"') {
+            return out;
+        }
+        let Some(key_end) = value_end(i) else {
+            return out;
+        };
+        let key = &text[i + 1..key_end - 1];
+        i = key_end;
+        while text
+            .get(i)
+            .is_some_and(|b| b.is_ascii_whitespace() || *b == b':')
+        {
+            i += 1;
+        }
+        let Some(end) = value_end(i) else {
+            return out;
+        };
+        out.push((key, i..end));
+        i = end;
+    }
+}
+
+/// The DELETED event that stands for a watch event over the bound (see the module docs), from the event's first
+/// bytes: `None` for a kind not in [`EVICTED_KINDS`], an event that is not an object's (BOOKMARK, ERROR), or a
+/// head that does not hold the object's kind, apiVersion and metadata whole. Keys are found as members of their
+/// objects (the API server writes a custom resource's keys sorted, so its annotations come before its name).
+fn eviction(head: &[u8]) -> Option<Vec<u8>> {
+    let string = |range: &std::ops::Range<usize>| -> Option<String> {
+        serde_json::from_slice::<String>(&head[range.clone()]).ok()
+    };
+    let event = members(head, 0);
+    let member = |of: &[(&[u8], std::ops::Range<usize>)], key: &str| {
+        of.iter()
+            .find(|(k, _)| *k == key.as_bytes())
+            .map(|(_, r)| r.clone())
+    };
+    let ty = string(&member(&event, "type")?)?;
+    if !matches!(ty.as_str(), "ADDED" | "MODIFIED" | "DELETED") {
+        return None;
+    }
+    let object = members(head, member(&event, "object")?.start);
+    let kind = string(&member(&object, "kind")?)?;
+    if !EVICTED_KINDS.contains(&kind.as_str()) {
+        return None;
+    }
+    let api_version = string(&member(&object, "apiVersion")?)?;
+    let meta: serde_json::Value =
+        serde_json::from_slice(&head[member(&object, "metadata")?]).ok()?;
+    let mut metadata = serde_json::Map::new();
+    for key in ["name", "namespace", "resourceVersion", "uid"] {
+        if let Some(v) = meta.get(key).filter(|v| v.is_string()) {
+            metadata.insert(key.into(), v.clone());
+        }
+    }
+    if !metadata.contains_key("name") || !metadata.contains_key("resourceVersion") {
+        return None;
+    }
+    let event = serde_json::json!({
+        "type": "DELETED",
+        "object": {"apiVersion": api_version, "kind": kind, "metadata": metadata},
+    });
+    serde_json::to_vec(&event).ok()
+}
+
 /// Logs and counts an object left out for its size, named from its first bytes.
 fn skipped(head: &[u8]) {
     SKIPPED.fetch_add(1, Ordering::Relaxed);
@@ -261,7 +411,7 @@ fn skipped(head: &[u8]) {
         namespace = %field("namespace").unwrap_or_default(),
         name = %field("name").unwrap_or_default(),
         limit = MAX_OBJECT_BYTES,
-        "an object over the size bound was left out of the answer (and of the cache)"
+        "an object over the size bound was left out of the answer (a cached one is dropped from the cache and read by name when needed)"
     );
 }
 
@@ -469,6 +619,71 @@ mod tests {
         assert_eq!(names.len(), 201);
         assert!(!names.contains(&"big".to_string()));
         assert_eq!(names.last().unwrap(), "after");
+    }
+
+    #[test]
+    fn a_watch_event_over_the_bound_evicts_its_object_by_name() {
+        // As the API server writes them: kind and apiVersion first, then metadata (name, namespace, ...).
+        let event = |ty: &str, name: &str, n: usize| {
+            format!(
+                r#"{{"type":"{ty}","object":{{"kind":"NetworkAttachmentDefinition","apiVersion":"k8s.cni.cncf.io/v1","metadata":{{"name":"{name}","namespace":"team","resourceVersion":"42"}},"spec":{{"config":"{}"}}}}}}"#,
+                "x".repeat(n)
+            )
+        };
+        let stream = [
+            event("ADDED", "small", 1),
+            event("MODIFIED", "grown", 5000),
+            event("DELETED", "gone", 5000),
+            format!(
+                r#"{{"type":"MODIFIED","object":{{"apiVersion":"resource.k8s.io/v1","kind":"ResourceSlice","metadata":{{"name":"s","resourceVersion":"43"}},"spec":{{"x":"{}"}}}}}}"#,
+                "y".repeat(5000)
+            ),
+            // A custom resource as the API server writes it: keys sorted, annotations (one named "name") first.
+            format!(
+                r#"{{"object":{{"apiVersion":"k8s.cni.cncf.io/v1","kind":"NetworkAttachmentDefinition","metadata":{{"annotations":{{"name":"decoy","x":"{}"}},"name":"sorted","namespace":"team","resourceVersion":"44"}},"spec":{{"config":"{}"}}}},"type":"MODIFIED"}}"#,
+                "a".repeat(2000),
+                "x".repeat(5000)
+            ),
+            event("ADDED", "after", 1),
+        ]
+        .join("\n");
+        let out = run(Mode::Lines, 1000, &stream, 97).unwrap();
+        let events: Vec<(String, String, serde_json::Value)> = out
+            .lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap();
+                let meta = &v["object"]["metadata"];
+                (
+                    v["type"].as_str().unwrap().to_string(),
+                    meta["name"].as_str().unwrap().to_string(),
+                    meta.clone(),
+                )
+            })
+            .collect();
+        let summary: Vec<(&str, &str)> = events
+            .iter()
+            .map(|(t, n, _)| (t.as_str(), n.as_str()))
+            .collect();
+        assert_eq!(
+            summary,
+            [
+                ("ADDED", "small"),
+                ("DELETED", "grown"),
+                ("DELETED", "gone"),
+                ("DELETED", "sorted"),
+                ("ADDED", "after")
+            ],
+            "the NAD updated or deleted over the bound is evicted; a slice (not cached that way) is left out"
+        );
+        assert_eq!(
+            events[1].2,
+            serde_json::json!({"name": "grown", "namespace": "team", "resourceVersion": "42"}),
+            "its name and resourceVersion, so the watch resumes where it was"
+        );
+        // The stub reads as a NAD object.
+        let stub: serde_json::Value = serde_json::from_str(out.lines().nth(1).unwrap()).unwrap();
+        let nad: crate::kube::NadObject = serde_json::from_value(stub["object"].clone()).unwrap();
+        assert_eq!(kube::Resource::meta(&nad).name.as_deref(), Some("grown"));
     }
 
     #[test]

@@ -79,7 +79,7 @@ pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
         .and_then(|d| d.config)
         .unwrap_or_default()
         .into_iter()
-        .map(|c| (c.requests, c.opaque));
+        .map(|c| (c.requests, c.opaque, false));
     // The allocation repeats the claim's own configurations (source FromClaim), and a real scheduler may write
     // them without their `requests`, which would widen one to every request: only the class's are taken from it.
     let from_allocation = allocation
@@ -87,14 +87,17 @@ pub fn claim_from_kube(found: ResourceClaim) -> Option<Claim> {
         .unwrap_or_default()
         .into_iter()
         .filter(|c| c.source != ALLOCATION_FROM_CLAIM)
-        .map(|c| (c.requests, c.opaque));
-    for (requests, opaque) in from_spec.chain(from_allocation) {
-        let Some(parameters) = opaque.map(|o| o.parameters.0) else {
+        .map(|c| (c.requests, c.opaque, true));
+    for (requests, opaque, from_class) in from_spec.chain(from_allocation) {
+        let Some(opaque) = opaque else {
             continue;
         };
+        let parameters = opaque.parameters.0;
         if Claim::is_attachment(&parameters) {
             claim.add_attachment(AttachmentConfig {
                 requests: requests.unwrap_or_default(),
+                driver: opaque.driver,
+                from_class,
                 parameters,
             });
         }
@@ -550,17 +553,25 @@ mod tests {
         }))
         .expect("a claim");
         let claim = claim_from_kube(found).expect("allocated");
-        let read: Vec<(Vec<String>, Value)> = claim
+        let read: Vec<(Vec<String>, Value, String, bool)> = claim
             .attachments
             .into_iter()
-            .map(|a| (a.requests, a.parameters["name"].clone()))
+            .map(|a| {
+                (
+                    a.requests,
+                    a.parameters["name"].clone(),
+                    a.driver,
+                    a.from_class,
+                )
+            })
             .collect();
         assert_eq!(
             read,
             [
-                (vec!["cni".to_string()], json!("a")),
-                (vec!["nic".to_string()], json!("b"))
-            ]
+                (vec!["cni".to_string()], json!("a"), "d".to_string(), false),
+                (vec!["nic".to_string()], json!("b"), "d".to_string(), true)
+            ],
+            "each keeps its opaque.driver; the class's is known as the class's"
         );
     }
 

@@ -70,6 +70,17 @@ pub fn is_valid_plugin_type(t: &str) -> bool {
     !t.is_empty() && t != "." && t != ".." && !t.contains(['/', '\\', '\0'])
 }
 
+/// Delegating plugins that take the directories they exec from out of their own configuration (`binDir`,
+/// `confDir`, a kubeconfig): Plexus itself and Multus. A delegate of one of these types would let whoever wrote
+/// the configuration (a NAD's or a claim's author) choose what the node runs as root, so none is ever a delegate
+/// (design.md, "Who may make a node run what").
+pub const DELEGATING_PLUGIN_TYPES: [&str; 3] = ["plexus", "multus", "multus-shim"];
+
+/// Whether `t` is one of [`DELEGATING_PLUGIN_TYPES`].
+pub fn is_delegating_plugin_type(t: &str) -> bool {
+    DELEGATING_PLUGIN_TYPES.contains(&t)
+}
+
 fn field(field: impl Into<String>, reason: impl Into<String>) -> ConfError {
     ConfError::InvalidField {
         field: field.into(),
@@ -272,6 +283,15 @@ impl NetworkConfigList {
             Value::Array(self.plugins.iter().cloned().map(Value::Object).collect()),
         );
         Value::Object(o)
+    }
+
+    /// The first plugin of the list whose type is a delegating plugin ([`DELEGATING_PLUGIN_TYPES`]), which no
+    /// delegate may be.
+    pub fn delegating_plugin(&self) -> Option<&str> {
+        self.plugins
+            .iter()
+            .filter_map(|p| p.get("type").and_then(Value::as_str))
+            .find(|t| is_delegating_plugin_type(t))
     }
 
     /// Whether any plugin declares capability `key` as `true`.

@@ -79,11 +79,20 @@ pub struct AllocatedDevice {
 }
 
 /// An opaque device configuration of the claim that asks for a network: the requests it applies to (all of the
-/// claim's when empty) and its `parameters` as written.
+/// claim's when empty), the driver it is for (`opaque.driver`), where it came from, and its `parameters` as
+/// written.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct AttachmentConfig {
     #[serde(default)]
     pub requests: Vec<String>,
+    /// `opaque.driver`: the driver the configuration is for. DRA hands a configuration to that driver alone, so
+    /// it configures only devices of that driver.
+    #[serde(default)]
+    pub driver: String,
+    /// From the DeviceClass (`source: FromClass` in the allocation): the admin's, not the claim author's.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_class: bool,
     pub parameters: Value,
 }
 
@@ -159,13 +168,91 @@ pub struct ClaimDevice {
 
 /// A network a claim asks for (an [`AttachmentConfig`] of one request).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct ClaimNetwork {
     pub claim: ClaimName,
     pub request: String,
+    /// The configuration's `opaque.driver`.
+    #[serde(default)]
+    pub driver: String,
+    /// The configuration came from the DeviceClass.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub from_class: bool,
+    /// The drivers of the request's allocated devices, each once.
+    #[serde(default)]
+    pub device_drivers: Vec<String>,
     pub parameters: Value,
 }
 
+/// Which drivers' claims may carry a CNI configuration on this node (the node conf's `claimCniDrivers` and
+/// `classCniDrivers`): a CNI configuration names the plugin the node execs as root, so only the admin may let a
+/// claim carry one (design.md, "Who may make a node run what"). Empty lists, the default, allow none.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct CarriedConfigDrivers {
+    /// Drivers whose claims' own configurations (`FromClaim`, written by the claim's author) may carry one.
+    #[serde(default)]
+    pub claim: Vec<String>,
+    /// Drivers whose DeviceClasses' configurations (`FromClass`, the admin's) may carry one.
+    #[serde(default)]
+    pub class: Vec<String>,
+}
+
+/// Why a claim's configuration does not attach a network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ClaimNetworkRefusal {
+    /// The configuration is not for the request's devices (another driver's, or a request with no device): DRA
+    /// never hands it to their driver, so it asks for nothing. Skipped.
+    NotTheDevicesDriver(String),
+    /// A CNI configuration carried where the node conf does not allow it: the ADD fails.
+    CarriedNotAllowed(String),
+}
+
 impl ClaimNetwork {
+    /// Whether the configuration is a CNI configuration in the CNI DRA driver's form (the network it names is
+    /// the configuration itself, not a NAD).
+    pub fn carries_cni_config(&self) -> bool {
+        self.parameters
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .is_some_and(is_cni_config)
+    }
+
+    /// Whether the configuration may attach its network on a node that allows `carried`: it must be for the
+    /// driver of every device of its request (a claim's author can write a configuration for any driver name),
+    /// and a carried CNI configuration must be of a driver the node conf lists for its source.
+    pub fn admitted(&self, carried: &CarriedConfigDrivers) -> Result<(), ClaimNetworkRefusal> {
+        if self.device_drivers.is_empty() {
+            return Err(ClaimNetworkRefusal::NotTheDevicesDriver(format!(
+                "request {:?} has no allocated device for its configuration of driver {:?}",
+                self.request, self.driver
+            )));
+        }
+        if let Some(other) = self.device_drivers.iter().find(|d| **d != self.driver) {
+            return Err(ClaimNetworkRefusal::NotTheDevicesDriver(format!(
+                "the configuration is for driver {:?}, but request {:?} was allocated a device of driver {other:?}; \
+                 a configuration counts only for its own driver's devices",
+                self.driver, self.request
+            )));
+        }
+        if !self.carries_cni_config() {
+            return Ok(());
+        }
+        let (allowed, key, source) = match self.from_class {
+            true => (&carried.class, "classCniDrivers", "its DeviceClass"),
+            false => (&carried.claim, "claimCniDrivers", "the claim"),
+        };
+        if allowed.iter().any(|d| *d == self.driver) {
+            return Ok(());
+        }
+        Err(ClaimNetworkRefusal::CarriedNotAllowed(format!(
+            "{source} carries a CNI configuration for driver {:?}, which this node's plexus conf does not allow \
+             ({key}: {allowed:?}); a CNI configuration names what the node runs as root, so only drivers the admin \
+             lists may carry one (a NetworkAttachment naming a NAD needs no listing)",
+            self.driver
+        )))
+    }
+
     /// The network the parameters describe: a selection, and for a CNI configuration carried in the claim the
     /// NetworkAttachmentDefinition it stands for (no object of the cluster is read for it).
     pub fn network(&self) -> Result<(Selection, Option<NetworkAttachmentDefinition>), String> {
@@ -418,9 +505,18 @@ pub fn pod_claims<'c>(
                 if left_to_cni_dra_driver(claim, &config.parameters, request) {
                     continue;
                 }
+                let mut device_drivers: Vec<String> = Vec::new();
+                for r in claim.results.iter().filter(|r| r.request == request) {
+                    if !device_drivers.contains(&r.key.driver) {
+                        device_drivers.push(r.key.driver.clone());
+                    }
+                }
                 out.networks.push(ClaimNetwork {
                     claim: claim.name.clone(),
                     request: request.to_string(),
+                    driver: config.driver.clone(),
+                    from_class: config.from_class,
+                    device_drivers,
                     parameters: config.parameters.clone(),
                 });
             }
@@ -596,6 +692,8 @@ mod tests {
         let mut c = claim("ns", "c", &[("nic", "vf0"), ("nic", "vf1")]);
         c.attachments.push(AttachmentConfig {
             requests: Vec::new(),
+            driver: "sriov.example.com".into(),
+            from_class: false,
             parameters: json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND, "name": "n"}),
         });
         let slices = |k: &DeviceKey| {
@@ -613,6 +711,7 @@ mod tests {
         // One network for the one request the configuration applies to (all of them: it names none).
         assert_eq!(got.networks.len(), 1);
         assert_eq!(got.networks[0].request, "nic");
+        assert_eq!(got.networks[0].device_drivers, ["sriov.example.com"]);
 
         let mut devices = ClaimDevices::new(got.devices);
         assert!(devices.has_resource("example.com/sriov"));
@@ -695,6 +794,9 @@ mod tests {
                 name: "c".into(),
             },
             request: "nic".into(),
+            driver: "d".into(),
+            from_class: false,
+            device_drivers: vec!["d".into()],
             parameters,
         };
         let sel = net(json!({
@@ -762,5 +864,107 @@ mod tests {
             .network()
             .unwrap_err();
         assert!(err.contains("kind must be one of"), "{err}");
+    }
+
+    #[test]
+    fn a_claims_configuration_counts_only_for_its_own_driver_and_carries_a_conf_only_where_listed()
+    {
+        let net =
+            |driver: &str, devices: &[&str], from_class: bool, parameters: Value| ClaimNetwork {
+                claim: ClaimName {
+                    namespace: "team".into(),
+                    name: "c".into(),
+                },
+                request: "nic".into(),
+                driver: driver.into(),
+                from_class,
+                device_drivers: devices.iter().map(|d| d.to_string()).collect(),
+                parameters,
+            };
+        let attachment =
+            json!({"apiVersion": ATTACHMENT_API_VERSION, "kind": ATTACHMENT_KIND, "name": "fast"});
+        let carried = json!({"apiVersion": CNI_CONFIG_API_VERSIONS[0], "kind": "CNI",
+            "config": {"cniVersion": "1.0.0", "name": "pwn", "type": "host-device", "device": "eth0"}});
+        let none = CarriedConfigDrivers::default();
+        let listed = CarriedConfigDrivers {
+            claim: vec!["sriov.example.com".into()],
+            class: vec!["class.example.com".into()],
+        };
+
+        // A NetworkAttachment (it names a NAD, the admin's) for the device's own driver needs no listing.
+        assert_eq!(
+            net(
+                "sriov.example.com",
+                &["sriov.example.com"],
+                false,
+                attachment.clone()
+            )
+            .admitted(&none),
+            Ok(())
+        );
+        // Under another driver's name, or for a request without a device, it asks for nothing.
+        for (driver, devices) in [
+            ("nobody.example.com", &["gpu.example.com"][..]),
+            (
+                "gpu.example.com",
+                &["gpu.example.com", "sriov.example.com"][..],
+            ),
+            ("gpu.example.com", &[][..]),
+        ] {
+            let got = net(driver, devices, false, attachment.clone()).admitted(&listed);
+            assert!(
+                matches!(got, Err(ClaimNetworkRefusal::NotTheDevicesDriver(_))),
+                "{driver} on {devices:?}: {got:?}"
+            );
+        }
+        let got = net(
+            "nobody.example.com",
+            &["gpu.example.com"],
+            false,
+            carried.clone(),
+        )
+        .admitted(&listed);
+        let Err(ClaimNetworkRefusal::NotTheDevicesDriver(why)) = got else {
+            panic!("{got:?}")
+        };
+        assert!(
+            why.contains("\"nobody.example.com\"") && why.contains("gpu.example.com"),
+            "{why}"
+        );
+
+        // A carried CNI configuration: only for the drivers listed for its source.
+        let claim_carried = net(
+            "sriov.example.com",
+            &["sriov.example.com"],
+            false,
+            carried.clone(),
+        );
+        let Err(ClaimNetworkRefusal::CarriedNotAllowed(why)) = claim_carried.admitted(&none) else {
+            panic!("refused by default")
+        };
+        assert!(why.contains("claimCniDrivers"), "{why}");
+        assert_eq!(claim_carried.admitted(&listed), Ok(()));
+        // A class's configuration is allowed by its own list, not by the claims'.
+        let class_carried = net(
+            "sriov.example.com",
+            &["sriov.example.com"],
+            true,
+            carried.clone(),
+        );
+        let Err(ClaimNetworkRefusal::CarriedNotAllowed(why)) = class_carried.admitted(&listed)
+        else {
+            panic!("the class list does not name sriov.example.com")
+        };
+        assert!(why.contains("classCniDrivers"), "{why}");
+        let class_ok = net(
+            "class.example.com",
+            &["class.example.com"],
+            true,
+            carried.clone(),
+        );
+        assert_eq!(class_ok.admitted(&listed), Ok(()));
+        let claim_of_class_driver =
+            net("class.example.com", &["class.example.com"], false, carried);
+        assert!(claim_of_class_driver.admitted(&listed).is_err());
     }
 }
