@@ -726,3 +726,54 @@ fn crds_define_the_spec_resources() {
         );
     }
 }
+
+/// The manifests (`kubectl apply -f examples/deploy/NAME`) the section of docs/operations.md under `heading`
+/// applies, in order.
+fn applied_in(heading: &str) -> Vec<String> {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
+    let text = std::fs::read_to_string(&path).unwrap();
+    let section: Vec<&str> = text
+        .lines()
+        .skip_while(|l| *l != heading)
+        .skip(1)
+        .take_while(|l| !l.starts_with("## "))
+        .collect();
+    assert!(
+        !section.is_empty(),
+        "no section {heading:?} in {}",
+        path.display()
+    );
+    section
+        .iter()
+        .filter_map(|l| l.trim().strip_prefix("kubectl apply -f examples/deploy/"))
+        .map(|rest| {
+            rest.split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_string()
+        })
+        .collect()
+}
+
+/// An upgrade applies every manifest an install applies (a policy rule or a permission a release adds must reach
+/// clusters installed before it), the DaemonSet last in both, and each is a file of examples/deploy.
+#[test]
+fn the_upgrade_applies_every_manifest_the_install_applies() {
+    let install = applied_in("## Install");
+    let upgrade = applied_in("## Upgrade");
+    assert!(install.len() >= 5, "{install:?}");
+    for manifest in &install {
+        assert!(
+            upgrade.contains(manifest),
+            "the upgrade steps do not apply {manifest} (they apply {upgrade:?})"
+        );
+        assert!(deploy_dir().join(manifest).is_file(), "{manifest}");
+    }
+    for steps in [&install, &upgrade] {
+        assert_eq!(
+            steps.last().map(String::as_str),
+            Some("daemonset.yaml"),
+            "{steps:?}"
+        );
+    }
+}

@@ -179,6 +179,20 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
         cluster.pod(&pod).unwrap();
         cluster.write_status(&pod, "[]").unwrap();
         cluster.record_attachment(&pod, "thin-mode event").unwrap();
+        // A write the policy refuses is reported as the policy's refusal, not as a permission RBAC lacks.
+        let theirs = plexus_core::spec::PodRef {
+            name: "web-b".into(),
+            ..pod
+        };
+        let refused = cluster.write_status(&theirs, "[]").unwrap_err().to_string();
+        assert!(
+            refused.contains(
+                "patch pods/status team/web-b: the ValidatingAdmissionPolicy plexus-node-authority"
+            ) && refused.contains(
+                "refused the request: plexus on node node-a may not write the status of pod"
+            ) && !refused.contains("permission"),
+            "{refused}"
+        );
     });
     thin.join().unwrap();
     let listed = api.must("GET", events, None);
@@ -252,4 +266,176 @@ fn a_nodes_token_writes_only_the_device_status_of_its_nodes_claims() {
     let claim = api.must("GET", &format!("{claims}/claim-b"), None);
     assert!(claim["status"]["devices"].is_null(), "{claim}");
     assert_eq!(claim["status"]["reservedFor"][0]["name"], "web");
+}
+
+/// An event of the plexus identity says what plexus says of itself: reported from its node (`reportingInstance`,
+/// `source.host`) by a component of plexus (`reportingComponent`, the core/v1 name of events.k8s.io's
+/// `reportingController`, and `source.component`), so node A's token cannot post, as kubelet or as node B, that
+/// something happened to node B's pod. Each refusal below is by its own rule of the policy, named by its message.
+#[test]
+fn a_nodes_events_are_plexus_speaking_from_that_node() {
+    let (api, a) = cluster();
+    pod(&api, "web-a", "node-a");
+    pod(&api, "web-b", "node-b");
+    let events = "/api/v1/namespaces/team/events";
+    // As the daemon and the CNI plugin post one (host/cluster/src/kube.rs, post_event_about).
+    let event = |about: &str, component: &str, host: &str| {
+        json!({"apiVersion": "v1", "kind": "Event",
+        "metadata": {"generateName": format!("{about}."), "namespace": "team"},
+        "involvedObject": {"apiVersion": "v1", "kind": "Pod", "name": about, "namespace": "team"},
+        "reason": "AddedInterface", "message": "x", "type": "Normal",
+        "source": {"component": component, "host": host},
+        "reportingComponent": component, "reportingInstance": "node-a"})
+    };
+    let post = |body: &Value| api.request_as(&a, "POST", events, Some(body)).unwrap();
+
+    // Its own: plexus, from node A.
+    let posted = post(&event("web-a", "plexus", "node-a"));
+    assert_eq!(posted.0, 201, "{}", posted.1);
+    let own: Value = serde_json::from_str(&posted.1).unwrap();
+    // The node agent's warning on a NetworkHook (cluster scoped, so in `default`).
+    let mut warning = event("labels", "plexus-agent", "node-a");
+    warning["metadata"]["namespace"] = json!("default");
+    warning["involvedObject"] =
+        json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook", "name": "labels"});
+    let posted = api
+        .request_as(
+            &a,
+            "POST",
+            "/api/v1/namespaces/default/events",
+            Some(&warning),
+        )
+        .unwrap();
+    assert_eq!(posted.0, 201, "{}", posted.1);
+
+    // Kubelet on node B speaking of node B's pod, through node A's token (as node A: reportingInstance passes).
+    let refused = post(&event("web-b", "kubelet", "node-b"));
+    assert_refused(
+        &refused,
+        "may post events only from that node (source.host node-a)",
+    );
+    // Each part alone: another node as the source's host, another component as the source's or the reporter.
+    let refused = post(&event("web-b", "plexus", "node-b"));
+    assert_refused(
+        &refused,
+        "may post events only from that node (source.host node-a)",
+    );
+    let only_plexus = "may post events only as plexus or plexus-agent";
+    let refused = post(&event("web-a", "kubelet", "node-a"));
+    assert_refused(&refused, only_plexus);
+    let mut reporter = event("web-a", "plexus", "node-a");
+    reporter["reportingComponent"] = json!("kube-controller-manager");
+    assert_refused(&post(&reporter), only_plexus);
+    let mut bare = reporter.clone();
+    bare.as_object_mut().unwrap().remove("source");
+    assert_refused(&post(&bare), only_plexus);
+    // events.k8s.io, where the field is called reportingController, is not granted at all (RBAC).
+    let other_api = api
+        .request_as(
+            &a,
+            "POST",
+            "/apis/events.k8s.io/v1/namespaces/team/events",
+            Some(&json!({"apiVersion": "events.k8s.io/v1", "kind": "Event",
+                "metadata": {"generateName": "web-b.", "namespace": "team"},
+                "regarding": {"kind": "Pod", "name": "web-b", "namespace": "team"},
+                "reason": "Killing", "action": "Kill", "type": "Normal", "note": "x",
+                "eventTime": "2026-01-01T00:00:00.000000Z",
+                "reportingController": "kubelet", "reportingInstance": "node-a"})),
+        )
+        .unwrap();
+    assert_eq!(other_api.0, 403, "{}", other_api.1);
+    assert!(
+        other_api.1.contains("cannot create resource"),
+        "{}",
+        other_api.1
+    );
+
+    // Counting: its own event, yes; turning it into another component's, or counting another's, no.
+    let own_path = format!("{events}/{}", own["metadata"]["name"].as_str().unwrap());
+    let counted = api
+        .request_as(&a, "PATCH", &own_path, Some(&json!({"count": 2})))
+        .unwrap();
+    assert_eq!(counted.0, 200, "{}", counted.1);
+    let recast = json!({"source": {"component": "kubelet"}});
+    assert_refused(
+        &api.request_as(&a, "PATCH", &own_path, Some(&recast))
+            .unwrap(),
+        only_plexus,
+    );
+    let kubelets = api.create(&event("web-a", "kubelet", "node-a"));
+    let kubelets = format!(
+        "{events}/{}",
+        kubelets["metadata"]["name"].as_str().unwrap()
+    );
+    assert_refused(
+        &api.request_as(&a, "PATCH", &kubelets, Some(&json!({"count": 2})))
+            .unwrap(),
+        only_plexus,
+    );
+}
+
+/// Node A's report may carry what the agent writes (its Node as owner) and nothing by which it could hold up the
+/// deletion of another object: no finalizer it adds, no other owner, no blocking owner reference.
+#[test]
+fn a_nodes_report_holds_up_nothing_but_is_owned_by_its_node() {
+    let (api, a) = cluster();
+    let uid = |node: &str| {
+        api.must("GET", &format!("/api/v1/nodes/{node}"), None)["metadata"]["uid"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let (uid_a, uid_b) = (uid("node-a"), uid("node-b"));
+    // Exactly what the agent applies.
+    let report = plexus_node::node_report::NodeReport::default().object("node-a", &uid_a);
+    let create = |body: &Value| api.request_as(&a, "POST", REPORTS, Some(body)).unwrap();
+
+    let no_finalizer = "may not add a finalizer to NodeHookStatus node-a";
+    let mut held = report.clone();
+    held["metadata"]["finalizers"] = json!(["example.com/hold"]);
+    assert_refused(&create(&held), no_finalizer);
+    let no_owner =
+        "may give NodeHookStatus node-a no owner but its Node node-a (without blockOwnerDeletion)";
+    let node_b = json!({"apiVersion": "v1", "kind": "Node", "name": "node-b", "uid": uid_b,
+        "blockOwnerDeletion": true});
+    let mut elsewhere = report.clone();
+    elsewhere["metadata"]["ownerReferences"]
+        .as_array_mut()
+        .unwrap()
+        .push(node_b.clone());
+    assert_refused(&create(&elsewhere), no_owner);
+    let mut blocking = report.clone();
+    blocking["metadata"]["ownerReferences"][0]["blockOwnerDeletion"] = json!(true);
+    assert_refused(&create(&blocking), no_owner);
+
+    let created = create(&report);
+    assert_eq!(created.0, 201, "{}", created.1);
+    let path = format!("{REPORTS}/node-a");
+    let patch = |body: Value| api.request_as(&a, "PATCH", &path, Some(&body)).unwrap();
+    assert_refused(
+        &patch(json!({"metadata": {"finalizers": ["example.com/hold"]}})),
+        no_finalizer,
+    );
+    let owners = json!({"metadata": {"ownerReferences": [report["metadata"]["ownerReferences"][0], node_b]}});
+    assert_refused(&patch(owners), no_owner);
+    let stored = api.must("GET", &path, None);
+    assert!(stored["metadata"]["finalizers"].is_null(), "{stored}");
+    assert_eq!(
+        stored["metadata"]["ownerReferences"],
+        report["metadata"]["ownerReferences"]
+    );
+
+    // What another writer (an admin's tool) put there stays, and does not stop the node's own updates.
+    api.must(
+        "PATCH",
+        &path,
+        Some(&json!({"metadata": {"finalizers": ["example.com/backup"]}})),
+    );
+    let updated = patch(json!({"status": {"active": 1}}));
+    assert_eq!(updated.0, 200, "{}", updated.1);
+    let stored = api.must("GET", &path, None);
+    assert_eq!(
+        stored["metadata"]["finalizers"],
+        json!(["example.com/backup"])
+    );
 }

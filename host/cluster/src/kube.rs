@@ -181,6 +181,47 @@ impl Op<'_> {
         ))
     }
 
+    /// The error for the server's `status` answer to this request (one with no more specific meaning for it).
+    fn answered(
+        &self,
+        server: &str,
+        object: ObjectKind,
+        status: &kube::core::Status,
+    ) -> ClusterError {
+        // RBAC let the request through and admission refused it (the node-authority policy, say): the policy and
+        // its reason, not a permission to grant.
+        if let Some(denial) = explain::Denial::of(&status.message) {
+            tracing::warn!(request = %self.describe(), server, message = %status.message, "refused by admission control");
+            return ClusterError::forbidden(format!(
+                "{}: {}",
+                self.describe(),
+                denial.words(server)
+            ));
+        }
+        match status.code {
+            404 => ClusterError::NotFound {
+                object,
+                namespace: self.namespace.into(),
+                name: self.name.into(),
+            },
+            403 => {
+                tracing::warn!(request = %self.describe(), server, message = %status.message, "forbidden");
+                self.forbidden(server)
+            }
+            401 => ClusterError::forbidden(format!(
+                "the server {server} rejected the credentials (401 Unauthorized) for {}",
+                self.describe()
+            )),
+            code => ClusterError::Invalid {
+                what: self.describe(),
+                reason: format!(
+                    "API server answered {code} {}: {}",
+                    status.reason, status.message
+                ),
+            },
+        }
+    }
+
     fn describe(&self) -> String {
         match (self.namespace, self.name) {
             ("", "") => format!("{} {}", self.verb, self.resource),
@@ -576,29 +617,7 @@ impl KubeApi {
                 what: op.describe(),
                 reason,
             },
-            Failure::Api(status) => match status.code {
-                404 => ClusterError::NotFound {
-                    object,
-                    namespace: op.namespace.into(),
-                    name: op.name.into(),
-                },
-                403 => {
-                    tracing::warn!(request = %op.describe(), server = %self.server, message = %status.message, "forbidden");
-                    op.forbidden(&self.server)
-                }
-                401 => ClusterError::forbidden(format!(
-                    "the server {} rejected the credentials (401 Unauthorized) for {}",
-                    self.server,
-                    op.describe()
-                )),
-                code => ClusterError::Invalid {
-                    what: op.describe(),
-                    reason: format!(
-                        "API server answered {code} {}: {}",
-                        status.reason, status.message
-                    ),
-                },
-            },
+            Failure::Api(status) => op.answered(&self.server, object, &status),
         }
     }
 
@@ -1306,5 +1325,48 @@ mod tests {
             op.forbidden("10.0.0.1:6443").to_string(),
             r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a" on the server 10.0.0.1:6443"#
         );
+    }
+
+    /// A write RBAC allows and an admission policy refuses is not a missing permission: the error names the policy
+    /// and says why, whichever code the policy's reason gave.
+    #[test]
+    fn an_admission_policys_refusal_names_the_policy() {
+        let op = Op {
+            verb: "patch",
+            resource: "pods/status",
+            group: "",
+            namespace: "team",
+            name: "web-b",
+        };
+        let message = "pods \"web-b\" is forbidden: ValidatingAdmissionPolicy 'plexus-node-authority' with binding \
+                       'plexus-node-authority' denied request: plexus on node node-a may not write the status of pod \
+                       team/web-b: it is not bound to that node";
+        for (code, reason) in [(403, "Forbidden"), (422, "Invalid")] {
+            let status = kube::core::Status {
+                code,
+                reason: reason.into(),
+                message: message.into(),
+                ..Default::default()
+            };
+            let err = op.answered("10.0.0.1:6443", ObjectKind::Pod, &status);
+            assert_eq!(
+                err.to_string(),
+                "forbidden: patch pods/status team/web-b: the ValidatingAdmissionPolicy plexus-node-authority (binding \
+                 plexus-node-authority) on the server 10.0.0.1:6443 refused the request: plexus on node node-a may not \
+                 write the status of pod team/web-b: it is not bound to that node"
+            );
+        }
+        // RBAC's own refusal still names the permission.
+        let rbac = kube::core::Status {
+            code: 403,
+            reason: "Forbidden".into(),
+            message: r#"pods "web-b" is forbidden: User "u" cannot patch resource "pods/status""#
+                .into(),
+            ..Default::default()
+        };
+        assert!(op
+            .answered("10.0.0.1:6443", ObjectKind::Pod, &rbac)
+            .to_string()
+            .contains("missing permission to patch pods/status"));
     }
 }

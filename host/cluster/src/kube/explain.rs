@@ -107,7 +107,8 @@ fn looks_like_tls(text: &str) -> bool {
 }
 
 /// An error of the client in words, naming `server`: the server's answers (401, 403 with the verb and resource
-/// it names, ...) and what the transport layer said.
+/// it names, an admission policy's or webhook's refusal with its name and reason, ...) and what the transport
+/// layer said.
 pub fn explain(server: &str, err: &kube::Error) -> String {
     match err {
         kube::Error::Api(status) => explain_status(server, status),
@@ -122,6 +123,9 @@ pub fn explain(server: &str, err: &kube::Error) -> String {
 
 /// The server's answer in words.
 pub(crate) fn explain_status(server: &str, status: &kube::core::Status) -> String {
+    if let Some(denial) = Denial::of(&status.message) {
+        return denial.words(server);
+    }
     match status.code {
         401 => format!("the server {server} rejected the credentials (401 Unauthorized)"),
         // The server's message names the user, the verb, the resource and the scope.
@@ -133,6 +137,84 @@ pub(crate) fn explain_status(server: &str, status: &kube::core::Status) -> Strin
             "the server {server} answered {code} {}: {}",
             status.reason, status.message
         ),
+    }
+}
+
+/// A refusal by admission control, read from the server's message: a ValidatingAdmissionPolicy (the project's
+/// node-authority policy, or one of the cluster's) or an admission webhook said no. RBAC allowed the request, so
+/// its words must not send the operator to the ClusterRole: they name what refused and say why.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Denial<'a> {
+    by: Denier<'a>,
+    /// The policy's or webhook's own message.
+    reason: &'a str,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Denier<'a> {
+    Policy {
+        name: &'a str,
+        binding: Option<&'a str>,
+    },
+    Webhook(&'a str),
+}
+
+impl<'a> Denial<'a> {
+    /// The denial a status message reports, if it reports one. The API server words them (k8s.io/apiserver, its
+    /// validating policy dispatcher and webhook errors) `ValidatingAdmissionPolicy 'NAME' with binding 'BINDING'
+    /// denied request: MESSAGE` (`... 'NAME' denied request: ...` without a binding) and `admission webhook
+    /// "NAME" denied the request: MESSAGE`, behind the resource and name (`pods "p" is forbidden: `); the code is
+    /// the one the policy's `reason` maps to (403 Forbidden, 422 Invalid, ...) or the webhook's.
+    pub(crate) fn of(message: &'a str) -> Option<Denial<'a>> {
+        Self::of_policy(message).or_else(|| Self::of_webhook(message))
+    }
+
+    fn of_policy(message: &'a str) -> Option<Denial<'a>> {
+        let (_, rest) = message.split_once("ValidatingAdmissionPolicy '")?;
+        let (name, rest) = rest.split_once('\'')?;
+        let (binding, rest) = match rest.strip_prefix(" with binding '") {
+            Some(rest) => {
+                let (binding, rest) = rest.split_once('\'')?;
+                (Some(binding), rest)
+            }
+            None => (None, rest),
+        };
+        let reason = rest.strip_prefix(" denied request: ")?;
+        Some(Denial {
+            by: Denier::Policy { name, binding },
+            reason,
+        })
+    }
+
+    fn of_webhook(message: &'a str) -> Option<Denial<'a>> {
+        let (_, rest) = message.split_once("admission webhook \"")?;
+        let (name, rest) = rest.split_once('"')?;
+        let rest = rest.strip_prefix(" denied the request")?;
+        // " without explanation" when the webhook gave no message.
+        let reason = rest.strip_prefix(": ").unwrap_or_default();
+        Some(Denial {
+            by: Denier::Webhook(name),
+            reason,
+        })
+    }
+
+    /// The denial in words, naming `server`.
+    pub(crate) fn words(&self, server: &str) -> String {
+        let by = match self.by {
+            Denier::Policy {
+                name,
+                binding: Some(binding),
+            } => format!("the ValidatingAdmissionPolicy {name} (binding {binding})"),
+            Denier::Policy {
+                name,
+                binding: None,
+            } => format!("the ValidatingAdmissionPolicy {name}"),
+            Denier::Webhook(name) => format!("the admission webhook {name}"),
+        };
+        match self.reason {
+            "" => format!("{by} on the server {server} refused the request without saying why"),
+            reason => format!("{by} on the server {server} refused the request: {reason}"),
+        }
     }
 }
 
@@ -247,6 +329,71 @@ mod tests {
         assert_eq!(
             explain("h:1", &err),
             r#"the server h:1 refused (403 Forbidden): pods is forbidden: User "u" cannot list resource "pods""#
+        );
+    }
+
+    #[test]
+    fn admission_denials_name_the_policy_not_rbac() {
+        let status = |code: u16, reason: &str, message: &str| kube::core::Status {
+            code,
+            message: message.into(),
+            reason: reason.into(),
+            ..Default::default()
+        };
+        // As kube-apiserver 1.37 answers a write the node-authority policy refuses.
+        let refused = status(
+            403,
+            "Forbidden",
+            "pods \"web-b\" is forbidden: ValidatingAdmissionPolicy 'plexus-node-authority' with binding \
+             'plexus-node-authority' denied request: plexus on node node-a may not write the status of pod \
+             team/web-b: it is not bound to that node",
+        );
+        let words = explain("h:1", &kube::Error::Api(Box::new(refused)));
+        assert_eq!(
+            words,
+            "the ValidatingAdmissionPolicy plexus-node-authority (binding plexus-node-authority) on the server h:1 \
+             refused the request: plexus on node node-a may not write the status of pod team/web-b: it is not bound \
+             to that node"
+        );
+        assert!(!words.contains("permission") && !words.contains("cannot"));
+        // A policy whose validation says `reason: Invalid` answers 422; one denied without a binding's name.
+        let invalid = status(
+            422,
+            "Invalid",
+            "events is forbidden: ValidatingAdmissionPolicy 'p' denied request: expression 'x' resulted in error",
+        );
+        assert_eq!(
+            explain_status("h:1", &invalid),
+            "the ValidatingAdmissionPolicy p on the server h:1 refused the request: expression 'x' resulted in error"
+        );
+        // An admission webhook's refusal, with and without a message.
+        let hooked = status(
+            400,
+            "BadRequest",
+            "admission webhook \"validate.kyverno.svc\" denied the request: no",
+        );
+        assert_eq!(
+            explain_status("h:1", &hooked),
+            "the admission webhook validate.kyverno.svc on the server h:1 refused the request: no"
+        );
+        let silent = status(
+            403,
+            "Forbidden",
+            "admission webhook \"w.example.com\" denied the request without explanation",
+        );
+        assert_eq!(
+            explain_status("h:1", &silent),
+            "the admission webhook w.example.com on the server h:1 refused the request without saying why"
+        );
+        // RBAC's refusal keeps its own words.
+        let rbac = status(
+            403,
+            "Forbidden",
+            r#"pods "p" is forbidden: User "u" cannot patch resource "pods/status""#,
+        );
+        assert_eq!(Denial::of(&rbac.message), None);
+        assert!(
+            explain_status("h:1", &rbac).starts_with("the server h:1 refused (403 Forbidden): ")
         );
     }
 
