@@ -348,3 +348,58 @@ fn migrate_check_reads_one_namespace() {
     assert!(objects.contains(&"nad shared/old"), "{report:#}");
     assert!(!objects.iter().any(|o| o.contains("other")), "{report:#}");
 }
+
+/// What a node wrote in its report reaches the operator's terminal with its control characters escaped: the text
+/// has no character a terminal acts on and no line the node made; the JSON means what the node wrote.
+#[test]
+fn hook_status_shows_what_a_node_wrote_without_its_escape_sequences() {
+    let api = cluster_with_a_report();
+    let message =
+        "pull failed\u{1b}]0;owned\u{7}\u{1b}[2J\n  running sha256:fake: 9 node(s): node-z\u{9b}1m";
+    api.create(
+        &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NodeHookStatus",
+        "metadata": {"name": "node-b"},
+        "status": {"active": 0, "failing": 1, "hooks": [
+            {"name": "labels", "active": false, "reason": "Pull\u{1b}[31mFailed", "message": message,
+             "observedGeneration": 1}]}}),
+    );
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("admin.kubeconfig");
+    api.write_kubeconfig(&file, "admin-token");
+    let run = |json: bool| {
+        let mut cmd = plexus(dir.path());
+        cmd.args(["hook", "status", "labels", "--kubeconfig"])
+            .arg(&file);
+        if json {
+            cmd.arg("--json");
+        }
+        let out = cmd.output().unwrap();
+        assert!(out.status.success(), "{}", stderr(&out));
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let text = run(false);
+    assert!(
+        !text.chars().any(|c| c.is_control() && c != '\n'),
+        "{text:?}"
+    );
+    assert!(
+        text.contains(r"Pull\u{1b}[31mFailed: 1 node(s): node-b"),
+        "{text}"
+    );
+    assert!(
+        text.contains(r"e.g. pull failed\u{1b}]0;owned\u{7}\u{1b}[2J\n  running sha256:fake"),
+        "{text}"
+    );
+    assert_eq!(
+        text.lines().filter(|l| l.starts_with("  running")).count(),
+        1,
+        "node-a's line only: the message's line is escaped inside its e.g. line: {text}"
+    );
+    let json = run(true);
+    assert!(
+        !json.chars().any(|c| c.is_control() && c != '\n'),
+        "{json:?}"
+    );
+    let summary: Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(summary["failing"][0]["message"], message, "{summary:#}");
+}

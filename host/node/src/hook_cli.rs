@@ -200,7 +200,8 @@ pub fn main(args: HookArgs) -> u8 {
     };
     match result {
         Ok(out) => {
-            println!("{}", serde_json::to_string_pretty(&out).unwrap_or_default());
+            // What registries, hooks and nodes wrote, without a character a terminal would act on.
+            println!("{}", crate::terminal::json(&out).unwrap_or_default());
             // Only `hook run` has a decision; a script tells allow from deny by the status.
             if out["output"]["decision"] == "deny" {
                 RUN_DENIED
@@ -209,11 +210,11 @@ pub fn main(args: HookArgs) -> u8 {
             }
         }
         Err(CliError::Usage(msg)) => {
-            eprintln!("plexus hook: {msg}");
+            eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
             2
         }
         Err(CliError::Failed(msg)) => {
-            eprintln!("plexus hook: {msg}");
+            eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
             1
         }
     }

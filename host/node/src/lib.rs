@@ -18,3 +18,4 @@ pub mod install;
 pub mod multus;
 pub mod node_report;
 pub mod status;
+pub mod terminal;

@@ -354,13 +354,18 @@ pub fn check(
 }
 
 impl Report {
-    /// The report for a terminal: a line per finding, then the totals.
+    /// The report for a terminal: a line per finding, then the totals. Findings quote pods' annotations and
+    /// NADs' configs, so each is shown with its control characters escaped ([`printable`]).
     pub fn text(&self) -> String {
+        use crate::terminal::printable;
         let mut out = String::new();
         for f in &self.findings {
             out.push_str(&format!(
                 "{}: {}\n    strict: {}\n    compat multus: {}\n",
-                f.object, f.issue, f.strict, f.multus
+                printable(&f.object),
+                printable(&f.issue),
+                printable(&f.strict),
+                printable(&f.multus)
             ));
         }
         out.push_str(&format!(
@@ -419,15 +424,12 @@ pub fn main(args: MigrateArgs) -> u8 {
     let report = match run_check(&args) {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("plexus migrate check: {e}");
+            eprintln!("plexus migrate check: {}", crate::terminal::printable(&e));
             return 1;
         }
     };
     if args.json {
-        println!(
-            "{}",
-            serde_json::to_string_pretty(&report).unwrap_or_default()
-        );
+        println!("{}", crate::terminal::json(&report).unwrap_or_default());
     } else {
         print!("{}", report.text());
     }

@@ -10,6 +10,8 @@ use kube::api::ApiResource;
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
 
+use crate::terminal::printable;
+
 pub const GROUP: &str = "plexus.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "NodeHookStatus";
@@ -221,12 +223,12 @@ pub fn summarise(hook: &str, generation: Option<i64>, reports: &[(String, NodeRe
     }
 }
 
-/// At most `max` names, then how many more.
+/// At most `max` names (shown: see [`printable`]), then how many more.
 fn names(nodes: &[String], max: usize) -> String {
     let mut text = nodes
         .iter()
         .take(max)
-        .cloned()
+        .map(|n| printable(n))
         .collect::<Vec<_>>()
         .join(", ");
     if nodes.len() > max {
@@ -236,9 +238,10 @@ fn names(nodes: &[String], max: usize) -> String {
 }
 
 impl Summary {
-    /// The summary as text for a person.
+    /// The summary as text for a person. Every string in it was written by some node: each is shown with its
+    /// control characters escaped ([`printable`]).
     pub fn text(&self) -> String {
-        let mut out = format!("networkhook {}", self.hook);
+        let mut out = format!("networkhook {}", printable(&self.hook));
         if let Some(g) = self.generation {
             out.push_str(&format!(" (generation {g})"));
         } else {
@@ -253,7 +256,7 @@ impl Summary {
         for g in &self.running {
             out.push_str(&format!(
                 "  running {}: {} node(s): {}\n",
-                g.key,
+                printable(&g.key),
                 g.nodes.len(),
                 names(&g.nodes, 10)
             ));
@@ -261,10 +264,10 @@ impl Summary {
         for g in &self.failing {
             out.push_str(&format!(
                 "  {}: {} node(s): {}\n    e.g. {}\n",
-                g.key,
+                printable(&g.key),
                 g.nodes.len(),
                 names(&g.nodes, 10),
-                g.message.as_deref().unwrap_or_default()
+                printable(g.message.as_deref().unwrap_or_default())
             ));
         }
         if !self.behind.is_empty() {
@@ -413,6 +416,42 @@ mod tests {
         );
         assert!(
             text.contains("SignatureInvalid: 1 node(s): n4\n    e.g. SignatureInvalid message"),
+            "{text}"
+        );
+    }
+
+    #[test]
+    fn what_nodes_wrote_reaches_the_terminal_escaped() {
+        let mut hostile = status(false, "Pull\u{1b}[2JFailed", Some("sha256:\u{9b}1m"), 1).unwrap();
+        hostile.message = "no\u{1b}]0;title\u{7}\n  running sha256:fake: 1 node(s): n9".into();
+        let running = status(true, "Active", Some("sha256:x\u{1b}[31m"), 1).unwrap();
+        let reports = vec![
+            (
+                "n\u{1b}[1m1".to_string(),
+                NodeReport::of(&[("h\u{7}".to_string(), Some(hostile))].into()),
+            ),
+            (
+                "n2".to_string(),
+                NodeReport::of(&[("h\u{7}".to_string(), Some(running))].into()),
+            ),
+        ];
+        let text = summarise("h\u{7}", Some(1), &reports).text();
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        // Its own lines only: a message's newline does not start one.
+        assert_eq!(text.lines().count(), 5, "{text}");
+        assert!(
+            text.contains(r"Pull\u{1b}[2JFailed: 1 node(s): n\u{1b}[1m1"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r"e.g. no\u{1b}]0;title\u{7}\n  running"),
+            "{text}"
+        );
+        assert!(
+            text.contains(r"running sha256:x\u{1b}[31m: 1 node(s): n2"),
             "{text}"
         );
     }

@@ -319,8 +319,11 @@ fn interface(ifname: &str, network: &str, default: bool, result: Option<&Value>)
     entry
 }
 
-/// The report as text.
+/// The report as text. Its strings come from the daemon, the hook set, the cache: names, messages and results
+/// that pods, hooks, registries and delegates had a hand in, each shown with its control characters escaped
+/// ([`printable`]).
 pub fn render(s: &NodeStatus) -> String {
+    use crate::terminal::printable as p;
     use std::fmt::Write;
     let mut o = String::new();
     match &s.daemon.health {
@@ -329,7 +332,7 @@ pub fn render(s: &NodeStatus) -> String {
                 o,
                 "daemon: {} ({}: {} pods, {} NADs; {} watch errors), {}/{} requests in flight, {} shed, {} status writes sent, {} pending",
                 if h.synced() { "synced" } else { "NOT synced" },
-                h.node,
+                p(&h.node),
                 h.cache.pods,
                 h.cache.nads,
                 h.cache.watch_errors,
@@ -344,8 +347,8 @@ pub fn render(s: &NodeStatus) -> String {
             let _ = writeln!(
                 o,
                 "daemon: not answering at {} ({}): ADDs run in thin mode",
-                s.daemon.socket.display(),
-                s.daemon.error.as_deref().unwrap_or("no answer")
+                p(&s.daemon.socket.to_string_lossy()),
+                p(s.daemon.error.as_deref().unwrap_or("no answer"))
             );
         }
     }
@@ -354,50 +357,50 @@ pub fn render(s: &NodeStatus) -> String {
         let _ = writeln!(
             o,
             "  {:<32} {:<9} {:<10} {}{}",
-            h.name,
-            if h.kind.is_empty() { "-" } else { &h.kind },
+            p(&h.name),
+            p(if h.kind.is_empty() { "-" } else { &h.kind }),
             if h.published { "published" } else { "-" },
-            h.state.as_deref().unwrap_or("-"),
+            p(h.state.as_deref().unwrap_or("-")),
             h.message
                 .as_deref()
-                .map(|m| format!(": {m}"))
+                .map(|m| format!(": {}", p(m)))
                 .unwrap_or_default()
         );
     }
     let _ = writeln!(o, "pending status writes: {}", s.pending_writes.len());
     for w in &s.pending_writes {
-        let _ = writeln!(o, "  {} ({} bytes)", w.pod, w.bytes);
+        let _ = writeln!(o, "  {} ({} bytes)", p(&w.pod), w.bytes);
     }
     let _ = writeln!(o, "sandboxes: {}", s.sandboxes.len());
     for sb in &s.sandboxes {
         let _ = writeln!(
             o,
             "  {} {} {}",
-            sb.pod.as_deref().unwrap_or("(no pod)"),
-            sb.container_id,
-            sb.netns.as_deref().unwrap_or("")
+            p(sb.pod.as_deref().unwrap_or("(no pod)")),
+            p(&sb.container_id),
+            p(sb.netns.as_deref().unwrap_or(""))
         );
         for i in &sb.interfaces {
             let _ = writeln!(
                 o,
                 "    {:<10} {:<40} {}{}{}",
-                i.name,
-                i.network,
+                p(&i.name),
+                p(&i.network),
                 if i.ips.is_empty() {
                     "-".to_string()
                 } else {
-                    i.ips.join(",")
+                    p(&i.ips.join(",")).into_owned()
                 },
                 i.mac
                     .as_deref()
-                    .map(|m| format!(" {m}"))
+                    .map(|m| format!(" {}", p(m)))
                     .unwrap_or_default(),
                 if i.attached { "" } else { " (not attached)" }
             );
         }
     }
-    for p in &s.problems {
-        let _ = writeln!(o, "problem: {p}");
+    for problem in &s.problems {
+        let _ = writeln!(o, "problem: {}", p(problem));
     }
     o
 }
@@ -406,7 +409,7 @@ pub fn render(s: &NodeStatus) -> String {
 pub fn main(args: &StatusArgs) -> u8 {
     let status = gather(args);
     if args.json {
-        match serde_json::to_string_pretty(&status) {
+        match crate::terminal::json(&status) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 eprintln!("plexus status: {e}");
@@ -445,5 +448,56 @@ mod tests {
         assert_eq!(i.mac, None);
         let i = interface("net2", "team-a/b", false, None);
         assert!(!i.attached && i.ips.is_empty());
+    }
+
+    #[test]
+    fn what_others_wrote_is_rendered_escaped() {
+        let hostile = "x\u{1b}]0;t\u{7}\n\u{9b}2J";
+        let status = NodeStatus {
+            daemon: DaemonState {
+                socket: "/run/plexus/daemon.sock".into(),
+                answering: false,
+                health: None,
+                error: Some(hostile.into()),
+            },
+            hooks: vec![HookEntry {
+                name: format!("cluster:{hostile}"),
+                kind: "policy".into(),
+                digest: None,
+                published: true,
+                state: Some(hostile.into()),
+                message: Some(hostile.into()),
+            }],
+            pending_writes: vec![PendingWrite {
+                pod: hostile.into(),
+                bytes: 1,
+            }],
+            sandboxes: vec![SandboxEntry {
+                container_id: hostile.into(),
+                pod: Some(hostile.into()),
+                netns: Some(hostile.into()),
+                interfaces: vec![InterfaceEntry {
+                    name: hostile.into(),
+                    network: hostile.into(),
+                    default: false,
+                    attached: true,
+                    ips: vec![hostile.into()],
+                    mac: Some(hostile.into()),
+                }],
+            }],
+            problems: vec![hostile.into()],
+        };
+        let text = render(&status);
+        assert!(
+            !text.chars().any(|c| c.is_control() && c != '\n'),
+            "{text:?}"
+        );
+        // daemon, hooks and one, writes and one, sandboxes, one and its interface, one problem.
+        assert_eq!(text.lines().count(), 9, "{text}");
+        assert_eq!(
+            text.matches(r"x\u{1b}]0;t\u{7}\n\u{9b}2J").count(),
+            13,
+            "{text}"
+        );
     }
 }

@@ -296,11 +296,15 @@ pub fn parse_args(
 pub fn print_health(socket: &Path) -> u8 {
     match client::ask(socket, &Request::Health, Duration::from_secs(2)) {
         Ok(Answer::Health(h)) => {
-            println!("{}", serde_json::to_string_pretty(&h).unwrap_or_default());
+            // The health carries hooks' names and messages, which the cluster and the hooks wrote.
+            println!("{}", crate::terminal::json(&h).unwrap_or_default());
             match h.unready() {
                 None => 0,
                 Some(why) => {
-                    eprintln!("plexus daemon: not ready: {why}");
+                    eprintln!(
+                        "plexus daemon: not ready: {}",
+                        crate::terminal::printable(&why)
+                    );
                     1
                 }
             }
