@@ -1756,3 +1756,40 @@ fn a_refused_report_is_not_sent_again_until_it_changes() {
         .log_text()
         .contains("this report names the hook refused"));
 }
+
+/// A NetworkHook whose memoryLimitMiB does not fit in the node's hook processes (`--hook-process-memory-mib`, with
+/// the runtime's share) is refused before its module is pulled, with a message naming both numbers and the flag;
+/// a daemon that gives those processes more memory runs it.
+#[test]
+fn a_memory_limit_past_the_hook_processes_is_refused_naming_the_flag() {
+    let w = world();
+    let labels = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    w.hook("big", &labels, &["app"], json!({"memoryLimitMiB": 200}));
+    let daemon = w.daemon(&[]);
+    w.wait(&daemon, "the hook refused", |w| {
+        w.node_status("big")
+            .is_some_and(|s| s["reason"] == "InvalidSpec")
+    });
+    let status = w.node_status("big").unwrap();
+    let message = status["message"].as_str().unwrap();
+    assert!(
+        message.contains("memoryLimitMiB 200")
+            && message.contains("64 MiB")
+            && message.contains("--hook-process-memory-mib"),
+        "{message}"
+    );
+    assert_eq!(status["active"], false, "{status}");
+    assert_eq!(w.unready().len(), 1, "{:?}", w.set());
+    let pulled = std::fs::read_dir(w.sb.path("cache/hook-modules"))
+        .map(|d| d.count())
+        .unwrap_or(0);
+    assert_eq!(pulled, 0, "nothing pulled");
+    drop(daemon);
+
+    let daemon = w.daemon(&["--hook-process-memory-mib", "256"]);
+    w.wait(&daemon, "the hook active and reported so", |w| {
+        w.set_names() == vec!["big"]
+            && w.node_status("big")
+                .is_some_and(|s| s["reason"] == "Active")
+    });
+}

@@ -16,6 +16,7 @@ mod e2e_kubelet;
 mod e2e_libcni;
 mod e2e_netns;
 mod hook_agent;
+mod hook_processes;
 mod image;
 mod install;
 mod kube_cluster;

@@ -86,6 +86,8 @@ pub struct AgentSettings {
     /// The program whose `hook compile` and `hook probe` compile and probe pulled modules
     /// ([`super::compile::own_binary`] in the daemon).
     pub compiler: PathBuf,
+    /// What each of those processes may use.
+    pub limits: super::compile::ProcessLimits,
 }
 
 #[derive(Default)]
@@ -520,6 +522,7 @@ impl Agent {
             &self.settings.compiler,
             &entry,
             &self.settings.cache_dir,
+            &self.settings.limits,
             super::compile::COMPILE_TIMEOUT,
         )
         .await
@@ -550,16 +553,22 @@ impl Agent {
             let Wanted::Selected(spec) = wanted else {
                 continue;
             };
-            let made = match self.ready(&spec.module).await {
-                Ok((digest, sha, verified_by)) => match self.probe(name, spec, &sha).await {
-                    Ok(()) => Ok(Ready {
-                        digest,
-                        verified_by,
-                        entry: hook_spec(name, spec, &self.modules, &sha),
-                    }),
+            // A hook that may take more memory than its probe process has is refused before anything is pulled:
+            // it would fail there, or pass a probe that never reached its limit and exceed the node's later.
+            let admitted = self.settings.limits.admits(spec.memory_limit_mib);
+            let made = match admitted {
+                Err(why) => Err(Failure::new(Reason::InvalidSpec, why)),
+                Ok(()) => match self.ready(&spec.module).await {
+                    Ok((digest, sha, verified_by)) => match self.probe(name, spec, &sha).await {
+                        Ok(()) => Ok(Ready {
+                            digest,
+                            verified_by,
+                            entry: hook_spec(name, spec, &self.modules, &sha),
+                        }),
+                        Err(e) => Err(e),
+                    },
                     Err(e) => Err(e),
                 },
-                Err(e) => Err(e),
             };
             if let (Err(_), Some(f)) = (&made, self.failures.get(&spec.module)) {
                 next_attempt.insert(name.to_string(), wall_clock(f.next));
@@ -718,6 +727,7 @@ impl Agent {
             &self.settings.compiler,
             module,
             &self.settings.cache_dir,
+            &self.settings.limits,
             super::compile::COMPILE_TIMEOUT,
         )
         .await?;

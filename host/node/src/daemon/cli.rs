@@ -48,6 +48,8 @@ pub struct HookAgentOptions {
     pub key_files: Vec<PathBuf>,
     pub signatures: agent::SignaturePolicy,
     pub registry: crate::distribution::RegistryOptions,
+    /// What each compile and probe process may use.
+    pub limits: super::compile::ProcessLimits,
 }
 
 /// What went wrong starting or running the daemon.
@@ -123,6 +125,16 @@ pub struct DaemonArgs {
     /// A CA certificate trusted for registries besides the system's; repeatable
     #[arg(long, value_name = "PEM")]
     pub registry_ca: Vec<PathBuf>,
+    /// The memory (RLIMIT_DATA) each process that compiles or probes a hook module may use; a NetworkHook whose
+    /// memoryLimitMiB does not fit in it, with 32 MiB for the runtime, is refused. Keep it below the container's
+    /// memory limit, less the daemon's own
+    #[arg(long, value_name = "MIB", default_value_t = super::compile::ProcessLimits::DEFAULT_MEMORY_MIB,
+          value_parser = clap::value_parser!(u64).range(48..=65_536))]
+    pub hook_process_memory_mib: u64,
+    /// The CPU time (RLIMIT_CPU) each process that compiles or probes a hook module may use
+    #[arg(long, value_name = "SECS", default_value_t = super::compile::ProcessLimits::DEFAULT_CPU_SECS,
+          value_parser = clap::value_parser!(u64).range(1..=3600))]
+    pub hook_process_cpu_secs: u64,
     /// Where accepted network-status writes are kept until the API server takes them
     /// [default: status-queue beside the socket]
     #[arg(long, value_name = "DIR", value_parser = absolute)]
@@ -236,6 +248,10 @@ impl DaemonArgs {
                 insecure: self.insecure_registry,
                 ca_files: self.registry_ca,
                 ..Default::default()
+            },
+            limits: super::compile::ProcessLimits {
+                memory_mib: self.hook_process_memory_mib,
+                cpu_secs: self.hook_process_cpu_secs,
             },
         });
         Ok(DaemonSettings {

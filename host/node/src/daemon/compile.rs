@@ -2,6 +2,11 @@
 //! and `plexus hook probe` run from the daemon's own binary. The compiler's working memory (tens of MiB for one module, which the allocator keeps once it is
 //! freed) never enters the long-running daemon, so a node's daemon with hooks is as big as one without; a module
 //! that crashes or exhausts the compiler ends only that process. Bounded in time and in what is read back.
+//!
+//! Each such process starts with a clean environment, [`CHILD_ENV`] and nothing else (the daemon's environment
+//! holds the node's and the cluster's settings, which a module has no business near), and with limits of its
+//! own, below the daemon container's ([`ProcessLimits`]): a module that makes the compiler or its own instance
+//! grow fails there, with a message, instead of taking the daemon's container to its memory limit.
 
 use std::ffi::OsStr;
 use std::path::{Path, PathBuf};
@@ -9,6 +14,7 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use plexus_hooks::HookSpec;
+use rustix::process::{Resource, Rlimit};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 use crate::hook_state::{Failure, Reason};
@@ -25,6 +31,116 @@ pub fn own_binary() -> PathBuf {
     PathBuf::from("/proc/self/exe")
 }
 
+/// The whole environment of a compile or probe process: the two variables it reads. Its flags say everything
+/// else; its logging reads no variable. The thread pools it would otherwise size by the node's CPUs are
+/// wasmtime's parallel compiler (rayon) and wasmtime-wasi's runtime for the hook's stdio (tokio): every thread's
+/// stack (2 MiB) counts in `RLIMIT_DATA`, so on a node of 64 CPUs they alone would take 256 MiB of a limit
+/// meant for the compiler and the module.
+pub const CHILD_ENV: [(&str, &str); 2] =
+    [("RAYON_NUM_THREADS", "2"), ("TOKIO_WORKER_THREADS", "1")];
+
+/// What one compile or probe process may use (`plexus daemon --hook-process-memory-mib` and
+/// `--hook-process-cpu-secs`).
+///
+/// Memory is bounded by `RLIMIT_DATA`, not `RLIMIT_AS`: wasmtime reserves address space far beyond what it uses
+/// (a linear memory is a reservation of several GiB, mapped inaccessible until the module grows into it), so
+/// an address-space limit anywhere near the container's memory refuses every instantiation (measured with the
+/// example modules: a compile passes under an `RLIMIT_AS` of 256 MiB, but a probe fails to map its instance's
+/// memory, "Cannot allocate memory", under 4 GiB and passes only from 8 GiB). `RLIMIT_DATA` counts the
+/// private writable mappings (heap, thread stacks, and the part of a linear memory made accessible), which is
+/// what the compiler and the instance really take (measured: each example module compiles within 20 MiB, and
+/// a probe whose module grows to its 64 MiB `memoryLimitMiB` ends cleanly, with the hook's own limit error,
+/// from 68 MiB).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessLimits {
+    /// `RLIMIT_DATA`, in MiB.
+    pub memory_mib: u64,
+    /// `RLIMIT_CPU`, in seconds of CPU time (every thread's).
+    pub cpu_secs: u64,
+}
+
+impl ProcessLimits {
+    /// The default memory bound: below the DaemonSet's 128 MiB limit of the daemon's container with the daemon
+    /// itself (about 20 MiB) beside it, and enough for the default `memoryLimitMiB` (64) and the runtime.
+    pub const DEFAULT_MEMORY_MIB: u64 = 96;
+    /// The default CPU bound: the example modules compile in under a second; a compile that needs a minute of
+    /// CPU is not one a node should finish.
+    pub const DEFAULT_CPU_SECS: u64 = 60;
+    /// What a probe process takes besides its hook's own memory (`memoryLimitMiB`): the runtime, the loaded
+    /// artifact, the allocator's and the threads' share (about 4 MiB measured with the example modules; more
+    /// for larger ones). A probe that runs out of it does not always end cleanly (a thread that cannot start
+    /// aborts while printing a backtrace, and the abort can hang): the wall-clock bound then ends it.
+    pub const RUNTIME_MIB: u64 = 32;
+
+    /// The limits set in the child before it execs: memory and CPU time, and no core file (the kernel ends a
+    /// process past its CPU time with SIGXCPU, whose default action dumps core; a dump of a compiler is tens of
+    /// MiB written to the node for nothing). The hard CPU limit is a second above the soft one, so SIGXCPU, not
+    /// SIGKILL, says what happened.
+    pub fn rlimits(&self) -> [(Resource, Rlimit); 3] {
+        let bytes = self.memory_mib.saturating_mul(1 << 20);
+        let limit = |soft: u64, hard: u64| Rlimit {
+            current: Some(soft),
+            maximum: Some(hard),
+        };
+        [
+            (Resource::Data, limit(bytes, bytes)),
+            (
+                Resource::Cpu,
+                limit(self.cpu_secs, self.cpu_secs.saturating_add(1)),
+            ),
+            (Resource::Core, limit(0, 0)),
+        ]
+    }
+
+    /// Whether a hook with this `memoryLimitMiB` fits in a probe process, and so in what the node lets a hook
+    /// take: its instance's memory and the runtime's share within the memory bound.
+    pub fn admits(&self, memory_limit_mib: Option<u64>) -> Result<(), String> {
+        let wanted = memory_limit_mib.unwrap_or(plexus_hooks::DEFAULT_MEMORY_LIMIT_MIB);
+        let room = self.memory_mib.saturating_sub(Self::RUNTIME_MIB);
+        if wanted <= room {
+            return Ok(());
+        }
+        Err(format!(
+            "memoryLimitMiB {wanted} is more than this node lets a hook take: {room} MiB (its hook processes may \
+             use {} MiB, plexus daemon --hook-process-memory-mib, {} of them the runtime's own)",
+            self.memory_mib,
+            Self::RUNTIME_MIB
+        ))
+    }
+
+    /// What a process that ended this way, with this on its stderr, ran into, when it was one of these limits.
+    fn hit(&self, status: std::process::ExitStatus, stderr: &str) -> Option<String> {
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal() == Some(libc::SIGXCPU) {
+            return Some(format!(
+                "it used up its {} s of CPU time (plexus daemon --hook-process-cpu-secs)",
+                self.cpu_secs
+            ));
+        }
+        // std's own line when an allocation fails (the process aborts), or the process's error naming the
+        // kernel's ENOMEM. Only lines the process itself starts: a hook's log lines are on its stderr too.
+        let out_of_memory = stderr.lines().any(|line| {
+            (line.starts_with("memory allocation of") && line.ends_with("bytes failed"))
+                || (line.starts_with("plexus hook: ") && line.contains("(os error 12)"))
+        });
+        out_of_memory.then(|| {
+            format!(
+                "it ran out of its {} MiB (plexus daemon --hook-process-memory-mib)",
+                self.memory_mib
+            )
+        })
+    }
+}
+
+impl Default for ProcessLimits {
+    fn default() -> Self {
+        ProcessLimits {
+            memory_mib: Self::DEFAULT_MEMORY_MIB,
+            cpu_secs: Self::DEFAULT_CPU_SECS,
+        }
+    }
+}
+
 /// A module compiled into the cache: its component's sha256 and the artifact the node's CNI binary loads.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Compiled {
@@ -38,6 +154,7 @@ pub async fn compile_apart(
     compiler: &Path,
     module: &Path,
     cache_dir: &Path,
+    limits: &ProcessLimits,
     timeout: Duration,
 ) -> Result<Compiled, String> {
     let args = [
@@ -47,7 +164,7 @@ pub async fn compile_apart(
         OsStr::new("--cache-dir"),
         cache_dir.as_os_str(),
     ];
-    let answer = run_apart(compiler, &args, None, timeout).await?;
+    let answer = run_apart(compiler, &args, None, limits, timeout).await?;
     match (answer["sha256"].as_str(), answer["artifact"].as_str()) {
         (Some(sha), Some(artifact)) => Ok(Compiled {
             sha256: sha.to_string(),
@@ -66,6 +183,7 @@ pub async fn probe_apart(
     compiler: &Path,
     entry: &HookSpec,
     cache_dir: &Path,
+    limits: &ProcessLimits,
     timeout: Duration,
 ) -> Result<Result<(), Failure>, String> {
     let args = [
@@ -75,7 +193,7 @@ pub async fn probe_apart(
         cache_dir.as_os_str(),
     ];
     let input = serde_json::to_vec(entry).map_err(|e| e.to_string())?;
-    let answer = run_apart(compiler, &args, Some(input), timeout).await?;
+    let answer = run_apart(compiler, &args, Some(input), limits, timeout).await?;
     if answer["passed"] == true {
         return Ok(Ok(()));
     }
@@ -89,23 +207,49 @@ pub async fn probe_apart(
     }
 }
 
-/// Runs `program args`, `input` on its stdin, within `timeout`: its JSON answer, or why there is none.
+/// `program args` as a compile or probe process starts: [`CHILD_ENV`] as its whole environment, stdio on pipes
+/// (or stdin on nothing), killed when dropped, and `limits` set between fork and exec.
+fn command(
+    program: &Path,
+    args: &[&OsStr],
+    stdin: bool,
+    limits: &ProcessLimits,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(program);
+    command
+        .args(args)
+        .env_clear()
+        .envs(CHILD_ENV)
+        .stdin(if stdin { Stdio::piped() } else { Stdio::null() })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let rlimits = limits.rlimits();
+    // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe calls are sound; it
+    // makes three setrlimit system calls (rustix calls the kernel directly: no allocation, no lock) on values
+    // prepared before the fork.
+    #[allow(unsafe_code)]
+    unsafe {
+        command.pre_exec(move || {
+            for (resource, limit) in rlimits {
+                rustix::process::setrlimit(resource, limit)?;
+            }
+            Ok(())
+        });
+    }
+    command
+}
+
+/// Runs `program args`, `input` on its stdin, within `limits` and `timeout`: its JSON answer, or why there is
+/// none.
 async fn run_apart(
     program: &Path,
     args: &[&OsStr],
     input: Option<Vec<u8>>,
+    limits: &ProcessLimits,
     timeout: Duration,
 ) -> Result<serde_json::Value, String> {
-    let mut child = tokio::process::Command::new(program)
-        .args(args)
-        .stdin(if input.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
+    let mut child = command(program, args, input.is_some(), limits)
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -131,12 +275,15 @@ async fn run_apart(
         Err(_) => return Err(format!("it did not finish within {} s", timeout.as_secs())),
     };
     if !status.success() {
-        let message = String::from_utf8_lossy(&err);
-        let message = message.trim().trim_start_matches("plexus hook: ");
-        return Err(match message.is_empty() {
-            true => format!("it ended with {status}"),
-            false => plexus_cni::error::bounded(message.to_string()),
-        });
+        let stderr = String::from_utf8_lossy(&err);
+        let message = stderr.trim().trim_start_matches("plexus hook: ");
+        let message = match (message.is_empty(), limits.hit(status, &stderr)) {
+            (true, None) => format!("it ended with {status}"),
+            (true, Some(hit)) => hit,
+            (false, None) => message.to_string(),
+            (false, Some(hit)) => format!("{hit}: {message}"),
+        };
+        return Err(plexus_cni::error::bounded(message));
     }
     serde_json::from_slice(&out).map_err(|e| format!("its answer is not JSON: {e}"))
 }
@@ -186,6 +333,7 @@ mod tests {
             &compiler,
             Path::new("/m.wasm"),
             Path::new("/c"),
+            &ProcessLimits::default(),
             COMPILE_TIMEOUT,
         )
         .await;
@@ -209,9 +357,15 @@ mod tests {
             dir.path(),
             "echo 'plexus hook: m.wasm: not a component' >&2; exit 1",
         );
-        let err = compile_apart(&failing, Path::new("/m"), Path::new("/c"), COMPILE_TIMEOUT)
-            .await
-            .unwrap_err();
+        let err = compile_apart(
+            &failing,
+            Path::new("/m"),
+            Path::new("/c"),
+            &ProcessLimits::default(),
+            COMPILE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
         assert_eq!(err, "m.wasm: not a component");
         let hung = dir.path().join("hung");
         std::fs::create_dir(&hung).unwrap();
@@ -221,6 +375,7 @@ mod tests {
             &hung,
             Path::new("/m"),
             Path::new("/c"),
+            &ProcessLimits::default(),
             Duration::from_millis(300),
         )
         .await
@@ -230,10 +385,164 @@ mod tests {
         let noisy = dir.path().join("noisy");
         std::fs::create_dir(&noisy).unwrap();
         let noisy = script(&noisy, "head -c 1000000 /dev/zero | tr '\\0' 'x'; exit 0");
-        let err = compile_apart(&noisy, Path::new("/m"), Path::new("/c"), COMPILE_TIMEOUT)
-            .await
-            .unwrap_err();
+        let err = compile_apart(
+            &noisy,
+            Path::new("/m"),
+            Path::new("/c"),
+            &ProcessLimits::default(),
+            COMPILE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
         assert!(err.contains("not JSON"), "{err}");
+    }
+
+    #[test]
+    fn a_hook_process_gets_memory_and_cpu_limits_no_core_and_hooks_that_fit() {
+        let limits = ProcessLimits {
+            memory_mib: 96,
+            cpu_secs: 60,
+        };
+        let got: Vec<(Resource, Option<u64>, Option<u64>)> = limits
+            .rlimits()
+            .into_iter()
+            .map(|(r, l)| (r, l.current, l.maximum))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Resource::Data, Some(96 << 20), Some(96 << 20)),
+                (Resource::Cpu, Some(60), Some(61)),
+                (Resource::Core, Some(0), Some(0)),
+            ]
+        );
+        assert_eq!(limits, ProcessLimits::default());
+        // The default memoryLimitMiB (64) and the runtime's 32 fit the default exactly.
+        assert_eq!(limits.admits(None), Ok(()));
+        assert_eq!(limits.admits(Some(64)), Ok(()));
+        let err = limits.admits(Some(65)).unwrap_err();
+        assert!(
+            err.contains("memoryLimitMiB 65") && err.contains("64 MiB"),
+            "{err}"
+        );
+        assert!(err.contains("--hook-process-memory-mib"), "{err}");
+        let small = ProcessLimits {
+            memory_mib: 48,
+            cpu_secs: 1,
+        };
+        assert!(small.admits(None).is_err());
+        assert_eq!(small.admits(Some(16)), Ok(()));
+
+        use std::os::unix::process::ExitStatusExt;
+        let (failed, xcpu) = (
+            std::process::ExitStatus::from_raw(1 << 8),
+            std::process::ExitStatus::from_raw(libc::SIGXCPU),
+        );
+        let memory = "it ran out of its 96 MiB (plexus daemon --hook-process-memory-mib)";
+        assert!(limits.hit(xcpu, "").unwrap().contains("60 s of CPU time"));
+        let enomem = "plexus hook: m.wasm: mapping: Cannot allocate memory (os error 12)";
+        assert_eq!(limits.hit(failed, enomem).as_deref(), Some(memory));
+        // A hook's log line saying the same is the hook's, not the process's.
+        let logged =
+            "2026-01-01T00:00:00Z  INFO memory allocation of 1048576 bytes failed hook=\"b\"\n\
+                      plexus hook: m.wasm: not a component";
+        assert_eq!(limits.hit(failed, logged), None);
+    }
+
+    #[tokio::test]
+    async fn a_hook_process_sees_none_of_the_daemons_environment_and_runs_under_its_limits() {
+        let dir = tempfile::tempdir().unwrap();
+        let (environ, limits) = (dir.path().join("environ"), dir.path().join("limits"));
+        // What exec handed the process, and the limits it runs under, as the kernel reports them.
+        let compiler = script(
+            dir.path(),
+            &format!(
+                "cat /proc/$$/environ > {}; cat /proc/$$/limits > {}; echo '{{\"sha256\": \"a\", \"artifact\": \"b\"}}'",
+                environ.display(),
+                limits.display()
+            ),
+        );
+        assert!(
+            std::env::vars_os().next().is_some(),
+            "the test runs with an environment"
+        );
+        let set = ProcessLimits {
+            memory_mib: 200,
+            cpu_secs: 30,
+        };
+        let got = compile_apart(
+            &compiler,
+            Path::new("/m"),
+            Path::new("/c"),
+            &set,
+            COMPILE_TIMEOUT,
+        )
+        .await;
+        assert!(got.is_ok(), "{got:?}");
+        let environ = std::fs::read_to_string(&environ).unwrap();
+        let mut seen: Vec<&str> = environ.split_terminator('\0').collect();
+        seen.sort_unstable();
+        assert_eq!(seen, ["RAYON_NUM_THREADS=2", "TOKIO_WORKER_THREADS=1"]);
+        let limits = std::fs::read_to_string(&limits).unwrap();
+        let line = |name: &str| -> Vec<String> {
+            let l = limits.lines().find(|l| l.starts_with(name)).unwrap();
+            l[name.len()..]
+                .split_whitespace()
+                .map(str::to_string)
+                .collect()
+        };
+        let bytes = (200u64 << 20).to_string();
+        assert_eq!(
+            line("Max data size"),
+            [bytes.as_str(), &bytes, "bytes"],
+            "{limits}"
+        );
+        assert_eq!(line("Max cpu time"), ["30", "31", "seconds"], "{limits}");
+        assert_eq!(line("Max core file size"), ["0", "0", "bytes"], "{limits}");
+    }
+
+    #[tokio::test]
+    async fn a_process_past_its_limits_says_which_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let spinning = script(dir.path(), "while :; do :; done");
+        let tight = ProcessLimits {
+            memory_mib: 96,
+            cpu_secs: 1,
+        };
+        let started = std::time::Instant::now();
+        let err = compile_apart(
+            &spinning,
+            Path::new("/m"),
+            Path::new("/c"),
+            &tight,
+            COMPILE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "it used up its 1 s of CPU time (plexus daemon --hook-process-cpu-secs)"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30));
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        let starved = script(
+            &other,
+            "echo 'memory allocation of 1048576 bytes failed' >&2; kill -ABRT $$",
+        );
+        let err = compile_apart(
+            &starved,
+            Path::new("/m"),
+            Path::new("/c"),
+            &tight,
+            COMPILE_TIMEOUT,
+        )
+        .await
+        .unwrap_err();
+        assert_eq!(
+            err,
+            "it ran out of its 96 MiB (plexus daemon --hook-process-memory-mib): memory allocation of 1048576 bytes failed"
+        );
     }
 
     #[tokio::test]
@@ -251,7 +560,14 @@ mod tests {
                 seen.display()
             ),
         );
-        let verdict = probe_apart(&failing, &entry, Path::new("/c"), COMPILE_TIMEOUT).await;
+        let verdict = probe_apart(
+            &failing,
+            &entry,
+            Path::new("/c"),
+            &ProcessLimits::default(),
+            COMPILE_TIMEOUT,
+        )
+        .await;
         assert_eq!(
             verdict,
             Ok(Err(Failure::new(Reason::KindMismatch, "serves status")))
@@ -261,7 +577,14 @@ mod tests {
         let other = dir.path().join("other");
         std::fs::create_dir(&other).unwrap();
         let passing = script(&other, "cat > /dev/null; echo '{\"passed\": true}'");
-        let verdict = probe_apart(&passing, &entry, Path::new("/c"), COMPILE_TIMEOUT).await;
+        let verdict = probe_apart(
+            &passing,
+            &entry,
+            Path::new("/c"),
+            &ProcessLimits::default(),
+            COMPILE_TIMEOUT,
+        )
+        .await;
         assert_eq!(verdict, Ok(Ok(())));
     }
 }

@@ -183,6 +183,7 @@ fn start_tasks(
                 watch_timeout_secs: settings.watch_timeout_secs,
                 states: state.hook_states.clone(),
                 compiler: super::compile::own_binary(),
+                limits: h.limits,
             },
         ));
     }
