@@ -144,6 +144,32 @@ fn the_pods_default_network_annotation_replaces_the_cluster_network_under_multus
     assert!(!run.success);
     assert!(run.stdout.contains("nope"), "{}", run.stdout);
     assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+
+    // The pod chooses its cluster network here: the policy hooks judge that choice like any selection. A
+    // namespace-isolation policy refuses kube-system's network to a pod of another namespace, and admits one of
+    // the pod's own.
+    let mut isolated = multus();
+    isolated["hooks"] = json!([{"name": "isolation", "kind": "policy",
+        "module": plexus_tests::plexus::guest_wasm("namespace-isolation"),
+        "settings": {"globalNamespaces": []}}]);
+    one_plugin_nad(&sb, NS, "own-net", "alt-plugin");
+    let run = add(&sb, NS, "web", isolated.clone());
+    assert!(!run.success);
+    assert!(
+        run.stdout
+            .contains("v1.multus-cni.io/default-network rejected by policy hook")
+            && run.stdout.contains("kube-system/alt-net"),
+        "{}",
+        run.stdout
+    );
+    assert!(sb.calls().is_empty(), "{:?}", sb.call_summary());
+    pod("own", &format!("{NS}/own-net"));
+    let run = add(&sb, NS, "own", isolated);
+    assert!(run.success, "{}", run.stdout);
+    assert_eq!(
+        added(&sb),
+        pairs(&[("alt-plugin", "eth0"), ("a-plugin", "net1")])
+    );
 }
 
 #[test]

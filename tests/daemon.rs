@@ -197,7 +197,8 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     let daemon_requests = loop {
         let r: Vec<_> = c.requests_of(PLEXUS_USER)[before..]
             .iter()
-            .filter(|(verb, _)| verb != "watch" && verb != "list")
+            // The node-authority self-check's dry run is the daemon's own, not the ADD's.
+            .filter(|(verb, uri)| verb != "watch" && verb != "list" && !uri.contains("dryRun"))
             .cloned()
             .collect();
         if r.len() >= 2 || Instant::now() > deadline {
@@ -1706,4 +1707,207 @@ fn big_answers_are_bounded_per_object_and_never_unsync_the_cache() {
     );
     let h = d.wait("status written", |h| h.status_writes == 1);
     assert_eq!(h.api_reads, 0, "{h:?}");
+}
+
+/// A NAD grown past the per-object bound, and then deleted, is not attached as it was: the watch event over the
+/// bound evicts the cached version, the next ADD reads the NAD by name (the current version), and after the
+/// deletion an ADD fails for the missing NAD instead of running the old configuration.
+#[test]
+fn a_nad_grown_past_the_bound_and_then_deleted_is_not_attached_as_it_was() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "grow", &nad_config("grow", "old"));
+    let uid = c.selecting_pod("web", "grow");
+    let d = c.daemon(&[]);
+    d.wait("pod and NAD cached", |h| {
+        plexus_tests::plexus::settled(h) && h.cache.nads == 1 && h.cache.pods == 1 + TOKEN_POD
+    });
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    let del = |id: &str| {
+        c.sb.run("DEL", id, &pod_args("web", &uid), &conf).ok();
+    };
+    c.add("c1", "web", &uid, &conf).ok();
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "old");
+    del("c1");
+
+    // Past the 1 MiB bound of one object (etcd takes it: its default bound is 1.5 MiB).
+    let mut grown = nad_config("grow", "new");
+    grown["padding"] = json!("x".repeat(1_200_000));
+    c.api.must(
+        "PATCH",
+        "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/grow",
+        Some(&json!({"spec": {"config": grown.to_string()}})),
+    );
+    d.wait("the cached version evicted", |h| h.cache.nads == 0);
+    let reads = d.health().unwrap().api_reads;
+    c.add("c2", "web", &uid, &conf).ok();
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "new");
+    assert_eq!(d.health().unwrap().api_reads, reads + 1, "read by name");
+    del("c2");
+
+    c.api.must(
+        "DELETE",
+        "/apis/k8s.cni.cncf.io/v1/namespaces/team-a/network-attachment-definitions/grow",
+        None,
+    );
+    c.sb.clear_calls();
+    let run = c.add("c3", "web", &uid, &conf);
+    assert!(!run.success, "{}", run.stdout);
+    assert!(run.msg().contains("grow"), "{}", run.msg());
+    assert!(
+        c.sb.calls()
+            .iter()
+            .all(|call| call.plugin != "secondary-plugin"),
+        "{:?}",
+        c.sb.call_summary()
+    );
+}
+
+/// One namespace's NADs cannot size a node's memory: 120 NADs of ~0.9 MiB (108 MiB) in namespace `big`, most before the daemon starts (its list) and some after (its watch). The
+/// daemon stays up with its NAD cache within its budget (largest dropped first), its peak resident memory within
+/// its share of the DaemonSet's limit (192 MiB, less 96 for a hook compile process beside it); an ADD of a small NAD reads nothing from the API, and one selecting a big NAD still
+/// attaches it (read by name when it is not cached).
+#[test]
+fn one_namespaces_nads_cannot_size_the_daemons_memory() {
+    let c = cluster(&[]);
+    c.api.namespace("big");
+    c.api.nad("team-a", "small", &nad_config("small", "small"));
+    let big = |i: usize| {
+        let mut config = nad_config(&format!("big-{i}"), &format!("big-{i}"));
+        config["padding"] = json!("x".repeat(900_000));
+        json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+               "metadata": {"name": format!("big-{i}"), "namespace": "big"},
+               "spec": {"config": config.to_string()}})
+    };
+    let before: Vec<Value> = (0..100).map(big).collect();
+    assert_eq!(c.api.create_many(&before), 0);
+    let small_uid = c.selecting_pod("web", "small");
+    let big_uid = c.selecting_pod("heavy", "big/big-7");
+    let d = c.daemon(&[]);
+    let budget = (plexus_cluster::DEFAULT_NAD_BUDGET_BYTES) as u64;
+    let h = d.wait("synced", |h| {
+        plexus_tests::plexus::settled(h) && h.cache.pods == 2 + TOKEN_POD
+    });
+    assert!(h.cache.nad_bytes <= budget, "{h:?}");
+    assert!(
+        h.cache.nads < 100,
+        "the list did not bring every big NAD into memory: {h:?}"
+    );
+    // Each NAD the watch brings is held or makes the cache drop another: either way the sum grows by one.
+    let seen =
+        |h: &plexus_cni::daemon::proto::DaemonHealth| h.cache.nads as u64 + h.cache.nads_evicted;
+    let listed = seen(&h);
+    let after: Vec<Value> = (100..120).map(big).collect();
+    assert_eq!(c.api.create_many(&after), 0);
+    let h = d.wait("the NADs created after the start seen", |h| {
+        seen(h) >= listed + 20
+    });
+    assert!(h.cache.nad_bytes <= budget, "{h:?}");
+    assert!(
+        h.cache.nads >= 2,
+        "the small NAD and some big ones stay: {h:?}"
+    );
+
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    let reads = h.api_reads;
+    c.add("c-small", "web", &small_uid, &conf).ok();
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "small");
+    assert_eq!(
+        d.health().unwrap().api_reads,
+        reads,
+        "the small NAD is cached"
+    );
+    c.add("c-big", "heavy", &big_uid, &conf).ok();
+    assert_eq!(marker_of_last_secondary_call(&c.sb), "big-7");
+
+    let status = std::fs::read_to_string(format!("/proc/{}/status", d.child.id())).unwrap();
+    let peak_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmHWM");
+    let rss_kib: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS");
+    eprintln!(
+        "daemon resident memory with 108 MiB of NADs: peak {} MiB, now {} MiB",
+        peak_kib / 1024,
+        rss_kib / 1024
+    );
+    assert!(
+        peak_kib < 96 * 1024,
+        "the daemon's peak resident memory {} MiB is over its 96 MiB share of the DaemonSet's limit",
+        peak_kib / 1024
+    );
+    assert!(d.health().is_some(), "the daemon is up");
+}
+
+/// The daemon checks, with a server-side dry run, that the API server refuses a write its node may not make: with
+/// the node-authority policy in place it finds it enforced and says nothing; without it (a cluster upgraded
+/// without node-authority.yaml) it says so in its health, `plexus status`, a Warning event on its Node and the
+/// metric `plexus_node_authority_enforced`.
+#[test]
+fn a_missing_node_authority_policy_is_reported() {
+    // With the policy: nothing to report.
+    let c = cluster(&[]);
+    let d = c.daemon(&[]);
+    d.wait("synced", plexus_tests::plexus::settled);
+    std::thread::sleep(Duration::from_secs(1));
+    assert_eq!(d.health().unwrap().authority_not_enforced, None);
+    drop(d);
+
+    // Without it.
+    let api = KubeApiServer::start(&[], &[]);
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));
+    let sb = Sandbox::new();
+    let token = api.node_bound_token("kube-system", "plexus", NODE);
+    api.write_kubeconfig(&sb.path("daemon.kubeconfig"), &token);
+    let d = NodeDaemon::start(
+        NODE,
+        &sb.path("daemon.kubeconfig"),
+        &sb.path("run/daemon.sock"),
+        &sb.path("cache"),
+        &sb.path("daemon.log"),
+        &["--no-hooks"],
+    );
+    let h = d.wait("the self-check's finding", |h| {
+        h.authority_not_enforced.is_some()
+    });
+    let why = h.authority_not_enforced.unwrap();
+    assert!(why.contains("node-authority.yaml"), "{why}");
+    let events = api.must("GET", "/api/v1/namespaces/default/events", None);
+    let warned =
+        events["items"].as_array().unwrap().iter().any(|e| {
+            e["reason"] == "NodeAuthorityNotEnforced" && e["involvedObject"]["name"] == NODE
+        });
+    assert!(warned, "{events}");
+    // Nothing was stored by the dry run.
+    let (code, _) = api
+        .request(
+            "GET",
+            "/apis/plexus.dev/v1alpha1/nodehookstatuses/plexus-authority-self-check",
+            None,
+        )
+        .unwrap();
+    assert_eq!(code, 404);
+    let out = Command::new(plexus_bin())
+        .args(["status", "--json", "--socket"])
+        .arg(sb.path("run/daemon.sock"))
+        .arg("--cache-dir")
+        .arg(sb.path("cache"))
+        .output()
+        .unwrap();
+    let s: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(
+        s["problems"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|p| p.as_str().unwrap().starts_with("node authority:")),
+        "{s}"
+    );
 }

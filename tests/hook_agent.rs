@@ -1492,6 +1492,18 @@ fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
             .count()
     };
     assert_eq!(logged(), 1, "{}", std::fs::read_to_string(&log).unwrap());
+    // Until its agent has published a set, the node refuses ADDs, retryably and saying why (a policy never fails
+    // open in a node's first minutes); no delegate runs, nothing stays, and DEL is not held back.
+    let late_conf =
+        w.sb.conf(json!({"clusterHooks": true, "cacheDir": w.sb.path("cache-late")}));
+    let args = Sandbox::pod_args("team-a", "web");
+    w.sb.clear_calls();
+    let run = w.sb.run("ADD", "late-1", &args, &late_conf);
+    assert_eq!(run.code(), 11, "{}", run.stdout);
+    assert!(run.msg().contains("no published hook set"), "{}", run.msg());
+    assert!(w.sb.calls().is_empty(), "{:?}", w.sb.call_summary());
+    assert!(plexus_tests::plexus::list_cache(&w.sb.path("cache-late/attachments")).is_empty());
+    w.sb.run("DEL", "late-1", &args, &late_conf).ok();
     w.api
         .create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": late}}));
     let report = || {
@@ -1505,6 +1517,13 @@ fn a_plain_http_registry_and_a_missing_node_are_named_with_what_to_do() {
         report().is_some_and(|r| r["status"]["hooks"][0]["reason"] == "Active")
     });
     assert!(!waits(&status()), "{}", status());
+    // Published: the same ADD goes through, and runs the hook.
+    w.sb.run("ADD", "late-2", &args, &late_conf).ok();
+    assert_eq!(
+        w.sb.status("team-a", "web").unwrap()[0][LABELS_KEY],
+        json!({"app": "web"})
+    );
+    w.sb.run("DEL", "late-2", &args, &late_conf).ok();
     drop(daemon);
 
     // An agent told nothing of the plain-HTTP registry: PullFailed, and the message says which flag.

@@ -210,7 +210,7 @@ fn nad_weight(n: &NetworkAttachmentDefinition) -> usize {
 
 /// The NAD cache's budget when the daemon is given none: room for tens of thousands of ordinary NADs (a few KiB
 /// each), and well inside the DaemonSet's memory limit even while a relist holds a second table.
-pub const DEFAULT_NAD_BUDGET_BYTES: usize = 32 << 20;
+pub const DEFAULT_NAD_BUDGET_BYTES: usize = 24 << 20;
 
 /// Whether the cluster serves DRA's `resource.k8s.io/v1`, as the daemon last found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -550,12 +550,9 @@ pub async fn run_watches(api: KubeApi, cache: Arc<NodeCache>, settings: WatchSet
         .timeout(settings.timeout_secs)
         .any_semantic();
     let pods = watcher::watcher(Api::<KubePod>::all(client.clone()), pod_config).default_backoff();
-    // NADs are listed in small pages of the most recent version: a list at any version is served whole from the
-    // API server's cache, whatever its page size, and one namespace's large NADs would then pass through the
-    // daemon's memory all at once, however little of them the cache keeps.
     let nad_config = watcher::Config::default()
         .timeout(settings.timeout_secs)
-        .page_size(NAD_PAGE_SIZE);
+        .any_semantic();
     let nads =
         watcher::watcher(Api::<NadObject>::all(client.clone()), nad_config).default_backoff();
     tokio::join!(
@@ -570,9 +567,6 @@ pub async fn run_watches(api: KubeApi, cache: Arc<NodeCache>, settings: WatchSet
         run_dra(&api, &cache, &settings),
     );
 }
-
-/// NADs a list page holds: at most this many times [`crate::MAX_OBJECT_BYTES`] pass through memory at once.
-const NAD_PAGE_SIZE: u32 = 16;
 
 /// How often the daemon asks again whether DRA is served, while it is not.
 const DRA_PROBE_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);

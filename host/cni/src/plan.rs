@@ -180,7 +180,8 @@ impl<'a> Planner<'a> {
         &self,
         pod: Option<&Pod>,
     ) -> Option<Result<(String, NetworkConfigList), PlexusError>> {
-        let value = self.inv.conf.compat.pod_default_network(pod?)?;
+        let the_pod = pod?;
+        let value = self.inv.conf.compat.pod_default_network(the_pod)?;
         let resolve = || {
             let bad = |why: String| PlexusError::config(MULTUS_DEFAULT_NETWORK, why);
             let mut sels =
@@ -192,12 +193,38 @@ impl<'a> Planner<'a> {
                     sels.len()
                 )));
             }
-            let sel = sels.remove(0);
+            let sel = self.admitted_default_network(the_pod, sels.remove(0))?;
             let nad = self.cluster()?.nad(&sel.namespace, &sel.name)?;
             let list = self.resolve_nad_config(&nad, Some(&sel), pod, None)?;
             Ok((sel.namespaced_name(), list))
         };
         Some(resolve())
+    }
+
+    /// The pod's default network (Multus compatibility) as the policy hooks admit it: the pod chooses its cluster
+    /// network there, so the hooks judge that choice as they judge any selection (one network in, one out).
+    fn admitted_default_network(
+        &self,
+        pod: &Pod,
+        sel: Selection,
+    ) -> Result<Selection, PlexusError> {
+        if self.fx.hooks.is_empty() {
+            return Ok(sel);
+        }
+        match self
+            .fx
+            .hooks
+            .policy(pod, vec![sel], plexus_hooks::SelectionDevices::new())?
+        {
+            PolicyOutcome::Deny { hook, reason } => Err(PlexusError::PolicyDenied(format!(
+                "{MULTUS_DEFAULT_NETWORK} rejected by policy hook {hook:?}: {reason}"
+            ))),
+            PolicyOutcome::Admit(mut admitted) if admitted.len() == 1 => Ok(admitted.remove(0)),
+            PolicyOutcome::Admit(admitted) => Err(PlexusError::PolicyDenied(format!(
+                "{MULTUS_DEFAULT_NETWORK}: the policy hooks answered {} networks for the pod's one default network",
+                admitted.len()
+            ))),
+        }
     }
 
     /// Spec 3.4.1 with resolver hooks first: a hook may supply or rewrite the config.

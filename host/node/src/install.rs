@@ -83,6 +83,9 @@ pub struct InstallOptions {
     pub from_multus: Option<PathBuf>,
     /// Write `"compat": "multus"` into the conflist.
     pub compat_multus: bool,
+    /// Whether the node runs a node agent that publishes the cluster's hooks: without one the conflist says
+    /// `"clusterHooks": false`, since the CNI plugin would otherwise wait for a hook set nobody publishes.
+    pub cluster_hooks: bool,
 }
 
 /// The plexus conf's `runDir` (locks, the daemon's socket), `daemon.socket` and `cacheDir`: `None` or the
@@ -173,6 +176,10 @@ pub struct InstallArgs {
     /// "multus": write "compat": "multus" into the conflist (inputs written for Multus behave as under Multus)
     #[arg(long, value_name = "MODE", default_value = "strict", value_parser = ["strict", "multus"])]
     pub compat: String,
+    /// The node runs no node agent (`plexus daemon --no-hooks`, or no daemon): write "clusterHooks": false, so
+    /// that ADDs do not wait for a hook set nobody publishes
+    #[arg(long)]
+    pub no_cluster_hooks: bool,
     /// Where the plexus binary goes
     #[arg(long, value_name = "DIR", default_value = DEFAULT_BIN_DIR)]
     pub bin_dir: PathBuf,
@@ -228,6 +235,7 @@ impl InstallArgs {
             uninstall: self.uninstall,
             from_multus: self.from_multus.clone(),
             compat_multus: self.compat == "multus",
+            cluster_hooks: !self.no_cluster_hooks,
             node_paths: NodePaths {
                 run_dir: self.run_dir.clone(),
                 daemon_socket: self.daemon_socket.clone(),
@@ -590,6 +598,9 @@ pub fn refresh(
             opts.node_paths.apply(&mut conflist);
             if opts.compat_multus {
                 conflist["plugins"][0]["compat"] = json!("multus");
+            }
+            if !opts.cluster_hooks {
+                conflist["plugins"][0]["clusterHooks"] = json!(false);
             }
             if write_conflist(&opts.conf_dir, &conflist)? {
                 touched.push(ours);

@@ -198,6 +198,9 @@ fn hooks(
     if let Some(why) = health.and_then(|h| h.hook_agent_waiting.as_ref()) {
         problems.push(format!("hook agent: {why}"));
     }
+    if let Some(why) = health.and_then(|h| h.authority_not_enforced.as_ref()) {
+        problems.push(format!("node authority: {why}"));
+    }
     for h in health.map(|h| h.hooks.as_slice()).unwrap_or_default() {
         // The set names cluster hooks after their resource, with a prefix.
         let set_name = format!("{}{}", plexus_cni::hooks::CLUSTER_HOOK_PREFIX, h.name);

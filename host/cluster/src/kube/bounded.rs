@@ -23,6 +23,19 @@ use http_body::{Body, Frame};
 /// The largest object kept from a list or a watch. etcd refuses a write over 1.5 MiB by default, so no object
 /// of a cluster with default limits comes near it; a NAD, or a pod's metadata, is a few KiB.
 pub const MAX_OBJECT_BYTES: usize = 1 << 20;
+/// What the items of one list answer may take in total: past it, further items are left out (counted and
+/// logged like an item over the bound; a cache that misses one reads it by name). A list "at any version" is
+/// served whole from the API server's cache, whatever its page size, so without it one namespace's objects would
+/// pass through the node's memory all at once.
+pub const MAX_LIST_ITEMS_BYTES: usize = 32 << 20;
+/// Items over [`LARGE_ITEM_BYTES`] take at most this much of it, so that a few namespaces' large objects cannot
+/// crowd out everyone's small ones.
+pub const MAX_LARGE_ITEMS_BYTES: usize = 8 << 20;
+/// An item larger than this counts against [`MAX_LARGE_ITEMS_BYTES`] too (an ordinary NAD is a few KiB).
+pub const LARGE_ITEM_BYTES: usize = 64 << 10;
+/// Items left out of one answer for its total that are logged by name; the rest are counted.
+const LOGGED_OVER_TOTAL: u32 = 10;
+
 /// How much of a skipped list item is kept to name it in the log.
 const HEAD_BYTES: usize = 4096;
 /// How much of a skipped watch event is kept to evict its object: its metadata whole, annotations (at most 256 KiB
@@ -82,6 +95,10 @@ pub(crate) struct Scanner {
     in_item: bool,
     items_written: usize,
     envelope: usize,
+    /// Bytes of the items written, of the large ones among them, and items left out for the total.
+    items_bytes: usize,
+    large_items_bytes: usize,
+    over_total: u32,
 }
 
 /// An answer over its bound outside its items.
@@ -106,6 +123,9 @@ impl Scanner {
             in_item: false,
             items_written: 0,
             envelope: 0,
+            items_bytes: 0,
+            large_items_bytes: 0,
+            over_total: 0,
         }
     }
 
@@ -225,6 +245,13 @@ impl Scanner {
         }
     }
 
+    /// Whether the item read (`object`) fits in what the answer's items may take in total.
+    fn item_fits(&self) -> bool {
+        let len = self.object.len();
+        self.items_bytes + len <= MAX_LIST_ITEMS_BYTES
+            && (len <= LARGE_ITEM_BYTES || self.large_items_bytes + len <= MAX_LARGE_ITEMS_BYTES)
+    }
+
     fn items_byte(&mut self, b: u8, string_byte: bool, out: &mut Vec<u8>) -> Result<(), TooLarge> {
         if self.in_item {
             self.keep(&[b]);
@@ -232,9 +259,17 @@ impl Scanner {
                 self.in_item = false;
                 match self.skipping.take() {
                     Some(head) => skipped(&head),
+                    None if !self.item_fits() => {
+                        self.over_total += 1;
+                        over_total(&self.object, self.over_total <= LOGGED_OVER_TOTAL);
+                    }
                     None => {
                         if self.items_written > 0 {
                             out.push(b',');
+                        }
+                        self.items_bytes += self.object.len();
+                        if self.object.len() > LARGE_ITEM_BYTES {
+                            self.large_items_bytes += self.object.len();
                         }
                         out.append(&mut self.object);
                         self.items_written += 1;
@@ -263,7 +298,8 @@ impl Scanner {
 }
 
 /// The members of the JSON object that starts at `text[at]` (`{`), as (key, value) byte ranges of `text`, as far
-/// as `text` holds them whole: a head of a document cut anywhere gives the members before the cut.
+/// as `text` holds them: a head of a document cut anywhere gives the members before the cut, and the one cut, to
+/// the end of `text`.
 fn members(text: &[u8], at: usize) -> Vec<(&[u8], std::ops::Range<usize>)> {
     let mut out = Vec::new();
     if text.get(at) != Some(&b'{') {
@@ -339,6 +375,8 @@ fn members(text: &[u8], at: usize) -> Vec<(&[u8], std::ops::Range<usize>)> {
             i += 1;
         }
         let Some(end) = value_end(i) else {
+            // Cut: the last member runs to the end of what there is (its start is what an object's caller needs).
+            out.push((key, i..text.len()));
             return out;
         };
         out.push((key, i..end));
@@ -386,6 +424,33 @@ fn eviction(head: &[u8]) -> Option<Vec<u8>> {
         "object": {"apiVersion": api_version, "kind": kind, "metadata": metadata},
     });
     serde_json::to_vec(&event).ok()
+}
+
+/// Counts (and logs, when `log`) a list item left out for the answer's total.
+fn over_total(item: &[u8], log: bool) {
+    SKIPPED.fetch_add(1, Ordering::Relaxed);
+    if log {
+        let head = &item[..item.len().min(EVENT_HEAD_BYTES)];
+        let meta = members(head, 0)
+            .into_iter()
+            .find(|(k, _)| *k == b"metadata")
+            .map(|(_, r)| members(head, r.start))
+            .unwrap_or_default();
+        let field = |key: &str| {
+            meta.iter()
+                .find(|(k, _)| *k == key.as_bytes())
+                .and_then(|(_, r)| serde_json::from_slice::<String>(&head[r.clone()]).ok())
+                .unwrap_or_default()
+        };
+        tracing::warn!(
+            bytes = item.len(),
+            namespace = %field("namespace"),
+            name = %field("name"),
+            total = MAX_LIST_ITEMS_BYTES,
+            large = MAX_LARGE_ITEMS_BYTES,
+            "a list item was left out: the answer's items are over what one answer may take (a cache that misses it reads it by name)"
+        );
+    }
 }
 
 /// Logs and counts an object left out for its size, named from its first bytes.
@@ -684,6 +749,53 @@ mod tests {
         let stub: serde_json::Value = serde_json::from_str(out.lines().nth(1).unwrap()).unwrap();
         let nad: crate::kube::NadObject = serde_json::from_value(stub["object"].clone()).unwrap();
         assert_eq!(kube::Resource::meta(&nad).name.as_deref(), Some("grown"));
+    }
+
+    #[test]
+    fn a_lists_items_are_bounded_in_total_large_ones_first() {
+        // 100 large items (100 KiB each, 10 MiB) first, then 50 small ones: the large ones take at most their share, the
+        // small ones all fit.
+        let mut items: Vec<String> = (0..100)
+            .map(|i| nad(&format!("big{i}"), 100 << 10))
+            .collect();
+        items.extend((0..50).map(|i| nad(&format!("small{i}"), 100)));
+        let list = format!(r#"{{"kind":"List","items":[{}]}}"#, items.join(","));
+        let out = run(Mode::Json, MAX_OBJECT_BYTES, &list, 8192).unwrap();
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        let names: Vec<&str> = v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap())
+            .collect();
+        let big = names.iter().filter(|n| n.starts_with("big")).count();
+        assert_eq!(
+            big,
+            MAX_LARGE_ITEMS_BYTES / ((100 << 10) + 100),
+            "{names:?}"
+        );
+        assert_eq!(names.iter().filter(|n| n.starts_with("small")).count(), 50);
+    }
+
+    #[test]
+    fn a_real_servers_custom_resource_event_is_evicted() {
+        // Longer than the head kept of a skipped event, as a NAD over the 1 MiB bound is.
+        let config = serde_json::json!({"cniVersion": "1.0.0", "name": "grow",
+            "padding": "x".repeat(EVENT_HEAD_BYTES + 1000)})
+        .to_string();
+        let event = serde_json::json!({"type": "MODIFIED", "object": {
+            "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+            "metadata": {"creationTimestamp": "2026-11-28T00:05:14Z", "generation": 2,
+                "managedFields": [{"apiVersion": "k8s.cni.cncf.io/v1", "fieldsType": "FieldsV1",
+                    "fieldsV1": {"f:spec": {".": {}, "f:config": {}}}, "manager": "curl",
+                    "operation": "Update", "time": "2026-11-28T00:05:14Z"}],
+                "name": "grow", "namespace": "team-a", "resourceVersion": "345", "uid": "u-1"},
+            "spec": {"config": config}}});
+        let line = format!("{event}\n");
+        let out = run(Mode::Lines, 1000, &line, 65536).unwrap();
+        let v: serde_json::Value = serde_json::from_str(out.trim()).expect(&out);
+        assert_eq!(v["type"], "DELETED");
+        assert_eq!(v["object"]["metadata"]["name"], "grow");
     }
 
     #[test]

@@ -153,6 +153,10 @@ pub struct DaemonHealth {
     /// is missing or unreadable).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub hook_agent_waiting: Option<String>,
+    /// Why the node's authority is not enforced, when the daemon's self-check found the API server admitting a
+    /// write the node-authority admission policy must refuse.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub authority_not_enforced: Option<String>,
 }
 
 /// One NetworkHook's state on the node.
@@ -181,6 +185,7 @@ impl DaemonHealth {
             pending_writes: 0,
             hooks: Vec::new(),
             hook_agent_waiting: None,
+            authority_not_enforced: None,
         }
     }
 

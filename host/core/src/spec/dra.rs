@@ -242,7 +242,7 @@ impl ClaimNetwork {
             true => (&carried.class, "classCniDrivers", "its DeviceClass"),
             false => (&carried.claim, "claimCniDrivers", "the claim"),
         };
-        if allowed.iter().any(|d| *d == self.driver) {
+        if allowed.contains(&self.driver) {
             return Ok(());
         }
         Err(ClaimNetworkRefusal::CarriedNotAllowed(format!(

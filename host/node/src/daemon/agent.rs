@@ -139,6 +139,9 @@ struct Agent {
     modules: PathBuf,
     /// The set last published; its `runs` say what each entry runs and who signed it.
     published: HookSet,
+    /// Whether a set is on disk: until one is, the node's ADDs are refused, so the first reconciliation
+    /// publishes even an empty set.
+    on_disk: bool,
     /// Failed modules by reference (a signature lives in a repository: the same digest elsewhere is another
     /// module as far as trust goes).
     failures: HashMap<String, Retrying>,
@@ -262,11 +265,27 @@ fn watch_hooks(
                 }
                 Err(e) => {
                     let error = plexus_cluster::explain_watch(&server, &e);
-                    tracing::warn!(watch = PLURAL, %error, "watch failed; retrying")
+                    tracing::warn!(watch = PLURAL, %error, "watch failed; retrying");
+                    // A cluster that does not serve NetworkHooks asks for none: the node's set is empty, and
+                    // published, so that its ADDs do not wait for a set nobody can ask for.
+                    if !listed && not_served(&e) {
+                        let mut i = inputs.lock().expect("inputs");
+                        if i.hooks.is_none() && update_hooks(&mut i, &[], &node) {
+                            changed.schedule(());
+                        }
+                    }
                 }
             }
         }
     }
+}
+
+/// Whether a watch failed because the API server does not serve the resource (404: its CRD is not installed).
+fn not_served(e: &watcher::Error) -> bool {
+    matches!(
+        e,
+        watcher::Error::InitialListFailed(kube::Error::Api(s)) if s.code == 404
+    )
 }
 
 /// Watches the node's own Node object; schedules the hook set when its labels change.
@@ -425,11 +444,11 @@ impl Agent {
         let registry = Registry::new(&settings.registry).map_err(|e| e.to_string());
         let modules = settings.cache_dir.join(MODULES_DIR);
         // What was published before a restart stays active until this run publishes.
-        let mut published = match HookSet::read(&settings.cache_dir) {
-            Ok(s) => s.unwrap_or_default(),
+        let (mut published, on_disk) = match HookSet::read(&settings.cache_dir) {
+            Ok(s) => (s.clone().unwrap_or_default(), s.is_some()),
             Err(e) => {
                 tracing::warn!(error = %e, "ignoring the previous hook set");
-                HookSet::default()
+                (HookSet::default(), false)
             }
         };
         // A set of an agent that did not record its runs: what the modules' records say of them.
@@ -446,6 +465,7 @@ impl Agent {
             registry,
             modules,
             published,
+            on_disk,
             failures: HashMap::new(),
             reported: HashMap::new(),
             applied: None,
@@ -642,7 +662,7 @@ impl Agent {
                 (e.name.clone(), run)
             })
             .collect();
-        if specs == self.published.hooks && runs == self.published.runs {
+        if self.on_disk && specs == self.published.hooks && runs == self.published.runs {
             return;
         }
         let set = HookSet {
@@ -661,6 +681,7 @@ impl Agent {
                 );
                 log_departures(&self.published, &set, reports);
                 self.published = set;
+                self.on_disk = true;
             }
             Err(e) => {
                 tracing::error!(error = %e, "cannot publish the hook set; the previous one stays")

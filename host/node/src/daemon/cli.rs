@@ -25,6 +25,8 @@ pub struct DaemonSettings {
     pub queue_wait: Duration,
     pub pod_wait: Duration,
     pub watch_timeout_secs: u32,
+    /// What the NAD cache may hold, in bytes.
+    pub nad_budget_bytes: usize,
     pub log: plexus_cni::logging::LogArgs,
     pub install: Option<InstallOptions>,
     /// The node agent (NetworkHook delivery); `None` with --no-hooks.
@@ -100,6 +102,11 @@ pub struct DaemonArgs {
     /// How long a pod not yet in the cache waits for its watch event before the daemon reads it from the API
     #[arg(long, value_name = "N", default_value_t = 500, value_parser = clap::value_parser!(u64).range(1..))]
     pub pod_wait_ms: u64,
+    /// What the cached NetworkAttachmentDefinitions may take in memory, in MiB: past it the largest are dropped
+    /// from the cache and read by name when an ADD needs one (logged, counted in `plexus daemon --health`)
+    #[arg(long, value_name = "MIB", default_value_t = (plexus_cluster::DEFAULT_NAD_BUDGET_BYTES >> 20) as u64,
+          value_parser = clap::value_parser!(u64).range(1..=4096))]
+    pub nad_cache_mib: u64,
     /// How long one watch request stays open before it is renewed (at most 3600)
     #[arg(long, value_name = "N", default_value_t = 290, value_parser = clap::value_parser!(u32).range(1..=3600))]
     pub watch_timeout_secs: u32,
@@ -236,6 +243,10 @@ impl DaemonArgs {
                 .cache_dir
                 .get_or_insert_with(|| self.cache_dir.clone());
         }
+        // Without the agent nobody publishes the node's hook set: the conflist must not make ADDs wait for one.
+        if let Some(i) = install.as_mut().filter(|_| self.no_hooks) {
+            i.cluster_hooks = false;
+        }
         let dynamic = self.dynamic_networks.then(|| dynamic::DynamicSettings {
             cache_dir: self.cache_dir.clone(),
             max_changes: usize::try_from(self.max_network_changes).unwrap_or(4),
@@ -264,6 +275,7 @@ impl DaemonArgs {
             max_in_flight: usize::try_from(self.max_in_flight).unwrap_or(usize::MAX),
             pod_wait: Duration::from_millis(self.pod_wait_ms),
             watch_timeout_secs: self.watch_timeout_secs,
+            nad_budget_bytes: usize::try_from(self.nad_cache_mib << 20).unwrap_or(usize::MAX),
             log: self.log,
             install,
             hooks,

@@ -60,8 +60,9 @@ pub struct ProcessLimits {
 }
 
 impl ProcessLimits {
-    /// The default memory bound: below the DaemonSet's 128 MiB limit of the daemon's container with the daemon
-    /// itself (about 20 MiB) beside it, and enough for the default `memoryLimitMiB` (64) and the runtime.
+    /// The default memory bound: within the DaemonSet's 192 MiB limit of the daemon's container with the daemon
+    /// itself (at most about 81 MiB, docs/operations.md) beside it, and enough for the default `memoryLimitMiB`
+    /// (64) and the runtime.
     pub const DEFAULT_MEMORY_MIB: u64 = 96;
     /// The default CPU bound: the example modules compile in under a second; a compile that needs a minute of
     /// CPU is not one a node should finish.

@@ -104,11 +104,29 @@ pub struct HookStateLabels {
 pub struct HookStates {
     pub hooks: Arc<Mutex<BTreeMap<String, plexus_cni::daemon::proto::HookHealth>>>,
     pub waiting: Arc<Mutex<Option<String>>>,
+    /// The node-authority self-check's last finding (see [`super::authority`]).
+    pub authority: Arc<Mutex<Option<super::authority::Finding>>>,
 }
 
 impl HookStates {
     pub fn hooks(&self) -> BTreeMap<String, plexus_cni::daemon::proto::HookHealth> {
         self.hooks.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    pub fn authority(&self) -> Option<super::authority::Finding> {
+        self.authority
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone()
+    }
+
+    /// [`Snapshot::authority_enforced`].
+    pub fn authority_enforced(&self) -> i64 {
+        match self.authority() {
+            Some(super::authority::Finding::Enforced) => 1,
+            Some(super::authority::Finding::NotEnforced(_)) => 0,
+            _ => -1,
+        }
     }
 
     pub fn waiting(&self) -> Option<String> {
@@ -129,6 +147,11 @@ pub struct Snapshot {
     /// Completed lists of each resource (the first one, then one per relist after a watch failed).
     pub pod_lists: u64,
     pub nad_lists: u64,
+    /// What the cached NADs weigh, and how many were dropped to keep within the budget.
+    pub nad_bytes: u64,
+    pub nads_evicted: u64,
+    /// The node-authority self-check: 1 enforced, 0 not enforced, -1 not known (yet).
+    pub authority_enforced: i64,
     pub hooks: BTreeMap<String, plexus_cni::daemon::proto::HookHealth>,
 }
 
@@ -156,6 +179,9 @@ pub struct Metrics {
     cache_objects: Family<ResourceLabel, Gauge>,
     /// Objects left out of lists and watches for their size (a counter kept by the API client).
     objects_oversized: Counter,
+    nad_cache_bytes: Gauge,
+    nads_evicted: Counter,
+    authority_enforced: Gauge,
     hooks_active: Gauge,
     hook_module_state: Family<HookStateLabels, Gauge>,
     process: ProcessMetrics,
@@ -196,6 +222,9 @@ impl Metrics {
             watch_restarts: Family::default(),
             cache_objects: Family::default(),
             objects_oversized: Counter::default(),
+            nad_cache_bytes: Gauge::default(),
+            nads_evicted: Counter::default(),
+            authority_enforced: Gauge::default(),
             hooks_active: Gauge::default(),
             hook_module_state: Family::default(),
             process: ProcessMetrics::default(),
@@ -294,6 +323,12 @@ impl Metrics {
             self.objects_oversized
                 .inc_by(oversized - self.objects_oversized.get());
         }
+        self.nad_cache_bytes.set(s.nad_bytes as i64);
+        if s.nads_evicted > self.nads_evicted.get() {
+            self.nads_evicted
+                .inc_by(s.nads_evicted - self.nads_evicted.get());
+        }
+        self.authority_enforced.set(s.authority_enforced);
         for (resource, objects, lists) in [
             ("pods", s.pods, s.pod_lists),
             ("networkattachmentdefinitions", s.nads, s.nad_lists),
@@ -677,6 +712,24 @@ fn register_invocations_and_daemon(m: &Metrics, reg: &mut Reg) {
         "Objects left out of the API's lists and watches (and so of the caches) for being over the per-object \
          size bound (1 MiB); the log names each",
         m.objects_oversized.clone(),
+    );
+    reg.add(
+        "plexus_nad_cache_bytes",
+        "What the NetworkAttachmentDefinitions in the daemon's cache weigh, in bytes (bounded by --nad-cache-mib)",
+        m.nad_cache_bytes.clone(),
+    );
+    reg.add(
+        "plexus_nad_cache_evictions",
+        "NetworkAttachmentDefinitions dropped from the cache to keep it within --nad-cache-mib (each is read by \
+         name when an ADD needs it)",
+        m.nads_evicted.clone(),
+    );
+    reg.add(
+        "plexus_node_authority_enforced",
+        "Whether the API server refuses, as it must, a write of this node that the plexus-node-authority admission \
+         policy forbids (a dry run at start and hourly): 1 yes, 0 no (the policy or its binding is missing), -1 not \
+         known",
+        m.authority_enforced.clone(),
     );
 }
 

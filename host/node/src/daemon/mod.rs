@@ -12,6 +12,7 @@
 //! [`agent`] (its decision is [`hook_plan::plan`]), [`dynamic`], [`metrics`], [`status_queue`].
 
 pub mod agent;
+pub mod authority;
 pub mod cli;
 pub mod compile;
 pub mod dynamic;

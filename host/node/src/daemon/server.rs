@@ -67,7 +67,7 @@ async fn serve(
     let api = connect(&settings, &metrics).await?;
     let hook_states = HookStates::default();
     let state = Arc::new(NodeState::new(
-        NodeCache::new(),
+        NodeCache::with_nad_budget(settings.nad_budget_bytes),
         Arc::new(api.clone()),
         StateParts {
             node: settings.node.clone(),
@@ -187,6 +187,11 @@ fn start_tasks(
             },
         ));
     }
+    tasks.spawn(super::authority::run(
+        api.clone(),
+        settings.node.clone(),
+        state.hook_states.clone(),
+    ));
     // The metrics endpoint binds and serves in the background (see metrics::serve).
     if let Some(addr) = settings.metrics_bind {
         let seen = state.clone();
@@ -355,6 +360,10 @@ fn health(state: &NodeState) -> Answer {
     h.pending_writes = state.pending_writes();
     h.hooks = state.hook_states.hooks().into_values().collect();
     h.hook_agent_waiting = state.hook_states.waiting();
+    h.authority_not_enforced = match state.hook_states.authority() {
+        Some(super::authority::Finding::NotEnforced(why)) => Some(why),
+        _ => None,
+    };
     Answer::Health(h)
 }
 

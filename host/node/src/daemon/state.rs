@@ -208,6 +208,9 @@ impl NodeState {
             nads: cache.nads,
             pod_lists: cache.pod_lists,
             nad_lists: cache.nad_lists,
+            nad_bytes: cache.nad_bytes,
+            nads_evicted: cache.nads_evicted,
+            authority_enforced: self.hook_states.authority_enforced(),
             hooks: self.hook_states.hooks(),
         }
     }
