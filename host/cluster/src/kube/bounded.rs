@@ -583,6 +583,17 @@ mod tests {
     use super::*;
 
     /// `input` through a scanner, fed in pieces of `step` bytes.
+    /// The names of a list answer's items.
+    fn item_names(out: &str) -> Vec<String> {
+        let v: serde_json::Value = serde_json::from_str(out).unwrap();
+        v["items"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|i| i["metadata"]["name"].as_str().unwrap().to_string())
+            .collect()
+    }
+
     fn run(mode: Mode, limit: usize, input: &str, step: usize) -> Result<String, TooLarge> {
         let mut s = Scanner::new(mode, limit, 1 << 20);
         let mut out = Vec::new();
@@ -612,13 +623,7 @@ mod tests {
         for step in [1, 7, list.len()] {
             let out = run(Mode::Json, 300, &list, step).unwrap();
             let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-            let names: Vec<&str> = v["items"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|i| i["metadata"]["name"].as_str().unwrap())
-                .collect();
-            assert_eq!(names, ["a", "c"], "step {step}: {out}");
+            assert_eq!(item_names(&out), ["a", "c"], "step {step}: {out}");
             assert_eq!(v["metadata"]["continue"], "c");
         }
         assert!(skipped_objects() >= before + 3);
@@ -761,13 +766,7 @@ mod tests {
         items.extend((0..50).map(|i| nad(&format!("small{i}"), 100)));
         let list = format!(r#"{{"kind":"List","items":[{}]}}"#, items.join(","));
         let out = run(Mode::Json, MAX_OBJECT_BYTES, &list, 8192).unwrap();
-        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        let names: Vec<&str> = v["items"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|i| i["metadata"]["name"].as_str().unwrap())
-            .collect();
+        let names = item_names(&out);
         let big = names.iter().filter(|n| n.starts_with("big")).count();
         assert_eq!(
             big,

@@ -510,16 +510,19 @@ mod tests {
             memory_mib: 96,
             cpu_secs: 1,
         };
+        let run = |program: PathBuf| async move {
+            compile_apart(
+                &program,
+                Path::new("/m"),
+                Path::new("/c"),
+                &tight,
+                COMPILE_TIMEOUT,
+            )
+            .await
+            .unwrap_err()
+        };
         let started = std::time::Instant::now();
-        let err = compile_apart(
-            &spinning,
-            Path::new("/m"),
-            Path::new("/c"),
-            &tight,
-            COMPILE_TIMEOUT,
-        )
-        .await
-        .unwrap_err();
+        let err = run(spinning).await;
         assert_eq!(
             err,
             "it used up its 1 s of CPU time (plexus daemon --hook-process-cpu-secs)"
@@ -531,15 +534,7 @@ mod tests {
             &other,
             "echo 'memory allocation of 1048576 bytes failed' >&2; kill -ABRT $$",
         );
-        let err = compile_apart(
-            &starved,
-            Path::new("/m"),
-            Path::new("/c"),
-            &tight,
-            COMPILE_TIMEOUT,
-        )
-        .await
-        .unwrap_err();
+        let err = run(starved).await;
         assert_eq!(
             err,
             "it ran out of its 96 MiB (plexus daemon --hook-process-memory-mib): memory allocation of 1048576 bytes failed"
