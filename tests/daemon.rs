@@ -1017,7 +1017,13 @@ fn a_node_left_by_a_deleted_daemonset_fails_new_pods_naming_why() {
     assert!(!c.socket().exists());
     let run = c.add("c1", "web", &uid, &conf);
     assert_eq!(run.code(), 5, "{}", run.stdout);
-    assert!(run.msg().contains("401 Unauthorized"), "{}", run.msg());
+    let msg = run.msg();
+    assert!(msg.contains("401 Unauthorized"), "{msg}");
+    // It names the file and the step that was skipped.
+    assert!(
+        msg.contains(&revoked.display().to_string()) && msg.contains("plexus install --uninstall"),
+        "{msg}"
+    );
     assert!(
         c.sb.calls().iter().all(|call| call.command != "ADD"),
         "no delegate ran: {:?}",

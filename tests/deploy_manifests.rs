@@ -730,6 +730,15 @@ fn crds_define_the_spec_resources() {
 /// The manifests (`kubectl apply -f examples/deploy/NAME`) the section of docs/operations.md under `heading`
 /// applies, in order.
 fn applied_in(heading: &str) -> Vec<String> {
+    named_in(heading, "kubectl apply -f examples/deploy/")
+}
+
+/// The manifests `kubectl delete -f examples/deploy/...` lines of a section of docs/operations.md delete, in order.
+fn deleted_in(heading: &str) -> Vec<String> {
+    named_in(heading, "kubectl delete -f examples/deploy/")
+}
+
+fn named_in(heading: &str, command: &str) -> Vec<String> {
     let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../docs/operations.md");
     let text = std::fs::read_to_string(&path).unwrap();
     let section: Vec<&str> = text
@@ -745,7 +754,7 @@ fn applied_in(heading: &str) -> Vec<String> {
     );
     section
         .iter()
-        .filter_map(|l| l.trim().strip_prefix("kubectl apply -f examples/deploy/"))
+        .filter_map(|l| l.trim().strip_prefix(command))
         .map(|rest| {
             rest.split_whitespace()
                 .next()
@@ -757,6 +766,24 @@ fn applied_in(heading: &str) -> Vec<String> {
 
 /// An upgrade applies every manifest an install applies (a policy rule or a permission a release adds must reach
 /// clusters installed before it), the DaemonSet last in both, and each is a file of examples/deploy.
+#[test]
+fn the_uninstall_deletes_every_manifest_the_install_applies() {
+    let install = applied_in("## Install");
+    let uninstall = deleted_in("## Uninstall");
+    for manifest in install.iter().filter(|m| *m != "daemonset.yaml") {
+        assert!(
+            uninstall.contains(manifest),
+            "the uninstall steps do not delete {manifest} (they delete {uninstall:?})"
+        );
+    }
+    // The definitions last: deleting them deletes the objects of their kinds.
+    assert_eq!(
+        uninstall.last().map(String::as_str),
+        Some("crds.yaml"),
+        "{uninstall:?}"
+    );
+}
+
 #[test]
 fn the_upgrade_applies_every_manifest_the_install_applies() {
     let install = applied_in("## Install");

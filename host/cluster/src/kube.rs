@@ -10,7 +10,7 @@
 
 use std::collections::BTreeMap;
 use std::future::Future;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -47,6 +47,10 @@ pub struct KubeSettings {
     pub conflict_retries: u32,
     /// Post an `AddedInterface` Event on the pod for each attachment.
     pub events: bool,
+    /// The credentials are the node's CNI plugin's (its conf's kubeconfig, which `plexus install` wrote): a 401
+    /// then names the uninstall step a deleted DaemonSet leaves undone. Not a key of the conf.
+    #[serde(skip)]
+    pub node_credentials: bool,
 }
 
 impl Default for KubeSettings {
@@ -60,6 +64,7 @@ impl Default for KubeSettings {
             max_backoff_ms: 3000,
             conflict_retries: 5,
             events: true,
+            node_credentials: false,
         }
     }
 }
@@ -229,6 +234,20 @@ impl Op<'_> {
             (ns, name) => format!("{} {} {ns}/{name}", self.verb, self.resource),
         }
     }
+}
+
+/// A 401 with the credentials of `kubeconfig`. On a node, that file is the one `plexus install` wrote, with the
+/// token of the plexus DaemonSet's pod: refused once that pod is gone, as after a deletion of the DaemonSet
+/// without the node step of the uninstall, which this names.
+fn unauthorized(server: &str, what: &str, kubeconfig: &Path) -> String {
+    format!(
+        "the server {server} rejected the credentials (401 Unauthorized) for {what}: the token in {} is no longer \
+         accepted. `plexus install` writes there the token of the plexus DaemonSet's pod on this node, which the API \
+         server stops accepting once that pod is gone: if Plexus was uninstalled (its DaemonSet deleted), finish \
+         with the node step, `plexus install --uninstall` on this node (docs/operations.md, \"Uninstall\"); if the \
+         DaemonSet is there, its pod writes a new token when it starts",
+        kubeconfig.display()
+    )
 }
 
 /// Why a request with its retries did not succeed.
@@ -617,7 +636,12 @@ impl KubeApi {
                 what: op.describe(),
                 reason,
             },
-            Failure::Api(status) => op.answered(&self.server, object, &status),
+            Failure::Api(status) => match (status.code, &self.settings.kubeconfig) {
+                (401, Some(kubeconfig)) if self.settings.node_credentials => {
+                    ClusterError::forbidden(unauthorized(&self.server, &op.describe(), kubeconfig))
+                }
+                _ => op.answered(&self.server, object, &status),
+            },
         }
     }
 
@@ -1287,6 +1311,21 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(err.contains("initialBackoffMs"), "{err}");
+    }
+
+    #[test]
+    fn a_401_with_the_nodes_credentials_names_the_uninstall_step() {
+        let msg = unauthorized(
+            "10.0.0.1:6443",
+            "get pods team/web",
+            Path::new("/etc/cni/net.d/plexus.d/plexus.kubeconfig"),
+        );
+        assert!(msg.starts_with("the server 10.0.0.1:6443 rejected the credentials (401 Unauthorized) for get pods team/web"), "{msg}");
+        assert!(
+            msg.contains("/etc/cni/net.d/plexus.d/plexus.kubeconfig"),
+            "{msg}"
+        );
+        assert!(msg.contains("plexus install --uninstall"), "{msg}");
     }
 
     #[test]

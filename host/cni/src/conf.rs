@@ -348,9 +348,12 @@ impl PlexusConf {
                 }
                 // Typed here, so that a misspelt key is named when the conf is read, whatever the verb.
                 Some("kube") => {
-                    ClusterSource::Kube(serde_json::from_value(Value::Object(m)).map_err(|e| {
-                        PlexusError::config("cluster", format!("source \"kube\": {e}"))
-                    })?)
+                    let mut settings: KubeSettings = serde_json::from_value(Value::Object(m))
+                        .map_err(|e| {
+                            PlexusError::config("cluster", format!("source \"kube\": {e}"))
+                        })?;
+                    settings.node_credentials = true;
+                    ClusterSource::Kube(settings)
                 }
                 other => {
                     return Err(PlexusError::config(
