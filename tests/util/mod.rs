@@ -1,4 +1,5 @@
-//! The one integration-test harness (see design.md, Style 7).
+//! The one integration-test harness: the fixtures the suite's tests start (which group of tests needs which, and
+//! what each costs: tests/README.md).
 
 pub mod apiserver;
 pub mod containerd;

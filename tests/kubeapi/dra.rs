@@ -4,7 +4,7 @@
 //! writes the node's ResourceSlices and each claim's allocation (node-local, as the scheduler writes it) and
 //! `reservedFor`; each pod names its claims in `spec.resourceClaims`. The CNI binary and the daemon authenticate with real
 //! service-account tokens bound to a pod on the node, as a DaemonSet pod's are. The delegates are the recording
-//! fake. (tests/e2e_kubelet.rs has the real scheduler, controllers and kubelet.)
+//! fake. (tests/node/e2e_kubelet.rs has the real scheduler, controllers and kubelet.)
 
 use std::time::{Duration, Instant};
 
