@@ -258,7 +258,7 @@ mod tests {
     fn the_child_has_its_own_group_no_blocked_signal_default_sigpipe_and_only_the_given_env() {
         let tmp = tempfile::tempdir().unwrap();
         // The shell reports its stdin, pid, process group and environment, and its blocked and ignored
-        // signals from /proc. (The death signal is not in /proc: tests/teardown.rs kills plexus to check it.)
+        // signals from /proc. (The death signal is not in /proc: tests/pure/teardown.rs kills plexus to check it.)
         // It reads its own status with builtins: a child reading it (grep) can catch the shell inside a fork,
         // when the shell blocks every signal for a moment.
         let p = script(
