@@ -307,14 +307,20 @@ fn delegate_args(args: &plexus_core::cni::CniArgs) -> String {
     format!("IgnoreUnknown=1;{args}")
 }
 
-/// Whether `path` is the running executable's file (a link or another name of it).
+/// Whether `path` is the running executable's file (a link or another name of it). The executable's identity is
+/// read once per process, not once per delegate.
 fn is_this_executable(path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt as _;
-    let (Ok(exe), Ok(found)) = (std::fs::metadata("/proc/self/exe"), std::fs::metadata(path))
-    else {
-        return false;
-    };
-    (exe.dev(), exe.ino()) == (found.dev(), found.ino())
+    static THIS: std::sync::OnceLock<Option<(u64, u64)>> = std::sync::OnceLock::new();
+    let this = THIS.get_or_init(|| {
+        std::fs::metadata("/proc/self/exe")
+            .ok()
+            .map(|m| (m.dev(), m.ino()))
+    });
+    match (this, std::fs::metadata(path)) {
+        (Some(this), Ok(found)) => *this == (found.dev(), found.ino()),
+        _ => false,
+    }
 }
 
 fn plugin_type(list: &NetworkConfigList, index: usize) -> String {

@@ -300,7 +300,7 @@ impl Scanner {
 /// The members of the JSON object that starts at `text[at]` (`{`), as (key, value) byte ranges of `text`, as far
 /// as `text` holds them: a head of a document cut anywhere gives the members before the cut, and the one cut, to
 /// the end of `text`.
-fn members(text: &[u8], at: usize) -> Vec<(&[u8], std::ops::Range<usize>)> {
+fn members(text: &[u8], at: usize) -> Members<'_> {
     let mut out = Vec::new();
     if text.get(at) != Some(&b'{') {
         return out;
@@ -384,36 +384,74 @@ fn members(text: &[u8], at: usize) -> Vec<(&[u8], std::ops::Range<usize>)> {
     }
 }
 
+/// A JSON object's members, as [`members`] reads them.
+type Members<'t> = Vec<(&'t [u8], std::ops::Range<usize>)>;
+
+/// What the first bytes of a piece of an answer say of its object: a watch event's `object`, or a list item
+/// itself. Keys are found as members of their objects, not by searching the text: the API server writes a custom
+/// resource's keys sorted, so its `annotations` (which may hold a key "name") come before its `name`.
+struct Head<'h> {
+    bytes: &'h [u8],
+    /// The piece's own members: a watch event's `type` and `object`, or the item's.
+    top: Members<'h>,
+    object: Members<'h>,
+    metadata: Members<'h>,
+}
+
+impl<'h> Head<'h> {
+    fn of(bytes: &'h [u8]) -> Head<'h> {
+        let top = members(bytes, 0);
+        let object = match find(&top, "object") {
+            Some(r) => members(bytes, r.start),
+            None => top.clone(),
+        };
+        let metadata = find(&object, "metadata")
+            .map(|r| members(bytes, r.start))
+            .unwrap_or_default();
+        Head {
+            bytes,
+            top,
+            object,
+            metadata,
+        }
+    }
+
+    /// The string value of `key` among `of`, when the head holds it whole.
+    fn string(&self, of: &Members<'_>, key: &str) -> Option<String> {
+        serde_json::from_slice(&self.bytes[find(of, key)?]).ok()
+    }
+
+    fn kind(&self) -> Option<String> {
+        self.string(&self.object, "kind")
+    }
+
+    fn meta(&self, key: &str) -> Option<String> {
+        self.string(&self.metadata, key)
+    }
+}
+
+/// The value of `key` among `of`.
+fn find(of: &Members<'_>, key: &str) -> Option<std::ops::Range<usize>> {
+    of.iter()
+        .find(|(k, _)| *k == key.as_bytes())
+        .map(|(_, r)| r.clone())
+}
+
 /// The DELETED event that stands for a watch event over the bound (see the module docs), from the event's first
 /// bytes: `None` for a kind not in [`EVICTED_KINDS`], an event that is not an object's (BOOKMARK, ERROR), or a
-/// head that does not hold the object's kind, apiVersion and metadata whole. Keys are found as members of their
-/// objects (the API server writes a custom resource's keys sorted, so its annotations come before its name).
+/// head that does not hold the object's kind, apiVersion, name and resourceVersion.
 fn eviction(head: &[u8]) -> Option<Vec<u8>> {
-    let string = |range: &std::ops::Range<usize>| -> Option<String> {
-        serde_json::from_slice::<String>(&head[range.clone()]).ok()
-    };
-    let event = members(head, 0);
-    let member = |of: &[(&[u8], std::ops::Range<usize>)], key: &str| {
-        of.iter()
-            .find(|(k, _)| *k == key.as_bytes())
-            .map(|(_, r)| r.clone())
-    };
-    let ty = string(&member(&event, "type")?)?;
+    let h = Head::of(head);
+    let ty = h.string(&h.top, "type")?;
     if !matches!(ty.as_str(), "ADDED" | "MODIFIED" | "DELETED") {
         return None;
     }
-    let object = members(head, member(&event, "object")?.start);
-    let kind = string(&member(&object, "kind")?)?;
-    if !EVICTED_KINDS.contains(&kind.as_str()) {
-        return None;
-    }
-    let api_version = string(&member(&object, "apiVersion")?)?;
-    let meta: serde_json::Value =
-        serde_json::from_slice(&head[member(&object, "metadata")?]).ok()?;
+    let kind = h.kind().filter(|k| EVICTED_KINDS.contains(&k.as_str()))?;
+    let api_version = h.string(&h.object, "apiVersion")?;
     let mut metadata = serde_json::Map::new();
     for key in ["name", "namespace", "resourceVersion", "uid"] {
-        if let Some(v) = meta.get(key).filter(|v| v.is_string()) {
-            metadata.insert(key.into(), v.clone());
+        if let Some(v) = h.meta(key) {
+            metadata.insert(key.into(), v.into());
         }
     }
     if !metadata.contains_key("name") || !metadata.contains_key("resourceVersion") {
@@ -430,22 +468,12 @@ fn eviction(head: &[u8]) -> Option<Vec<u8>> {
 fn over_total(item: &[u8], log: bool) {
     SKIPPED.fetch_add(1, Ordering::Relaxed);
     if log {
-        let head = &item[..item.len().min(EVENT_HEAD_BYTES)];
-        let meta = members(head, 0)
-            .into_iter()
-            .find(|(k, _)| *k == b"metadata")
-            .map(|(_, r)| members(head, r.start))
-            .unwrap_or_default();
-        let field = |key: &str| {
-            meta.iter()
-                .find(|(k, _)| *k == key.as_bytes())
-                .and_then(|(_, r)| serde_json::from_slice::<String>(&head[r.clone()]).ok())
-                .unwrap_or_default()
-        };
+        let h = Head::of(&item[..item.len().min(EVENT_HEAD_BYTES)]);
         tracing::warn!(
             bytes = item.len(),
-            namespace = %field("namespace"),
-            name = %field("name"),
+            kind = %h.kind().unwrap_or_default(),
+            namespace = %h.meta("namespace").unwrap_or_default(),
+            name = %h.meta("name").unwrap_or_default(),
             total = MAX_LIST_ITEMS_BYTES,
             large = MAX_LARGE_ITEMS_BYTES,
             "a list item was left out: the answer's items are over what one answer may take (a cache that misses it reads it by name)"
@@ -456,25 +484,11 @@ fn over_total(item: &[u8], log: bool) {
 /// Logs and counts an object left out for its size, named from its first bytes.
 fn skipped(head: &[u8]) {
     SKIPPED.fetch_add(1, Ordering::Relaxed);
-    let text = String::from_utf8_lossy(head);
-    let field = |name: &str| -> Option<String> {
-        let meta = text.find("\"metadata\"")?;
-        let rest = &text[meta..];
-        let at = rest.find(&format!("\"{name}\":\""))? + name.len() + 4;
-        let end = rest[at..].find('"')?;
-        Some(rest[at..at + end].to_string())
-    };
-    let kind = text
-        .find("\"kind\":\"")
-        .and_then(|i| {
-            let rest = &text[i + 8..];
-            Some(rest[..rest.find('"')?].to_string())
-        })
-        .unwrap_or_default();
+    let h = Head::of(head);
     tracing::warn!(
-        kind = %kind,
-        namespace = %field("namespace").unwrap_or_default(),
-        name = %field("name").unwrap_or_default(),
+        kind = %h.kind().unwrap_or_default(),
+        namespace = %h.meta("namespace").unwrap_or_default(),
+        name = %h.meta("name").unwrap_or_default(),
         limit = MAX_OBJECT_BYTES,
         "an object over the size bound was left out of the answer (a cached one is dropped from the cache and read by name when needed)"
     );
@@ -582,7 +596,6 @@ where
 mod tests {
     use super::*;
 
-    /// `input` through a scanner, fed in pieces of `step` bytes.
     /// The names of a list answer's items.
     fn item_names(out: &str) -> Vec<String> {
         let v: serde_json::Value = serde_json::from_str(out).unwrap();
@@ -594,6 +607,7 @@ mod tests {
             .collect()
     }
 
+    /// `input` through a scanner, fed in pieces of `step` bytes.
     fn run(mode: Mode, limit: usize, input: &str, step: usize) -> Result<String, TooLarge> {
         let mut s = Scanner::new(mode, limit, 1 << 20);
         let mut out = Vec::new();

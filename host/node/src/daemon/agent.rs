@@ -575,21 +575,20 @@ impl Agent {
             };
             // A hook that may take more memory than its probe process has is refused before anything is pulled:
             // it would fail there, or pass a probe that never reached its limit and exceed the node's later.
-            let admitted = self.settings.limits.admits(spec.memory_limit_mib);
-            let made = match admitted {
-                Err(why) => Err(Failure::new(Reason::InvalidSpec, why)),
-                Ok(()) => match self.ready(&spec.module).await {
-                    Ok((digest, sha, verified_by)) => match self.probe(name, spec, &sha).await {
-                        Ok(()) => Ok(Ready {
-                            digest,
-                            verified_by,
-                            entry: hook_spec(name, spec, &self.modules, &sha),
-                        }),
-                        Err(e) => Err(e),
-                    },
-                    Err(e) => Err(e),
-                },
-            };
+            let made = async {
+                self.settings
+                    .limits
+                    .admits(spec.memory_limit_mib)
+                    .map_err(|why| Failure::new(Reason::InvalidSpec, why))?;
+                let (digest, sha, verified_by) = self.ready(&spec.module).await?;
+                self.probe(name, spec, &sha).await?;
+                Ok(Ready {
+                    digest,
+                    verified_by,
+                    entry: hook_spec(name, spec, &self.modules, &sha),
+                })
+            }
+            .await;
             if let (Err(_), Some(f)) = (&made, self.failures.get(&spec.module)) {
                 next_attempt.insert(name.to_string(), wall_clock(f.next));
             }

@@ -142,14 +142,9 @@ impl HookStates {
 pub struct Snapshot {
     pub in_flight: usize,
     pub pending_writes: usize,
-    pub pods: usize,
-    pub nads: usize,
-    /// Completed lists of each resource (the first one, then one per relist after a watch failed).
-    pub pod_lists: u64,
-    pub nad_lists: u64,
-    /// What the cached NADs weigh, and how many were dropped to keep within the budget.
-    pub nad_bytes: u64,
-    pub nads_evicted: u64,
+    /// The watch caches: their sizes, completed lists (the first one, then one per relist after a watch failed),
+    /// what the cached NADs weigh and how many were dropped to keep within the budget.
+    pub cache: plexus_cluster::CacheHealth,
     /// The node-authority self-check: 1 enforced, 0 not enforced, -1 not known (yet).
     pub authority_enforced: i64,
     pub hooks: BTreeMap<String, plexus_cni::daemon::proto::HookHealth>,
@@ -318,30 +313,26 @@ impl Metrics {
     pub fn refresh(&self, s: &Snapshot) {
         self.requests_in_flight.set(s.in_flight as i64);
         self.status_writes_pending.set(s.pending_writes as i64);
-        let oversized = plexus_cluster::skipped_objects();
-        if oversized > self.objects_oversized.get() {
-            self.objects_oversized
-                .inc_by(oversized - self.objects_oversized.get());
-        }
-        self.nad_cache_bytes.set(s.nad_bytes as i64);
-        if s.nads_evicted > self.nads_evicted.get() {
-            self.nads_evicted
-                .inc_by(s.nads_evicted - self.nads_evicted.get());
-        }
+        catch_up(&self.objects_oversized, plexus_cluster::skipped_objects());
+        self.nad_cache_bytes.set(s.cache.nad_bytes as i64);
+        catch_up(&self.nads_evicted, s.cache.nads_evicted);
         self.authority_enforced.set(s.authority_enforced);
         for (resource, objects, lists) in [
-            ("pods", s.pods, s.pod_lists),
-            ("networkattachmentdefinitions", s.nads, s.nad_lists),
+            ("pods", s.cache.pods, s.cache.pod_lists),
+            (
+                "networkattachmentdefinitions",
+                s.cache.nads,
+                s.cache.nad_lists,
+            ),
         ] {
             let label = ResourceLabel {
                 resource: resource.into(),
             };
             self.cache_objects.get_or_create(&label).set(objects as i64);
-            let restarts = self.watch_restarts.get_or_create(&label);
-            let relists = lists.saturating_sub(1);
-            if relists > restarts.get() {
-                restarts.inc_by(relists - restarts.get());
-            }
+            catch_up(
+                &self.watch_restarts.get_or_create(&label),
+                lists.saturating_sub(1),
+            );
         }
         self.hooks_active
             .set(s.hooks.values().filter(|h| h.active).count() as i64);
@@ -733,6 +724,13 @@ fn register_invocations_and_daemon(m: &Metrics, reg: &mut Reg) {
     );
 }
 
+/// Brings `counter` up to `total`, a count kept elsewhere that only grows.
+fn catch_up(counter: &Counter, total: u64) {
+    if total > counter.get() {
+        counter.inc_by(total - counter.get());
+    }
+}
+
 /// The families of hooks and of the process itself.
 fn register_hooks_and_process(m: &Metrics, reg: &mut Reg) {
     reg.add(
@@ -840,10 +838,13 @@ mod tests {
         let mut s = Snapshot {
             in_flight: 3,
             pending_writes: 2,
-            pods: 10,
-            nads: 4,
-            pod_lists: 3,
-            nad_lists: 1,
+            cache: plexus_cluster::CacheHealth {
+                pods: 10,
+                nads: 4,
+                pod_lists: 3,
+                nad_lists: 1,
+                ..Default::default()
+            },
             ..Snapshot::default()
         };
         let state =
@@ -892,7 +893,7 @@ mod tests {
         // A hook whose state changed is listed under its new state only.
         s.hooks
             .insert("templates".into(), state("templates", true, "Active"));
-        s.pod_lists = 3;
+        s.cache.pod_lists = 3;
         m.refresh(&s);
         let text = to_classic(&m.openmetrics());
         assert_eq!(

@@ -200,16 +200,10 @@ impl NodeState {
 
     /// What the scrape-time gauges mirror.
     pub fn snapshot(&self) -> Snapshot {
-        let cache = self.cache.health();
         Snapshot {
             in_flight: self.load.in_flight(),
             pending_writes: self.pending_writes(),
-            pods: cache.pods,
-            nads: cache.nads,
-            pod_lists: cache.pod_lists,
-            nad_lists: cache.nad_lists,
-            nad_bytes: cache.nad_bytes,
-            nads_evicted: cache.nads_evicted,
+            cache: self.cache.health(),
             authority_enforced: self.hook_states.authority_enforced(),
             hooks: self.hook_states.hooks(),
         }
