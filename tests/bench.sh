@@ -6,12 +6,12 @@
 #   bash tests/bench.sh [--runs N]  (as root)      # default 50 runs per case; about half an hour on 2 cores
 #
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
-# tests/run.sh. Extra arguments go to plexus-bench (see tests/bench/main.rs).
+# tests/run.sh. Extra arguments go to plexus-bench (tests/tools/bench; `target/release/plexus-bench --help`).
 #
 # Multus thick (multus-shim and multus-daemon, v4.3.0) comes with the cluster parts (tests/parts/multus, built
 # by tests/parts.sh; the project does not ship it): the daemon section runs the same pods, NADs and delegates
-# through Multus in the same run (tests/bench/multus.rs). PLEXUS_BENCH_MULTUS=DIR takes the two binaries from
-# DIR instead.
+# through Multus in the same run (tests/tools/bench/multus.rs). PLEXUS_BENCH_MULTUS=DIR takes the two binaries
+# from DIR instead.
 set -euo pipefail
 
 here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -49,6 +49,6 @@ echo "bench: hook_bench" >&2
 PLEXUS_GUESTS_DIR=$target/guests "$snap/hook_bench" >"$out/hook_bench.json"
 
 echo "bench: report" >&2
-/usr/bin/python3 "$here/bench/report.py" --results "$out/results.json" --hooks "$out/hook_bench.json" \
+/usr/bin/python3 "$here/tools/bench/report.py" --results "$out/results.json" --hooks "$out/hook_bench.json" \
     --out "$root/docs/benchmarks.md" --plot "$root/docs/benchmarks.png" --density-plot "$root/docs/density.png"
 echo "bench: wrote docs/benchmarks.md and docs/benchmarks.png" >&2

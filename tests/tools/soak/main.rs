@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use plexus_cni::daemon::client::ask;
 use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::apiserver::{ApiServer, Fault};
+use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, host_links_on_bridge, require_root_and_plugins, HostBridge,
@@ -856,9 +857,8 @@ const NODE: &str = "node1";
 impl DaemonWorld {
     fn new(pods: usize) -> DaemonWorld {
         let api = KubeApiServer::start(&[], &[]);
-        let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
         for f in ["crds.yaml", "networkhooks.yaml", "rbac.yaml"] {
-            api.apply_file(&deploy.join(f));
+            api.apply_file(&deploy_manifest(f));
         }
         api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
         api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE}}));

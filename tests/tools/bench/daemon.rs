@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use plexus_cni::daemon::client::ask;
 use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
+use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use serde_json::{json, Value};
 
@@ -236,12 +237,11 @@ pub(crate) fn bench_api(multus: bool) -> KubeApiServer {
         users.push(multus::TOKEN);
     }
     let api = KubeApiServer::start(&users, &[]);
-    let deploy = Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy");
-    api.apply_file(&deploy.join("crds.yaml"));
+    api.apply_file(&deploy_manifest("crds.yaml"));
     // The NetworkHook CRDs as an operator installs them: without them the node agent's watch retries its list,
     // and every retry takes a token of the daemon's --kube-api-qps from the writes measured.
-    api.apply_file(&deploy.join("networkhooks.yaml"));
-    api.apply_file(&deploy.join("rbac.yaml"));
+    api.apply_file(&deploy_manifest("networkhooks.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
     api.create(&json!({
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
         "metadata": {"name": "plexus-cni"},
