@@ -576,6 +576,14 @@ impl KubeApi {
         Ok(bounded(config, settings))
     }
 
+    /// The delays between a request's retries: the settings' first delay, doubling up to their cap.
+    fn backoff(&self) -> crate::backoff::Backoff {
+        crate::backoff::Backoff::new(
+            Duration::from_millis(self.settings.initial_backoff_ms),
+            Duration::from_millis(self.settings.max_backoff_ms),
+        )
+    }
+
     fn deadline(&self) -> Instant {
         Instant::now() + Duration::from_millis(self.settings.deadline_ms)
     }
@@ -594,8 +602,7 @@ impl KubeApi {
     {
         let started = Instant::now();
         let per_request = Duration::from_millis(self.settings.request_timeout_ms);
-        let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
-        let max_backoff = Duration::from_millis(self.settings.max_backoff_ms);
+        let mut backoff = self.backoff();
         let mut attempts = 0u32;
         loop {
             attempts += 1;
@@ -613,7 +620,8 @@ impl KubeApi {
                     limit.as_millis()
                 ),
             };
-            let out_of_time = Instant::now() + backoff >= deadline;
+            let delay = backoff.next_delay();
+            let out_of_time = Instant::now() + delay >= deadline;
             if attempts > retries || out_of_time {
                 return Err(Failure::Exhausted(format!(
                     "{}: {last} (gave up after {attempts} attempt{} in {} ms)",
@@ -623,8 +631,7 @@ impl KubeApi {
                 )));
             }
             tracing::debug!(request = %op.describe(), attempt = attempts, error = %last, "retrying");
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(max_backoff);
+            tokio::time::sleep(delay).await;
         }
     }
 
@@ -975,7 +982,7 @@ impl KubeApi {
         };
         let deadline = self.deadline();
         let mut conflicts = 0u32;
-        let mut backoff = Duration::from_millis(self.settings.initial_backoff_ms);
+        let mut backoff = self.backoff();
         loop {
             let sent = self
                 .call(&op, deadline, self.settings.retries, || {
@@ -990,8 +997,9 @@ impl KubeApi {
                 }
                 Err(Failure::Api(status)) if status.code == 409 => {
                     conflicts += 1;
+                    let delay = backoff.next_delay();
                     if conflicts > self.settings.conflict_retries
-                        || Instant::now() + backoff >= deadline
+                        || Instant::now() + delay >= deadline
                     {
                         return Err(ClusterError::unavailable(format!(
                             "{}: still conflicting after {conflicts} attempts",
@@ -999,9 +1007,7 @@ impl KubeApi {
                         )));
                     }
                     tracing::debug!(pod = %pod, conflicts, "status patch conflicted, retrying");
-                    tokio::time::sleep(backoff).await;
-                    backoff =
-                        (backoff * 2).min(Duration::from_millis(self.settings.max_backoff_ms));
+                    tokio::time::sleep(delay).await;
                 }
                 Err(failure) => return Err(self.generic(&op, ObjectKind::Pod, failure)),
             }

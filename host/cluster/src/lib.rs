@@ -3,6 +3,7 @@
 //! The orchestration only sees the [`Cluster`] trait. [`FileCluster`] reads a directory of manifests
 //! (development, demos, tests); the Kubernetes API source lives beside it.
 
+pub mod backoff;
 mod file;
 mod kube;
 pub mod observe;

@@ -15,7 +15,7 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use crate::backoff::Backoff;
+use plexus_cluster::backoff::Backoff;
 
 /// What a reconcile of one key came to.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -212,7 +212,7 @@ impl<K: Clone + Eq + Hash + Send + 'static> Controller<K> {
                 let delay = q
                     .failing
                     .entry(key.clone())
-                    .or_insert_with(|| Backoff::new(first, max))
+                    .or_insert_with(|| Backoff::jittered(first, max))
                     .next_delay();
                 Some(now + delay)
             }

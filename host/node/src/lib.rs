@@ -6,7 +6,6 @@
 
 #![warn(clippy::too_many_lines)]
 
-pub mod backoff;
 pub mod cluster_args;
 pub mod controller;
 pub mod daemon;

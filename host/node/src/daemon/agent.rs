@@ -126,7 +126,7 @@ struct Record {
 
 /// A module that could not be made ready, tried again with backoff.
 struct Retrying {
-    backoff: crate::backoff::Backoff,
+    backoff: plexus_cluster::backoff::Backoff,
     next: Instant,
     error: Failure,
 }
@@ -730,7 +730,7 @@ impl Agent {
             Err(error) => {
                 tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
                 let f = self.failures.entry(module.to_string()).or_insert(Retrying {
-                    backoff: crate::backoff::Backoff::new(FIRST_RETRY, MAX_RETRY),
+                    backoff: plexus_cluster::backoff::Backoff::jittered(FIRST_RETRY, MAX_RETRY),
                     next: Instant::now(),
                     error: error.clone(),
                 });

@@ -12,7 +12,7 @@
 //! the process's own figures) are set when a scrape comes, from that state ([`Metrics::refresh`]), so nothing
 //! on the ADD path pays for them.
 
-use crate::backoff::Backoff;
+use plexus_cluster::backoff::Backoff;
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -545,7 +545,7 @@ pub async fn serve(
     metrics: Arc<Metrics>,
     snapshot: impl Fn() -> Snapshot + Send + Sync + 'static,
 ) -> std::io::Result<()> {
-    let mut backoff = Backoff::new(Duration::from_secs(1), Duration::from_secs(30));
+    let mut backoff = Backoff::jittered(Duration::from_secs(1), Duration::from_secs(30));
     let mut last_error = String::new();
     let listener = loop {
         match tokio::net::TcpListener::bind(addr).await {

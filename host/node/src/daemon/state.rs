@@ -12,7 +12,7 @@ use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
 use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
 use super::status_queue::{ClaimWrite, Kept, Key, StatusQueue, Write};
-use crate::backoff::Backoff;
+use plexus_cluster::backoff::Backoff;
 
 /// What the daemon asks of the API server: [`KubeApi`] in the process, an in-memory fake in tests.
 #[async_trait::async_trait]
@@ -335,7 +335,7 @@ pub fn enqueue_claim_status(
 /// One kept claim write, until the API server takes it (a newer write of the claim replaces it meanwhile) or
 /// refuses it for good (forbidden, invalid: dropped with a warning; a claim that is gone is taken as written).
 async fn send_claim(state: &NodeState, key: &Key, mut write: ClaimWrite) {
-    let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
+    let mut backoff = Backoff::jittered(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
     loop {
         match state
             .api
@@ -383,7 +383,7 @@ async fn send_kept(state: &NodeState, key: &Key, kept: Kept) {
 /// One kept network-status write, until the API server takes it, or dropped when the pod is gone (the cache
 /// holds the pod under another UID).
 async fn send_status(state: &NodeState, key: &Key, mut pod: PodRef, mut value: String) {
-    let mut backoff = Backoff::new(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
+    let mut backoff = Backoff::jittered(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
     loop {
         if let Lookup::Found(p) = state.cache.pod(&pod.namespace, &pod.name) {
             if p.uid.is_some() && pod.uid.is_some() && p.uid != pod.uid {
