@@ -2,12 +2,7 @@
 //!
 //! Not a test. Run by `tests/bench.sh` (as root: the real-plugin cases create namespaces and bridges), which
 //! renders `docs/benchmarks.md` from the JSON this writes (`target/bench/results.json`). Under the name
-//! `bench-noop` the binary is the no-op delegate (see noop.rs).
-//!
-//! Usage: `plexus-bench [--runs N] [--out FILE] [--plexus BIN] [--target DIR] [--quick] [--only SECTION]...
-//! [--density-pods N] [--density-rounds N]` (defaults: 50 runs, 100 pods per density burst (at most 240: the
-//! test kubelet's pod limit is 250), 5 rounds,
-//! the plexus beside this binary, the target dir above it).
+//! `bench-noop` the binary is the no-op delegate (see noop.rs). Its options: `plexus-bench --help`.
 
 mod cpu;
 mod daemon;
@@ -27,12 +22,15 @@ use std::process::{Command, ExitCode, Stdio};
 use std::sync::{Barrier, Mutex};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
+use clap::builder::RangedU64ValueParser;
+use clap::{Parser, ValueEnum};
 use plexus_tests::netns::{require_root_and_plugins, NetNs};
 use serde_json::{json, Value};
 
 use crate::world::{Delegates, World};
 
 fn main() -> ExitCode {
+    // The no-op delegate is this binary under another name, exec'd as a CNI plugin: it has no options.
     let argv0 = std::env::args().next().unwrap_or_default();
     if Path::new(&argv0)
         .file_name()
@@ -40,7 +38,8 @@ fn main() -> ExitCode {
     {
         return noop::main();
     }
-    match run() {
+    let args = Args::parse();
+    match opts(args).and_then(|o| run(&o)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("plexus-bench: {e}");
@@ -49,6 +48,62 @@ fn main() -> ExitCode {
     }
 }
 
+/// What Plexus costs a pod, against a floor that execs the same delegates (as root; run by tests/bench.sh)
+#[derive(Parser)]
+#[command(name = "plexus-bench")]
+struct Args {
+    /// ADD/DEL runs per case.
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    runs: usize,
+    /// Where the results go [default: TARGET/bench/results.json].
+    #[arg(long, value_name = "FILE")]
+    out: Option<PathBuf>,
+    /// The plexus binary measured [default: the one beside this binary].
+    #[arg(long, value_name = "BIN")]
+    plexus: Option<PathBuf>,
+    /// The CNI plugin alone (no compiler), as installed on nodes [default: the one beside this binary].
+    #[arg(long, value_name = "BIN")]
+    plexus_cni: Option<PathBuf>,
+    /// The cargo target directory: the wasm guests, the work directory [default: the one above this binary].
+    #[arg(long, value_name = "DIR")]
+    target: Option<PathBuf>,
+    /// A shorter run: fewer rounds in the concurrency, hammer, daemon and density sections.
+    #[arg(long)]
+    quick: bool,
+    /// Run only this section (repeatable; every section when absent).
+    #[arg(long, value_name = "SECTION")]
+    only: Vec<Section>,
+    /// Pods per density burst (at most 240: the test kubelet's pod limit is 250).
+    #[arg(long, value_name = "N", default_value_t = 100,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=240))]
+    density_pods: usize,
+    /// Rounds of the density section's four subjects.
+    #[arg(long, value_name = "N", default_value_t = 5,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    density_rounds: usize,
+}
+
+/// A section of the benchmark, as `--only` names it.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Section {
+    Startup,
+    MatrixNoop,
+    MatrixReal,
+    Scaling,
+    Concurrency,
+    Hammer,
+    Daemon,
+    Density,
+    HookMemory,
+    Profile,
+    // Internal: the profile section runs this binary under `perf record` with one of these (ADD/DEL loops only).
+    #[value(hide = true)]
+    PerfLoopNohooks,
+    #[value(hide = true)]
+    PerfLoopHooks,
+}
+
+/// The options checked and completed: absolute paths, the binaries and guests there.
 struct Opts {
     runs: usize,
     out: PathBuf,
@@ -61,70 +116,42 @@ struct Opts {
     /// Node density: pods per burst, and rounds of the four subjects.
     density_pods: usize,
     density_rounds: usize,
-    /// Sections to run (all when empty): startup, matrix-noop, matrix-real, scaling, concurrency, hammer, daemon,
-    /// density, profile;
-    /// `perf-loop-nohooks` / `perf-loop-hooks` (internal: the profile section runs it under `perf record`).
-    only: Vec<String>,
+    /// Sections to run (all when empty).
+    only: Vec<Section>,
 }
 
-fn opts() -> Result<Opts, String> {
+fn opts(args: Args) -> Result<Opts, String> {
     let exe = std::env::current_exe().map_err(|e| format!("current exe: {e}"))?;
     let release = exe
         .parent()
         .ok_or("the bench binary has no directory")?
         .to_path_buf();
-    let target = release
-        .parent()
-        .ok_or("the bench binary is not under target/")?
-        .to_path_buf();
-    let mut o = Opts {
-        runs: 50,
-        out: target.join("bench/results.json"),
-        plexus: release.join("plexus"),
-        plexus_cni: release.join("plexus-cni"),
+    let target = match args.target {
+        // Confs need absolute paths.
+        Some(dir) => {
+            std::fs::canonicalize(&dir).map_err(|e| format!("--target {}: {e}", dir.display()))?
+        }
+        None => release
+            .parent()
+            .ok_or("the bench binary is not under target/")?
+            .to_path_buf(),
+    };
+    let o = Opts {
+        runs: args.runs,
+        out: args
+            .out
+            .unwrap_or_else(|| target.join("bench/results.json")),
+        plexus: args.plexus.unwrap_or_else(|| release.join("plexus")),
+        plexus_cni: args
+            .plexus_cni
+            .unwrap_or_else(|| release.join("plexus-cni")),
         work: target.join("bench/work"),
         target,
-        quick: false,
-        density_pods: 100,
-        density_rounds: 5,
-        only: Vec::new(),
+        quick: args.quick,
+        density_pods: args.density_pods,
+        density_rounds: args.density_rounds,
+        only: args.only,
     };
-    let mut out: Option<PathBuf> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        match a.as_str() {
-            "--runs" => {
-                let v = args.next().ok_or("--runs needs a number")?;
-                o.runs = v
-                    .parse()
-                    .map_err(|_| format!("--runs {v:?} is not a number"))?;
-            }
-            "--out" => out = Some(args.next().ok_or("--out needs a file")?.into()),
-            "--plexus" => o.plexus = args.next().ok_or("--plexus needs a file")?.into(),
-            "--plexus-cni" => o.plexus_cni = args.next().ok_or("--plexus-cni needs a file")?.into(),
-            "--target" => {
-                let dir = args.next().ok_or("--target needs a directory")?;
-                // Confs need absolute paths.
-                o.target =
-                    std::fs::canonicalize(&dir).map_err(|e| format!("--target {dir}: {e}"))?;
-                o.work = o.target.join("bench/work");
-            }
-            "--quick" => o.quick = true,
-            "--density-pods" | "--density-rounds" => {
-                let v = args.next().ok_or(format!("{a} needs a number"))?;
-                let n: usize = v
-                    .parse()
-                    .map_err(|_| format!("{a} {v:?} is not a number"))?;
-                match a.as_str() {
-                    "--density-pods" => o.density_pods = n.clamp(1, 240),
-                    _ => o.density_rounds = n.max(1),
-                }
-            }
-            "--only" => o.only.push(args.next().ok_or("--only needs a section")?),
-            other => return Err(format!("unknown argument {other:?}")),
-        }
-    }
-    o.out = out.unwrap_or_else(|| o.target.join("bench/results.json"));
     if !o.plexus_cni.is_file() {
         return Err(format!(
             "{} is missing: build it with `cargo build --release -p plexus-cni`",
@@ -847,61 +874,61 @@ fn binary_sizes(o: &Opts) -> Value {
     })
 }
 
-fn run() -> Result<(), String> {
-    let o = opts()?;
+fn run(o: &Opts) -> Result<(), String> {
     require_root_and_plugins();
     let plexus_size = std::fs::metadata(&o.plexus).map(|m| m.len()).unwrap_or(0);
-    let binaries = binary_sizes(&o);
+    let binaries = binary_sizes(o);
     let started = Instant::now();
     let machine = machine();
-    if let Some(which) = o.only.iter().find(|x| x.starts_with("perf-loop")) {
-        return perf_loop(&o, which == "perf-loop-hooks");
+    let perf_loops = [Section::PerfLoopNohooks, Section::PerfLoopHooks];
+    if let Some(&which) = o.only.iter().find(|s| perf_loops.contains(s)) {
+        return perf_loop(o, which == Section::PerfLoopHooks);
     }
-    let on = |s: &str| o.only.is_empty() || o.only.iter().any(|x| x == s);
-    let startup = if on("startup") {
-        startup(&o)?
+    let on = |s: Section| o.only.is_empty() || o.only.contains(&s);
+    let startup = if on(Section::Startup) {
+        startup(o)?
     } else {
         Value::Null
     };
     let mut cases = Vec::new();
-    if on("matrix-noop") {
-        cases.extend(matrix(&o, Delegates::Noop)?);
+    if on(Section::MatrixNoop) {
+        cases.extend(matrix(o, Delegates::Noop)?);
     }
-    if on("matrix-real") {
-        cases.extend(matrix(&o, Delegates::Real)?);
+    if on(Section::MatrixReal) {
+        cases.extend(matrix(o, Delegates::Real)?);
     }
-    let scaling = if on("scaling") {
-        json!(scaling(&o)?)
+    let scaling = if on(Section::Scaling) {
+        json!(scaling(o)?)
     } else {
         Value::Null
     };
-    let concurrency = if on("concurrency") {
-        json!(concurrency(&o)?)
+    let concurrency = if on(Section::Concurrency) {
+        json!(concurrency(o)?)
     } else {
         Value::Null
     };
-    let hammer = if on("hammer") {
-        hammer(&o)?
+    let hammer = if on(Section::Hammer) {
+        hammer(o)?
     } else {
         Value::Null
     };
-    let daemon = if on("daemon") {
-        daemon::daemon(&o)?
+    let daemon = if on(Section::Daemon) {
+        daemon::daemon(o)?
     } else {
         Value::Null
     };
-    let density = if on("density") {
-        density::density(&o)?
+    let density = if on(Section::Density) {
+        density::density(o)?
     } else {
         Value::Null
     };
-    let hook_memory = if on("hook-memory") {
-        hook_memory::hook_memory(&o)?
+    let hook_memory = if on(Section::HookMemory) {
+        hook_memory::hook_memory(o)?
     } else {
         Value::Null
     };
-    let profile = if on("profile") {
-        profile(&o)
+    let profile = if on(Section::Profile) {
+        profile(o)
     } else {
         Value::Null
     };

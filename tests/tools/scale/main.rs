@@ -12,13 +12,13 @@
 //! node (each used by a pod there) and the rest on other nodes: what each daemon holds, the requests it makes and
 //! the bytes it receives for claims, against what the previous version's watch of every claim received.
 //!
-//! Usage: `plexus-scale [N...] [--dra-claims C]` (default 1 10 30, and 3,000 claims; `--dra-claims 0` skips the
-//! DRA row).
+//! Its options: `plexus-scale --help` (default N: 1 10 30, and 3,000 claims; `--dra-claims 0` skips the DRA row).
 
 use std::path::PathBuf;
 use std::process::{Command, ExitCode};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::plexus::{guest_wasm, plexus_bin, NodeDaemon, Sandbox};
@@ -31,24 +31,23 @@ const REPORTS: &str = "/apis/plexus.dev/v1alpha1/nodehookstatuses";
 const REST: Duration = Duration::from_secs(60);
 const AGENT: &str = "system:serviceaccount:kube-system:plexus";
 
+/// What node agents cost a real API server and etcd, as JSON (as root; run by tests/scale.sh)
+#[derive(Parser)]
+#[command(name = "plexus-scale")]
+struct Args {
+    /// Numbers of node agents to measure, one row each.
+    #[arg(value_name = "N", default_values_t = [1, 10, 30])]
+    nodes: Vec<usize>,
+    /// ResourceClaims in the DRA row, which runs as many agents as the largest N (0 skips the row).
+    #[arg(long, value_name = "C", default_value_t = 3000)]
+    dra_claims: usize,
+}
+
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let mut claims = 3000;
-    let mut ns = Vec::new();
-    let mut i = 0;
-    while i < args.len() {
-        if args[i] == "--dra-claims" {
-            claims = args
-                .get(i + 1)
-                .and_then(|c| c.parse().ok())
-                .unwrap_or(claims);
-            i += 1;
-        } else if let Ok(n) = args[i].parse() {
-            ns.push(n);
-        }
-        i += 1;
-    }
-    let ns = if ns.is_empty() { vec![1, 10, 30] } else { ns };
+    let Args {
+        nodes: ns,
+        dra_claims: claims,
+    } = Args::parse();
     let mut rows = Vec::new();
     for &n in &ns {
         eprintln!("plexus-scale: {n} node(s)");

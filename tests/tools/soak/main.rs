@@ -4,9 +4,8 @@
 //! Not a test. Run by `tests/soak.sh` (as root: real namespaces, bridges and the reference plugins), which
 //! writes `docs/reliability.md` from what this prints on stdout (Markdown).
 //!
-//! Usage: `plexus-soak [--iterations N] [--pods N] [--daemon-pods N] [--outage-secs N]` (defaults 200, 64, 100
-//! and 60). The node daemon's rows need the real kube-apiserver (the build of `tests/parts.sh`, which
-//! `tests/soak.sh` runs) and the wasm guests.
+//! Its options: `plexus-soak --help`. The node daemon's rows need the real kube-apiserver (the build of
+//! `tests/parts.sh`, which `tests/soak.sh` runs) and the wasm guests.
 
 use std::collections::BTreeSet;
 use std::net::IpAddr;
@@ -14,6 +13,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use clap::Parser;
 use plexus_cni::daemon::client::ask;
 use plexus_cni::daemon::proto::{Answer, DaemonHealth, Request};
 use plexus_tests::apiserver::{ApiServer, Fault};
@@ -31,30 +31,32 @@ const POD_NS: &str = "soak";
 /// Every container id of a run starts with this, so leftover processes can be found by their environment.
 const ID_PREFIX: &str = "soak-";
 
+/// Teardown and node daemon faults injected, what leaked or was lost, as Markdown (as root; run by tests/soak.sh)
+#[derive(Parser)]
+#[command(name = "plexus-soak")]
+struct Args {
+    /// Iterations of each teardown fault (the slower faults run a quarter or a tenth as many).
+    #[arg(long, value_name = "N", default_value_t = 200)]
+    iterations: usize,
+    /// Pods added and deleted at once in the concurrency row.
+    #[arg(long, value_name = "N", default_value_t = 64)]
+    pods: usize,
+    /// Pods added through the node daemon during its API outage (half as many in each of its other two rows).
+    #[arg(long, value_name = "N", default_value_t = 100)]
+    daemon_pods: usize,
+    /// Length of the API server outage in the node daemon's rows, in seconds.
+    #[arg(long = "outage-secs", value_name = "N", default_value_t = 60)]
+    outage: u64,
+}
+
 fn main() {
+    let Args {
+        iterations,
+        pods,
+        daemon_pods,
+        outage,
+    } = Args::parse();
     require_root_and_plugins();
-    let mut iterations = 200;
-    let mut pods = 64;
-    let mut daemon_pods = 100;
-    let mut outage = 60;
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = || -> usize {
-            args.next()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("{a} takes a number"))
-        };
-        match a.as_str() {
-            "--iterations" => iterations = value(),
-            "--pods" => pods = value(),
-            "--daemon-pods" => daemon_pods = value(),
-            "--outage-secs" => outage = value(),
-            other => panic!(
-                "unknown argument {other:?}; usage: plexus-soak [--iterations N] [--pods N] \
-                 [--daemon-pods N] [--outage-secs N]"
-            ),
-        }
-    }
     let started = Instant::now();
     let mut rows = Vec::new();
     let mut latency = Vec::new();
@@ -81,7 +83,7 @@ fn main() {
     rows.push(concurrent_add_del(&mut rng, iterations / 4));
     eprintln!("soak: {pods}-way concurrent pods");
     rows.push(concurrent_pods(pods, 3));
-    let daemon = daemon_rows(daemon_pods, Duration::from_secs(outage as u64));
+    let daemon = daemon_rows(daemon_pods, Duration::from_secs(outage));
     print_report(&rows, &latency, started.elapsed(), iterations);
     print_daemon_rows(&daemon);
     print_writes();
