@@ -6,13 +6,13 @@
 //!
 //! Every request has its own timeout, and every trait call a total deadline. Connection errors, timeouts and
 //! the API server's 429, 500, 502, 503 and 504 answers are retried with exponential backoff until the
-//! retries or the deadline run out, which yields [`ClusterError::Unavailable`] (CNI "try again later").
+//! retries or the deadline run out, which yields [`ClusterError::Unavailable`] (CNI "try again later"). One
+//! module makes every call that way for every method of [`KubeApi`] (`request.rs`).
 
 use std::collections::BTreeMap;
-use std::future::Future;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use k8s_openapi::api::core::v1::{Event, EventSource, ObjectReference, Pod as KubePod};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, Time};
@@ -89,12 +89,14 @@ const FIELD_MANAGER: &str = "plexus";
 mod bounded;
 mod dra;
 mod explain;
+mod request;
 mod resolve;
 pub use bounded::{skipped_objects, MAX_OBJECT_BYTES};
 pub use dra::{claim_from_kube, claim_status_patch, slice_devices, ClaimRead, DRA_API_VERSION};
 #[cfg(feature = "watch")]
 pub use explain::explain_watch;
 pub use explain::{explain, Unreachable};
+use request::{Failure, Op};
 pub use resolve::{ConfigSource, KubectlSelection};
 
 /// A cluster source backed by the Kubernetes API server.
@@ -154,134 +156,6 @@ impl kube::Resource for NadObject {
     }
     fn meta_mut(&mut self) -> &mut ObjectMeta {
         &mut self.metadata
-    }
-}
-
-/// What a request was for, so that errors can name the object and the permission involved.
-struct Op<'a> {
-    verb: &'static str,
-    /// The RBAC resource, with its subresource (`pods/status`).
-    resource: &'static str,
-    /// The API group; empty for the core group.
-    group: &'static str,
-    namespace: &'a str,
-    name: &'a str,
-}
-
-impl Op<'_> {
-    fn forbidden(&self, server: &str) -> ClusterError {
-        let group = if self.group.is_empty() {
-            "core".to_string()
-        } else {
-            format!("{:?}", self.group)
-        };
-        let scope = if self.namespace.is_empty() {
-            "across the cluster".to_string()
-        } else {
-            format!("in namespace {:?}", self.namespace)
-        };
-        ClusterError::forbidden(format!(
-            "missing permission to {} {} (API group {group}) {scope} on the server {server}",
-            self.verb, self.resource
-        ))
-    }
-
-    /// The error for the server's `status` answer to this request (one with no more specific meaning for it).
-    fn answered(
-        &self,
-        server: &str,
-        object: ObjectKind,
-        status: &kube::core::Status,
-    ) -> ClusterError {
-        // RBAC let the request through and admission refused it (the node-authority policy, say): the policy and
-        // its reason, not a permission to grant.
-        if let Some(denial) = explain::Denial::of(&status.message) {
-            tracing::warn!(request = %self.describe(), server, message = %status.message, "refused by admission control");
-            return ClusterError::forbidden(format!(
-                "{}: {}",
-                self.describe(),
-                denial.words(server)
-            ));
-        }
-        match status.code {
-            404 => ClusterError::NotFound {
-                object,
-                namespace: self.namespace.into(),
-                name: self.name.into(),
-            },
-            403 => {
-                tracing::warn!(request = %self.describe(), server, message = %status.message, "forbidden");
-                self.forbidden(server)
-            }
-            401 => ClusterError::forbidden(format!(
-                "the server {server} rejected the credentials (401 Unauthorized) for {}",
-                self.describe()
-            )),
-            code => ClusterError::Invalid {
-                what: self.describe(),
-                reason: format!(
-                    "API server answered {code} {}: {}",
-                    status.reason, status.message
-                ),
-            },
-        }
-    }
-
-    fn describe(&self) -> String {
-        match (self.namespace, self.name) {
-            ("", "") => format!("{} {}", self.verb, self.resource),
-            ("", name) => format!("{} {} {name}", self.verb, self.resource),
-            (ns, name) => format!("{} {} {ns}/{name}", self.verb, self.resource),
-        }
-    }
-}
-
-/// A 401 with the credentials of `kubeconfig`. On a node, that file is the one `plexus install` wrote, with the
-/// token of the plexus DaemonSet's pod: refused once that pod is gone, as after a deletion of the DaemonSet
-/// without the node step of the uninstall, which this names.
-fn unauthorized(server: &str, what: &str, kubeconfig: &Path) -> String {
-    format!(
-        "the server {server} rejected the credentials (401 Unauthorized) for {what}: the token in {} is no longer \
-         accepted. `plexus install` writes there the token of the plexus DaemonSet's pod on this node, which the API \
-         server stops accepting once that pod is gone: if Plexus was uninstalled (its DaemonSet deleted), finish \
-         with the node step, `plexus install --uninstall` on this node (docs/operations.md, \"Uninstall\"); if the \
-         DaemonSet is there, its pod writes a new token when it starts",
-        kubeconfig.display()
-    )
-}
-
-/// Why a request with its retries did not succeed.
-enum Failure {
-    /// The API server answered with a status that retrying does not change.
-    Api(Box<kube::core::Status>),
-    /// Retries or the deadline ran out; the text says what went wrong last.
-    Exhausted(String),
-    /// The request could not be made or its answer not understood.
-    Broken(String),
-}
-
-/// A transient failure is retried; anything else ends the operation.
-enum Attempt {
-    Transient(String),
-    Final(Failure),
-}
-
-fn classify(err: kube::Error) -> Attempt {
-    match err {
-        kube::Error::Api(status) if matches!(status.code, 429 | 500 | 502 | 503 | 504) => {
-            Attempt::Transient(format!(
-                "API server answered {} {}",
-                status.code, status.reason
-            ))
-        }
-        kube::Error::Api(status) => Attempt::Final(Failure::Api(status)),
-        kube::Error::HyperError(e) => Attempt::Transient(format!("connection error: {e}")),
-        // In words already, naming the server (see explain::Unreachable).
-        kube::Error::Service(e) => Attempt::Transient(error_chain(&*e)),
-        kube::Error::SerdeError(e) => {
-            Attempt::Final(Failure::Broken(format!("malformed response: {e}")))
-        }
-        other => Attempt::Final(Failure::Broken(error_chain(&other))),
     }
 }
 
@@ -576,82 +450,6 @@ impl KubeApi {
         Ok(bounded(config, settings))
     }
 
-    /// The delays between a request's retries: the settings' first delay, doubling up to their cap.
-    fn backoff(&self) -> crate::backoff::Backoff {
-        crate::backoff::Backoff::new(
-            Duration::from_millis(self.settings.initial_backoff_ms),
-            Duration::from_millis(self.settings.max_backoff_ms),
-        )
-    }
-
-    fn deadline(&self) -> Instant {
-        Instant::now() + Duration::from_millis(self.settings.deadline_ms)
-    }
-
-    /// Runs `request` until it succeeds, fails for good, or retries or the deadline run out.
-    async fn call<T, F, Fut>(
-        &self,
-        op: &Op<'_>,
-        deadline: Instant,
-        retries: u32,
-        mut request: F,
-    ) -> Result<T, Failure>
-    where
-        F: FnMut() -> Fut,
-        Fut: Future<Output = Result<T, kube::Error>>,
-    {
-        let started = Instant::now();
-        let per_request = Duration::from_millis(self.settings.request_timeout_ms);
-        let mut backoff = self.backoff();
-        let mut attempts = 0u32;
-        loop {
-            attempts += 1;
-            let remaining = deadline.saturating_duration_since(Instant::now());
-            let limit = per_request.min(remaining);
-            let last = match tokio::time::timeout(limit, request()).await {
-                Ok(Ok(value)) => return Ok(value),
-                Ok(Err(err)) => match classify(err) {
-                    Attempt::Transient(reason) => reason,
-                    Attempt::Final(failure) => return Err(failure),
-                },
-                Err(_) => format!(
-                    "no answer from the server {} within {} ms",
-                    self.server,
-                    limit.as_millis()
-                ),
-            };
-            let delay = backoff.next_delay();
-            let out_of_time = Instant::now() + delay >= deadline;
-            if attempts > retries || out_of_time {
-                return Err(Failure::Exhausted(format!(
-                    "{}: {last} (gave up after {attempts} attempt{} in {} ms)",
-                    op.describe(),
-                    if attempts == 1 { "" } else { "s" },
-                    started.elapsed().as_millis()
-                )));
-            }
-            tracing::debug!(request = %op.describe(), attempt = attempts, error = %last, "retrying");
-            tokio::time::sleep(delay).await;
-        }
-    }
-
-    /// The error for a failure that has no more specific meaning for the operation.
-    fn generic(&self, op: &Op<'_>, object: ObjectKind, failure: Failure) -> ClusterError {
-        match failure {
-            Failure::Exhausted(reason) => ClusterError::unavailable(reason),
-            Failure::Broken(reason) => ClusterError::Invalid {
-                what: op.describe(),
-                reason,
-            },
-            Failure::Api(status) => match (status.code, &self.settings.kubeconfig) {
-                (401, Some(kubeconfig)) if self.settings.node_credentials => {
-                    ClusterError::forbidden(unauthorized(&self.server, &op.describe(), kubeconfig))
-                }
-                _ => op.answered(&self.server, object, &status),
-            },
-        }
-    }
-
     /// Posts an event on the pod (one attempt); the new event's name.
     pub async fn post_event(
         &self,
@@ -718,7 +516,7 @@ impl KubeApi {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
-        self.call(&op, self.deadline(), 0, || api.create(&params, &event))
+        self.call(&op, self.one_try(), || api.create(&params, &event))
             .await
             .map(|e| e.metadata.name.unwrap_or_default())
             .map_err(|f| self.generic(&op, ObjectKind::Event, f))
@@ -749,7 +547,7 @@ impl KubeApi {
             ..PatchParams::default()
         };
         let patch = Patch::Merge(&body);
-        self.call(&op, self.deadline(), 0, || api.patch(name, &params, &patch))
+        self.call(&op, self.one_try(), || api.patch(name, &params, &patch))
             .await
             .map(drop)
             .map_err(|f| self.generic(&op, ObjectKind::Event, f))
@@ -766,9 +564,7 @@ impl KubeApi {
             name: &pod.name,
         };
         let found = self
-            .call(&op, self.deadline(), self.settings.retries, || {
-                api.get(&pod.name)
-            })
+            .call(&op, self.tries(), || api.get(&pod.name))
             .await
             .map_err(|f| self.generic(&op, ObjectKind::Pod, f))?;
         let mut found = pod_from_kube(found);
@@ -846,11 +642,7 @@ impl KubeApi {
         let mut params = params.limit(500);
         let mut all = Vec::new();
         loop {
-            let page = self
-                .call(op, self.deadline(), self.settings.retries, || {
-                    api.list(&params)
-                })
-                .await?;
+            let page = self.call(op, self.tries(), || api.list(&params)).await?;
             all.extend(page.items);
             if all.len() > max_items {
                 return Err(Failure::Broken(format!(
@@ -881,12 +673,7 @@ impl KubeApi {
             namespace: "",
             name,
         };
-        match self
-            .call(&op, self.deadline(), self.settings.retries, || {
-                api.get(name)
-            })
-            .await
-        {
+        match self.call(&op, self.tries(), || api.get(name)).await {
             Ok(found) => Ok(Some(found)),
             Err(Failure::Api(status)) if status.code == 404 => Ok(None),
             Err(f) => Err(self.generic(&op, ObjectKind::Pod, f)),
@@ -944,9 +731,7 @@ impl KubeApi {
             name,
         };
         let found = self
-            .call(&op, self.deadline(), self.settings.retries, || {
-                api.get(name)
-            })
+            .call(&op, self.tries(), || api.get(name))
             .await
             .map_err(|f| self.generic(&op, ObjectKind::NetworkAttachmentDefinition, f))?;
         let mut nad = nad_from_kube(found);
@@ -980,37 +765,18 @@ impl KubeApi {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PatchParams::default()
         };
-        let deadline = self.deadline();
-        let mut conflicts = 0u32;
-        let mut backoff = self.backoff();
-        loop {
-            let sent = self
-                .call(&op, deadline, self.settings.retries, || {
-                    api.patch_status(&pod.name, &params, &patch)
-                })
-                .await;
-            match sent {
-                Ok(_) => return Ok(()),
-                Err(Failure::Api(status)) if status.code == 404 => {
-                    tracing::warn!(pod = %pod, "pod vanished before its network-status could be written");
-                    return Ok(());
-                }
-                Err(Failure::Api(status)) if status.code == 409 => {
-                    conflicts += 1;
-                    let delay = backoff.next_delay();
-                    if conflicts > self.settings.conflict_retries
-                        || Instant::now() + delay >= deadline
-                    {
-                        return Err(ClusterError::unavailable(format!(
-                            "{}: still conflicting after {conflicts} attempts",
-                            op.describe()
-                        )));
-                    }
-                    tracing::debug!(pod = %pod, conflicts, "status patch conflicted, retrying");
-                    tokio::time::sleep(delay).await;
-                }
-                Err(failure) => return Err(self.generic(&op, ObjectKind::Pod, failure)),
+        let sent = self
+            .call(&op, self.tries_with_conflicts(), || {
+                api.patch_status(&pod.name, &params, &patch)
+            })
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(Failure::Api(status)) if status.code == 404 => {
+                tracing::warn!(pod = %pod, "pod vanished before its network-status could be written");
+                Ok(())
             }
+            Err(failure) => Err(self.generic(&op, ObjectKind::Pod, failure)),
         }
     }
 }
@@ -1320,21 +1086,6 @@ mod tests {
     }
 
     #[test]
-    fn a_401_with_the_nodes_credentials_names_the_uninstall_step() {
-        let msg = unauthorized(
-            "10.0.0.1:6443",
-            "get pods team/web",
-            Path::new("/etc/cni/net.d/plexus.d/plexus.kubeconfig"),
-        );
-        assert!(msg.starts_with("the server 10.0.0.1:6443 rejected the credentials (401 Unauthorized) for get pods team/web"), "{msg}");
-        assert!(
-            msg.contains("/etc/cni/net.d/plexus.d/plexus.kubeconfig"),
-            "{msg}"
-        );
-        assert!(msg.contains("plexus install --uninstall"), "{msg}");
-    }
-
-    #[test]
     fn missing_kubeconfig_is_reported_on_first_use() {
         let c = KubeCluster::new(KubeSettings {
             kubeconfig: Some("/nonexistent/kubeconfig".into()),
@@ -1355,63 +1106,5 @@ mod tests {
             patch.to_string(),
             r#"{"metadata":{"annotations":{"k8s.v1.cni.cncf.io/network-status":"[{\"name\":\"x\"}]"}}}"#
         );
-    }
-
-    #[test]
-    fn forbidden_names_verb_resource_and_namespace() {
-        let op = Op {
-            verb: "get",
-            resource: NAD_PLURAL,
-            group: NAD_GROUP,
-            namespace: "team-a",
-            name: "n",
-        };
-        assert_eq!(
-            op.forbidden("10.0.0.1:6443").to_string(),
-            r#"forbidden: missing permission to get network-attachment-definitions (API group "k8s.cni.cncf.io") in namespace "team-a" on the server 10.0.0.1:6443"#
-        );
-    }
-
-    /// A write RBAC allows and an admission policy refuses is not a missing permission: the error names the policy
-    /// and says why, whichever code the policy's reason gave.
-    #[test]
-    fn an_admission_policys_refusal_names_the_policy() {
-        let op = Op {
-            verb: "patch",
-            resource: "pods/status",
-            group: "",
-            namespace: "team",
-            name: "web-b",
-        };
-        let message = "pods \"web-b\" is forbidden: ValidatingAdmissionPolicy 'plexus-node-authority' with binding \
-                       'plexus-node-authority' denied request: plexus on node node-a may not write the status of pod \
-                       team/web-b: it is not bound to that node";
-        for (code, reason) in [(403, "Forbidden"), (422, "Invalid")] {
-            let status = kube::core::Status {
-                code,
-                reason: reason.into(),
-                message: message.into(),
-                ..Default::default()
-            };
-            let err = op.answered("10.0.0.1:6443", ObjectKind::Pod, &status);
-            assert_eq!(
-                err.to_string(),
-                "forbidden: patch pods/status team/web-b: the ValidatingAdmissionPolicy plexus-node-authority (binding \
-                 plexus-node-authority) on the server 10.0.0.1:6443 refused the request: plexus on node node-a may not \
-                 write the status of pod team/web-b: it is not bound to that node"
-            );
-        }
-        // RBAC's own refusal still names the permission.
-        let rbac = kube::core::Status {
-            code: 403,
-            reason: "Forbidden".into(),
-            message: r#"pods "web-b" is forbidden: User "u" cannot patch resource "pods/status""#
-                .into(),
-            ..Default::default()
-        };
-        assert!(op
-            .answered("10.0.0.1:6443", ObjectKind::Pod, &rbac)
-            .to_string()
-            .contains("missing permission to patch pods/status"));
     }
 }

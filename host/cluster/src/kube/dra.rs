@@ -15,7 +15,8 @@ use plexus_core::spec::dra::{
 use plexus_core::spec::Pod;
 use serde_json::{json, Value};
 
-use super::{Failure, KubeApi, Op, FIELD_MANAGER};
+use super::request::{Failure, Op};
+use super::{KubeApi, FIELD_MANAGER};
 use crate::{ClusterError, ObjectKind};
 
 /// The API group and version of DRA's objects.
@@ -331,12 +332,7 @@ impl KubeApi {
             namespace: &claim.namespace,
             name: &claim.name,
         };
-        match self
-            .call(&op, self.deadline(), self.settings.retries, || {
-                api.get(&claim.name)
-            })
-            .await
-        {
+        match self.call(&op, self.tries(), || api.get(&claim.name)).await {
             Ok(found) => {
                 Ok(claim_from_kube(found).map_or(ClaimRead::Unallocated, ClaimRead::Allocated))
             }
@@ -429,18 +425,14 @@ impl KubeApi {
             resource: "resourceclaims/status",
             ..read
         };
-        let deadline = self.deadline();
+        // One deadline for every read and write of the claim.
+        let tries = self.tries();
         let url = format!(
             "/apis/{DRA_API_VERSION}/namespaces/{}/resourceclaims/{}/status?fieldManager={FIELD_MANAGER}",
             claim.namespace, claim.name
         );
         for attempt in 1..=CLAIM_WRITE_ATTEMPTS {
-            let found = match self
-                .call(&read, deadline, self.settings.retries, || {
-                    api.get(&claim.name)
-                })
-                .await
-            {
+            let found = match self.call(&read, tries, || api.get(&claim.name)).await {
                 Ok(found) => found,
                 Err(Failure::Api(status)) if status.code == 404 => {
                     tracing::debug!(claim = %claim, "claim gone before its device status was written");
@@ -468,7 +460,7 @@ impl KubeApi {
             };
             let body = patch.to_string().into_bytes();
             let answer = self
-                .call(&write, deadline, self.settings.retries, || {
+                .call(&write, tries, || {
                     let request = http::Request::patch(url.as_str())
                         .header(http::header::CONTENT_TYPE, "application/json-patch+json")
                         .body(body.clone())

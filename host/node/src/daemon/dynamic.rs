@@ -471,6 +471,7 @@ impl Cluster for LocalCluster {
         if enqueue_status(&self.shared, pod.clone(), network_status.to_string()) {
             Ok(())
         } else {
+            // The queue (full, or its disk failing) did not keep it: one attempt, as the queue's writer makes.
             self.handle
                 .block_on(self.shared.api.write_status(pod, network_status))
         }

@@ -68,7 +68,7 @@ async fn serve(
     let hook_states = HookStates::default();
     let state = Arc::new(NodeState::new(
         NodeCache::with_nad_budget(settings.nad_budget_bytes),
-        Arc::new(api.clone()),
+        Arc::new(state::DaemonApi::new(api.clone())),
         StateParts {
             node: settings.node.clone(),
             writes,

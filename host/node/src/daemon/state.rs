@@ -14,7 +14,10 @@ use super::metrics::{HookStates, Metrics, ResultLabel, Snapshot};
 use super::status_queue::{ClaimWrite, Kept, Key, StatusQueue, Write};
 use plexus_cluster::backoff::Backoff;
 
-/// What the daemon asks of the API server: [`KubeApi`] in the process, an in-memory fake in tests.
+/// What the daemon asks of the API server: [`DaemonApi`] in the process, an in-memory fake in tests.
+///
+/// Reads are retried below (an ADD waits for them); writes are one attempt each, retried by the durable writer
+/// that keeps them ([`start_writer`]), and events are one attempt whatever happens (best effort).
 #[async_trait::async_trait]
 pub trait NodeApi: Send + Sync + 'static {
     async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
@@ -23,6 +26,7 @@ pub trait NodeApi: Send + Sync + 'static {
         namespace: &str,
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError>;
+    /// One attempt; a transient failure is [`ClusterError::Unavailable`].
     async fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
     /// One attempt; `kind` is (type, reason); the new event's name.
     async fn post_event(
@@ -40,7 +44,8 @@ pub trait NodeApi: Send + Sync + 'static {
     ) -> Result<(), ClusterError>;
     /// Whether events are posted at all (the `events` setting of the API source).
     fn events(&self) -> bool;
-    /// Applies Plexus's entries of a claim's `status.devices[]` (server-side apply).
+    /// Writes Plexus's entries of a claim's `status.devices[]`: one read and one write (again when the claim changed
+    /// in between), each one attempt.
     async fn apply_claim_status(
         &self,
         _claim: &ClaimName,
@@ -56,20 +61,36 @@ pub trait NodeApi: Send + Sync + 'static {
     }
 }
 
+/// The daemon's API side: the daemon's client for reads and events, and the same client without retries for the
+/// writes its durable writer sends (one loop of retries, the writer's, not one inside another).
+pub struct DaemonApi {
+    api: KubeApi,
+    writes: KubeApi,
+}
+
+impl DaemonApi {
+    pub fn new(api: KubeApi) -> DaemonApi {
+        DaemonApi {
+            writes: api.without_retries(),
+            api,
+        }
+    }
+}
+
 #[async_trait::async_trait]
-impl NodeApi for KubeApi {
+impl NodeApi for DaemonApi {
     async fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
-        KubeApi::pod(self, pod).await
+        self.api.pod(pod).await
     }
     async fn nad(
         &self,
         namespace: &str,
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError> {
-        KubeApi::nad(self, namespace, name).await
+        self.api.nad(namespace, name).await
     }
     async fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
-        KubeApi::write_status(self, pod, network_status).await
+        self.writes.write_status(pod, network_status).await
     }
     async fn post_event(
         &self,
@@ -77,7 +98,7 @@ impl NodeApi for KubeApi {
         kind: (&str, &str),
         message: &str,
     ) -> Result<String, ClusterError> {
-        KubeApi::post_event(self, pod, kind, message).await
+        self.api.post_event(pod, kind, message).await
     }
     async fn count_event(
         &self,
@@ -85,20 +106,20 @@ impl NodeApi for KubeApi {
         name: &str,
         count: i32,
     ) -> Result<(), ClusterError> {
-        KubeApi::count_event(self, namespace, name, count).await
+        self.api.count_event(namespace, name, count).await
     }
     fn events(&self) -> bool {
-        self.settings().events
+        self.api.settings().events
     }
     async fn apply_claim_status(
         &self,
         claim: &ClaimName,
         devices: &[DeviceNetworkData],
     ) -> Result<(), ClusterError> {
-        KubeApi::apply_claim_status(self, claim, devices).await
+        self.writes.apply_claim_status(claim, devices).await
     }
     async fn claims_of(&self, pod: &Pod) -> Result<Vec<(ClaimName, ClaimRead)>, ClusterError> {
-        KubeApi::claims_of(self, pod).await
+        self.api.claims_of(pod).await
     }
 }
 
