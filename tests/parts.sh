@@ -7,6 +7,7 @@
 #   crictl critest                                                               (tests/parts/cri-tools)
 #   cni/<plugin>, the CNI reference plugins                                      (tests/parts/cni-plugins)
 #   multus-shim multus-daemon, Multus thick, for the benchmarks' side-by-side runs (tests/parts/multus)
+#   crio pinns, CRI-O, the second runtime the node tests run on                  (tests/parts/cri-o)
 # Each is a Go module of the project's own (tests/parts/*) whose go.mod pins the release (and, for Kubernetes, every k8s.io staging
 # module at the matching v0.x) and whose go.sum is committed; the programs are its `tool` entries. One `go build`
 # per module, so the packages its programs share compile once; Go's build cache is kept beside the binaries, so a
@@ -30,7 +31,7 @@ OUT="$CACHE/parts-$key"
 want=(kube-apiserver kube-controller-manager kube-scheduler kubelet kubectl etcd dra-driver
       containerd containerd-shim-runc-v2 ctr crictl critest
       cni/bridge cni/host-local cni/static cni/loopback cni/portmap cni/bandwidth cni/tuning cni/macvlan
-      multus-shim multus-daemon)
+      multus-shim multus-daemon crio pinns)
 complete() { local b; for b in "${want[@]}"; do [[ -x "$OUT/$b" ]] || return 1; done; }
 if complete; then
   echo "$OUT"
@@ -57,8 +58,8 @@ timed() {
   log "$what: $((SECONDS - start)) s"
 }
 
-# Every module the five need, with checksums checked against the committed go.sum files.
-download() { local m; for m in kubernetes containerd cri-tools cni-plugins multus; do (cd "$parts/$m" && go mod download); done; }
+# Every module the six need, with checksums checked against the committed go.sum files.
+download() { local m; for m in kubernetes containerd cri-tools cni-plugins multus cri-o; do (cd "$parts/$m" && go mod download); done; }
 timed "downloading modules" download
 
 # The version Kubernetes' own release build stamps (kubectl version, the Node's kubeletVersion).
@@ -114,6 +115,26 @@ build_multus() {
   go build -ldflags "-s -w -X $m/pkg/multus.version=$v" -o "$tmp/" $(sed -n '/^tool (/,/^)/{/^\t/p}' go.mod)
 }
 timed "building Multus $(cd "$parts/multus" && go list -m -f '{{.Version}}' gopkg.in/k8snetworkplumbingwg/multus-cni.v4)" build_multus
+
+build_crio() {
+  cd "$parts/cri-o"
+  local m=github.com/cri-o/cri-o src
+  v=$(go list -m -f '{{.Version}}' "$m")
+  # cgo on, as CRI-O's own build; the tags its Makefile picks on a machine without the btrfs, gpgme, seccomp,
+  # apparmor and selinux libraries (ostree is a stub in every build).
+  CGO_ENABLED=1 go build -tags "containers_image_ostree_stub exclude_graphdriver_btrfs btrfs_noversion containers_image_openpgp" \
+    -ldflags "-s -w" -o "$tmp/" "$m/cmd/crio"
+  # pinns (it makes a pod's namespaces) is C in the same module: built with its own Makefile, static, in a
+  # writable copy of the module's source.
+  src=$(go list -m -f '{{.Dir}}' "$m")
+  mkdir -p "$tmp/pinns-src"
+  cp -r "$src/pinns" "$tmp/pinns-src/"
+  chmod -R u+w "$tmp/pinns-src"
+  make -C "$tmp/pinns-src/pinns"
+  mv "$tmp/pinns-src/bin/pinns" "$tmp/pinns"
+  rm -rf "$tmp/pinns-src"
+}
+timed "building CRI-O $(cd "$parts/cri-o" && go list -m -f '{{.Version}}' github.com/cri-o/cri-o)" build_crio
 
 rm -f "$tmp/build.log"
 rm -rf "$OUT"

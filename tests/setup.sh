@@ -13,8 +13,9 @@ PKGS=(
   iproute2 iptables nftables
   # the Debian route to wasm32-wasip1 guests (see ../shared/guest-toolchain.md)
   rustc-web cargo-web rust-web-src lld-22 wasi-libc
-  # runc under containerd 2 (tests/parts.sh builds containerd), and a static busybox for the images the tests build
-  runc busybox-static
+  # runc under containerd 2 and CRI-O (tests/parts.sh builds both), CRI-O's conmon, and a static busybox for the
+  # images the tests build
+  runc conmon busybox-static
   # TLS keys for the API server, HTTP to it and to etcd (tests/parts.sh builds both)
   openssl curl
   # hook distribution: the CNCF distribution registry (docker-registry) as the OCI registry, on loopback

@@ -1,9 +1,9 @@
 //! A peer's test suite: the networking cases of `critest` (cri-tools v1.37.0, the CRI validation suite) run against
-//! containerd 2 whose CNI is Plexus (the cluster network, bridge + host-local + portmap, and a second bridge network
-//! for every pod through `defaultNetworks`), and, as the reference, against the same containerd with the cluster
-//! network's conflist alone. critest pulls its images through the CRI, so they are built here (Debian's static
-//! busybox: a test image, and a web server image running busybox `httpd` on port 80) and served by a registry on
-//! loopback; `--test-images-file` names them.
+//! each runtime (containerd 2, CRI-O 1.36) whose CNI is Plexus (the cluster network, bridge + host-local + portmap,
+//! and a second bridge network for every pod through `defaultNetworks`), and, as the reference, against the same
+//! runtime with the cluster network's conflist alone. critest pulls its images through the CRI, so they are built here
+//! (Debian's static busybox: a test image, and a web server image running busybox `httpd` on port 80) and served by
+//! a registry on loopback; `--test-images-file` names them.
 //!
 //! The cases: DNS config, hostname, port mapping with a container port only (the pod's IP from the CRI status), and
 //! with a host port (127.0.0.1:12000 through portmap).
@@ -11,17 +11,19 @@
 use std::path::Path;
 use std::process::Command;
 
-use plexus_tests::containerd::{busybox_image, cni_dirs, Containerd};
+use plexus_tests::containerd::{busybox_image, cni_dirs};
 use plexus_tests::netns::{bridge_host_local, require_root_and_plugins, HostBridge, IpamDir};
 use plexus_tests::plexus::{plexus_cni_bin, Sandbox};
 use plexus_tests::registry::Registry;
+use plexus_tests::runtime::{Runtime, RuntimeKind};
 use serde_json::{json, Value};
 
-/// Builds critest's two images, pushes them to `registry` through `containerd`, and removes them from it again (so
-/// that critest's pulls go to the registry); returns the `--test-images-file` naming them.
-fn push_images(containerd: &Containerd, registry: &Registry, dir: &Path) -> std::path::PathBuf {
-    let test_image = format!("{}/critest/busybox:1", registry.addr);
-    let web_image = format!("{}/critest/web:1", registry.addr);
+/// Builds critest's two images and pushes them to `registry` (critest pulls them through the runtime); returns the
+/// `--test-images-file` naming them.
+fn push_images(registry: &Registry, dir: &Path) -> std::path::PathBuf {
+    let (test_repo, web_repo) = ("critest/busybox", "critest/web");
+    let test_image = format!("{}/{test_repo}:1", registry.addr);
+    let web_image = format!("{}/{web_repo}:1", registry.addr);
     let images = [
         busybox_image(&test_image, Value::Null, true, &[]),
         busybox_image(
@@ -31,20 +33,8 @@ fn push_images(containerd: &Containerd, registry: &Registry, dir: &Path) -> std:
             &[("/www/index.html", "plexus critest\n")],
         ),
     ];
-    let ctr = |args: &[&str]| {
-        let out = plexus_tests::image::ctr(containerd, args);
-        assert!(
-            out.status.success(),
-            "ctr {}: {}",
-            args.join(" "),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    };
-    for (image, name) in images.iter().zip([&test_image, &web_image]) {
-        let tar = image.display().to_string();
-        ctr(&["images", "import", "--snapshotter", "native", &tar]);
-        ctr(&["images", "push", "--plain-http", name]);
-        ctr(&["images", "rm", name]);
+    for (image, repo) in images.iter().zip([test_repo, web_repo]) {
+        registry.push_layout(image, repo, "1");
     }
     let file = dir.join("critest-images.yaml");
     std::fs::write(
@@ -55,9 +45,9 @@ fn push_images(containerd: &Containerd, registry: &Registry, dir: &Path) -> std:
     file
 }
 
-/// critest's networking cases against `containerd`: its exit status and what it printed.
-fn critest(containerd: &Containerd, images: &Path) -> (bool, String) {
-    let endpoint = format!("unix://{}", containerd.socket().display());
+/// critest's networking cases against `runtime`: its exit status and what it printed.
+fn critest(runtime: &Runtime, images: &Path) -> (bool, String) {
+    let endpoint = format!("unix://{}", runtime.socket().display());
     let out = Command::new("timeout")
         .arg("300")
         .arg(plexus_tests::parts::bin("critest"))
@@ -78,12 +68,63 @@ fn critest(containerd: &Containerd, images: &Path) -> (bool, String) {
 }
 
 #[test]
-fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist() {
+fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist_on_containerd() {
+    critests_networking_cases(RuntimeKind::Containerd);
+}
+
+#[test]
+fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist_on_crio() {
+    critests_networking_cases(RuntimeKind::CriO);
+}
+
+/// CRI-O maps a pod's host ports itself (its own NAT rules on the pod's first address) and never hands
+/// `portMappings` to the CNI plugin, whatever the CNI configuration says; its rules do not make a host port reachable
+/// from 127.0.0.1, where critest's host-port case connects. What a node's kube-proxy does for node ports, the test does
+/// for its own bridge while it lives: `route_localnet` on it, and a masquerade of loopback sources leaving through it
+/// (an nftables table of the test's own, deleted on drop).
+struct LoopbackHostPorts {
+    table: String,
+}
+
+impl LoopbackHostPorts {
+    fn to(bridge: &HostBridge) -> LoopbackHostPorts {
+        let name = bridge.name();
+        let sysctl = format!("/proc/sys/net/ipv4/conf/{name}/route_localnet");
+        std::fs::write(&sysctl, "1").unwrap_or_else(|e| panic!("{sysctl}: {e}"));
+        let table = format!("plexus-critest-{name}");
+        let rules = format!(
+            "table ip {table} {{\n  chain post {{\n    type nat hook postrouting priority 100;\n    ip saddr 127.0.0.0/8 oifname \"{name}\" masquerade\n  }}\n}}\n"
+        );
+        let mut nft = Command::new("nft")
+            .args(["-f", "-"])
+            .stdin(std::process::Stdio::piped())
+            .spawn()
+            .expect("nft");
+        std::io::Write::write_all(nft.stdin.as_mut().unwrap(), rules.as_bytes()).unwrap();
+        assert!(nft.wait().unwrap().success(), "nft: {rules}");
+        LoopbackHostPorts { table }
+    }
+}
+
+impl Drop for LoopbackHostPorts {
+    fn drop(&mut self) {
+        let _ = Command::new("nft")
+            .args(["delete", "table", "ip", &self.table])
+            .status();
+    }
+}
+
+/// critest's host-port case binds 127.0.0.1:12000 (its value, not ours): one critest run at a time.
+static HOST_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn critests_networking_cases(kind: RuntimeKind) {
     require_root_and_plugins();
+    let _turn = HOST_PORT.lock().unwrap_or_else(|e| e.into_inner());
     let registry = Registry::start();
     let sb = Sandbox::new();
     let ipam = IpamDir::new();
-    let (cluster_bridge, second_bridge) = (HostBridge::reserve("ccl"), HostBridge::reserve("csc"));
+    let (cluster_bridge, second_bridge) = (HostBridge::create("ccl"), HostBridge::reserve("csc"));
+    let _loopback = (kind == RuntimeKind::CriO).then(|| LoopbackHostPorts::to(&cluster_bridge));
     let mut cluster = bridge_host_local("critest-net", &cluster_bridge, &ipam);
     cluster["plugins"]
         .as_array_mut()
@@ -95,7 +136,7 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
     std::fs::write(nets.join("cluster.conflist"), cluster.to_string()).unwrap();
     std::fs::write(nets.join("second.conflist"), second.to_string()).unwrap();
 
-    // containerd's CNI directories: the reference plugins and plexus, and Plexus's conflist with the same cluster
+    // The runtime's CNI directories: the reference plugins and plexus, and Plexus's conflist with the same cluster
     // network and a second network in every pod.
     let (bin, plexus_conf) = cni_dirs(
         &sb,
@@ -110,7 +151,7 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
         }),
     );
 
-    // The reference: containerd with the cluster network's conflist as its CNI configuration.
+    // The reference: the runtime with the cluster network's conflist as its CNI configuration.
     let plain_conf = sb.path("conf-plain");
     std::fs::create_dir_all(&plain_conf).unwrap();
     std::fs::copy(
@@ -118,14 +159,16 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
         plain_conf.join("10-critest.conflist"),
     )
     .unwrap();
-    let images;
+    let images = push_images(&registry, sb.root.path());
     {
-        let containerd = Containerd::start_with(&bin, &plain_conf, Some(&registry.addr));
-        images = push_images(&containerd, &registry, sb.root.path());
-        let (ok, out) = critest(&containerd, &images);
+        let runtime = Runtime::start_with(kind, &bin, &plain_conf, Some(&registry.addr));
+        let (ok, out) = critest(&runtime, &images);
         assert!(
             ok && out.contains("4 Passed | 0 Failed"),
-            "critest with the bridge conflist:\n{out}"
+            "critest on {} with the bridge conflist:\n{out}\n{} log:\n{}",
+            kind.name(),
+            kind.name(),
+            runtime.log()
         );
     }
     assert!(
@@ -135,11 +178,12 @@ fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflis
 
     // Plexus: the same cluster network, and a second network in every pod.
     {
-        let containerd = Containerd::start_with(&bin, &plexus_conf, Some(&registry.addr));
-        let (ok, out) = critest(&containerd, &images);
+        let runtime = Runtime::start_with(kind, &bin, &plexus_conf, Some(&registry.addr));
+        let (ok, out) = critest(&runtime, &images);
         assert!(
             ok && out.contains("4 Passed | 0 Failed"),
-            "critest with Plexus:\n{out}\nplexus log:\n{}",
+            "critest on {} with Plexus:\n{out}\nplexus log:\n{}",
+            kind.name(),
             plexus_tests::tail(&sb.path("plexus.log"), 40)
         );
     }

@@ -365,13 +365,20 @@ pub fn cni_dirs(
     (bin, conf)
 }
 
-/// An OCI image layout (tar) of a sandbox image: Debian's static busybox, sleeping. Built once per process.
+/// An OCI image layout (tar) of a sandbox image: Debian's static busybox, sleeping, and exiting on SIGTERM as the
+/// real pause does (a PID 1 without a handler ignores it, and CRI-O stops an infra container with SIGTERM before it
+/// kills it, minutes later). Built once per process.
 pub fn pause_image() -> &'static Path {
     static IMAGE: OnceLock<PathBuf> = OnceLock::new();
     IMAGE.get_or_init(|| {
         busybox_image(
             PAUSE_IMAGE,
-            json!(["/bin/busybox", "sleep", "2147483647"]),
+            json!([
+                "/bin/busybox",
+                "sh",
+                "-c",
+                "trap 'exit 0' TERM INT; /bin/busybox sleep 2147483647 & wait"
+            ]),
             false,
             &[],
         )

@@ -47,8 +47,14 @@ pub fn ctr(containerd: &Containerd, args: &[&str]) -> Output {
         .expect("run ctr")
 }
 
-/// Imports the image tar at `image` into `containerd` with the snapshotter its CRI uses.
+/// Imports the image tar at `image` (Plexus's, [`IMAGE`]) into `containerd` with the snapshotter its CRI uses.
 pub fn import(containerd: &Containerd, image: &Path) {
+    import_as(containerd, image, IMAGE);
+}
+
+/// Imports the image tar at `image` into `containerd` with the snapshotter its CRI uses, and checks that it is
+/// listed as `name` (the name inside the tar).
+pub fn import_as(containerd: &Containerd, image: &Path, name: &str) {
     let import = ctr(
         containerd,
         &[
@@ -66,7 +72,7 @@ pub fn import(containerd: &Containerd, image: &Path) {
     );
     let listed = ctr(containerd, &["images", "ls", "-q"]);
     assert!(
-        String::from_utf8_lossy(&listed.stdout).contains(IMAGE),
-        "{IMAGE} not listed after the import"
+        String::from_utf8_lossy(&listed.stdout).contains(name),
+        "{name} not listed after the import"
     );
 }

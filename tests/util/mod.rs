@@ -5,6 +5,7 @@ pub mod apiserver;
 pub mod containerd;
 pub mod control_plane;
 pub mod cri;
+pub mod crio;
 pub mod dra_driver;
 pub mod image;
 pub mod kubeapi;
@@ -15,6 +16,7 @@ pub mod parts;
 pub mod plexus;
 pub mod podresources;
 pub mod registry;
+pub mod runtime;
 
 /// The last `n` lines of a log file (empty if it cannot be read), for failure messages.
 pub fn tail(path: &std::path::Path, n: usize) -> String {

@@ -80,6 +80,98 @@ impl Registry {
         }
     }
 
+    /// Pushes the image of an OCI image layout tar (as [`crate::containerd::busybox_image`] writes it: one
+    /// manifest) to this registry as `repository:tag`: every blob with a monolithic upload, then the manifest as
+    /// it is, so the image's digest stays the layout's. Over curl, the harness's HTTP client for the registry (plain
+    /// HTTP on loopback, three kinds of request: no TLS, no async client needed). Each request at most 60 s.
+    pub fn push_layout(&self, layout_tar: &Path, repository: &str, tag: &str) {
+        let dir = tempfile::tempdir().expect("a dir for the layout");
+        let ok = Command::new("tar")
+            .arg("-C")
+            .arg(dir.path())
+            .arg("-xf")
+            .arg(layout_tar)
+            .status()
+            .is_ok_and(|s| s.success());
+        assert!(ok, "untar {}", layout_tar.display());
+        let index: serde_json::Value = serde_json::from_slice(
+            &std::fs::read(dir.path().join("index.json")).expect("index.json"),
+        )
+        .expect("index.json is JSON");
+        let blob = |digest: &str| {
+            dir.path()
+                .join("blobs/sha256")
+                .join(digest.trim_start_matches("sha256:"))
+        };
+        let manifest_digest = index["manifests"][0]["digest"]
+            .as_str()
+            .expect("the layout names a manifest");
+        let manifest: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(blob(manifest_digest)).expect("the manifest"))
+                .expect("the manifest is JSON");
+        let base = format!("http://{}/v2/{repository}", self.addr);
+        let digests = std::iter::once(&manifest["config"])
+            .chain(manifest["layers"].as_array().into_iter().flatten())
+            .map(|d| d["digest"].as_str().expect("a descriptor's digest"));
+        for digest in digests {
+            // POST opens the upload; its Location (relative or absolute, with or without a query) takes the blob.
+            let start = curl(
+                &["-s", "-D", "-", "-o", "/dev/null", "-X", "POST"],
+                &format!("{base}/blobs/uploads/"),
+            );
+            let location = start
+                .lines()
+                .find_map(|l| {
+                    let (k, v) = l.split_once(':')?;
+                    k.eq_ignore_ascii_case("location")
+                        .then(|| v.trim().to_string())
+                })
+                .unwrap_or_else(|| panic!("the registry opened no upload: {start}"));
+            let location = if location.starts_with('/') {
+                format!("http://{}{location}", self.addr)
+            } else {
+                location
+            };
+            let sep = if location.contains('?') { '&' } else { '?' };
+            let body = format!("@{}", blob(digest).display());
+            curl(
+                &[
+                    "-sf",
+                    "-o",
+                    "/dev/null",
+                    "-X",
+                    "PUT",
+                    "-H",
+                    "Content-Type: application/octet-stream",
+                    "--data-binary",
+                    &body,
+                ],
+                &format!("{location}{sep}digest={digest}"),
+            );
+        }
+        let media_type = format!(
+            "Content-Type: {}",
+            manifest["mediaType"]
+                .as_str()
+                .expect("the manifest's media type")
+        );
+        let body = format!("@{}", blob(manifest_digest).display());
+        curl(
+            &[
+                "-sf",
+                "-o",
+                "/dev/null",
+                "-X",
+                "PUT",
+                "-H",
+                &media_type,
+                "--data-binary",
+                &body,
+            ],
+            &format!("{base}/manifests/{tag}"),
+        );
+    }
+
     /// Stops the registry process (its storage stays).
     pub fn down(&mut self) {
         if let Some(mut c) = self.child.take() {
@@ -93,6 +185,24 @@ impl Drop for Registry {
     fn drop(&mut self) {
         self.down();
     }
+}
+
+/// `curl ARGS URL` (at most 60 s): what it printed; a failed request fails the test.
+fn curl(args: &[&str], url: &str) -> String {
+    let out = Command::new("curl")
+        .args(["--max-time", "60"])
+        .args(args)
+        .arg(url)
+        .stdin(Stdio::null())
+        .output()
+        .expect("curl");
+    assert!(
+        out.status.success(),
+        "curl {url}: {}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// An ECDSA P-256 key pair made by openssl: (private PKCS#8 PEM, public PEM) under `dir`.

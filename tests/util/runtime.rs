@@ -1,0 +1,110 @@
+//! The container runtime of a node test: containerd 2 ([`crate::containerd`]) or CRI-O ([`crate::crio`]). A node
+//! test takes a [`RuntimeKind`] and runs the same steps on either; each has one `#[test]` per runtime.
+
+use std::path::{Path, PathBuf};
+
+use crate::containerd::Containerd;
+use crate::cri::{Cri, CriError};
+use crate::crio::CriO;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RuntimeKind {
+    Containerd,
+    CriO,
+}
+
+impl RuntimeKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            RuntimeKind::Containerd => "containerd",
+            RuntimeKind::CriO => "cri-o",
+        }
+    }
+}
+
+pub enum Runtime {
+    Containerd(Containerd),
+    CriO(CriO),
+}
+
+impl Runtime {
+    /// Starts `kind` with `cni_bin` (plexus and the reference plugins) and `cni_conf` as its CNI directories, ready
+    /// to run sandboxes (its sandbox image in place).
+    pub fn start(kind: RuntimeKind, cni_bin: &Path, cni_conf: &Path) -> Runtime {
+        Runtime::start_with(kind, cni_bin, cni_conf, None)
+    }
+
+    /// [`Runtime::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) too.
+    pub fn start_with(
+        kind: RuntimeKind,
+        cni_bin: &Path,
+        cni_conf: &Path,
+        registry: Option<&str>,
+    ) -> Runtime {
+        match kind {
+            RuntimeKind::Containerd => {
+                Runtime::Containerd(Containerd::start_with(cni_bin, cni_conf, registry))
+            }
+            RuntimeKind::CriO => Runtime::CriO(CriO::start(cni_bin, cni_conf, registry)),
+        }
+    }
+
+    pub fn kind(&self) -> RuntimeKind {
+        match self {
+            Runtime::Containerd(_) => RuntimeKind::Containerd,
+            Runtime::CriO(_) => RuntimeKind::CriO,
+        }
+    }
+
+    /// The CRI socket (kubelet's `containerRuntimeEndpoint`, critest's endpoints).
+    pub fn socket(&self) -> PathBuf {
+        match self {
+            Runtime::Containerd(c) => c.socket(),
+            Runtime::CriO(c) => c.socket(),
+        }
+    }
+
+    /// The runtime's own log, for failure messages and for what it says about CNI calls.
+    pub fn log(&self) -> String {
+        match self {
+            Runtime::Containerd(c) => c.log(),
+            Runtime::CriO(c) => c.log(),
+        }
+    }
+
+    pub fn cri(&self) -> Cri {
+        match self {
+            Runtime::Containerd(c) => c.cri(),
+            Runtime::CriO(c) => c.cri(),
+        }
+    }
+
+    /// RunPodSandbox, remembered so that drop removes it if the test does not.
+    pub fn run_pod_sandbox(
+        &mut self,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+    ) -> Result<String, CriError> {
+        match self {
+            Runtime::Containerd(c) => c.run_pod_sandbox(namespace, name, uid),
+            Runtime::CriO(c) => c.run_pod_sandbox(namespace, name, uid),
+        }
+    }
+
+    /// kill -9 of the runtime (its shims or conmons and sandboxes live on), then a fresh start on the same state.
+    pub fn restart(&mut self) {
+        match self {
+            Runtime::Containerd(c) => c.restart(),
+            Runtime::CriO(c) => c.restart(),
+        }
+    }
+
+    /// Puts the image of an OCI layout tar (named `name` inside) into the runtime's store as `name`.
+    pub fn load_image(&self, layout_tar: &Path, name: &str) {
+        match self {
+            Runtime::Containerd(c) => crate::image::import_as(c, layout_tar, name),
+            Runtime::CriO(c) => c.load_image(layout_tar, name),
+        }
+    }
+}
