@@ -32,10 +32,11 @@ mod kubeapi {
     mod operator_cli;
 }
 
-/// A node: a private containerd, driven through CRI or by a real kubelet (then with a real API server).
+/// A node: a private container runtime (containerd or CRI-O, each test on both), driven through CRI or by a real
+/// kubelet (then with a real API server).
 mod node {
     mod critest;
-    mod e2e_containerd;
+    mod e2e_cri;
     mod e2e_daemonset;
     mod e2e_kubelet;
     mod image;

@@ -67,15 +67,9 @@ fn critest(runtime: &Runtime, images: &Path) -> (bool, String) {
     (out.status.success(), text)
 }
 
-#[test]
-fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist_on_containerd() {
-    critests_networking_cases(RuntimeKind::Containerd);
-}
-
-#[test]
-fn critests_networking_cases_pass_with_plexus_as_they_do_with_the_bridge_conflist_on_crio() {
-    critests_networking_cases(RuntimeKind::CriO);
-}
+plexus_tests::on_each_runtime!(
+    critests_networking_cases_pass_with_plexus_as_with_the_bridge_conflist
+);
 
 /// CRI-O maps a pod's host ports itself (its own NAT rules on the pod's first address) and never hands
 /// `portMappings` to the CNI plugin, whatever the CNI configuration says; its rules do not make a host port reachable
@@ -117,7 +111,7 @@ impl Drop for LoopbackHostPorts {
 /// critest's host-port case binds 127.0.0.1:12000 (its value, not ours): one critest run at a time.
 static HOST_PORT: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn critests_networking_cases(kind: RuntimeKind) {
+fn critests_networking_cases_pass_with_plexus_as_with_the_bridge_conflist(kind: RuntimeKind) {
     require_root_and_plugins();
     let _turn = HOST_PORT.lock().unwrap_or_else(|e| e.into_inner());
     let registry = Registry::start();

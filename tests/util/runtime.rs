@@ -108,3 +108,21 @@ impl Runtime {
         }
     }
 }
+
+/// For each `name`, a module `name` of two tests, `containerd` and `crio`, calling `name(RuntimeKind::...)`: a node
+/// test written once runs on both runtimes (`node::critest::critests_networking_cases::crio`).
+#[macro_export]
+macro_rules! on_each_runtime {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn containerd() {
+                super::$name($crate::runtime::RuntimeKind::Containerd)
+            }
+            #[test]
+            fn crio() {
+                super::$name($crate::runtime::RuntimeKind::CriO)
+            }
+        }
+    )*};
+}

@@ -1,32 +1,35 @@
-//! Teardown through a real container runtime: containerd 2 with its CRI plugin and runc, plexus as its
-//! CNI plugin, driven over CRI as kubelet drives it (RunPodSandbox, StopPodSandbox, RemovePodSandbox). The pod's
-//! networks are the reference bridge + host-local, the cluster source the API server emulator over real HTTP.
+//! Teardown through a real container runtime, each test on both: containerd 2 with its CRI plugin and runc, and
+//! CRI-O with conmon and runc, plexus as their CNI plugin, driven over CRI as kubelet drives them (RunPodSandbox,
+//! StopPodSandbox, RemovePodSandbox). The pod's networks are the reference bridge + host-local, the cluster source
+//! the API server emulator over real HTTP.
 //!
 //! containerd calls DEL on StopPodSandbox and again on RemovePodSandbox (the second with an empty CNI_NETNS): the
-//! repeated DEL these tests watch. Needs root, containerd, runc and busybox-static (tests/setup.sh).
+//! repeated DEL these tests watch. CRI-O calls DEL once, at StopPodSandbox, and not again when the sandbox is
+//! removed. Needs root, both runtimes, runc, conmon and busybox-static (tests/setup.sh, tests/parts.sh).
 
 use std::path::PathBuf;
 
 use plexus_tests::apiserver::{ApiServer, Fault};
-use plexus_tests::containerd::{cni_dirs, Containerd};
+use plexus_tests::containerd::cni_dirs;
 use plexus_tests::netns::{bridge_host_local, require_root_and_plugins, HostBridge, IpamDir};
 use plexus_tests::plexus::{plexus_bin, Sandbox};
+use plexus_tests::runtime::{Runtime, RuntimeKind};
 use serde_json::{json, Value};
 
 const POD_NS: &str = "team";
 
-/// One node: plexus's directories, containerd's CNI dirs, two bridge networks, the API emulator.
+/// One node: plexus's directories, the runtime's CNI dirs, two bridge networks, the API emulator.
 struct Node {
     sb: Sandbox,
     ipam: IpamDir,
     _bridges: [HostBridge; 3],
     server: Option<ApiServer>,
-    containerd: Containerd,
+    runtime: Runtime,
 }
 
 impl Node {
     /// A node whose pod `web` selects `networks` out of the NADs `side` and `gone` (both exist).
-    fn new(networks: &str) -> Node {
+    fn new(kind: RuntimeKind, networks: &str) -> Node {
         require_root_and_plugins();
         let sb = Sandbox::new();
         let ipam = IpamDir::new();
@@ -49,7 +52,7 @@ impl Node {
             }));
         }
         server.write_kubeconfig(&sb.path("kubeconfig"));
-        // containerd's CNI dirs: plexus and the reference plugins in one bin dir, plexus's conflist.
+        // The runtime's CNI dirs: plexus and the reference plugins in one bin dir, plexus's conflist.
         let plexus = sb.conf(json!({
             "logFile": sb.path("plexus.log"),
             "cluster": {"source": "kube", "kubeconfig": sb.path("kubeconfig"),
@@ -57,13 +60,13 @@ impl Node {
                         "initialBackoffMs": 10, "maxBackoffMs": 20},
         }));
         let (bin, conf) = cni_dirs(&sb, &plexus_bin(), plexus);
-        let containerd = Containerd::start(&bin, &conf);
+        let runtime = Runtime::start(kind, &bin, &conf);
         Node {
             sb,
             ipam,
             _bridges: bridges,
             server: Some(server),
-            containerd,
+            runtime,
         }
     }
 
@@ -72,14 +75,14 @@ impl Node {
     }
 
     fn run(&mut self) -> String {
-        self.containerd
+        self.runtime
             .run_pod_sandbox(POD_NS, "web", "uid-web")
             .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\nplexus: {}", self.plexus_log()))
     }
 
     /// StopPodSandbox then RemovePodSandbox, as kubelet does when the pod is deleted.
     fn stop_and_remove(&self, id: &str) {
-        let cri = self.containerd.cri();
+        let cri = self.runtime.cri();
         cri.stop_pod_sandbox(id)
             .unwrap_or_else(|e| panic!("StopPodSandbox: {e}\nplexus: {}", self.plexus_log()));
         cri.remove_pod_sandbox(id)
@@ -115,9 +118,15 @@ impl Node {
     }
 }
 
-#[test]
-fn kubelets_sandbox_lifecycle_attaches_then_releases_everything() {
-    let mut node = Node::new("side");
+plexus_tests::on_each_runtime!(
+    kubelets_sandbox_lifecycle_attaches_then_releases_everything,
+    teardown_succeeds_with_the_api_hung_and_then_refused,
+    teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest,
+    a_runtime_restart_between_add_and_teardown_leaks_nothing,
+);
+
+fn kubelets_sandbox_lifecycle_attaches_then_releases_everything(kind: RuntimeKind) {
+    let mut node = Node::new(kind, "side");
     let id = node.run();
     assert_eq!(
         node.reservations(),
@@ -126,7 +135,7 @@ fn kubelets_sandbox_lifecycle_attaches_then_releases_everything() {
             ("side".to_string(), id.clone())
         ]
     );
-    let status = node.containerd.cri().pod_sandbox_status(&id).unwrap();
+    let status = node.runtime.cri().pod_sandbox_status(&id).unwrap();
     let ip = status.status.unwrap().network.unwrap().ip;
     assert_eq!(
         node.ipam.reserved_ips("cluster-net"),
@@ -146,16 +155,26 @@ fn kubelets_sandbox_lifecycle_attaches_then_releases_everything() {
     node.stop_and_remove(&id);
     assert_eq!(node.reservations(), vec![], "every address released");
     assert!(node.cache_files().is_empty(), "{:?}", node.cache_files());
-    assert!(
-        node.invocations("DEL") >= 2,
-        "containerd calls DEL on stop and on remove:\n{}",
-        node.plexus_log()
-    );
-    assert!(
-        node.plexus_log()
-            .contains("DEL repeated after a completed DEL"),
-        "the repeated DEL is answered from runDir"
-    );
+    match kind {
+        RuntimeKind::Containerd => {
+            assert!(
+                node.invocations("DEL") >= 2,
+                "containerd calls DEL on stop and on remove:\n{}",
+                node.plexus_log()
+            );
+            assert!(
+                node.plexus_log()
+                    .contains("DEL repeated after a completed DEL"),
+                "the repeated DEL is answered from runDir"
+            );
+        }
+        RuntimeKind::CriO => assert_eq!(
+            node.invocations("DEL"),
+            1,
+            "CRI-O calls DEL once, on stop:\n{}",
+            node.plexus_log()
+        ),
+    }
     assert!(
         node.server().requests().is_empty(),
         "teardown asked the API nothing: {:?}",
@@ -163,9 +182,8 @@ fn kubelets_sandbox_lifecycle_attaches_then_releases_everything() {
     );
 }
 
-#[test]
-fn teardown_succeeds_with_the_api_hung_and_then_refused() {
-    let mut node = Node::new("side");
+fn teardown_succeeds_with_the_api_hung_and_then_refused(kind: RuntimeKind) {
+    let mut node = Node::new(kind, "side");
     let hung = node.run();
     node.server().inject("*", "*", Fault::Hang, usize::MAX);
     node.server().clear_requests();
@@ -193,9 +211,8 @@ fn teardown_succeeds_with_the_api_hung_and_then_refused() {
     assert!(node.cache_files().is_empty());
 }
 
-#[test]
-fn teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest() {
-    let mut node = Node::new("gone,side");
+fn teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest(kind: RuntimeKind) {
+    let mut node = Node::new(kind, "gone,side");
     let id = node.run();
     assert_eq!(node.reservations().len(), 3, "{:?}", node.reservations());
     std::fs::remove_dir_all(node.sb.path("cache")).unwrap();
@@ -220,11 +237,10 @@ fn teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest() {
         .contains("team/gone"));
 }
 
-#[test]
-fn a_containerd_restart_between_add_and_teardown_leaks_nothing() {
-    let mut node = Node::new("side");
+fn a_runtime_restart_between_add_and_teardown_leaks_nothing(kind: RuntimeKind) {
+    let mut node = Node::new(kind, "side");
     let id = node.run();
-    node.containerd.restart();
+    node.runtime.restart();
     node.stop_and_remove(&id);
     assert_eq!(node.reservations(), vec![]);
     assert!(node.cache_files().is_empty());
