@@ -283,7 +283,11 @@ impl KubeSettings {
 #[derive(Clone)]
 pub struct KubeApi {
     settings: KubeSettings,
+    /// Everything but what `status_client` sends; watches too.
     client: Client,
+    /// Pods' network-status writes, and reads of single ResourceClaims: what a person or a starting pod waits
+    /// for, with a rate budget of its own (see ratelimit.rs); the same client when there are no budgets.
+    status_client: Client,
     /// The API server's `host:port`, named in errors.
     server: Arc<str>,
     /// The node that reports this client's events about pods (`reportingInstance`, `source.host`).
@@ -328,15 +332,15 @@ impl KubeApi {
         rate: Option<crate::ratelimit::Rates>,
     ) -> Result<KubeApi, ClusterError> {
         let server: Arc<str> = explain::server_of(&config.cluster_url).into();
-        let client = Self::client_of(config, server.clone(), observer, rate).map_err(|e| {
-            ClusterError::Invalid {
+        let (client, status_client) = Self::clients_of(config, server.clone(), observer, rate)
+            .map_err(|e| ClusterError::Invalid {
                 what: "kube client configuration".into(),
                 reason: error_chain(&e),
-            }
-        })?;
+            })?;
         Ok(KubeApi {
             settings,
             client,
+            status_client,
             server,
             reporting_node: None,
         })
@@ -359,20 +363,21 @@ impl KubeApi {
         explain::explain(&self.server, err)
     }
 
-    /// The client: kube's layers (base URI, authentication, extra headers) over a hyper client whose TCP
-    /// connections have Nagle's algorithm off.
+    /// The clients, for everything and for status writes (the same one without `rate`): each its own token
+    /// bucket over one stack of kube's layers (base URI, authentication, extra headers) over a hyper client (one
+    /// connection pool) whose TCP connections have Nagle's algorithm off.
     ///
     /// kube's own builder makes its connector with Nagle on. A request then waits for the server's delayed ACK
     /// whenever it is written in two pieces (the TLS handshake's last flight and the first request; a request's
     /// head and its body): 40 ms on Linux. A CNI process in thin mode opens a new connection for every ADD, so
     /// that was 40 ms of each (docs/benchmarks.md). The stack is otherwise what the builder makes with this
     /// configuration (rustls, the connect/read/write timeouts; no retry layer, as `default_retry` is off).
-    fn client_of(
+    fn clients_of(
         config: kube::Config,
         server: Arc<str>,
         observer: Option<crate::observe::RequestObserver>,
         rate: Option<crate::ratelimit::Rates>,
-    ) -> Result<Client, kube::Error> {
+    ) -> Result<(Client, Client), kube::Error> {
         use kube::client::ConfigExt;
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
         http.enforce_http(false);
@@ -408,12 +413,23 @@ impl KubeApi {
                     Box::new(explain::Unreachable::new(server.clone(), &e))
                 },
             )
-            // Every attempt waits for its token (retries too), before it is counted and sent.
-            .option_layer(rate.map(crate::ratelimit::RateLimitLayer::new))
             // Innermost: every attempt is counted once, retries included, with its own answer.
             .option_layer(observer.map(crate::observe::ObserveLayer))
             .service(hyper);
-        Ok(Client::new(service, config.default_namespace))
+        // Outermost: every attempt waits for its client's token (retries too), before it is counted and sent.
+        let client = |limit: Option<crate::ratelimit::RateLimit>| {
+            let limited = tower::ServiceBuilder::new()
+                .option_layer(limit.map(crate::ratelimit::RateLimitLayer::new))
+                .service(service.clone());
+            Client::new(limited, config.default_namespace.clone())
+        };
+        Ok(match rate {
+            Some(rates) => (client(Some(rates.background)), client(Some(rates.status))),
+            None => {
+                let one = client(None);
+                (one.clone(), one)
+            }
+        })
     }
 
     /// The client, for watches.
@@ -751,7 +767,7 @@ impl KubeApi {
         pod: &PodRef,
         network_status: &str,
     ) -> Result<(), ClusterError> {
-        let api: Api<KubePod> = Api::namespaced(self.client.clone(), &pod.namespace);
+        let api: Api<KubePod> = Api::namespaced(self.status_client.clone(), &pod.namespace);
         let op = Op {
             verb: "patch",
             resource: "pods/status",
@@ -993,7 +1009,7 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let client = KubeApi::client_of(config, "test:0".into(), None, None).unwrap();
+            let (client, _) = KubeApi::clients_of(config, "test:0".into(), None, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
                 .await

@@ -5,11 +5,15 @@
 //! gives its token back: requests that time out in the queue must not use up the bucket for those behind them
 //! (a daemon starting with hundreds of kept writes would otherwise starve its own watches).
 //!
-//! Writes of a pod's network-status (`PATCH .../pods/NAME/status`) have a bucket of their own: a person or a
-//! controller waits for them (a hot-plugged network, a pod's networks shown), and they must not queue behind the
-//! background work (events, reports, claim writes, reads) that the per-node bound is for. There is one such
-//! write per ADD or change of a pod of the node, as kubelet writes one status per change of a pod. Reads of
-//! single ResourceClaims (a node reads its pods' claims by name as they start) share that budget.
+//! Hand-written rather than taken from a crate (tower's `RateLimit`, governor) for those two properties:
+//! requests go in the order they asked, and a request dropped while it waits gives its token back.
+//!
+//! The daemon's [`crate::KubeApi`] has two clients, each with its own bucket ([`Rates`]): one for the writes of a
+//! pod's network-status, which a person or a controller waits for (a hot-plugged network, a pod's networks shown)
+//! and which must not queue behind the background work (events, reports, claim writes, reads) that the per-node
+//! bound is for, and one for everything else. There is one such write per ADD or change of a pod of the node, as
+//! kubelet writes one status per change of a pod. Reads of single ResourceClaims (a node reads its pods' claims by
+//! name as they start) share that budget.
 
 use std::future::Future;
 use std::pin::Pin;
@@ -31,28 +35,6 @@ pub struct RateLimit {
 pub struct Rates {
     pub background: RateLimit,
     pub status: RateLimit,
-}
-
-/// Whether `req` writes a pod's status (the network-status annotation goes through `pods/status`).
-pub fn is_status_write<B>(req: &http::Request<B>) -> bool {
-    let path = req.uri().path();
-    req.method() == http::Method::PATCH
-        && path.starts_with("/api/v1/namespaces/")
-        && path.contains("/pods/")
-        && path.ends_with("/status")
-}
-
-/// Whether `req` reads one ResourceClaim by name: a node reads each claim of its pods as they start, and an ADD
-/// may wait for it, so these reads share the status writes' budget (one or two per pod start, as the kubelet's
-/// own reads of a pod's claims).
-pub fn is_claim_read<B>(req: &http::Request<B>) -> bool {
-    let path = req.uri().path();
-    let Some(rest) = path.strip_prefix("/apis/resource.k8s.io/") else {
-        return false;
-    };
-    let parts: Vec<&str> = rest.split('/').collect();
-    req.method() == http::Method::GET
-        && matches!(parts.as_slice(), [_, "namespaces", _, "resourceclaims", name] if !name.is_empty())
 }
 
 /// The bucket: tokens refill at `qps`, up to `burst`; a request takes one, or reserves the next one to come.
@@ -111,17 +93,16 @@ impl TokenBucket {
     }
 }
 
+/// The layer that makes every request of a client wait for a token of its bucket.
 #[derive(Clone)]
 pub struct RateLimitLayer {
-    background: Arc<TokenBucket>,
-    status: Arc<TokenBucket>,
+    bucket: Arc<TokenBucket>,
 }
 
 impl RateLimitLayer {
-    pub fn new(rates: Rates) -> RateLimitLayer {
+    pub fn new(limit: RateLimit) -> RateLimitLayer {
         RateLimitLayer {
-            background: Arc::new(TokenBucket::new(rates.background)),
-            status: Arc::new(TokenBucket::new(rates.status)),
+            bucket: Arc::new(TokenBucket::new(limit)),
         }
     }
 }
@@ -131,7 +112,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
     fn layer(&self, inner: S) -> RateLimited<S> {
         RateLimited {
             inner,
-            budgets: self.clone(),
+            bucket: self.bucket.clone(),
         }
     }
 }
@@ -139,7 +120,7 @@ impl<S> tower::Layer<S> for RateLimitLayer {
 #[derive(Clone)]
 pub struct RateLimited<S> {
     inner: S,
-    budgets: RateLimitLayer,
+    bucket: Arc<TokenBucket>,
 }
 
 impl<S, B> tower::Service<http::Request<B>> for RateLimited<S>
@@ -160,11 +141,7 @@ where
         // The instance that was polled ready makes the call, after the token; a clone stays for the next one.
         let clone = self.inner.clone();
         let mut ready = std::mem::replace(&mut self.inner, clone);
-        let bucket = if is_status_write(&req) || is_claim_read(&req) {
-            self.budgets.status.clone()
-        } else {
-            self.budgets.background.clone()
-        };
+        let bucket = self.bucket.clone();
         Box::pin(async move {
             bucket.acquire().await;
             ready.call(req).await
@@ -175,62 +152,6 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[tokio::test(start_paused = true)]
-    async fn status_writes_do_not_queue_behind_background_work() {
-        let budgets = RateLimitLayer::new(Rates {
-            background: RateLimit { qps: 1.0, burst: 1 },
-            status: RateLimit {
-                qps: 50.0,
-                burst: 100,
-            },
-        });
-        let request = |method: &str, path: &str| {
-            http::Request::builder()
-                .method(method)
-                .uri(path)
-                .body(())
-                .unwrap()
-        };
-        let status = request("PATCH", "/api/v1/namespaces/team/pods/web/status");
-        assert!(is_status_write(&status));
-        assert!(is_claim_read(&request(
-            "GET",
-            "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/web-nic"
-        )));
-        for not_one_claim in [
-            request(
-                "GET",
-                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims",
-            ),
-            request("GET", "/apis/resource.k8s.io/v1/resourceclaims"),
-            request("GET", "/apis/resource.k8s.io/v1/resourceslices"),
-            request(
-                "PATCH",
-                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c",
-            ),
-        ] {
-            assert!(!is_claim_read(&not_one_claim), "{}", not_one_claim.uri());
-        }
-        for other in [
-            request("POST", "/api/v1/namespaces/team/events"),
-            request("GET", "/api/v1/namespaces/team/pods/web"),
-            request(
-                "PATCH",
-                "/apis/resource.k8s.io/v1/namespaces/team/resourceclaims/c/status",
-            ),
-            request("PATCH", "/api/v1/namespaces/team/pods/web"),
-        ] {
-            assert!(!is_status_write(&other), "{}", other.uri());
-        }
-        // The background budget used up for seconds ahead (events of a burst of changes)...
-        for _ in 0..10 {
-            budgets.background.reserve();
-        }
-        assert!(budgets.background.reserve() > Duration::from_secs(5));
-        // ...a status write still goes at once.
-        assert_eq!(budgets.status.reserve(), Duration::ZERO);
-    }
 
     #[tokio::test(start_paused = true)]
     async fn a_burst_goes_at_once_then_requests_go_at_qps_in_order() {

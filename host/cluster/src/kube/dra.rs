@@ -324,7 +324,8 @@ impl KubeApi {
     /// The claim `namespace`/`name` as planning reads it: `None` when it does not exist, or where DRA is not
     /// served; [`ClaimRead::Unallocated`] for one that has no allocation yet.
     pub async fn claim(&self, claim: &ClaimName) -> Result<ClaimRead, ClusterError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        // A node reads each claim of its pods as they start, and an ADD may wait for it: the status writes' budget.
+        let api: Api<ResourceClaim> = Api::namespaced(self.status_client.clone(), &claim.namespace);
         let op = Op {
             verb: "get",
             resource: "resourceclaims",
@@ -412,7 +413,8 @@ impl KubeApi {
         claim: &ClaimName,
         devices: &[DeviceNetworkData],
     ) -> Result<(), ClusterError> {
-        let api: Api<ResourceClaim> = Api::namespaced(self.client.clone(), &claim.namespace);
+        // Read as every single claim is (the status writes' budget); the patch goes with the background work.
+        let api: Api<ResourceClaim> = Api::namespaced(self.status_client.clone(), &claim.namespace);
         let read = Op {
             verb: "get",
             resource: "resourceclaims",

@@ -369,6 +369,10 @@ mod tests {
     }
 
     fn api(url: &str) -> KubeApi {
+        api_with_rates(url, None)
+    }
+
+    fn api_with_rates(url: &str, rates: Option<crate::ratelimit::Rates>) -> KubeApi {
         let settings = crate::KubeSettings {
             retries: 3,
             conflict_retries: 3,
@@ -380,7 +384,7 @@ mod tests {
             settings,
             kube::Config::new(url.parse().unwrap()),
             None,
-            None,
+            rates,
         )
         .unwrap()
     }
@@ -515,5 +519,47 @@ mod tests {
             .answered("10.0.0.1:6443", ObjectKind::Pod, &rbac)
             .to_string()
             .contains("missing permission to patch pods/status"));
+    }
+
+    /// A pod's status write, and a read of one claim, have a budget of their own: they do not wait behind the
+    /// background work that used up the other.
+    #[tokio::test]
+    async fn status_writes_do_not_queue_behind_background_work() {
+        use crate::ratelimit::{RateLimit, Rates};
+        let (url, seen) = server(&[200]);
+        let api = api_with_rates(
+            &url,
+            Some(Rates {
+                background: RateLimit { qps: 1.0, burst: 1 },
+                status: RateLimit {
+                    qps: 50.0,
+                    burst: 100,
+                },
+            }),
+        );
+        let claim = plexus_core::spec::dra::ClaimName {
+            namespace: "team".into(),
+            name: "nic".into(),
+        };
+        let mut took = Vec::new();
+        let started = Instant::now();
+        // The background budget's one token.
+        let _ = api.nad("team", "net").await;
+        took.push(("a NAD read", started.elapsed()));
+        let started = Instant::now();
+        api.write_status(&web(), "[]").await.unwrap();
+        took.push(("a status write", started.elapsed()));
+        let started = Instant::now();
+        let _ = api.claim(&claim).await;
+        took.push(("a claim read", started.elapsed()));
+        for (what, took) in took {
+            assert!(took < Duration::from_millis(500), "{what} took {took:?}");
+        }
+        // The next background request waits for the bucket's next token.
+        let started = Instant::now();
+        let _ = api.pod(&web()).await;
+        let waited = started.elapsed();
+        assert!(waited > Duration::from_millis(700), "{waited:?}");
+        assert_eq!(seen.lock().unwrap().len(), 4);
     }
 }
