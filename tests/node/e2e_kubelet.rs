@@ -1,15 +1,17 @@
-//! A node as in production: a real kubelet (1.37) runs pods through containerd 2, which calls the plexus CNI
-//! binary; the node daemon runs beside them with `--dynamic-networks`; all against a real kube-apiserver (1.37)
-//! with the project's CRDs and RBAC. The pod's networks are the reference bridge + host-local (v1.10.0) in the
-//! namespace containerd made for it, and the user's side is Kubernetes' own `kubectl`.
+//! A node as in production: a real kubelet (1.37) runs pods through a container runtime (each test on containerd 2
+//! and on CRI-O 1.36), which calls the plexus CNI binary; the node daemon runs beside them with
+//! `--dynamic-networks`; all against a real kube-apiserver (1.37) with the project's CRDs and RBAC. The pod's
+//! networks are the reference bridge + host-local (v1.10.0) in the namespace the runtime made for it, and the
+//! user's side is Kubernetes' own `kubectl`.
 //!
-//! Needs root, runc, busybox-static (tests/setup.sh) and the build of `tests/parts.sh` (tests/run.sh runs both).
+//! Needs root, runc, conmon, busybox-static (tests/setup.sh) and the build of `tests/parts.sh` (tests/run.sh runs
+//! both).
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus_tests::containerd::{cni_dirs, Containerd};
+use plexus_tests::containerd::cni_dirs;
 use plexus_tests::control_plane::Component;
 use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST, SHARED_DEVICE};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
@@ -21,6 +23,7 @@ use plexus_tests::netns::{
 use plexus_tests::plexus::{
     fake_cni_bin, guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox,
 };
+use plexus_tests::runtime::{Runtime, RuntimeKind};
 use plexus_tests::{deploy_manifest, tail};
 use serde_json::{json, Value};
 
@@ -28,13 +31,13 @@ const NS: &str = "team";
 const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 
 /// One node and its cluster. Fields drop in order: the control plane's controllers (they must not schedule or
-/// allocate again), kubelet (it must not start pods again), the DRA driver, then containerd (its sandboxes' DEL
+/// allocate again), kubelet (it must not start pods again), the DRA driver, then the runtime (its sandboxes' DEL
 /// releases what they hold), the daemon, the API server.
 struct Node {
     _control: Vec<Component>,
     kubelet: Kubelet,
     driver: Option<DraDriver>,
-    containerd: Containerd,
+    runtime: Runtime,
     daemon: NodeDaemon,
     api: KubeApiServer,
     bridges: Vec<(&'static str, HostBridge)>,
@@ -49,8 +52,8 @@ const DRIVER: &str = "sriov.example.com";
 const RESOURCE: &str = "example.com/sriov";
 
 impl Node {
-    fn start() -> Node {
-        Node::start_with(false)
+    fn start(kind: RuntimeKind) -> Node {
+        Node::start_with(kind, false)
     }
 
     /// With `dra`: the cluster allocates devices as a current one does: the DeviceClass of the driver, the
@@ -58,7 +61,7 @@ impl Node {
     /// publishes this node's ResourceSlice (vf0-vf5 with both network attributes) and prepares claims; NAD
     /// `sriov-net` (net-b's bridge and a recording chained plugin, `resourceName` example.com/sriov), and the
     /// daemon waits for its DRA caches too.
-    fn start_with(dra: bool) -> Node {
+    fn start_with(kind: RuntimeKind, dra: bool) -> Node {
         require_root_and_plugins();
         let api = KubeApiServer::start(&[], &[]);
         api.apply_file(&deploy_manifest("crds.yaml"));
@@ -114,7 +117,7 @@ impl Node {
         api.write_kubeconfig(&sb.path("plexus.kubeconfig"), &token);
         api.write_kubeconfig(&sb.path("admin.kubeconfig"), "admin-token");
 
-        // containerd's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
+        // The runtime's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
         // with a policy hook that keeps pods to their own namespace's NADs.
         let plexus = sb.conf(json!({
             // The test driver's claims may carry CNI configurations (a node conf allows none by default).
@@ -157,8 +160,8 @@ impl Node {
         daemon.wait("synced", |h| {
             plexus_tests::plexus::settled(h) && (!dra || h.cache.dra_synced)
         });
-        let containerd = Containerd::start(&bin, &conf_dir);
-        let kubelet = Kubelet::start(&api, &containerd.socket());
+        let runtime = Runtime::start(kind, &bin, &conf_dir);
+        let kubelet = Kubelet::start(&api, &runtime.socket());
         let (control, driver) = match dra {
             true => {
                 let control = vec![
@@ -191,7 +194,7 @@ impl Node {
             _control: control,
             kubelet,
             driver,
-            containerd,
+            runtime,
             daemon,
             api,
             bridges,
@@ -261,11 +264,12 @@ impl Node {
 
     fn logs(&self) -> String {
         let mut text = format!(
-            "plexus log:\n{}\ndaemon log:\n{}\ncontainerd log:\n{}\nkubelet log:\n{}",
+            "plexus log:\n{}\ndaemon log:\n{}\n{} log:\n{}\nkubelet log:\n{}",
             tail(&self.sb.path("plexus.log"), 40),
             tail(&self.daemon.log, 40),
+            self.runtime.kind().name(),
             {
-                let log = self.containerd.log();
+                let log = self.runtime.log();
                 let lines: Vec<&str> = log.lines().collect();
                 lines[lines.len().saturating_sub(20)..].join("\n")
             },
@@ -323,9 +327,13 @@ fn has_addr_in(ifs: &[(String, Vec<String>)], ifname: &str, prefix: &str) -> boo
         .any(|(n, cidrs)| n == ifname && cidrs.iter().any(|c| c.starts_with(prefix)))
 }
 
-#[test]
-fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
-    let node = Node::start();
+plexus_tests::on_each_runtime!(
+    kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod,
+    a_pods_resource_claims_give_its_networks_their_devices,
+);
+
+fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: RuntimeKind) {
+    let node = Node::start(kind);
     let manifest = pod_on_node(NS, "web", "net-a");
     std::fs::write(node.sb.path("web.json"), manifest.to_string()).unwrap();
     node.kubectl(&[
@@ -338,7 +346,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
             .is_some_and(|p| p["status"]["phase"] == "Running")
     });
 
-    // The sandbox containerd made, from the plan plexus cached for it.
+    // The sandbox the runtime made, from the plan plexus cached for it.
     let ids = node.sb.cached();
     assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
     let plan = node
@@ -414,7 +422,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod() {
     node.within(60, "the pod's network namespace removed", || {
         !netns.exists()
     });
-    // kubelet and containerd repeat the DEL for a while (its garbage collection): what one leaked would stay.
+    // kubelet and the runtime repeat the DEL for a while (its garbage collection): what one leaked would stay.
     let bin = node.sb.path("cni-bin").display().to_string();
     let leftovers = || {
         let locks = std::fs::read_dir(node.sb.path("run/locks"))
@@ -689,9 +697,8 @@ impl Node {
 /// identity; a claim (from a template) naming a missing NAD fails the sandbox, naming the claim, and leaves no
 /// address behind; once the pods are gone the network data is taken back, the driver unprepares the claims and the
 /// controller deallocates them.
-#[test]
-fn a_pods_resource_claims_give_its_networks_their_devices() {
-    let node = Node::start_with(true);
+fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
+    let node = Node::start_with(kind, true);
     let driver = node.driver.as_ref().unwrap();
     let attachment = |name: &str, interface: &str| {
         json!([{"requests": ["extra"], "opaque": {"driver": DRIVER, "parameters": {

@@ -9,10 +9,13 @@
 //! among them), and a registry a test names is trusted too.
 //!
 //! What differs from a production node, and why:
-//! - runc is called through a wrapper (`runc-wrapper`, written at start) that raises a container's negative
-//!   `oom_score_adj` to 0. The project's machines run as a root without `CAP_SYS_RESOURCE`, so runc cannot lower
-//!   a process's score, and CRI-O gives every sandbox's infra container -998. containerd's
-//!   `restrict_oom_score_adj` (the containerd tests set it) does the same inside containerd.
+//! - runc is called through a wrapper (`runc-wrapper`, written at start) that changes two things of a container's
+//!   OCI config, both for what the project's machines lack (the containerd tests tell containerd the same:
+//!   `restrict_oom_score_adj`, `disable_cgroup`):
+//!   - a negative `oom_score_adj` is raised to 0: root here has no `CAP_SYS_RESOURCE`, so runc cannot lower a
+//!     process's score, and CRI-O gives every sandbox's infra container -998;
+//!   - hugepage limits are dropped: the machines mount no hugetlb cgroup hierarchy, and kubelet gives every
+//!     container a (zero) limit per page size, which runc then fails to set.
 //! - `pause_command` is empty: the infra container runs the suite's sandbox image's own entrypoint (busybox
 //!   sleeping), not `/pause`.
 //! - NRI is off (its socket would be the host's).
@@ -300,8 +303,8 @@ enable_nri = false
     }
 }
 
-/// runc with a container's negative `oom_score_adj` raised to 0 (see the module's doc): on `create`, the bundle's
-/// config.json is rewritten with jq before runc reads it.
+/// runc with a container's negative `oom_score_adj` raised to 0 and its hugepage limits dropped (see the module's
+/// doc): on `create`, the bundle's config.json is rewritten with jq before runc reads it.
 const RUNC_WRAPPER: &str = r#"#!/bin/sh
 bundle=; create=; prev=
 for a in "$@"; do
@@ -310,7 +313,8 @@ for a in "$@"; do
   prev=$a
 done
 if [ -n "$create" ] && [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-  jq -c 'if (.process.oomScoreAdj // 0) < 0 then .process.oomScoreAdj = 0 else . end' \
+  jq -c 'if (.process.oomScoreAdj // 0) < 0 then .process.oomScoreAdj = 0 else . end
+         | del(.linux.resources.hugepageLimits)' \
     "$bundle/config.json" > "$bundle/config.json.plexus" && mv "$bundle/config.json.plexus" "$bundle/config.json"
 fi
 exec /usr/sbin/runc "$@"
