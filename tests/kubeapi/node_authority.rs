@@ -176,9 +176,11 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
             name: "web-a".into(),
             uid: None,
         };
-        cluster.pod(&pod).unwrap();
+        let node = cluster.pod(&pod).unwrap().node_name;
         cluster.write_status(&pod, "[]").unwrap();
-        cluster.record_attachment(&pod, "thin-mode event").unwrap();
+        cluster
+            .record_attachment(&pod, node.as_deref(), "thin-mode event")
+            .unwrap();
         // A write the policy refuses is reported as the policy's refusal, not as a permission RBAC lacks.
         let theirs = plexus_core::spec::PodRef {
             name: "web-b".into(),

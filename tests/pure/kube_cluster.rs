@@ -250,7 +250,9 @@ fn every_request_names_plexus_and_every_write_its_field_manager() {
     e.cluster.pod(&web(Some("uid-1"))).unwrap();
     e.cluster.nad("team-a", "net-a").unwrap();
     e.cluster.write_status(&web(Some("uid-1")), "[]").unwrap();
-    e.cluster.record_attachment(&web(None), "Add net1").unwrap();
+    e.cluster
+        .record_attachment(&web(None), None, "Add net1")
+        .unwrap();
     let reqs = e.server.requests();
     assert_eq!(reqs.len(), 4, "{reqs:?}");
     let agent = format!("plexus/{}", env!("CARGO_PKG_VERSION"));
@@ -508,6 +510,7 @@ fn attachments_are_recorded_as_events() {
     e.cluster
         .record_attachment(
             &web(Some("uid-1")),
+            Some("node-1"),
             "Add net1 [10.1.0.5/24] from team-a/net-a",
         )
         .unwrap();
@@ -528,6 +531,7 @@ fn attachments_are_recorded_as_events() {
         json!({"apiVersion": "v1", "kind": "Pod", "name": "web", "namespace": "team-a", "uid": "uid-1"})
     );
     assert_eq!(event["metadata"]["generateName"], "web.");
+    assert_eq!(event["reportingInstance"], "node-1");
     assert_eq!(e.server.events().len(), 1);
 }
 
@@ -536,7 +540,9 @@ fn event_failures_are_only_logged() {
     let e = env();
     e.server
         .inject("POST", EVENTS_PATH, Fault::Status(403), usize::MAX);
-    e.cluster.record_attachment(&web(None), "Add net1").unwrap();
+    e.cluster
+        .record_attachment(&web(None), None, "Add net1")
+        .unwrap();
     assert_eq!(count(&e.server, "POST", EVENTS_PATH), 1);
     assert!(e.server.events().is_empty());
 }
@@ -544,7 +550,9 @@ fn event_failures_are_only_logged() {
 #[test]
 fn events_can_be_switched_off() {
     let e = env_with(|s| s.events = false);
-    e.cluster.record_attachment(&web(None), "Add net1").unwrap();
+    e.cluster
+        .record_attachment(&web(None), None, "Add net1")
+        .unwrap();
     assert!(e.server.requests().is_empty());
 }
 

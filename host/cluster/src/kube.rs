@@ -104,8 +104,6 @@ pub struct KubeCluster {
     settings: KubeSettings,
     /// Built on first use; shared by every later call.
     conn: Mutex<Option<Arc<Connection>>>,
-    /// The node of the pod last read: events name it as the instance that reports them.
-    node: Mutex<Option<String>>,
 }
 
 struct Connection {
@@ -189,7 +187,6 @@ impl KubeCluster {
         Ok(KubeCluster {
             settings,
             conn: Mutex::new(None),
-            node: Mutex::new(None),
         })
     }
 
@@ -223,18 +220,20 @@ impl KubeCluster {
         Ok(conn)
     }
 
-    /// Posts an event on the pod, best effort (one attempt, failures logged).
-    fn event(&self, pod: &PodRef, kind: (&str, &str), message: &str) -> Result<(), ClusterError> {
+    /// Posts an event on the pod as from `node`, best effort (one attempt, failures logged).
+    fn event(
+        &self,
+        pod: &PodRef,
+        node: Option<&str>,
+        kind: (&str, &str),
+        message: &str,
+    ) -> Result<(), ClusterError> {
         if !self.settings.events {
             return Ok(());
         }
         let conn = self.connection()?;
-        let node = self.node.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let api = match node {
-            Some(n) => conn.api.clone().reporting_as(&n),
-            None => conn.api.clone(),
-        };
-        if let Err(err) = conn.runtime.block_on(api.post_event(pod, kind, message)) {
+        let posted = conn.api.post_event(pod, node, kind, message);
+        if let Err(err) = conn.runtime.block_on(posted) {
             tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
         }
         Ok(())
@@ -290,8 +289,6 @@ pub struct KubeApi {
     status_client: Client,
     /// The API server's `host:port`, named in errors.
     server: Arc<str>,
-    /// The node that reports this client's events about pods (`reportingInstance`, `source.host`).
-    reporting_node: Option<Arc<str>>,
 }
 
 impl KubeApi {
@@ -342,15 +339,7 @@ impl KubeApi {
             client,
             status_client,
             server,
-            reporting_node: None,
         })
-    }
-
-    /// The same client, its events about pods reported as from `node` (the node-authority policy lets a node's
-    /// identity post events as that node only).
-    pub fn reporting_as(mut self, node: &str) -> KubeApi {
-        self.reporting_node = Some(node.into());
-        self
     }
 
     /// The API server's `host:port`.
@@ -466,10 +455,12 @@ impl KubeApi {
         Ok(bounded(config, settings))
     }
 
-    /// Posts an event on the pod (one attempt); the new event's name.
+    /// Posts an event on the pod (one attempt), reported as from `node` (`reportingInstance`, `source.host`: the
+    /// node-authority policy lets a node's identity post events as that node only); the new event's name.
     pub async fn post_event(
         &self,
         pod: &PodRef,
+        node: Option<&str>,
         kind: (&str, &str),
         message: &str,
     ) -> Result<String, ClusterError> {
@@ -481,8 +472,7 @@ impl KubeApi {
             uid: pod.uid.clone(),
             ..ObjectReference::default()
         };
-        let node = self.reporting_node.clone();
-        self.post_event_about(object, kind, message, (COMPONENT, node.as_deref()))
+        self.post_event_about(object, kind, message, (COMPONENT, node))
             .await
     }
 
@@ -878,11 +868,7 @@ fn status_patch(network_status: &str) -> serde_json::Value {
 impl Cluster for KubeCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
         let conn = self.connection()?;
-        let found = conn.runtime.block_on(conn.api.pod(pod))?;
-        if let Some(node) = &found.node_name {
-            *self.node.lock().unwrap_or_else(|p| p.into_inner()) = Some(node.clone());
-        }
-        Ok(found)
+        conn.runtime.block_on(conn.api.pod(pod))
     }
 
     fn nad(
@@ -915,17 +901,24 @@ impl Cluster for KubeCluster {
         conn.runtime
             .block_on(conn.api.apply_claim_status(claim, devices))
     }
-    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
-        self.event(pod, ("Normal", ADDED_INTERFACE), message)
+
+    fn record_attachment(
+        &self,
+        pod: &PodRef,
+        node: Option<&str>,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.event(pod, node, ("Normal", ADDED_INTERFACE), message)
     }
 
     fn record_warning(
         &self,
         pod: &PodRef,
+        node: Option<&str>,
         reason: &str,
         message: &str,
     ) -> Result<(), ClusterError> {
-        self.event(pod, ("Warning", reason), message)
+        self.event(pod, node, ("Warning", reason), message)
     }
 }
 

@@ -152,6 +152,9 @@ impl ClusterError {
 /// A source of pods and NetworkAttachmentDefinitions, and the sink for network-status.
 ///
 /// Implementations are synchronous: a CNI invocation is one short-lived process doing one thing at a time.
+///
+/// Events about a pod are reported as from `node`, the node the pod runs on (its `spec.nodeName`; `None` when the
+/// pod was not read): a node's identity may post events only as that node.
 pub trait Cluster {
     /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
@@ -176,35 +179,31 @@ pub trait Cluster {
     /// Publishes the network-status annotation value (a JSON list, spec 5) on the pod.
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
     /// Records that an interface was added (a Kubernetes Event where the source supports it).
-    fn record_attachment(&self, _pod: &PodRef, _message: &str) -> Result<(), ClusterError> {
+    fn record_attachment(
+        &self,
+        _pod: &PodRef,
+        _node: Option<&str>,
+        _message: &str,
+    ) -> Result<(), ClusterError> {
         Ok(())
     }
-    /// What an ADD publishes at its end: the network-status value and one AddedInterface record per
-    /// secondary network. Events are best effort; the status write's outcome is returned. A source that can
-    /// send them together does so (the node daemon's client sends every request, then reads the answers).
+    /// What an ADD publishes at its end: the network-status value, one AddedInterface record per secondary network,
+    /// then each claim's device status (`claims`: every claim an attachment's device came from, with Plexus's
+    /// entries). Events and claim writes are best effort (a failed claim write is logged); the status write's
+    /// outcome is returned. A source that can send them all together does so (the node daemon's client sends every
+    /// request, then reads the answers).
     fn publish(
         &self,
         pod: &PodRef,
-        network_status: &str,
-        attachments: &[String],
-    ) -> Result<(), ClusterError> {
-        let status = self.write_status(pod, network_status);
-        for message in attachments {
-            let _ = self.record_attachment(pod, message);
-        }
-        status
-    }
-    /// [`Cluster::publish`], then each claim's device status (`claims`: every claim an attachment's device came
-    /// from, with Plexus's entries). Claim writes are best effort as events are: a failure is logged. A source that
-    /// can send them all together does so.
-    fn publish_with_claims(
-        &self,
-        pod: &PodRef,
+        node: Option<&str>,
         network_status: &str,
         attachments: &[String],
         claims: &[(ClaimName, Vec<DeviceNetworkData>)],
     ) -> Result<(), ClusterError> {
-        let status = self.publish(pod, network_status, attachments);
+        let status = self.write_status(pod, network_status);
+        for message in attachments {
+            let _ = self.record_attachment(pod, node, message);
+        }
         for (claim, devices) in claims {
             if let Err(e) = self.write_claim_status(pod, claim, devices) {
                 tracing::warn!(pod = %pod, claim = %claim, "cannot write the claim's device status: {e}");
@@ -216,6 +215,7 @@ pub trait Cluster {
     fn record_warning(
         &self,
         _pod: &PodRef,
+        _node: Option<&str>,
         _reason: &str,
         _message: &str,
     ) -> Result<(), ClusterError> {

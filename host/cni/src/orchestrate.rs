@@ -33,9 +33,11 @@ pub const ADD_FAILED: &str = "NetworkAttachFailed";
 /// ADD: returns the cluster network's result in the requested cniVersion. A failure leaves a Warning event on
 /// the pod (see [`warn_pod`]).
 pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
-    let added = add_steps(inv, fx);
+    // The pod's node once the pod is read: the node the event reports as from.
+    let mut node = None;
+    let added = add_steps(inv, fx, &mut node);
     if let Err(e) = &added {
-        warn_pod(inv, fx, e);
+        warn_pod(inv, fx, node.as_deref(), e);
     }
     added
 }
@@ -44,7 +46,7 @@ pub fn add(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
 /// (ifname)`, the NAD, the policy hook and the selection it denied) and the cause. Whatever failed: planning,
 /// a hook's fault, a policy denial, a delegate, the readiness wait. Not when the cluster source itself did not
 /// answer: the event could not be posted either, and the ADD would wait for it.
-fn warn_pod(inv: &Invocation, fx: &Effects<'_>, e: &PlexusError) {
+fn warn_pod(inv: &Invocation, fx: &Effects<'_>, node: Option<&str>, e: &PlexusError) {
     let (Some(cluster), Some(pod)) = (fx.cluster, inv.pod.as_ref()) else {
         return;
     };
@@ -52,12 +54,16 @@ fn warn_pod(inv: &Invocation, fx: &Effects<'_>, e: &PlexusError) {
         return;
     }
     let message = crate::error::bounded(e.to_string());
-    if let Err(posted) = cluster.record_warning(pod, ADD_FAILED, &message) {
+    if let Err(posted) = cluster.record_warning(pod, node, ADD_FAILED, &message) {
         tracing::debug!(pod = %pod, "could not post the {ADD_FAILED} event: {posted}");
     }
 }
 
-fn add_steps(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
+fn add_steps(
+    inv: &Invocation,
+    fx: &Effects<'_>,
+    node: &mut Option<String>,
+) -> Result<Value, PlexusError> {
     wait_ready(inv)?;
     let _lock = {
         let _p = phase("lock");
@@ -78,6 +84,7 @@ fn add_steps(inv: &Invocation, fx: &Effects<'_>) -> Result<Value, PlexusError> {
         }
         _ => None,
     };
+    *node = pod.as_ref().and_then(|p| p.node_name.clone());
     let mut plan = {
         let _p = phase("plan");
         let mut devices =

@@ -121,6 +121,7 @@ struct FakeCluster {
     pods: BTreeMap<(String, String), Pod>,
     nads: BTreeMap<(String, String), NetworkAttachmentDefinition>,
     statuses: RefCell<Vec<(String, Value)>>,
+    /// Warning events: (pod and the node reporting it, reason and message).
     warnings: RefCell<Vec<(String, String)>>,
     down: bool,
     /// What the pod's ResourceClaims give (every pod's).
@@ -145,6 +146,7 @@ impl FakeCluster {
                     networks.to_string(),
                 )]
                 .into(),
+                node_name: Some("node-a".into()),
                 ..Pod::default()
             },
         );
@@ -233,12 +235,14 @@ impl Cluster for FakeCluster {
     fn record_warning(
         &self,
         pod: &PodRef,
+        node: Option<&str>,
         reason: &str,
         message: &str,
     ) -> Result<(), ClusterError> {
-        self.warnings
-            .borrow_mut()
-            .push((pod.to_string(), format!("{reason}: {message}")));
+        self.warnings.borrow_mut().push((
+            format!("{pod} from {}", node.unwrap_or("?")),
+            format!("{reason}: {message}"),
+        ));
         Ok(())
     }
 }
@@ -382,9 +386,10 @@ fn a_failure_in_the_nth_attachment_rolls_back_the_earlier_ones_in_reverse() {
     );
     assert!(!node.cached(), "a clean rollback removes the plan");
     assert!(cluster.statuses.borrow().is_empty());
-    // The pod carries a Warning event naming the network and the cause.
+    // The pod carries a Warning event naming the network and the cause, reported as from the pod's node.
     let warnings = cluster.warnings.borrow();
     assert_eq!(warnings.len(), 1, "{warnings:?}");
+    assert_eq!(warnings[0].0, "ns/web from node-a");
     assert!(
         warnings[0].1.starts_with("NetworkAttachFailed: ")
             && warnings[0].1.contains("network ns/c (net3)"),
@@ -618,6 +623,7 @@ fn del_without_a_cache_replans_and_skips_what_no_longer_resolves() {
     );
     let warnings = cluster.warnings.borrow();
     assert_eq!(warnings.len(), 1);
+    assert_eq!(warnings[0].0, "ns/web from node-a");
     assert!(warnings[0].1.starts_with("TeardownIncomplete") && warnings[0].1.contains("ns/a"));
     assert!(node.path("run/deleted/c1").exists());
 }

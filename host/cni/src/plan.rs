@@ -577,7 +577,8 @@ impl<'a> Planner<'a> {
         if let (Some(cluster), Some(pod_ref), true) =
             (self.fx.cluster, self.inv.pod.as_ref(), cluster_answered)
         {
-            let _ = cluster.record_warning(pod_ref, TEARDOWN_INCOMPLETE, &message);
+            let node = pod.as_ref().and_then(|p| p.node_name.as_deref());
+            let _ = cluster.record_warning(pod_ref, node, TEARDOWN_INCOMPLETE, &message);
         }
         (plan, cluster_answered)
     }

@@ -68,7 +68,8 @@ pub(crate) fn publish_announcing(
         // The status annotation is informative (spec 5: "may publish"); a failure to write it must not
         // fail a pod whose networks are all attached.
         let claims = claim_statuses(plan, true);
-        if let Err(e) = cluster.publish_with_claims(pod_ref, &value, &added, &claims) {
+        let node = pod.node_name.as_deref();
+        if let Err(e) = cluster.publish(pod_ref, node, &value, &added, &claims) {
             tracing::error!(pod = %pod_ref, "cannot publish network-status: {e}");
         }
     }

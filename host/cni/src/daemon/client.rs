@@ -362,25 +362,21 @@ impl Cluster for DaemonCluster<'_> {
         self.status_written(answer, pod, network_status)
     }
 
-    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
-        self.event(pod, false, plexus_cluster::ADDED_INTERFACE, message)
+    fn record_attachment(
+        &self,
+        pod: &PodRef,
+        node: Option<&str>,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.event(pod, node, None, message)
     }
 
-    /// The status write and the AddedInterface events in one round trip; what the daemon does not take goes
-    /// to the API directly, as each would alone.
+    /// The status write, the claim writes and the AddedInterface events in one round trip; what the daemon does
+    /// not take goes to the API directly, as each would alone. The daemon posts events as from its own node.
     fn publish(
         &self,
         pod: &PodRef,
-        network_status: &str,
-        attachments: &[String],
-    ) -> Result<(), ClusterError> {
-        self.publish_with_claims(pod, network_status, attachments, &[])
-    }
-
-    /// [`Cluster::publish`]'s round trip with the claim writes in it.
-    fn publish_with_claims(
-        &self,
-        pod: &PodRef,
+        node: Option<&str>,
         network_status: &str,
         attachments: &[String],
         claims: &[(ClaimName, Vec<DeviceNetworkData>)],
@@ -400,7 +396,7 @@ impl Cluster for DaemonCluster<'_> {
         let Some(answers) = self.ask_all(&requests, self.conf.timeout) else {
             return self
                 .thin
-                .publish_with_claims(pod, network_status, attachments, claims);
+                .publish(pod, node, network_status, attachments, claims);
         };
         let mut answers = answers.into_iter();
         let status = self.status_written(answers.next(), pod, network_status);
@@ -413,7 +409,7 @@ impl Cluster for DaemonCluster<'_> {
         }
         for (message, answer) in events.iter().zip(answers) {
             if matches!(answer, Answer::Unsynced | Answer::Busy) {
-                let _ = self.thin.record_attachment(pod, message);
+                let _ = self.thin.record_attachment(pod, node, message);
             }
         }
         status
@@ -422,31 +418,35 @@ impl Cluster for DaemonCluster<'_> {
     fn record_warning(
         &self,
         pod: &PodRef,
+        node: Option<&str>,
         reason: &str,
         message: &str,
     ) -> Result<(), ClusterError> {
-        self.event(pod, true, reason, message)
+        self.event(pod, node, Some(reason), message)
     }
 }
 
 impl DaemonCluster<'_> {
+    /// A Warning event with its reason, or an AddedInterface one: posted by the daemon (as from its own node), or
+    /// directly as from `node` when it does not answer.
     fn event(
         &self,
         pod: &PodRef,
-        warning: bool,
-        reason: &str,
+        node: Option<&str>,
+        warning: Option<&str>,
         message: &str,
     ) -> Result<(), ClusterError> {
         if !self.conf.events {
             return Ok(());
         }
+        let reason = warning.unwrap_or(plexus_cluster::ADDED_INTERFACE);
         match self.ask(
-            &event_request(pod, warning, reason, message),
+            &event_request(pod, warning.is_some(), reason, message),
             self.conf.timeout,
         ) {
             Some(_) => Ok(()),
-            None if warning => self.thin.record_warning(pod, reason, message),
-            None => self.thin.record_attachment(pod, message),
+            None if warning.is_some() => self.thin.record_warning(pod, node, reason, message),
+            None => self.thin.record_attachment(pod, node, message),
         }
     }
 }
@@ -475,7 +475,12 @@ mod tests {
             self.calls.lock().unwrap().push("status".into());
             Ok(())
         }
-        fn record_attachment(&self, _: &PodRef, message: &str) -> Result<(), ClusterError> {
+        fn record_attachment(
+            &self,
+            _: &PodRef,
+            _: Option<&str>,
+            message: &str,
+        ) -> Result<(), ClusterError> {
             self.calls.lock().unwrap().push(format!("event {message}"));
             Ok(())
         }
@@ -532,7 +537,7 @@ mod tests {
         };
         let added = ["Add net1".to_string(), "Add net2".into(), "Add net3".into()];
         DaemonCluster::new(conf, &thin)
-            .publish(&pod(), "[]", &added)
+            .publish(&pod(), None, "[]", &added, &[])
             .unwrap();
         let seen = server.join().unwrap();
         assert!(
@@ -561,7 +566,7 @@ mod tests {
             events: true,
         };
         DaemonCluster::new(conf, &thin)
-            .publish(&pod(), "[]", &["Add net1".to_string()])
+            .publish(&pod(), None, "[]", &["Add net1".to_string()], &[])
             .unwrap();
         server.join().unwrap();
         assert_eq!(*thin.calls.lock().unwrap(), ["status", "event Add net1"]);
@@ -574,7 +579,7 @@ mod tests {
             events: false,
         };
         DaemonCluster::new(conf, &thin)
-            .publish(&pod(), "[]", &[])
+            .publish(&pod(), None, "[]", &[], &[])
             .unwrap();
         assert_eq!(*thin.calls.lock().unwrap(), ["status"]);
     }

@@ -477,7 +477,13 @@ impl Cluster for LocalCluster {
         }
     }
 
-    fn record_attachment(&self, pod: &PodRef, message: &str) -> Result<(), ClusterError> {
+    /// Posted by the daemon, as from its own node (the pod's).
+    fn record_attachment(
+        &self,
+        pod: &PodRef,
+        _node: Option<&str>,
+        message: &str,
+    ) -> Result<(), ClusterError> {
         send_event(
             &self.shared,
             pod.clone(),
@@ -491,6 +497,7 @@ impl Cluster for LocalCluster {
     fn record_warning(
         &self,
         pod: &PodRef,
+        _node: Option<&str>,
         reason: &str,
         message: &str,
     ) -> Result<(), ClusterError> {

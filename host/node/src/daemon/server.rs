@@ -68,7 +68,7 @@ async fn serve(
     let hook_states = HookStates::default();
     let state = Arc::new(NodeState::new(
         NodeCache::with_nad_budget(settings.nad_budget_bytes),
-        Arc::new(state::DaemonApi::new(api.clone())),
+        Arc::new(state::DaemonApi::new(api.clone(), settings.node.clone())),
         StateParts {
             node: settings.node.clone(),
             writes,
@@ -150,8 +150,7 @@ async fn connect(
         Some(observer),
         Some(settings.kube_rate),
     )
-    .await?
-    .reporting_as(&settings.node))
+    .await?)
 }
 
 /// The watches, the node agent, the metrics endpoint, dynamic networks, and the writers of kept status writes.

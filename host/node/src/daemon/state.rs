@@ -62,17 +62,20 @@ pub trait NodeApi: Send + Sync + 'static {
 }
 
 /// The daemon's API side: the daemon's client for reads and events, and the same client without retries for the
-/// writes its durable writer sends (one loop of retries, the writer's, not one inside another).
+/// writes its durable writer sends (one loop of retries, the writer's, not one inside another). Its events are
+/// reported as from its node.
 pub struct DaemonApi {
     api: KubeApi,
     writes: KubeApi,
+    node: String,
 }
 
 impl DaemonApi {
-    pub fn new(api: KubeApi) -> DaemonApi {
+    pub fn new(api: KubeApi, node: String) -> DaemonApi {
         DaemonApi {
             writes: api.without_retries(),
             api,
+            node,
         }
     }
 }
@@ -98,7 +101,8 @@ impl NodeApi for DaemonApi {
         kind: (&str, &str),
         message: &str,
     ) -> Result<String, ClusterError> {
-        self.api.post_event(pod, kind, message).await
+        let node = Some(self.node.as_str());
+        self.api.post_event(pod, node, kind, message).await
     }
     async fn count_event(
         &self,
