@@ -1,4 +1,5 @@
-//! The DaemonSet as an operator installs it: the project's image in a real containerd, the pod of
+//! The DaemonSet as an operator installs it, on each runtime: the project's image in a real containerd or CRI-O, the
+//! pod of
 //! examples/deploy/daemonset.yaml run by a real kubelet (1.37) against a real API server with the project's CRDs
 //! and RBAC. Its init container installs the CNI plugin and the conflist onto the node, its daemon goes Ready, a
 //! pod with two NADs starts through the installed plugin, and the daemon, in its container, attaches a third
@@ -22,13 +23,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use plexus_node::install::base64;
-use plexus_tests::containerd::Containerd;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir,
 };
 use plexus_tests::plexus::{list_cache, read_cached_plan};
+use plexus_tests::runtime::{Runtime, RuntimeKind};
 use plexus_tests::{deploy_manifest, image, tail};
 use serde_json::{json, Value};
 
@@ -150,8 +151,13 @@ fn interfaces(netns: &Path) -> Vec<(String, Vec<String>)> {
         .collect()
 }
 
-#[test]
-fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private() {
+plexus_tests::on_each_runtime!(
+    the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private
+);
+
+fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private(
+    kind: RuntimeKind,
+) {
     require_root_and_plugins();
     // What this run covers: the manifest once failed where the root mount is private.
     eprintln!(
@@ -208,11 +214,11 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
         api.nad(NS, name, &confs[i + 1]);
     }
 
-    let containerd = Containerd::start(&node("/opt/cni/bin"), &node("/etc/cni/net.d"));
+    let runtime = Runtime::start(kind, &node("/opt/cni/bin"), &node("/etc/cni/net.d"));
     let image_tar = dir.path().join("plexus.tar");
     image::build(&image_tar);
-    image::import(&containerd, &image_tar);
-    let kubelet = Kubelet::start(&api, &containerd.socket());
+    runtime.load_image(&image_tar, image::IMAGE);
+    let kubelet = Kubelet::start(&api, &runtime.socket());
 
     // The pod first, then its token: one the API server binds to that pod on this node (the node-authority
     // policy is installed), as the kubelet's projection of a service-account token would be. The kubelet waits
@@ -239,12 +245,13 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     }));
 
     let logs = || {
-        let log = containerd.log();
+        let log = runtime.log();
         let lines: Vec<&str> = log.lines().collect();
         format!(
-            "the DaemonSet's pod:\n{}\nkubelet:\n{}\ncontainerd:\n{}",
+            "the DaemonSet's pod:\n{}\nkubelet:\n{}\n{}:\n{}",
             container_logs(&format!("kube-system_plexus-{NODE}_")),
             kubelet.log_tail(30),
+            kind.name(),
             lines[lines.len().saturating_sub(30)..].join("\n")
         )
     };

@@ -2,8 +2,9 @@
 //! one test, with plexus as its CNI plugin: the second runtime of the node tests ([`crate::runtime`]).
 //!
 //! Everything lives in a temp dir: storage (the `vfs` driver: no overlay mounts to leak), run state, the CRI socket,
-//! the pods' network namespaces (`namespaces_dir`: `<dir>/ns/netns/<uuid>`, where a node's CRI-O has
-//! `/var/run/netns`), the CNI bin and conf dirs, the signature policy and registries configuration. CRI-O has no
+//! the CNI bin and conf dirs, the signature policy and registries configuration; but the pods' namespaces are
+//! where a node's CRI-O keeps them (`namespaces_dir` `/var/run`: `/var/run/netns/<uuid>`), which the DaemonSet's
+//! daemon sees through its `/run/netns` mount. CRI-O has no
 //! import of an image file: every image it runs comes from a registry, so each instance has its own
 //! ([`crate::registry::Registry`], plain HTTP on loopback) serving the names under `plexus.test/` (the sandbox image
 //! among them), and a registry a test names is trusted too.
@@ -15,7 +16,9 @@
 //!   - a negative `oom_score_adj` is raised to 0: root here has no `CAP_SYS_RESOURCE`, so runc cannot lower a
 //!     process's score, and CRI-O gives every sandbox's infra container -998;
 //!   - hugepage limits are dropped: the machines mount no hugetlb cgroup hierarchy, and kubelet gives every
-//!     container a (zero) limit per page size, which runc then fails to set.
+//!     container a (zero) limit per page size, which runc then fails to set;
+//!   - capabilities outside this process's bounding set are dropped: CRI-O gives a privileged container every
+//!     capability it knows (containerd gives the ones its own process has), and runc cannot grant one it lacks.
 //! - `pause_command` is empty: the infra container runs the suite's sandbox image's own entrypoint (busybox
 //!   sleeping), not `/pause`.
 //! - NRI is off (its socket would be the host's).
@@ -37,12 +40,20 @@ const CRI_TIMEOUT: Duration = Duration::from_secs(60);
 /// The prefix of image names each instance's own registry serves.
 pub const IMAGE_PREFIX: &str = "plexus.test/";
 
-/// containers/image keeps a cache of blob metadata at a fixed path for root, whatever CRI-O's storage root is.
-/// Removed when the last instance of this process stops, if it was not there before the first started.
-const BLOB_INFO_CACHE: &str = "/var/lib/containers/cache";
+/// What CRI-O makes on the host whatever its configuration says: containers/image's cache of blob metadata (a fixed
+/// path for root), and pinns's directory of each kind of namespace beside `/var/run/netns`. Those that were not
+/// there before the first instance of this process started are removed when the last one stops (the namespace
+/// directories only if empty).
+const HOST_DIRS: [&str; 5] = [
+    "/var/lib/containers",
+    "/var/run/ipcns",
+    "/var/run/utsns",
+    "/var/run/userns",
+    "/var/run/pidns",
+];
 
-/// (instances running, whether [`BLOB_INFO_CACHE`]'s parent existed before the first).
-static HOST_PATHS: Mutex<(usize, bool)> = Mutex::new((0, false));
+/// (instances running, the [`HOST_DIRS`] absent before the first).
+static HOST_PATHS: Mutex<(usize, Vec<&str>)> = Mutex::new((0, Vec::new()));
 
 pub struct CriO {
     dir: tempfile::TempDir,
@@ -83,7 +94,7 @@ impl CriO {
             .tempdir_in("/var/tmp")
             .expect("CRI-O dir");
         let root = dir.path();
-        for sub in ["ns", "exits", "attach", "pods", "auth", "policies", "cdi"] {
+        for sub in ["exits", "attach", "pods", "auth", "policies", "cdi"] {
             std::fs::create_dir_all(root.join(sub)).expect("a CRI-O dir");
         }
         let own = Registry::start();
@@ -103,7 +114,11 @@ impl CriO {
             ));
         }
         std::fs::write(root.join("registries.conf"), registries).expect("registries.conf");
-        std::fs::write(root.join("runc-wrapper"), RUNC_WRAPPER).expect("runc-wrapper");
+        std::fs::write(
+            root.join("runc-wrapper"),
+            RUNC_WRAPPER.replace("@UNAVAILABLE_CAPS@", &unavailable_capabilities()),
+        )
+        .expect("runc-wrapper");
         std::fs::set_permissions(
             root.join("runc-wrapper"),
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
@@ -129,7 +144,7 @@ conmon = "/usr/bin/conmon"
 cgroup_manager = "cgroupfs"
 conmon_cgroup = "pod"
 pinns_path = "{pinns}"
-namespaces_dir = "{root}/ns"
+namespaces_dir = "/var/run"
 container_exits_dir = "{root}/exits"
 container_attach_socket_dir = "{root}/attach"
 hooks_dir = []
@@ -163,9 +178,10 @@ enable_nri = false
         {
             let mut host = HOST_PATHS.lock().unwrap_or_else(|e| e.into_inner());
             if host.0 == 0 {
-                host.1 = Path::new(BLOB_INFO_CACHE)
-                    .parent()
-                    .is_some_and(Path::exists);
+                host.1 = HOST_DIRS
+                    .into_iter()
+                    .filter(|d| !Path::new(d).exists())
+                    .collect();
             }
             host.0 += 1;
         }
@@ -195,11 +211,6 @@ enable_nri = false
     /// CRI-O's own log (its stderr): what it says about CNI calls.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("crio.log")).unwrap_or_default()
-    }
-
-    /// Where CRI-O makes the pods' network namespaces (`netns/<uuid>` under it).
-    pub fn namespaces_dir(&self) -> PathBuf {
-        self.dir.path().join("ns")
     }
 
     /// Puts the image of an OCI layout tar into CRI-O's storage as `name` (under [`IMAGE_PREFIX`]): pushed to this
@@ -303,22 +314,92 @@ enable_nri = false
     }
 }
 
-/// runc with a container's negative `oom_score_adj` raised to 0 and its hugepage limits dropped (see the module's
-/// doc): on `create`, the bundle's config.json is rewritten with jq before runc reads it.
+/// runc with a container's negative `oom_score_adj` raised to 0, its hugepage limits dropped and the capabilities
+/// this machine's root lacks taken out of each set (see the module's doc): on `create`, the bundle's config.json is
+/// rewritten with jq before runc reads it.
 const RUNC_WRAPPER: &str = r#"#!/bin/sh
-bundle=; create=; prev=
+# rewrite FILE JQ-FILTER: FILE through the filter, in place.
+rewrite() { jq -c "$2" "$1" > "$1.plexus" && mv "$1.plexus" "$1"; }
+drop_caps='map_values(map(select(IN(@UNAVAILABLE_CAPS@[]) | not)))'
+bundle=; create=; process=; prev=
 for a in "$@"; do
-  case "$prev" in --bundle|-b) bundle=$a ;; esac
-  case "$a" in create) create=1 ;; --bundle=*) bundle=${a#--bundle=} ;; esac
+  case "$prev" in --bundle|-b) bundle=$a ;; --process|-p) process=$a ;; esac
+  case "$a" in create) create=1 ;; --bundle=*) bundle=${a#--bundle=} ;; --process=*) process=${a#--process=} ;; esac
   prev=$a
 done
 if [ -n "$create" ] && [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-  jq -c 'if (.process.oomScoreAdj // 0) < 0 then .process.oomScoreAdj = 0 else . end
-         | del(.linux.resources.hugepageLimits)' \
-    "$bundle/config.json" > "$bundle/config.json.plexus" && mv "$bundle/config.json.plexus" "$bundle/config.json"
+  rewrite "$bundle/config.json" "if (.process.oomScoreAdj // 0) < 0 then .process.oomScoreAdj = 0 else . end
+    | del(.linux.resources.hugepageLimits)
+    | if .process.capabilities then .process.capabilities |= $drop_caps else . end"
+fi
+# exec (a probe, kubectl exec) gives its process as a file of its own.
+if [ -n "$process" ] && [ -f "$process" ]; then
+  rewrite "$process" "if .capabilities then .capabilities |= $drop_caps else . end"
 fi
 exec /usr/sbin/runc "$@"
 "#;
+
+/// The capabilities of Linux 6.x by number.
+const CAPABILITIES: [&str; 41] = [
+    "CAP_CHOWN",
+    "CAP_DAC_OVERRIDE",
+    "CAP_DAC_READ_SEARCH",
+    "CAP_FOWNER",
+    "CAP_FSETID",
+    "CAP_KILL",
+    "CAP_SETGID",
+    "CAP_SETUID",
+    "CAP_SETPCAP",
+    "CAP_LINUX_IMMUTABLE",
+    "CAP_NET_BIND_SERVICE",
+    "CAP_NET_BROADCAST",
+    "CAP_NET_ADMIN",
+    "CAP_NET_RAW",
+    "CAP_IPC_LOCK",
+    "CAP_IPC_OWNER",
+    "CAP_SYS_MODULE",
+    "CAP_SYS_RAWIO",
+    "CAP_SYS_CHROOT",
+    "CAP_SYS_PTRACE",
+    "CAP_SYS_PACCT",
+    "CAP_SYS_ADMIN",
+    "CAP_SYS_BOOT",
+    "CAP_SYS_NICE",
+    "CAP_SYS_RESOURCE",
+    "CAP_SYS_TIME",
+    "CAP_SYS_TTY_CONFIG",
+    "CAP_MKNOD",
+    "CAP_LEASE",
+    "CAP_AUDIT_WRITE",
+    "CAP_AUDIT_CONTROL",
+    "CAP_SETFCAP",
+    "CAP_MAC_OVERRIDE",
+    "CAP_MAC_ADMIN",
+    "CAP_SYSLOG",
+    "CAP_WAKE_ALARM",
+    "CAP_BLOCK_SUSPEND",
+    "CAP_AUDIT_READ",
+    "CAP_PERFMON",
+    "CAP_BPF",
+    "CAP_CHECKPOINT_RESTORE",
+];
+
+/// The capabilities outside this process's bounding set (`CapBnd` of /proc/self/status), as a JSON array of names.
+fn unavailable_capabilities() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").expect("/proc/self/status");
+    let bounding = status
+        .lines()
+        .find_map(|l| l.strip_prefix("CapBnd:"))
+        .and_then(|hex| u64::from_str_radix(hex.trim(), 16).ok())
+        .expect("CapBnd in /proc/self/status");
+    let names: Vec<&str> = CAPABILITIES
+        .iter()
+        .enumerate()
+        .filter(|(bit, _)| bounding & (1 << bit) == 0)
+        .map(|(_, name)| *name)
+        .collect();
+    serde_json::to_string(&names).expect("names as JSON")
+}
 
 impl Drop for CriO {
     fn drop(&mut self) {
@@ -351,7 +432,7 @@ impl Drop for CriO {
                 }
             }
         }
-        // Mounts left under our dir (the pods' namespaces, shm), deepest first.
+        // Mounts left under our dir (shm, the containers' root file systems), deepest first.
         crate::unmount_deepest_first(
             crate::mount_points()
                 .into_iter()
@@ -360,12 +441,13 @@ impl Drop for CriO {
         );
         let mut host = HOST_PATHS.lock().unwrap_or_else(|e| e.into_inner());
         host.0 -= 1;
-        if host.0 == 0 && !host.1 {
-            let _ = std::fs::remove_dir_all(
-                Path::new(BLOB_INFO_CACHE)
-                    .parent()
-                    .expect("the cache's parent"),
-            );
+        if host.0 == 0 {
+            for d in std::mem::take(&mut host.1) {
+                let _ = match d {
+                    "/var/lib/containers" => std::fs::remove_dir_all(d),
+                    _ => std::fs::remove_dir(d),
+                };
+            }
         }
     }
 }
