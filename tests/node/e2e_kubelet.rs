@@ -362,6 +362,28 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: Runtim
     assert!(has_addr_in(&ifs, "net1", &node.prefix("net-a")), "{ifs:?}");
     node.within(20, "the ADD's network-status", || node.status().len() == 2);
 
+    // A pod selecting a NAD that does not exist: its sandbox fails, the kubelet's event names the NAD, and the
+    // failed attempt leaves no address behind.
+    let lost = pod_on_node(NS, "lost", "net-missing");
+    std::fs::write(node.sb.path("lost.json"), lost.to_string()).unwrap();
+    node.kubectl(&[
+        "create",
+        "-f",
+        &node.sb.path("lost.json").display().to_string(),
+    ]);
+    node.within(60, "the kubelet's event naming the missing NAD", || {
+        node.api
+            .events_of(NS, "lost", "FailedCreatePodSandBox")
+            .iter()
+            .any(|(kind, m)| kind == "Warning" && m.contains("net-missing"))
+    });
+    assert_eq!(
+        node.reserved("cluster-net").len(),
+        1,
+        "only web's address: the failed sandboxes released theirs"
+    );
+    node.kubectl(&["-n", NS, "delete", "pod", "lost", "--wait=false"]);
+
     // Added: the interface is in the pod's namespace with a host-local address, and the status lists it.
     node.annotate("net-a,net-b");
     let took = node.within(20, "net-b attached and in the network-status", || {
