@@ -2,13 +2,13 @@
 
 use std::collections::BTreeMap;
 
-use plexus_cluster::{Cluster, FileCluster, KubeCluster};
+use plexus_cluster::{Cluster, FileCluster, KubeCluster, KubeSettings};
 use plexus_core::cni::{CniError, CniVersion};
 pub use plexus_hooks::Compile;
 use serde_json::{json, Value};
 
 use crate::conf::{stdin_json, ClusterSource, PlexusConf};
-use crate::daemon::client::{DaemonCluster, DaemonConf};
+use crate::daemon::client::{DaemonCluster, DaemonConf, DelCluster, TAKE_BACK_BOUND};
 use crate::daemon::proto::Report;
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
@@ -150,35 +150,9 @@ fn run_inner(
     );
     let setup = crate::logging::phase("setup");
 
-    let file_cluster;
-    let kube_cluster;
-    let daemon_cluster;
-    let cluster: Option<&dyn Cluster> = match &inv.conf.cluster {
-        ClusterSource::None => None,
-        ClusterSource::Files { dir } => {
-            file_cluster = FileCluster::open(dir)?;
-            Some(&file_cluster)
-        }
-        ClusterSource::Kube(settings) => {
-            let settings = settings.clone();
-            let events = settings.events;
-            // Cheap: the client is only built on the first call that needs the API.
-            kube_cluster = KubeCluster::new(settings)?;
-            match &inv.conf.daemon {
-                // Only an ADD asks the daemon: teardown never depends on it.
-                Some(d) if command == Command::Add => {
-                    let conf = DaemonConf {
-                        socket: d.socket.clone(),
-                        timeout: d.timeout,
-                        events,
-                    };
-                    daemon_cluster = DaemonCluster::new(conf, &kube_cluster);
-                    Some(&daemon_cluster as &dyn Cluster)
-                }
-                _ => Some(&kube_cluster as &dyn Cluster),
-            }
-        }
-    };
+    let mut sources = Sources::default();
+    let mut wrappers = Wrappers::default();
+    let cluster = cluster_source(&inv, command, &mut sources, &mut wrappers)?;
     // Hooks only act on ADD; DEL, CHECK, STATUS and GC never pay for loading them.
     let hooks: Box<dyn HookRunner> = if command == Command::Add {
         crate::hooks::for_conf(&inv.conf, false, trace.compile)?
@@ -217,6 +191,72 @@ fn run_inner(
     // by one (measurable on every ADD with hooks).
     std::mem::forget(hooks);
     out
+}
+
+/// The cluster sources of one invocation, built by [`cluster_source`] and borrowed by its effects. Building one
+/// is cheap: a client is only made on the first call that needs the API.
+#[derive(Default)]
+struct Sources {
+    files: Option<FileCluster>,
+    kube: Option<KubeCluster>,
+    /// For what a DEL takes back without the daemon: one request within [`TAKE_BACK_BOUND`].
+    take_back: Option<KubeCluster>,
+}
+
+/// What wraps a source for its verb.
+#[derive(Default)]
+struct Wrappers<'s> {
+    daemon: Option<DaemonCluster<'s>>,
+    del: Option<DelCluster<'s>>,
+}
+
+/// The cluster source the verb's effects use. An ADD asks the node daemon first (kube source); a DEL reads the
+/// source itself and hands the daemon only what it takes back, so that a teardown never depends on the daemon;
+/// other verbs use the source as it is.
+fn cluster_source<'s, 'w>(
+    inv: &Invocation,
+    command: Command,
+    sources: &'s mut Sources,
+    wrappers: &'w mut Wrappers<'s>,
+) -> Result<Option<&'w dyn Cluster>, PlexusError> {
+    let Sources {
+        files,
+        kube,
+        take_back,
+    } = sources;
+    let source: &'s dyn Cluster = match &inv.conf.cluster {
+        ClusterSource::None => return Ok(None),
+        ClusterSource::Files { dir } => files.insert(FileCluster::open(dir)?),
+        ClusterSource::Kube(settings) => kube.insert(KubeCluster::new(settings.clone())?),
+    };
+    let daemon = inv.conf.daemon.as_ref();
+    Ok(Some(match (command, &inv.conf.cluster, daemon) {
+        (Command::Add, ClusterSource::Kube(settings), Some(d)) => {
+            let conf = DaemonConf {
+                socket: d.socket.clone(),
+                timeout: d.timeout,
+                events: settings.events,
+            };
+            wrappers.daemon.insert(DaemonCluster::new(conf, source))
+        }
+        (Command::Del, cluster, daemon) => {
+            let writes: &'s dyn Cluster = match cluster {
+                ClusterSource::Kube(settings) => {
+                    let bound = TAKE_BACK_BOUND.as_millis() as u64;
+                    take_back.insert(KubeCluster::new(KubeSettings {
+                        retries: 0,
+                        deadline_ms: bound,
+                        request_timeout_ms: bound,
+                        ..settings.clone()
+                    })?)
+                }
+                _ => source,
+            };
+            let daemon = daemon.map(|d| (d.socket.clone(), d.timeout));
+            wrappers.del.insert(DelCluster::new(source, writes, daemon))
+        }
+        _ => source,
+    }))
 }
 
 fn init_logging(conf: &PlexusConf) {

@@ -76,47 +76,16 @@ pub(crate) fn publish_announcing(
     Ok(())
 }
 
-/// How long a DEL gives the claims' device status, each way (the daemon's answer, or one direct request).
-const TAKE_BACK_BOUND: std::time::Duration = std::time::Duration::from_millis(1000);
-
-/// After a DEL: the claims' device status the ADD wrote, taken back (an empty list per claim). Teardown never
-/// waits on the API server: the node daemon takes it when one is configured (its durable queue sends it);
-/// without one, or when it does not answer, one direct request bounded by [`TAKE_BACK_BOUND`]; a failure is
-/// logged and the entries stay (they are informative, as network-status).
+/// After a DEL: the claims' device status the ADD wrote, taken back (an empty list per claim) through the cluster
+/// source, which for a DEL hands it to the node daemon and never waits long on the API server
+/// ([`crate::daemon::client::DelCluster`]); a failure is logged and the entries stay (they are informative, as
+/// network-status).
 pub(crate) fn take_back_claim_statuses(inv: &Invocation, fx: &Effects<'_>, plan: &AttachmentPlan) {
-    let Some(pod_ref) = inv.pod.as_ref() else {
+    let (Some(cluster), Some(pod_ref)) = (fx.cluster, inv.pod.as_ref()) else {
         return;
     };
     for (claim, devices) in claim_statuses(plan, false) {
-        let request = crate::daemon::proto::Request::ClaimStatus {
-            pod: pod_ref.clone(),
-            claim: claim.clone(),
-            devices: devices.clone(),
-        };
-        let taken = inv.conf.daemon.as_ref().is_some_and(|d| {
-            matches!(
-                crate::daemon::client::ask(&d.socket, &request, d.timeout.min(TAKE_BACK_BOUND)),
-                Ok(crate::daemon::proto::Answer::Done)
-            )
-        });
-        if taken {
-            continue;
-        }
-        let written = match &inv.conf.cluster {
-            crate::conf::ClusterSource::Kube(settings) => {
-                let mut bounded = settings.clone();
-                bounded.retries = 0;
-                bounded.deadline_ms = TAKE_BACK_BOUND.as_millis() as u64;
-                bounded.request_timeout_ms = bounded.deadline_ms;
-                plexus_cluster::KubeCluster::new(bounded)
-                    .map(|c| Box::new(c) as Box<dyn plexus_cluster::Cluster>)
-                    .and_then(|c| c.write_claim_status(pod_ref, &claim, &devices))
-            }
-            _ => fx
-                .cluster
-                .map_or(Ok(()), |c| c.write_claim_status(pod_ref, &claim, &devices)),
-        };
-        if let Err(e) = written {
+        if let Err(e) = cluster.write_claim_status(pod_ref, &claim, &devices) {
             tracing::warn!(pod = %pod_ref, claim = %claim, "cannot take back the claim's device status: {e}");
         }
     }

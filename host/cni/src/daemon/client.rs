@@ -5,6 +5,9 @@
 //! invocation keeps one connection for all its questions. The first time the daemon fails to answer (no
 //! socket, refused, timed out, unsynced, busy), the rest of the invocation goes thin at once: a dead or hung
 //! daemon costs one bounded wait per ADD, not one per object.
+//!
+//! A DEL hands the daemon only what it takes back (a claim's device status, [`DelCluster`]), within a bound, and
+//! never waits on the API server for it either.
 
 use std::cell::{Cell, RefCell};
 use std::io::{BufReader, Write};
@@ -451,6 +454,86 @@ impl DaemonCluster<'_> {
     }
 }
 
+/// How long a DEL gives a claim's device status taken back, each way (the daemon's answer, or one direct
+/// request).
+pub const TAKE_BACK_BOUND: Duration = Duration::from_millis(1000);
+
+/// DEL's cluster source. Reads go to `reads` directly (a teardown never depends on the daemon). A claim's device
+/// status taken back is handed to the daemon, whose durable queue sends it, when it takes it within its timeout
+/// and [`TAKE_BACK_BOUND`]; otherwise it goes to `writes`, which the caller bounds the same way. Nothing else is
+/// written by a DEL.
+pub struct DelCluster<'a> {
+    reads: &'a dyn Cluster,
+    writes: &'a dyn Cluster,
+    /// The daemon's socket and its timeout, when one is configured.
+    daemon: Option<(PathBuf, Duration)>,
+}
+
+impl<'a> DelCluster<'a> {
+    pub fn new(
+        reads: &'a dyn Cluster,
+        writes: &'a dyn Cluster,
+        daemon: Option<(PathBuf, Duration)>,
+    ) -> Self {
+        DelCluster {
+            reads,
+            writes,
+            daemon,
+        }
+    }
+}
+
+impl Cluster for DelCluster<'_> {
+    fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
+        self.reads.pod(pod)
+    }
+
+    fn nad(
+        &self,
+        namespace: &str,
+        name: &str,
+    ) -> Result<NetworkAttachmentDefinition, ClusterError> {
+        self.reads.nad(namespace, name)
+    }
+
+    fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
+        self.reads.pod_claims(pod)
+    }
+
+    fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
+        self.reads.write_status(pod, network_status)
+    }
+
+    fn write_claim_status(
+        &self,
+        pod: &PodRef,
+        claim: &ClaimName,
+        devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        if let Some((socket, timeout)) = &self.daemon {
+            let request = Request::ClaimStatus {
+                pod: pod.clone(),
+                claim: claim.clone(),
+                devices: devices.to_vec(),
+            };
+            if let Ok(Answer::Done) = ask(socket, &request, (*timeout).min(TAKE_BACK_BOUND)) {
+                return Ok(());
+            }
+        }
+        self.writes.write_claim_status(pod, claim, devices)
+    }
+
+    fn record_warning(
+        &self,
+        pod: &PodRef,
+        node: Option<&str>,
+        reason: &str,
+        message: &str,
+    ) -> Result<(), ClusterError> {
+        self.reads.record_warning(pod, node, reason, message)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -482,6 +565,15 @@ mod tests {
             message: &str,
         ) -> Result<(), ClusterError> {
             self.calls.lock().unwrap().push(format!("event {message}"));
+            Ok(())
+        }
+        fn write_claim_status(
+            &self,
+            _: &PodRef,
+            claim: &ClaimName,
+            _: &[DeviceNetworkData],
+        ) -> Result<(), ClusterError> {
+            self.calls.lock().unwrap().push(format!("claim {claim}"));
             Ok(())
         }
     }
@@ -582,5 +674,44 @@ mod tests {
             .publish(&pod(), None, "[]", &[], &[])
             .unwrap();
         assert_eq!(*thin.calls.lock().unwrap(), ["status"]);
+    }
+
+    /// A DEL hands the claim status it takes back to the daemon; what the daemon does not take (it is not there, or
+    /// busy) goes to the writer the DEL bounds, never to the source its reads go to.
+    #[test]
+    fn a_del_hands_what_it_takes_back_to_the_daemon_and_writes_it_itself_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let claim = ClaimName {
+            namespace: "ns".into(),
+            name: "c".into(),
+        };
+        let (reads, writes) = (Thin::default(), Thin::default());
+        let (socket, server) = daemon(dir.path(), 1, vec![Answer::Done]);
+        let timeout = Duration::from_secs(5);
+        DelCluster::new(&reads, &writes, Some((socket.clone(), timeout)))
+            .write_claim_status(&pod(), &claim, &[])
+            .unwrap();
+        let seen = server.join().unwrap();
+        assert!(
+            matches!(&seen[..], [Request::ClaimStatus { claim: c, devices, .. }] if *c == claim && devices.is_empty()),
+            "{seen:?}"
+        );
+        assert!(writes.calls.lock().unwrap().is_empty());
+
+        std::fs::remove_file(&socket).unwrap();
+        let (socket, server) = daemon(dir.path(), 1, vec![Answer::Busy]);
+        DelCluster::new(&reads, &writes, Some((socket, timeout)))
+            .write_claim_status(&pod(), &claim, &[])
+            .unwrap();
+        server.join().unwrap();
+        let none = dir.path().join("none.sock");
+        DelCluster::new(&reads, &writes, Some((none, timeout)))
+            .write_claim_status(&pod(), &claim, &[])
+            .unwrap();
+        DelCluster::new(&reads, &writes, None)
+            .write_claim_status(&pod(), &claim, &[])
+            .unwrap();
+        assert_eq!(*writes.calls.lock().unwrap(), ["claim ns/c"; 3]);
+        assert!(reads.calls.lock().unwrap().is_empty());
     }
 }
