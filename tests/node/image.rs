@@ -1,5 +1,5 @@
 //! Plexus's container image: built by `examples/image/build.sh` (an OCI image layout, Debian's tools only),
-//! imported into a real containerd (Debian's 1.6 with the CRI plugin, the one the teardown tests drive) and run
+//! imported into a real containerd (2.4.2 of `tests/parts.sh`, the one the teardown tests drive) with `ctr` and run
 //! there with runc, as the DaemonSet runs it: its `plexus install` puts the CNI plugin (`plexus-cni`, installed as
 //! `plexus`) and the conflist onto the "node" (directories bind-mounted from the host), and the installed binary
 //! then answers the CNI VERSION command on the host. The documented uninstall step is run both ways an operator

@@ -1,7 +1,8 @@
 //! The record of completed DELs, under `runDir/deleted`: what lets a repeated DEL be answered locally.
 //!
 //! Container runtimes call DEL more than once for one sandbox (containerd: on StopPodSandbox and again on
-//! RemovePodSandbox; with kubelet, five or six times per pod deletion). The first DEL removes the attachment
+//! RemovePodSandbox; with kubelet, five or six times per pod deletion; CRI-O once per StopPodSandbox, which the
+//! kubelet repeats). The first DEL removes the attachment
 //! cache entry, so without a record a repeated DEL would have to re-plan through the cluster source, and during
 //! an API outage pay its whole timeout per call. A completed DEL leaves an empty file named after the container;
 //! a DEL that finds no plan but this file has nothing to do.
