@@ -165,7 +165,7 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
     let kubeconfig = dir.path().join("a.kubeconfig");
     api.write_kubeconfig(&kubeconfig, &a);
     let thin = std::thread::spawn(move || {
-        use plexus_cluster::{Cluster, KubeCluster, KubeSettings};
+        use plexus_cluster::{Cluster, KubeCluster, KubeSettings, PodEvent};
         let cluster = KubeCluster::new(KubeSettings {
             kubeconfig: Some(kubeconfig),
             ..KubeSettings::default()
@@ -179,7 +179,11 @@ fn a_nodes_token_writes_only_what_belongs_to_its_node() {
         let node = cluster.pod(&pod).unwrap().node_name;
         cluster.write_status(&pod, "[]").unwrap();
         cluster
-            .record_attachment(&pod, node.as_deref(), "thin-mode event")
+            .record(&PodEvent::attached(
+                &pod,
+                node.as_deref(),
+                "thin-mode event",
+            ))
             .unwrap();
         // A write the policy refuses is reported as the policy's refusal, not as a permission RBAC lacks.
         let theirs = plexus_core::spec::PodRef {

@@ -4,7 +4,7 @@ use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::{Duration, Instant};
 
-use plexus_cluster::{Cluster, ClusterError, KubeCluster, KubeSettings};
+use plexus_cluster::{Cluster, ClusterError, KubeCluster, KubeSettings, PodEvent};
 use plexus_core::spec::PodRef;
 use plexus_tests::apiserver::{ApiServer, Fault, RecordedRequest};
 use serde_json::{json, Value};
@@ -251,7 +251,7 @@ fn every_request_names_plexus_and_every_write_its_field_manager() {
     e.cluster.nad("team-a", "net-a").unwrap();
     e.cluster.write_status(&web(Some("uid-1")), "[]").unwrap();
     e.cluster
-        .record_attachment(&web(None), None, "Add net1")
+        .record(&PodEvent::attached(&web(None), None, "Add net1"))
         .unwrap();
     let reqs = e.server.requests();
     assert_eq!(reqs.len(), 4, "{reqs:?}");
@@ -508,11 +508,11 @@ fn refused_connection_is_unavailable() {
 fn attachments_are_recorded_as_events() {
     let e = env();
     e.cluster
-        .record_attachment(
+        .record(&PodEvent::attached(
             &web(Some("uid-1")),
             Some("node-1"),
             "Add net1 [10.1.0.5/24] from team-a/net-a",
-        )
+        ))
         .unwrap();
     let posts: Vec<_> = e
         .server
@@ -541,7 +541,7 @@ fn event_failures_are_only_logged() {
     e.server
         .inject("POST", EVENTS_PATH, Fault::Status(403), usize::MAX);
     e.cluster
-        .record_attachment(&web(None), None, "Add net1")
+        .record(&PodEvent::attached(&web(None), None, "Add net1"))
         .unwrap();
     assert_eq!(count(&e.server, "POST", EVENTS_PATH), 1);
     assert!(e.server.events().is_empty());
@@ -551,7 +551,7 @@ fn event_failures_are_only_logged() {
 fn events_can_be_switched_off() {
     let e = env_with(|s| s.events = false);
     e.cluster
-        .record_attachment(&web(None), None, "Add net1")
+        .record(&PodEvent::attached(&web(None), None, "Add net1"))
         .unwrap();
     assert!(e.server.requests().is_empty());
 }

@@ -25,7 +25,7 @@ use plexus_core::spec::objects::NETWORK_STATUS_ANNOTATION;
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodClaimRef, PodRef};
 use serde::{Deserialize, Serialize};
 
-use crate::{Cluster, ClusterError, ObjectKind};
+use crate::{Cluster, ClusterError, ObjectKind, PodEvent};
 
 /// How Plexus talks to the Kubernetes API: the `cluster` object of a plexus conf with `"source": "kube"`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
@@ -218,25 +218,6 @@ impl KubeCluster {
         let conn = Arc::new(Connection { runtime, api });
         *slot = Some(conn.clone());
         Ok(conn)
-    }
-
-    /// Posts an event on the pod as from `node`, best effort (one attempt, failures logged).
-    fn event(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        kind: (&str, &str),
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        if !self.settings.events {
-            return Ok(());
-        }
-        let conn = self.connection()?;
-        let posted = conn.api.post_event(pod, node, kind, message);
-        if let Err(err) = conn.runtime.block_on(posted) {
-            tracing::warn!(pod = %pod, error = %err, "could not post the {} event", kind.1);
-        }
-        Ok(())
     }
 }
 
@@ -902,23 +883,23 @@ impl Cluster for KubeCluster {
             .block_on(conn.api.apply_claim_status(claim, devices))
     }
 
-    fn record_attachment(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        self.event(pod, node, ("Normal", ADDED_INTERFACE), message)
-    }
-
-    fn record_warning(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        self.event(pod, node, ("Warning", reason), message)
+    /// Posted as from the event's node, best effort (one attempt, failures logged).
+    fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
+        if !self.settings.events {
+            return Ok(());
+        }
+        let conn = self.connection()?;
+        let kind = (
+            if event.warning { "Warning" } else { "Normal" },
+            event.reason,
+        );
+        let posted = conn
+            .api
+            .post_event(event.pod, event.node, kind, event.message);
+        if let Err(err) = conn.runtime.block_on(posted) {
+            tracing::warn!(pod = %event.pod, error = %err, "could not post the {} event", event.reason);
+        }
+        Ok(())
     }
 }
 

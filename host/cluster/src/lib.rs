@@ -149,12 +149,9 @@ impl ClusterError {
     }
 }
 
-/// A source of pods and NetworkAttachmentDefinitions, and the sink for network-status.
+/// A source of pods and NetworkAttachmentDefinitions, and the sink for network-status and events.
 ///
 /// Implementations are synchronous: a CNI invocation is one short-lived process doing one thing at a time.
-///
-/// Events about a pod are reported as from `node`, the node the pod runs on (its `spec.nodeName`; `None` when the
-/// pod was not read): a node's identity may post events only as that node.
 pub trait Cluster {
     /// The pod; when `pod.uid` is set, a pod with another UID is [`ClusterError::UidMismatch`].
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError>;
@@ -178,13 +175,9 @@ pub trait Cluster {
     }
     /// Publishes the network-status annotation value (a JSON list, spec 5) on the pod.
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError>;
-    /// Records that an interface was added (a Kubernetes Event where the source supports it).
-    fn record_attachment(
-        &self,
-        _pod: &PodRef,
-        _node: Option<&str>,
-        _message: &str,
-    ) -> Result<(), ClusterError> {
+    /// Records an event about a pod (a Kubernetes Event where the source supports it): an interface added, or a
+    /// problem an operator should see.
+    fn record(&self, _event: &PodEvent<'_>) -> Result<(), ClusterError> {
         Ok(())
     }
     /// What an ADD publishes at its end: the network-status value, one AddedInterface record per secondary network,
@@ -202,7 +195,7 @@ pub trait Cluster {
     ) -> Result<(), ClusterError> {
         let status = self.write_status(pod, network_status);
         for message in attachments {
-            let _ = self.record_attachment(pod, node, message);
+            let _ = self.record(&PodEvent::attached(pod, node, message));
         }
         for (claim, devices) in claims {
             if let Err(e) = self.write_claim_status(pod, claim, devices) {
@@ -211,14 +204,46 @@ pub trait Cluster {
         }
         status
     }
-    /// Records a problem an operator should see on the pod (a Warning event where the source supports it).
-    fn record_warning(
-        &self,
-        _pod: &PodRef,
-        _node: Option<&str>,
-        _reason: &str,
-        _message: &str,
-    ) -> Result<(), ClusterError> {
-        Ok(())
+}
+
+/// An event about a pod, as the node the pod runs on reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodEvent<'a> {
+    pub pod: &'a PodRef,
+    /// The pod's node (its `spec.nodeName`; `None` when the pod was not read), which reports the event: a node's
+    /// identity may post events only as that node.
+    pub node: Option<&'a str>,
+    /// A Warning, or a Normal event.
+    pub warning: bool,
+    pub reason: &'a str,
+    pub message: &'a str,
+}
+
+impl<'a> PodEvent<'a> {
+    /// An interface added ([`ADDED_INTERFACE`]).
+    pub fn attached(pod: &'a PodRef, node: Option<&'a str>, message: &'a str) -> Self {
+        PodEvent {
+            pod,
+            node,
+            warning: false,
+            reason: ADDED_INTERFACE,
+            message,
+        }
+    }
+
+    /// A problem an operator should see, for `reason`.
+    pub fn warning(
+        pod: &'a PodRef,
+        node: Option<&'a str>,
+        reason: &'a str,
+        message: &'a str,
+    ) -> Self {
+        PodEvent {
+            pod,
+            node,
+            warning: true,
+            reason,
+            message,
+        }
     }
 }

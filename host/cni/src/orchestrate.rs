@@ -10,6 +10,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, Instant};
 
+use plexus_cluster::PodEvent;
 use plexus_core::cni::{ErrorCode, NetworkConfigList};
 use serde_json::{json, Value};
 
@@ -54,7 +55,7 @@ fn warn_pod(inv: &Invocation, fx: &Effects<'_>, node: Option<&str>, e: &PlexusEr
         return;
     }
     let message = crate::error::bounded(e.to_string());
-    if let Err(posted) = cluster.record_warning(pod, node, ADD_FAILED, &message) {
+    if let Err(posted) = cluster.record(&PodEvent::warning(pod, node, ADD_FAILED, &message)) {
         tracing::debug!(pod = %pod, "could not post the {ADD_FAILED} event: {posted}");
     }
 }

@@ -7,7 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::net::IpAddr;
 use std::path::{Path, PathBuf};
 
-use plexus_cluster::{Cluster, ClusterError, ObjectKind};
+use plexus_cluster::{Cluster, ClusterError, ObjectKind, PodEvent};
 
 use crate::podresources::FixedDevices;
 
@@ -232,16 +232,13 @@ impl Cluster for FakeCluster {
         Ok(())
     }
 
-    fn record_warning(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ClusterError> {
+    fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
+        if !event.warning {
+            return Ok(());
+        }
         self.warnings.borrow_mut().push((
-            format!("{pod} from {}", node.unwrap_or("?")),
-            format!("{reason}: {message}"),
+            format!("{} from {}", event.pod, event.node.unwrap_or("?")),
+            format!("{}: {}", event.reason, event.message),
         ));
         Ok(())
     }

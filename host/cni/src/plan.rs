@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use plexus_cluster::Cluster;
+use plexus_cluster::{Cluster, PodEvent};
 use plexus_core::cni::NetworkConfigList;
 use plexus_core::spec::naming::IfNameAllocator;
 use plexus_core::spec::resolve::{resolve_nad, OnDiskConf};
@@ -578,7 +578,8 @@ impl<'a> Planner<'a> {
             (self.fx.cluster, self.inv.pod.as_ref(), cluster_answered)
         {
             let node = pod.as_ref().and_then(|p| p.node_name.as_deref());
-            let _ = cluster.record_warning(pod_ref, node, TEARDOWN_INCOMPLETE, &message);
+            let event = PodEvent::warning(pod_ref, node, TEARDOWN_INCOMPLETE, &message);
+            let _ = cluster.record(&event);
         }
         (plan, cluster_answered)
     }

@@ -16,7 +16,7 @@ use std::os::unix::net::UnixStream;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use plexus_cluster::{Cluster, ClusterError};
+use plexus_cluster::{Cluster, ClusterError, PodEvent};
 use plexus_core::spec::dra::{ClaimName, DeviceNetworkData, PodClaims};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
@@ -365,13 +365,16 @@ impl Cluster for DaemonCluster<'_> {
         self.status_written(answer, pod, network_status)
     }
 
-    fn record_attachment(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        self.event(pod, node, None, message)
+    /// Posted by the daemon (as from its own node), or directly when it does not answer.
+    fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
+        if !self.conf.events {
+            return Ok(());
+        }
+        let request = event_request(event.pod, event.warning, event.reason, event.message);
+        match self.ask(&request, self.conf.timeout) {
+            Some(_) => Ok(()),
+            None => self.thin.record(event),
+        }
     }
 
     /// The status write, the claim writes and the AddedInterface events in one round trip; what the daemon does
@@ -412,45 +415,10 @@ impl Cluster for DaemonCluster<'_> {
         }
         for (message, answer) in events.iter().zip(answers) {
             if matches!(answer, Answer::Unsynced | Answer::Busy) {
-                let _ = self.thin.record_attachment(pod, node, message);
+                let _ = self.thin.record(&PodEvent::attached(pod, node, message));
             }
         }
         status
-    }
-
-    fn record_warning(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        self.event(pod, node, Some(reason), message)
-    }
-}
-
-impl DaemonCluster<'_> {
-    /// A Warning event with its reason, or an AddedInterface one: posted by the daemon (as from its own node), or
-    /// directly as from `node` when it does not answer.
-    fn event(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        warning: Option<&str>,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        if !self.conf.events {
-            return Ok(());
-        }
-        let reason = warning.unwrap_or(plexus_cluster::ADDED_INTERFACE);
-        match self.ask(
-            &event_request(pod, warning.is_some(), reason, message),
-            self.conf.timeout,
-        ) {
-            Some(_) => Ok(()),
-            None if warning.is_some() => self.thin.record_warning(pod, node, reason, message),
-            None => self.thin.record_attachment(pod, node, message),
-        }
     }
 }
 
@@ -523,14 +491,8 @@ impl Cluster for DelCluster<'_> {
         self.writes.write_claim_status(pod, claim, devices)
     }
 
-    fn record_warning(
-        &self,
-        pod: &PodRef,
-        node: Option<&str>,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        self.reads.record_warning(pod, node, reason, message)
+    fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
+        self.reads.record(event)
     }
 }
 
@@ -558,12 +520,8 @@ mod tests {
             self.calls.lock().unwrap().push("status".into());
             Ok(())
         }
-        fn record_attachment(
-            &self,
-            _: &PodRef,
-            _: Option<&str>,
-            message: &str,
-        ) -> Result<(), ClusterError> {
+        fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
+            let message = event.message;
             self.calls.lock().unwrap().push(format!("event {message}"));
             Ok(())
         }

@@ -20,7 +20,7 @@ use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use plexus_cluster::{Cluster, ClusterError, Lookup};
+use plexus_cluster::{Cluster, ClusterError, Lookup, PodEvent};
 use plexus_cni::cache::AttachmentCache;
 use plexus_cni::change::{Edit, Sandbox};
 use plexus_cni::effects::Effects;
@@ -478,35 +478,13 @@ impl Cluster for LocalCluster {
     }
 
     /// Posted by the daemon, as from its own node (the pod's).
-    fn record_attachment(
-        &self,
-        pod: &PodRef,
-        _node: Option<&str>,
-        message: &str,
-    ) -> Result<(), ClusterError> {
+    fn record(&self, event: &PodEvent<'_>) -> Result<(), ClusterError> {
         send_event(
             &self.shared,
-            pod.clone(),
-            false,
-            plexus_cluster::ADDED_INTERFACE.into(),
-            message.into(),
-        );
-        Ok(())
-    }
-
-    fn record_warning(
-        &self,
-        pod: &PodRef,
-        _node: Option<&str>,
-        reason: &str,
-        message: &str,
-    ) -> Result<(), ClusterError> {
-        send_event(
-            &self.shared,
-            pod.clone(),
-            true,
-            reason.into(),
-            message.into(),
+            event.pod.clone(),
+            event.warning,
+            event.reason.into(),
+            event.message.into(),
         );
         Ok(())
     }
