@@ -208,6 +208,11 @@ enable_nri = false
         self.dir.path().join("crio.sock")
     }
 
+    /// CRI-O's storage root (its images and the containers' root file systems).
+    pub fn storage(&self) -> PathBuf {
+        self.dir.path().join("storage")
+    }
+
     /// CRI-O's own log (its stderr): what it says about CNI calls.
     pub fn log(&self) -> String {
         std::fs::read_to_string(self.dir.path().join("crio.log")).unwrap_or_default()

@@ -56,6 +56,14 @@ impl Runtime {
         }
     }
 
+    /// The runtime's pid while it runs.
+    pub fn pid(&self) -> Option<u32> {
+        match self {
+            Runtime::Containerd(c) => c.pid(),
+            Runtime::CriO(c) => c.pid(),
+        }
+    }
+
     /// The CRI socket (kubelet's `containerRuntimeEndpoint`, critest's endpoints).
     pub fn socket(&self) -> PathBuf {
         match self {

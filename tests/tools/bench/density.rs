@@ -1,7 +1,8 @@
 //! Node density with secondary networks, as the field measures it (kube-burner's node-density-cni): N pods created
-//! at once on one real node (kubelet over containerd 2, placed by the real kube-scheduler), each with the cluster
+//! at once on one real node (kubelet over containerd 2, or CRI-O with `--runtime cri-o`, placed by the real
+//! kube-scheduler), each with the cluster
 //! network and two secondary networks (the reference bridge + host-local), until every pod is Ready; then all are
-//! deleted. Subjects, each on the same kubelet, containerd, NADs and delegates, interleaved round by round:
+//! deleted. Subjects, each on the same kubelet, runtime, NADs and delegates, interleaved round by round:
 //!
 //! - `floor`: the cluster network's conflist alone is the runtime's CNI configuration (no secondary networks);
 //! - `runtime-3`: the same three networks attached by the runtime itself, no multi-network plugin: containerd
@@ -27,8 +28,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::jiff::Timestamp;
 use plexus_tests::containerd::{self, Containerd};
 use plexus_tests::control_plane::Component;
+use plexus_tests::crio::{self, CriO};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
 use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
+use plexus_tests::runtime::{Runtime, RuntimeKind};
 use serde_json::{json, Value};
 
 use crate::cpu::{self, Of};
@@ -97,8 +100,12 @@ impl Agent {
 }
 
 pub fn density(o: &Opts) -> Result<Value, String> {
-    if !containerd::available() {
-        return Ok(json!({"skipped": "containerd or the cluster parts are not available"}));
+    let available = match o.runtime {
+        RuntimeKind::Containerd => containerd::available(),
+        RuntimeKind::CriO => crio::available(),
+    };
+    if !available {
+        return Ok(json!({"skipped": "the runtime or the cluster parts are not available"}));
     }
     let pods = o.density_pods;
     let rounds = if o.quick { 1 } else { o.density_rounds };
@@ -136,6 +143,9 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             .skip(round % SUBJECTS.len())
             .take(SUBJECTS.len());
         for &subject in order {
+            if subject == "runtime-3" && o.runtime == RuntimeKind::CriO {
+                continue;
+            }
             let conf_dir = w.root.join(format!("conf-{subject}"));
             let _ = std::fs::remove_dir_all(&conf_dir);
             std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
@@ -189,6 +199,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             };
             log(&format!("density: round {round}, {subject}: {pods} pods"));
             let burst = burst(
+                o.runtime,
                 &api,
                 &w,
                 &bin,
@@ -243,6 +254,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
         })
         .collect();
     Ok(json!({
+        "runtime": o.runtime.name(),
         "pods": pods,
         "rounds": rounds,
         "networks": w.nets.len(),
@@ -253,7 +265,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
     }))
 }
 
-/// containerd's CNI binary dir: `plexus` (the CNI-only binary, as nodes install it), `multus-shim`, the reference
+/// The runtime's CNI binary dir: `plexus` (the CNI-only binary, as nodes install it), `multus-shim`, the reference
 /// plugins.
 fn cni_bin_dir(o: &Opts, w: &World, multus: Option<&Path>) -> Result<PathBuf, String> {
     let bin = w.root.join("cni-bin");
@@ -288,9 +300,10 @@ fn write_conf(path: &Path, conf: &Value) -> Result<(), String> {
     std::fs::write(path, conf.to_string()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// One burst of `pods` pods on a fresh containerd and kubelet with `conf_dir` as the runtime's CNI configuration.
+/// One burst of `pods` pods on a fresh runtime and kubelet with `conf_dir` as the runtime's CNI configuration.
 #[allow(clippy::too_many_arguments)]
 fn burst(
+    kind: RuntimeKind,
     api: &KubeApiServer,
     w: &World,
     bin: &Path,
@@ -306,18 +319,32 @@ fn burst(
     } else {
         1
     };
-    let containerd = Containerd::start_measured(bin, conf_dir, networks);
+    // containerd serves its timer of the CNI calls on a metrics port; CRI-O is measured without one.
+    let runtime = match kind {
+        RuntimeKind::Containerd => {
+            Runtime::Containerd(Containerd::start_measured(bin, conf_dir, networks))
+        }
+        RuntimeKind::CriO => Runtime::CriO(CriO::start(bin, conf_dir, None)),
+    };
     let since = Timestamp::now();
-    let kubelet = Kubelet::start(api, &containerd.socket());
+    let kubelet = Kubelet::start(api, &runtime.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
     wait_heartbeat(api, &since)?;
     // Every burst starts from the same machine, whatever the bursts before it left.
-    let dropped = fresh_caches(&[
-        bin.to_path_buf(),
-        containerd.root(),
-        plexus_tests::parts::bin("containerd-shim-runc-v2"),
-        PathBuf::from("/usr/sbin/runc"),
-    ]);
+    let dropped = fresh_caches(&match &runtime {
+        Runtime::Containerd(c) => vec![
+            bin.to_path_buf(),
+            c.root(),
+            plexus_tests::parts::bin("containerd-shim-runc-v2"),
+            PathBuf::from("/usr/sbin/runc"),
+        ],
+        Runtime::CriO(c) => vec![
+            bin.to_path_buf(),
+            c.storage(),
+            PathBuf::from("/usr/bin/conmon"),
+            PathBuf::from("/usr/sbin/runc"),
+        ],
+    });
     let (settle_seconds, busy) = cpu::settle(QUIET_CORES, Duration::from_secs(120));
     if settle_seconds > 1.5 {
         log(&format!(
@@ -332,17 +359,18 @@ fn burst(
     };
     let requests_before = requests_of(api, users);
     let sampler = agent.pid().map(Sampler::start);
-    let ledger = cpu_ledger(api, &containerd, &kubelet, agent, control);
+    let ledger = cpu_ledger(api, &runtime, &kubelet, agent, control);
     let names: Vec<String> = (0..pods).map(|i| format!("p{i}")).collect();
     let limit = Duration::from_secs(60 + 2 * pods as u64);
     let watch = PodWatch::start(api, limit)?;
     let created = create_all(api, &names, &selection.join(","))?;
     let seen = watch.until_ready(&names).map_err(|e| {
-        let log = containerd.log();
+        let log = runtime.log();
         let lines: Vec<&str> = log.lines().collect();
         format!(
-            "density {subject}: {e}\nkubelet:\n{}\ncontainerd:\n{}",
+            "density {subject}: {e}\nkubelet:\n{}\n{}:\n{}",
             kubelet.log_tail(20),
+            kind.name(),
             lines[lines.len().saturating_sub(20)..].join("\n")
         )
     })?;
@@ -361,10 +389,11 @@ fn burst(
             ));
         }
     }
-    let setup_ms = containerd
-        .metrics()
-        .ok()
-        .and_then(|m| cni_mean_ms(&m, "set_up_pod"));
+    let cni_timer = |operation: &str| match &runtime {
+        Runtime::Containerd(c) => c.metrics().ok().and_then(|m| cni_mean_ms(&m, operation)),
+        Runtime::CriO(_) => None,
+    };
+    let setup_ms = cni_timer("set_up_pod");
     let api_requests = requests_of(api, users).saturating_sub(requests_before);
     let first = created.values().min().copied().unwrap_or(done);
     let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
@@ -385,13 +414,10 @@ fn burst(
         rss_kib(pid)
     });
     delete_all(api, pods)?;
-    let teardown_ms = containerd
-        .metrics()
-        .ok()
-        .and_then(|m| cni_mean_ms(&m, "tear_down_pod"));
+    let teardown_ms = cni_timer("tear_down_pod");
     let addresses = addresses_left(w);
     drop(kubelet);
-    drop(containerd);
+    drop(runtime);
     // Counted above; the next burst starts with every address free.
     w.clear_reservations();
     Ok(Burst {
@@ -413,7 +439,7 @@ fn burst(
 /// The parts of the node whose CPU time a burst counts, from the first create to the last pod Ready.
 fn cpu_ledger(
     api: &KubeApiServer,
-    containerd: &Containerd,
+    runtime: &Runtime,
     kubelet: &Kubelet,
     agent: &Agent,
     control: &[u32],
@@ -421,10 +447,10 @@ fn cpu_ledger(
     let (apiserver, etcd) = api.pids();
     let one = |pid: Option<u32>, of: Of| pid.map(|p| (p, of)).into_iter().collect::<Vec<_>>();
     cpu::Ledger::start(vec![
-        // The CNI plugin, its delegates and IPAM: what containerd execs and reaps (also the runc shim's start
-        // command, the same for every subject).
-        ("network plugins".into(), one(containerd.pid(), Of::Reaped)),
-        ("containerd".into(), one(containerd.pid(), Of::Own)),
+        // The CNI plugin, its delegates and IPAM: what the runtime execs and reaps (also containerd's runc shim
+        // start command, CRI-O's conmon and pinns: the same for every subject).
+        ("network plugins".into(), one(runtime.pid(), Of::Reaped)),
+        (runtime.kind().name().into(), one(runtime.pid(), Of::Own)),
         ("kubelet".into(), one(kubelet.pid(), Of::All)),
         ("node agent".into(), one(agent.pid(), Of::All)),
         ("kube-apiserver".into(), vec![(apiserver, Of::Own)]),

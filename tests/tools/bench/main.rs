@@ -81,6 +81,17 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 5,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     density_rounds: usize,
+    /// The container runtime of the density section's node.
+    #[arg(long, value_enum, default_value_t = Runtime::Containerd)]
+    runtime: Runtime,
+}
+
+/// A container runtime, as `--runtime` names it.
+#[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Runtime {
+    Containerd,
+    #[value(name = "cri-o")]
+    CriO,
 }
 
 /// A section of the benchmark, as `--only` names it.
@@ -116,6 +127,8 @@ struct Opts {
     /// Node density: pods per burst, and rounds of the four subjects.
     density_pods: usize,
     density_rounds: usize,
+    /// The density section's container runtime.
+    runtime: plexus_tests::runtime::RuntimeKind,
     /// Sections to run (all when empty).
     only: Vec<Section>,
 }
@@ -150,6 +163,10 @@ fn opts(args: Args) -> Result<Opts, String> {
         quick: args.quick,
         density_pods: args.density_pods,
         density_rounds: args.density_rounds,
+        runtime: match args.runtime {
+            Runtime::Containerd => plexus_tests::runtime::RuntimeKind::Containerd,
+            Runtime::CriO => plexus_tests::runtime::RuntimeKind::CriO,
+        },
         only: args.only,
     };
     if !o.plexus_cni.is_file() {

@@ -71,10 +71,11 @@ DENSITY_LABELS = (("floor", "cluster network alone (the floor)"),
 
 
 CPU_PARTS = [
-    ("network plugins", "network plugins: what containerd execs and reaps (the CNI plugin, its delegates, IPAM; "
-     "also the runc shim's start command)"),
+    ("network plugins", "network plugins: what the runtime execs and reaps (the CNI plugin, its delegates, IPAM; "
+     "also containerd's runc shim start command, CRI-O's conmon and pinns)"),
     ("node agent", "node agent (Plexus's or Multus's daemon)"),
     ("containerd", "containerd"),
+    ("cri-o", "CRI-O"),
     ("kubelet", "kubelet"),
     ("kube-apiserver", "kube-apiserver"),
     ("etcd", "etcd"),
@@ -93,7 +94,7 @@ def cpu_section(ds, w):
         return
     cpu = {k: {p: v["median"] for p, v in ds[k]["cpuMsPerPod"].items()} for k in keys}
     w("Where the node's CPU went from the first create to the last pod Ready: user + system ms per pod (median over "
-      "rounds). Each part is its processes' own time, or for *network plugins* the time of the children containerd "
+      "rounds). Each part is its processes' own time, or for *network plugins* the time of the children the runtime "
       "reaped; *the machine* is the whole node's busy time (`/proc/stat`: not idle, iowait or steal). On a node this "
       "busy the last pod is Ready about when the machine has done the burst's work, so the machine's CPU per pod adds "
       "up what a subject cost every process on the node, wherever its pods waited; it moves less between rounds than "
@@ -127,11 +128,16 @@ def density_section(dn, w, plot, m):
     w("")
     w(f"![Pod startup latency, node density](density.png)")
     w("")
-    w(f"As kube-burner's node-density-cni measures it, on one real node: kubelet over containerd 2 (from "
+    runtime = {"containerd": "containerd 2", "cri-o": "CRI-O 1.36"}.get(dn.get("runtime", "containerd"))
+    w(f"Runtime: **{runtime}** (`plexus-bench --runtime`; containerd unless it says otherwise). On CRI-O, which attaches "
+      "one CNI network per pod and serves no timer of its CNI calls, the subject of the three networks attached by "
+      "the runtime itself and the network set-up column are not measured.")
+    w("")
+    w(f"As kube-burner's node-density-cni measures it, on one real node: kubelet over {runtime} (from "
       f"tests/parts), pods placed by the real kube-scheduler. {dn['pods']} pods are created at once (four threads of "
       f"creates), each with the cluster network and {dn['networks'] - 1} secondary networks (NADs of the reference "
       "bridge + host-local, each its own bridge and subnet); when every pod is Ready they are all deleted. Each subject "
-      "gets a fresh containerd and kubelet whose CNI configuration is the subject's; the subjects run one after the "
+      "gets a fresh runtime and kubelet whose CNI configuration is the subject's; the subjects run one after the "
       f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
       "each subject's burst. Each burst starts from the same machine: the kernel's clean caches dropped (the memory "
       "cgroups of the pods before, kept until the page cache charged to them goes, pile up by the thousand over a run, "
