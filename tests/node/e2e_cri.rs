@@ -123,6 +123,7 @@ plexus_tests::on_each_runtime!(
     teardown_succeeds_with_the_api_hung_and_then_refused,
     teardown_after_the_cache_is_lost_and_a_nad_deleted_releases_the_rest,
     a_runtime_restart_between_add_and_teardown_leaks_nothing,
+    a_failed_add_leaves_nothing_and_the_runtime_cleans_up_with_del,
 );
 
 fn kubelets_sandbox_lifecycle_attaches_then_releases_everything(kind: RuntimeKind) {
@@ -244,4 +245,29 @@ fn a_runtime_restart_between_add_and_teardown_leaks_nothing(kind: RuntimeKind) {
     node.stop_and_remove(&id);
     assert_eq!(node.reservations(), vec![]);
     assert!(node.cache_files().is_empty());
+}
+
+fn a_failed_add_leaves_nothing_and_the_runtime_cleans_up_with_del(kind: RuntimeKind) {
+    let mut node = Node::new(kind, "side,missing");
+    let err = node
+        .runtime
+        .run_pod_sandbox(POD_NS, "web", "uid-web")
+        .expect_err("a sandbox of a missing NAD fails");
+    assert!(err.0.contains("missing"), "{err}");
+    // Plexus undid its own partial attachment before answering; each runtime then calls DEL for the sandbox it
+    // gives up (containerd and CRI-O both do), which finds nothing left to do.
+    assert_eq!(node.invocations("ADD"), 1, "{}", node.plexus_log());
+    assert!(
+        node.invocations("DEL") >= 1,
+        "{} calls DEL after a failed ADD:\n{}",
+        kind.name(),
+        node.plexus_log()
+    );
+    assert_eq!(node.reservations(), vec![], "no address held");
+    assert!(node.cache_files().is_empty(), "{:?}", node.cache_files());
+    assert!(
+        node.runtime.cri().list_pod_sandboxes().unwrap().is_empty(),
+        "{} keeps no sandbox of a failed RunPodSandbox",
+        kind.name()
+    );
 }
