@@ -74,8 +74,16 @@ fn move_node_dirs(v: &mut Value, root: &Path) {
     }
 }
 
-/// The DaemonSet's pod template as a pod bound to [`NODE`], with the stand-ins of the module's header.
-fn daemonset_pod(root: &Path, api: &KubeApiServer, ipam: &Path) -> Value {
+/// The DaemonSet's pod template as pod `name` bound to [`NODE`] running `image`, its token from secret `token`,
+/// with the stand-ins of the module's header.
+fn daemonset_pod(
+    root: &Path,
+    api: &KubeApiServer,
+    ipam: &Path,
+    name: &str,
+    image: &str,
+    token: &str,
+) -> Value {
     let text = std::fs::read_to_string(deploy_manifest("daemonset.yaml")).unwrap();
     let ds: Value = serde_saphyr::from_str(&text).unwrap();
     let mut spec = ds["spec"]["template"]["spec"].clone();
@@ -83,7 +91,7 @@ fn daemonset_pod(root: &Path, api: &KubeApiServer, ipam: &Path) -> Value {
     spec["nodeName"] = json!(NODE);
     spec["automountServiceAccountToken"] = json!(false);
     spec["volumes"].as_array_mut().unwrap().extend([
-        json!({"name": "sa-token", "secret": {"secretName": "plexus-token"}}),
+        json!({"name": "sa-token", "secret": {"secretName": token}}),
         json!({"name": "ipam", "hostPath": {"path": ipam, "type": "Directory"}}),
     ]);
     let service = [
@@ -92,7 +100,7 @@ fn daemonset_pod(root: &Path, api: &KubeApiServer, ipam: &Path) -> Value {
     ];
     for list in ["initContainers", "containers"] {
         for c in spec[list].as_array_mut().unwrap() {
-            c["image"] = json!(image::IMAGE);
+            c["image"] = json!(image);
             c["imagePullPolicy"] = json!("Never");
             let env = c["env"]
                 .as_array_mut()
@@ -119,7 +127,7 @@ fn daemonset_pod(root: &Path, api: &KubeApiServer, ipam: &Path) -> Value {
     }
     json!({
         "apiVersion": "v1", "kind": "Pod",
-        "metadata": {"name": format!("plexus-{NODE}"), "namespace": "kube-system",
+        "metadata": {"name": name, "namespace": "kube-system",
                      "labels": ds["spec"]["template"]["metadata"]["labels"].clone()},
         "spec": spec,
     })
@@ -152,121 +160,195 @@ fn interfaces(netns: &Path) -> Vec<(String, Vec<String>)> {
 }
 
 plexus_tests::on_each_runtime!(
-    the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private
+    the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private,
+    a_rolling_update_of_the_daemonset_fails_no_pod,
 );
 
-fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private(
+/// A node with the DaemonSet's directories, the cluster network's conf and three NADs, the runtime (the image in it
+/// under two tags, [`image::IMAGE`] and [`IMAGE_2`]) and a kubelet; no DaemonSet pod yet. Fields drop in order:
+/// kubelet (it must not start pods again), the runtime (its sandboxes' DEL runs the installed plugin), the API
+/// server, the host's bridges and store, and last the node's directories.
+struct DsNode {
     kind: RuntimeKind,
-) {
-    require_root_and_plugins();
-    // What this run covers: the manifest once failed where the root mount is private.
-    eprintln!(
-        "root mount: {}, /run/netns: {}",
-        propagation("/"),
-        propagation("/run/netns")
-    );
-    // The daemon runs delegates, privileged as a CNI plugin is (a cluster that runs CNI DaemonSets allows it).
-    let api = KubeApiServer::start(&[], &["--allow-privileged=true"]);
-    api.apply_file(&deploy_manifest("crds.yaml"));
-    api.apply_file(&deploy_manifest("rbac.yaml"));
-    api.apply_node_authority();
-    api.namespace(NS);
+    kubelet: Kubelet,
+    runtime: Runtime,
+    api: KubeApiServer,
+    ipam: IpamDir,
+    _bridges: Vec<(&'static str, HostBridge)>,
+    /// The subnet prefix (`a.b.c.`) of cluster-net, net-a, net-b, net-c.
+    prefixes: Vec<String>,
+    root: PathBuf,
+    _dir: tempfile::TempDir,
+}
 
-    let dir = tempfile::Builder::new()
-        .prefix("plx-ds-")
-        .tempdir_in("/var/tmp")
-        .unwrap();
-    let root = dir.path().join("node");
-    let node = |p: &str| root.join(p.trim_start_matches('/'));
-    for d in NODE_DIRS {
-        std::fs::create_dir_all(node(d)).unwrap();
-    }
-    // The plugins as files (a symlink to a host path would not resolve in the daemon's container).
-    for plugin in ["bridge", "host-local", "loopback"] {
-        std::fs::copy(
-            Path::new(cni_bin_dir()).join(plugin),
-            node("/opt/cni/bin").join(plugin),
+/// The second tag of the project's image: the same build, as a rolling update moves from one tag to another.
+const IMAGE_2: &str = "plexus.test/plexus:2";
+
+impl DsNode {
+    fn start(kind: RuntimeKind) -> DsNode {
+        require_root_and_plugins();
+        // What this run covers: the manifest once failed where the root mount is private.
+        eprintln!(
+            "root mount: {}, /run/netns: {}",
+            propagation("/"),
+            propagation("/run/netns")
+        );
+        // The daemon runs delegates, privileged as a CNI plugin is (a cluster that runs CNI DaemonSets allows it).
+        let api = KubeApiServer::start(&[], &["--allow-privileged=true"]);
+        api.apply_file(&deploy_manifest("crds.yaml"));
+        api.apply_file(&deploy_manifest("rbac.yaml"));
+        api.apply_node_authority();
+        api.namespace(NS);
+
+        let dir = tempfile::Builder::new()
+            .prefix("plx-ds-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let root = dir.path().join("node");
+        let node = |p: &str| root.join(p.trim_start_matches('/'));
+        for d in NODE_DIRS {
+            std::fs::create_dir_all(node(d)).unwrap();
+        }
+        // The plugins as files (a symlink to a host path would not resolve in the daemon's container).
+        for plugin in ["bridge", "host-local", "loopback"] {
+            std::fs::copy(
+                Path::new(cni_bin_dir()).join(plugin),
+                node("/opt/cni/bin").join(plugin),
+            )
+            .unwrap();
+        }
+        let ipam = IpamDir::new();
+        let bridges: Vec<(&str, HostBridge)> = ["cluster-net", "net-a", "net-b", "net-c"]
+            .into_iter()
+            .zip(["dcl", "dna", "dnb", "dnc"])
+            .map(|(net, tag)| (net, HostBridge::reserve(tag)))
+            .collect();
+        let confs: Vec<Value> = bridges
+            .iter()
+            .map(|(name, bridge)| bridge_host_local(name, bridge, &ipam))
+            .collect();
+        let prefixes = confs
+            .iter()
+            .map(|c| {
+                let subnet = c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+                    .as_str()
+                    .unwrap();
+                format!("{}.", subnet.rsplit_once('.').unwrap().0)
+            })
+            .collect();
+        std::fs::write(
+            node("/etc/cni/net.d").join("10-cluster.conflist"),
+            confs[0].to_string(),
         )
         .unwrap();
-    }
-    let ipam = IpamDir::new();
-    let bridges: Vec<(&str, HostBridge)> = ["cluster-net", "net-a", "net-b", "net-c"]
-        .into_iter()
-        .zip(["dcl", "dna", "dnb", "dnc"])
-        .map(|(net, tag)| (net, HostBridge::reserve(tag)))
-        .collect();
-    let confs: Vec<Value> = bridges
-        .iter()
-        .map(|(name, bridge)| bridge_host_local(name, bridge, &ipam))
-        .collect();
-    let prefix = |i: usize| {
-        let subnet = confs[i]["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
-            .as_str()
-            .unwrap();
-        format!("{}.", subnet.rsplit_once('.').unwrap().0)
-    };
-    std::fs::write(
-        node("/etc/cni/net.d").join("10-cluster.conflist"),
-        confs[0].to_string(),
-    )
-    .unwrap();
-    for (i, name) in ["net-a", "net-b", "net-c"].into_iter().enumerate() {
-        api.nad(NS, name, &confs[i + 1]);
+        for (i, name) in ["net-a", "net-b", "net-c"].into_iter().enumerate() {
+            api.nad(NS, name, &confs[i + 1]);
+        }
+
+        let runtime = Runtime::start(kind, &node("/opt/cni/bin"), &node("/etc/cni/net.d"));
+        let image_tar = dir.path().join("plexus.tar");
+        image::build(&image_tar);
+        runtime.load_image(&image_tar, image::IMAGE);
+        runtime.load_image(&image_tar, IMAGE_2);
+        let kubelet = Kubelet::start(&api, &runtime.socket());
+        DsNode {
+            kind,
+            kubelet,
+            runtime,
+            api,
+            ipam,
+            _bridges: bridges,
+            prefixes,
+            root,
+            _dir: dir,
+        }
     }
 
-    let runtime = Runtime::start(kind, &node("/opt/cni/bin"), &node("/etc/cni/net.d"));
-    let image_tar = dir.path().join("plexus.tar");
-    image::build(&image_tar);
-    runtime.load_image(&image_tar, image::IMAGE);
-    let kubelet = Kubelet::start(&api, &runtime.socket());
+    /// A node directory of [`NODE_DIRS`] as the test moved it.
+    fn node(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
 
-    // The pod first, then its token: one the API server binds to that pod on this node (the node-authority
-    // policy is installed), as the kubelet's projection of a service-account token would be. The kubelet waits
-    // for the secret to mount it.
-    let pod = api.create(&daemonset_pod(&root, &api, ipam.path()));
-    let answer = api.must(
-        "POST",
-        "/api/v1/namespaces/kube-system/serviceaccounts/plexus/token",
-        Some(&json!({
-            "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
-            "spec": {"expirationSeconds": 3600, "boundObjectRef": {
-                "apiVersion": "v1", "kind": "Pod",
-                "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}}
-        })),
-    );
-    let token = answer["status"]["token"].as_str().unwrap().to_string();
-    let ca = std::fs::read(api.ca_cert()).unwrap();
-    api.create(&json!({
-        "apiVersion": "v1", "kind": "Secret",
-        "metadata": {"name": "plexus-token", "namespace": "kube-system"},
-        // What a service account's token volume holds.
-        "data": {"token": base64(token.as_bytes()), "ca.crt": base64(&ca),
-                 "namespace": base64(b"kube-system")},
-    }));
+    /// The DaemonSet's pod `name` running `image`. The pod first, then its token: one the API server binds to that
+    /// pod on this node (the node-authority policy is installed), as the kubelet's projection of a
+    /// service-account token would be, in a secret of the pod's own. The kubelet waits for the secret to mount it.
+    fn run_daemon_pod(&self, name: &str, image: &str) {
+        let token_secret = format!("{name}-token");
+        let spec = daemonset_pod(
+            &self.root,
+            &self.api,
+            self.ipam.path(),
+            name,
+            image,
+            &token_secret,
+        );
+        let pod = self.api.create(&spec);
+        let answer = self.api.must(
+            "POST",
+            "/api/v1/namespaces/kube-system/serviceaccounts/plexus/token",
+            Some(&json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}}
+            })),
+        );
+        let token = answer["status"]["token"].as_str().unwrap().to_string();
+        let ca = std::fs::read(self.api.ca_cert()).unwrap();
+        self.api.create(&json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": token_secret, "namespace": "kube-system"},
+            // What a service account's token volume holds.
+            "data": {"token": base64(token.as_bytes()), "ca.crt": base64(&ca),
+                     "namespace": base64(b"kube-system")},
+        }));
+    }
 
-    let logs = || {
-        let log = runtime.log();
+    fn logs(&self, daemon_pod: &str) -> String {
+        let log = self.runtime.log();
         let lines: Vec<&str> = log.lines().collect();
         format!(
             "the DaemonSet's pod:\n{}\nkubelet:\n{}\n{}:\n{}",
-            container_logs(&format!("kube-system_plexus-{NODE}_")),
-            kubelet.log_tail(30),
-            kind.name(),
+            container_logs(&format!("kube-system_{daemon_pod}_")),
+            self.kubelet.log_tail(30),
+            self.kind.name(),
             lines[lines.len().saturating_sub(30)..].join("\n")
         )
-    };
-    let within = |secs: u64, what: &str, ok: &dyn Fn() -> bool| {
+    }
+
+    /// Waits (at most `secs`) until `ok` holds; names what was awaited and shows the logs if it does not.
+    #[track_caller]
+    fn within(&self, secs: u64, what: &str, daemon_pod: &str, ok: &dyn Fn() -> bool) {
         let start = Instant::now();
         while !ok() {
             assert!(
                 start.elapsed() < Duration::from_secs(secs),
                 "{what}: not within {secs} s\n{}",
-                logs()
+                self.logs(daemon_pod)
             );
             std::thread::sleep(Duration::from_millis(100));
         }
-    };
-    let daemon_pod = format!("/api/v1/namespaces/kube-system/pods/plexus-{NODE}");
+    }
+
+    fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        get(
+            &self.api,
+            &format!("/api/v1/namespaces/{namespace}/pods/{name}"),
+        )
+    }
+}
+
+fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private(
+    kind: RuntimeKind,
+) {
+    let ds = DsNode::start(kind);
+    let (api, ipam) = (&ds.api, &ds.ipam);
+    let node = |p: &str| ds.node(p);
+    let prefix = |i: usize| ds.prefixes[i].clone();
+    let daemon = format!("plexus-{NODE}");
+    ds.run_daemon_pod(&daemon, image::IMAGE);
+    let within = |secs: u64, what: &str, ok: &dyn Fn() -> bool| ds.within(secs, what, &daemon, ok);
+    let daemon_pod = format!("/api/v1/namespaces/kube-system/pods/{daemon}");
     within(60, "the DaemonSet's pod Ready", &|| {
         get(&api, &daemon_pod).is_some_and(|p| ready(&p))
     });
@@ -344,6 +426,113 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     within(60, "the DaemonSet's pod gone", &|| {
         get(&api, &daemon_pod).is_none()
     });
+}
+
+/// A rolling update of the DaemonSet on a node, as its controller does it with `maxUnavailable: 1`: the old pod is
+/// deleted, and once it is gone the new one (the image's second tag) is created and becomes Ready; pods are created
+/// all the while, one every 250 ms, each with the cluster network and two NADs. No pod's sandbox fails (the CNI
+/// plugin plans by itself while no daemon answers, and the hook set on disk stays in force: an ADD is never refused
+/// for want of one), each pod ends Running with its three networks in its network-status (the status writes of the
+/// gap are delivered), and once they are deleted nothing is held.
+fn a_rolling_update_of_the_daemonset_fails_no_pod(kind: RuntimeKind) {
+    let ds = DsNode::start(kind);
+    let old = format!("plexus-{NODE}");
+    ds.run_daemon_pod(&old, image::IMAGE);
+    ds.within(60, "the old DaemonSet pod Ready", &old, &|| {
+        ds.pod("kube-system", &old).is_some_and(|p| ready(&p))
+    });
+
+    let new = format!("plexus-{NODE}-2");
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let created: Vec<String> = std::thread::scope(|scope| {
+        let churn = scope.spawn(|| {
+            let mut names = Vec::new();
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let name = format!("churn-{}", names.len());
+                ds.api.create(&pod_on_node(NS, &name, "net-a,net-b"));
+                names.push(name);
+                std::thread::sleep(Duration::from_millis(250));
+            }
+            names
+        });
+        // Some pods under the old daemon, then the update.
+        std::thread::sleep(Duration::from_secs(2));
+        let (code, body) = ds
+            .api
+            .request(
+                "DELETE",
+                &format!("/api/v1/namespaces/kube-system/pods/{old}"),
+                None,
+            )
+            .unwrap();
+        assert_eq!(code, 200, "{body}");
+        ds.within(60, "the old DaemonSet pod gone", &old, &|| {
+            ds.pod("kube-system", &old).is_none()
+        });
+        ds.run_daemon_pod(&new, IMAGE_2);
+        ds.within(60, "the new DaemonSet pod Ready", &new, &|| {
+            ds.pod("kube-system", &new).is_some_and(|p| ready(&p))
+        });
+        // Some pods under the new daemon.
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        churn.join().unwrap()
+    });
+    eprintln!(
+        "{}: {} pods created during the update",
+        kind.name(),
+        created.len()
+    );
+    assert!(created.len() >= 10, "{created:?}");
+
+    ds.within(120, "every pod of the churn Running", &new, &|| {
+        created.iter().all(|n| {
+            ds.pod(NS, n)
+                .is_some_and(|p| p["status"]["phase"] == "Running")
+        })
+    });
+    let failed: Vec<(String, String)> = created
+        .iter()
+        .flat_map(|n| ds.api.events_of(NS, n, "FailedCreatePodSandBox"))
+        .collect();
+    assert_eq!(failed, vec![], "no sandbox failed during the update");
+    ds.within(
+        60,
+        "every pod's network-status of three networks",
+        &new,
+        &|| {
+            created
+                .iter()
+                .all(|n| ds.api.network_status(NS, n).len() == 3)
+        },
+    );
+    let new_pod = ds.pod("kube-system", &new).unwrap();
+    assert_eq!(
+        new_pod["status"]["containerStatuses"][0]["restartCount"], 0,
+        "{}",
+        new_pod["status"]
+    );
+
+    for n in &created {
+        let (code, body) = ds
+            .api
+            .request("DELETE", &format!("/api/v1/namespaces/{NS}/pods/{n}"), None)
+            .unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    let attachments = ds.node("/var/lib/plexus").join("attachments");
+    ds.within(
+        120,
+        "the pods gone and their addresses released",
+        &new,
+        &|| {
+            created.iter().all(|n| ds.pod(NS, n).is_none())
+                && ["cluster-net", "net-a", "net-b"]
+                    .iter()
+                    .all(|n| ds.ipam.reserved_ips(n).is_empty())
+                && list_cache(&attachments).is_empty()
+        },
+    );
 }
 
 /// The last lines of each container log kubelet wrote for the pod whose log directory starts with `prefix`.

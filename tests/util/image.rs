@@ -52,8 +52,8 @@ pub fn import(containerd: &Containerd, image: &Path) {
     import_as(containerd, image, IMAGE);
 }
 
-/// Imports the image tar at `image` into `containerd` with the snapshotter its CRI uses, and checks that it is
-/// listed as `name` (the name inside the tar).
+/// Imports the image tar at `image` into `containerd` with the snapshotter its CRI uses, tags it `name` when that
+/// is not the name inside the tar, and checks that it is listed as `name`.
 pub fn import_as(containerd: &Containerd, image: &Path, name: &str) {
     let import = ctr(
         containerd,
@@ -70,9 +70,30 @@ pub fn import_as(containerd: &Containerd, image: &Path, name: &str) {
         "import: {}",
         String::from_utf8_lossy(&import.stderr)
     );
+    let index = Command::new("tar")
+        .arg("-xOf")
+        .arg(image)
+        .arg("index.json")
+        .output()
+        .expect("tar");
+    let index: serde_json::Value = serde_json::from_slice(&index.stdout).unwrap_or_default();
+    let own = index["manifests"][0]["annotations"]["io.containerd.image.name"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    if own != name {
+        let tag = ctr(containerd, &["images", "tag", "--force", &own, name]);
+        assert!(
+            tag.status.success(),
+            "ctr images tag {own} {name}: {}",
+            String::from_utf8_lossy(&tag.stderr)
+        );
+    }
     let listed = ctr(containerd, &["images", "ls", "-q"]);
     assert!(
-        String::from_utf8_lossy(&listed.stdout).contains(name),
+        String::from_utf8_lossy(&listed.stdout)
+            .lines()
+            .any(|l| l == name),
         "{name} not listed after the import"
     );
 }
