@@ -1016,12 +1016,19 @@ fn a_node_left_by_a_deleted_daemonset_fails_new_pods_naming_why() {
     let uid = c.selecting_pod("web", "net-a");
     let revoked = c.sb.path("revoked.kubeconfig");
     c.api.write_kubeconfig(&revoked, "token-of-a-deleted-pod");
+    // It waits this long for a new token (a rolling update's next pod writes one), and none comes.
     let conf = c.sb.conf(json!({
-        "cluster": {"source": "kube", "kubeconfig": revoked, "deadlineMs": 5000, "retries": 1},
+        "cluster": {"source": "kube", "kubeconfig": revoked, "deadlineMs": 5000, "retries": 1,
+                    "credentialsWaitMs": 1000},
     }));
     // No daemon answers on the node any more.
     assert!(!c.socket().exists());
+    let started = std::time::Instant::now();
     let run = c.add("c1", "web", &uid, &conf);
+    assert!(
+        started.elapsed() >= Duration::from_secs(1),
+        "it waited for new credentials"
+    );
     assert_eq!(run.code(), 5, "{}", run.stdout);
     let msg = run.msg();
     assert!(msg.contains("401 Unauthorized"), "{msg}");

@@ -47,6 +47,9 @@ pub struct KubeSettings {
     pub conflict_retries: u32,
     /// Post an `AddedInterface` Event on the pod for each attachment.
     pub events: bool,
+    /// How long a call whose node credentials the API server refuses (401) waits for `plexus install` to write
+    /// new ones (see [`KubeCluster`]); 0 fails at once.
+    pub credentials_wait_ms: u64,
     /// The credentials are the node's CNI plugin's (its conf's kubeconfig, which `plexus install` wrote): a 401
     /// then names the uninstall step a deleted DaemonSet leaves undone. Not a key of the conf.
     #[serde(skip)]
@@ -64,6 +67,7 @@ impl Default for KubeSettings {
             max_backoff_ms: 3000,
             conflict_retries: 5,
             events: true,
+            credentials_wait_ms: CREDENTIALS_WAIT.as_millis() as u64,
             node_credentials: false,
         }
     }
@@ -99,16 +103,48 @@ pub use explain::{explain, Unreachable};
 use request::{Failure, Op};
 pub use resolve::{ConfigSource, KubectlSelection};
 
-/// A cluster source backed by the Kubernetes API server.
+/// A cluster source backed by the Kubernetes API server, for a CNI process.
+///
+/// A call the API server refuses with the node's CNI credentials (401, [`ClusterError::CredentialsRefused`]) waits,
+/// at most `credentialsWaitMs` ([`CREDENTIALS_WAIT`] by default), for the kubeconfig to be rewritten, and is then made once more with the new one.
+/// Those credentials are the token of the plexus DaemonSet's pod, which `plexus install` writes: it dies with that
+/// pod, and in a rolling update of the DaemonSet the next pod's installer writes its own a few seconds later. So an
+/// ADD in that gap waits for the new token instead of failing; after a deletion of the DaemonSet without the
+/// node's uninstall step, no new token comes and the error names that step.
 pub struct KubeCluster {
     settings: KubeSettings,
     /// Built on first use; shared by every later call.
     conn: Mutex<Option<Arc<Connection>>>,
 }
 
+/// How long a call whose node credentials were refused waits for new ones by default (`credentialsWaitMs`, see
+/// [`KubeCluster`]): a DaemonSet pod's replacement, its image present, starts in seconds; the kubelet gives a
+/// sandbox's set-up two minutes.
+pub const CREDENTIALS_WAIT: Duration = Duration::from_secs(60);
+
+/// How often the kubeconfig is read while waiting for new credentials.
+const CREDENTIALS_POLL: Duration = Duration::from_millis(200);
+
+/// The most of a kubeconfig read to compare it (it is read in full, bounded, when the client is built).
+const KUBECONFIG_MAX_BYTES: u64 = 1 << 20;
+
 struct Connection {
     runtime: tokio::runtime::Runtime,
     api: KubeApi,
+    /// The kubeconfig's bytes when the client was built (read just before it), to see it rewritten.
+    kubeconfig: Option<Vec<u8>>,
+}
+
+/// The file at `path`, at most [`KUBECONFIG_MAX_BYTES`] of it; `None` if it cannot be read.
+fn read_kubeconfig(path: &std::path::Path) -> Option<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)
+        .ok()?
+        .take(KUBECONFIG_MAX_BYTES)
+        .read_to_end(&mut bytes)
+        .ok()?;
+    Some(bytes)
 }
 
 impl std::fmt::Debug for KubeCluster {
@@ -213,11 +249,71 @@ impl KubeCluster {
             .enable_all()
             .build()
             .map_err(|e| ClusterError::io("tokio runtime for the kube cluster source", &e))?;
+        let kubeconfig = self
+            .settings
+            .kubeconfig
+            .as_deref()
+            .and_then(read_kubeconfig);
         // The client spawns its request buffer onto the runtime it is built in.
         let api = runtime.block_on(KubeApi::connect(self.settings.clone()))?;
-        let conn = Arc::new(Connection { runtime, api });
+        let conn = Arc::new(Connection {
+            runtime,
+            api,
+            kubeconfig,
+        });
         *slot = Some(conn.clone());
         Ok(conn)
+    }
+
+    /// Runs `call` on the connection; when the node's credentials are refused, waits for new ones (see
+    /// [`KubeCluster`]) and runs it once more on a connection built from them.
+    fn with_api<T, F, Fut>(&self, call: F) -> Result<T, ClusterError>
+    where
+        F: Fn(KubeApi) -> Fut,
+        Fut: std::future::Future<Output = Result<T, ClusterError>>,
+    {
+        let conn = self.connection()?;
+        match conn.runtime.block_on(call(conn.api.clone())) {
+            Err(refused @ ClusterError::CredentialsRefused { .. }) => {
+                let wait = Duration::from_millis(self.settings.credentials_wait_ms);
+                if !self.renewed_credentials(&conn, wait) {
+                    return Err(refused);
+                }
+                tracing::info!(
+                    "the node's credentials were rewritten; trying again with the new ones"
+                );
+                let conn = self.connection()?;
+                conn.runtime.block_on(call(conn.api.clone()))
+            }
+            other => other,
+        }
+    }
+
+    /// Waits, at most `wait`, until the kubeconfig differs from the one `conn` was built from; then drops `conn`,
+    /// so that the next call builds a client from the new file. Whether it changed.
+    fn renewed_credentials(&self, conn: &Arc<Connection>, wait: Duration) -> bool {
+        let Some(path) = self.settings.kubeconfig.as_deref() else {
+            return false;
+        };
+        tracing::warn!(kubeconfig = %path.display(), "the API server refused the node's credentials; waiting up to {} s for new ones", wait.as_secs());
+        let deadline = std::time::Instant::now() + wait;
+        loop {
+            let now = read_kubeconfig(path);
+            if now.is_some() && now != conn.kubeconfig {
+                let mut slot = self
+                    .conn
+                    .lock()
+                    .unwrap_or_else(|poisoned| poisoned.into_inner());
+                if slot.as_ref().is_some_and(|c| Arc::ptr_eq(c, conn)) {
+                    *slot = None;
+                }
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(CREDENTIALS_POLL);
+        }
     }
 }
 
@@ -848,8 +944,7 @@ fn status_patch(network_status: &str) -> serde_json::Value {
 
 impl Cluster for KubeCluster {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
-        let conn = self.connection()?;
-        conn.runtime.block_on(conn.api.pod(pod))
+        self.with_api(|api| async move { api.pod(pod).await })
     }
 
     fn nad(
@@ -857,19 +952,15 @@ impl Cluster for KubeCluster {
         namespace: &str,
         name: &str,
     ) -> Result<NetworkAttachmentDefinition, ClusterError> {
-        let conn = self.connection()?;
-        conn.runtime.block_on(conn.api.nad(namespace, name))
+        self.with_api(|api| async move { api.nad(namespace, name).await })
     }
 
     fn write_status(&self, pod: &PodRef, network_status: &str) -> Result<(), ClusterError> {
-        let conn = self.connection()?;
-        conn.runtime
-            .block_on(conn.api.write_status(pod, network_status))
+        self.with_api(|api| async move { api.write_status(pod, network_status).await })
     }
 
     fn pod_claims(&self, pod: &Pod) -> Result<PodClaims, ClusterError> {
-        let conn = self.connection()?;
-        conn.runtime.block_on(conn.api.pod_claims(pod))
+        self.with_api(|api| async move { api.pod_claims(pod).await })
     }
 
     fn write_claim_status(
@@ -878,9 +969,7 @@ impl Cluster for KubeCluster {
         claim: &ClaimName,
         devices: &[DeviceNetworkData],
     ) -> Result<(), ClusterError> {
-        let conn = self.connection()?;
-        conn.runtime
-            .block_on(conn.api.apply_claim_status(claim, devices))
+        self.with_api(|api| async move { api.apply_claim_status(claim, devices).await })
     }
 
     /// Posted as from the event's node, best effort (one attempt, failures logged).
@@ -1086,6 +1175,144 @@ mod tests {
         assert!(
             err.starts_with("invalid kubeconfig /nonexistent/kubeconfig"),
             "{err}"
+        );
+    }
+
+    /// An API server that answers a GET of pod team/web with the pod to `Bearer new` and 401 to anything else;
+    /// the number of requests it got.
+    fn token_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
+        use std::io::{BufRead, Write};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+        let count = seen.clone();
+        std::thread::spawn(move || {
+            for conn in listener.incoming().flatten() {
+                let count = count.clone();
+                std::thread::spawn(move || {
+                    let mut writer = conn.try_clone().unwrap();
+                    let mut reader = std::io::BufReader::new(conn);
+                    loop {
+                        let mut authorized = false;
+                        loop {
+                            let mut line = String::new();
+                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
+                                return;
+                            }
+                            if line == "\r\n" {
+                                break;
+                            }
+                            authorized |=
+                                line.to_ascii_lowercase().trim_end() == "authorization: bearer new";
+                        }
+                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                        let (code, body) = if authorized {
+                            (
+                                "200 OK",
+                                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"team","uid":"u1"}}"#,
+                            )
+                        } else {
+                            (
+                                "401 Unauthorized",
+                                r#"{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Unauthorized","code":401,"message":"Unauthorized"}"#,
+                            )
+                        };
+                        let answer = format!("HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
+                        if writer.write_all(answer.as_bytes()).is_err() {
+                            return;
+                        }
+                    }
+                });
+            }
+        });
+        (url, seen)
+    }
+
+    fn kubeconfig(url: &str, token: &str) -> String {
+        format!(
+            "apiVersion: v1\nkind: Config\nclusters: [{{name: c, cluster: {{server: \"{url}\"}}}}]\n\
+             users: [{{name: u, user: {{token: {token}}}}}]\ncontexts: [{{name: x, context: {{cluster: c, user: u}}}}]\n\
+             current-context: x\n"
+        )
+    }
+
+    fn node_cluster(path: &std::path::Path, wait: Duration) -> KubeCluster {
+        KubeCluster::new(KubeSettings {
+            kubeconfig: Some(path.to_path_buf()),
+            node_credentials: true,
+            events: false,
+            credentials_wait_ms: wait.as_millis() as u64,
+            ..KubeSettings::default()
+        })
+        .unwrap()
+    }
+
+    #[test]
+    fn refused_node_credentials_wait_for_the_installer_to_write_new_ones() {
+        let (url, seen) = token_server();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plexus.kubeconfig");
+        std::fs::write(&path, kubeconfig(&url, "old")).unwrap();
+        let cluster = node_cluster(&path, Duration::from_secs(30));
+        let writer = {
+            let (path, url) = (path.clone(), url.clone());
+            std::thread::spawn(move || {
+                std::thread::sleep(Duration::from_millis(500));
+                std::fs::write(&path, kubeconfig(&url, "new")).unwrap();
+            })
+        };
+        let started = std::time::Instant::now();
+        let web = PodRef {
+            namespace: "team".into(),
+            name: "web".into(),
+            uid: None,
+        };
+        let pod = cluster
+            .pod(&web)
+            .expect("answered once the new token is written");
+        writer.join().unwrap();
+        assert_eq!(pod.uid.as_deref(), Some("u1"));
+        assert!(
+            started.elapsed() >= Duration::from_millis(500),
+            "it waited for the rewrite"
+        );
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            2,
+            "the 401, then one call with the new token"
+        );
+    }
+
+    #[test]
+    fn refused_node_credentials_that_nobody_renews_fail_naming_the_uninstall_step() {
+        let (url, seen) = token_server();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plexus.kubeconfig");
+        std::fs::write(&path, kubeconfig(&url, "old")).unwrap();
+        let cluster = node_cluster(&path, Duration::from_millis(600));
+        let web = PodRef {
+            namespace: "team".into(),
+            name: "web".into(),
+            uid: None,
+        };
+        let started = std::time::Instant::now();
+        let err = cluster.pod(&web).unwrap_err();
+        assert!(
+            matches!(err, ClusterError::CredentialsRefused { .. }),
+            "{err:?}"
+        );
+        assert!(
+            err.to_string().contains("plexus install --uninstall"),
+            "{err}"
+        );
+        assert!(
+            started.elapsed() >= Duration::from_millis(600),
+            "it waited its bound"
+        );
+        assert_eq!(
+            seen.load(std::sync::atomic::Ordering::SeqCst),
+            1,
+            "not asked again with the same token"
         );
     }
 

@@ -114,6 +114,10 @@ pub enum ClusterError {
     },
     #[error("forbidden: {message}")]
     Forbidden { message: String },
+    /// The API server refused the node's CNI credentials (401): those `plexus install` wrote, which end with the
+    /// DaemonSet pod they belong to (see [`crate::KubeCluster`] for how a call waits for new ones).
+    #[error("forbidden: {message}")]
+    CredentialsRefused { message: String },
     #[error("cluster source unavailable: {message}")]
     Unavailable { message: String },
     #[error("invalid {what}: {reason}")]

@@ -162,7 +162,9 @@ impl PlexusError {
                 ClusterError::UidMismatch { .. } | ClusterError::Unavailable { .. } => {
                     ErrorCode::TryAgainLater.code()
                 }
-                ClusterError::Forbidden { .. } | ClusterError::Io { .. } => ErrorCode::Io.code(),
+                ClusterError::Forbidden { .. }
+                | ClusterError::CredentialsRefused { .. }
+                | ClusterError::Io { .. } => ErrorCode::Io.code(),
             },
             // A hook that cannot be loaded is a configuration problem of the node.
             PlexusError::Hook(HookError::Load { .. } | HookError::Config(_)) => {

@@ -282,7 +282,9 @@ impl KubeApi {
             },
             Failure::Api(status) => match (status.code, &self.settings.kubeconfig) {
                 (401, Some(kubeconfig)) if self.settings.node_credentials => {
-                    ClusterError::forbidden(unauthorized(&self.server, &op.describe(), kubeconfig))
+                    ClusterError::CredentialsRefused {
+                        message: unauthorized(&self.server, &op.describe(), kubeconfig),
+                    }
                 }
                 _ => op.answered(&self.server, object, &status),
             },
