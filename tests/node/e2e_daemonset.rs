@@ -350,9 +350,9 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     let within = |secs: u64, what: &str, ok: &dyn Fn() -> bool| ds.within(secs, what, &daemon, ok);
     let daemon_pod = format!("/api/v1/namespaces/kube-system/pods/{daemon}");
     within(60, "the DaemonSet's pod Ready", &|| {
-        get(&api, &daemon_pod).is_some_and(|p| ready(&p))
+        get(api, &daemon_pod).is_some_and(|p| ready(&p))
     });
-    let pod = get(&api, &daemon_pod).unwrap();
+    let pod = get(api, &daemon_pod).unwrap();
     assert!(
         pod["status"]["containerStatuses"][0]["restartCount"] == 0,
         "{}",
@@ -376,7 +376,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     api.create(&web);
     let web_path = format!("/api/v1/namespaces/{NS}/pods/web");
     within(90, "the pod with two NADs Running", &|| {
-        get(&api, &web_path).is_some_and(|p| p["status"]["phase"] == "Running")
+        get(api, &web_path).is_some_and(|p| p["status"]["phase"] == "Running")
     });
     let attachments = node("/var/lib/plexus").join("attachments");
     let ids = list_cache(&attachments);
@@ -415,7 +415,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     let (code, body) = api.request("DELETE", &web_path, None).unwrap();
     assert_eq!(code, 200, "{body}");
     within(90, "the pod gone and its addresses released", &|| {
-        get(&api, &web_path).is_none()
+        get(api, &web_path).is_none()
             && ["cluster-net", "net-a", "net-b", "net-c"]
                 .iter()
                 .all(|n| ipam.reserved_ips(n).is_empty())
@@ -424,7 +424,7 @@ fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_priva
     let (code, body) = api.request("DELETE", &daemon_pod, None).unwrap();
     assert_eq!(code, 200, "{body}");
     within(60, "the DaemonSet's pod gone", &|| {
-        get(&api, &daemon_pod).is_none()
+        get(api, &daemon_pod).is_none()
     });
 }
 
