@@ -337,9 +337,10 @@ impl Drop for Containerd {
     }
 }
 
-/// containerd's CNI directories in `sb`: `cni-bin` with `plexus` (the binary given) beside the reference plugins,
+/// A runtime's CNI directories in `sb`: `cni-bin` with `plexus` (the binary given) beside the reference plugins,
 /// and `cni-conf` with `00-plexus.conflist`, a list of the one plexus conf `plexus_conf` (as
-/// [`crate::plexus::Sandbox::conf`] makes it: its `cniVersion` and `name` go to the list). Returns both dirs.
+/// [`crate::plexus::Sandbox::conf`] makes it: its `cniVersion` goes to the list), named `plexus-<sandbox>`. Returns
+/// both dirs.
 pub fn cni_dirs(
     sb: &crate::plexus::Sandbox,
     plexus: &Path,
@@ -360,7 +361,18 @@ pub fn cni_dirs(
     let obj = plexus_conf.as_object_mut().expect("a plexus conf object");
     obj.remove("cniVersion");
     obj.remove("name");
-    let list = json!({"cniVersion": "1.0.0", "name": "plexus", "plugins": [plexus_conf]});
+    // A name of this sandbox's own: the runtimes keep each sandbox's result under the list's name in the host's
+    // /var/lib/cni, and CRI-O, when it starts, tears down every attachment cached under the names of its lists
+    // that is not one of its own sandboxes (libcni's GC for lists before CNI 1.1), whichever runtime made it.
+    let name = format!(
+        "plexus-{}",
+        sb.root
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default()
+    );
+    let list = json!({"cniVersion": "1.0.0", "name": name, "plugins": [plexus_conf]});
     std::fs::write(conf.join("00-plexus.conflist"), list.to_string()).expect("the conflist");
     (bin, conf)
 }
