@@ -4,33 +4,37 @@
 //!
 //! Everything here is driven by an [`invocation::Invocation`] value: no process-global state, no exit, no
 //! reading of the environment or stdin below the entry point in `main.rs`.
+//!
+//! Public are the modules the node (`plexus-node`), the command line and the tests use: the entry point, the
+//! conf, the daemon's wire, the cache, hooks, plans, change sets, errors, logging, uninstall. The rest (the
+//! orchestration of a verb, delegate runs, locks, the DEL record, teardown) is this crate's own.
 
-pub mod attach;
+mod attach;
 pub mod cache;
 pub mod change;
 pub mod cli;
 mod compat;
 pub mod conf;
 pub mod daemon;
-pub mod deleted;
-pub mod device_info;
+mod deleted;
+mod device_info;
 mod devices;
 pub mod effects;
 pub mod entry;
 pub mod error;
 pub mod exec;
 pub mod hooks;
-pub mod invocation;
-pub mod lock;
+mod invocation;
+mod lock;
 pub mod logging;
-pub mod orchestrate;
+mod orchestrate;
 pub mod plan;
 pub mod podnet;
 pub mod podresources;
-pub mod publish;
-pub mod runner;
-pub mod spawn;
-pub mod teardown;
+mod publish;
+mod runner;
+mod spawn;
+mod teardown;
 pub mod uninstall;
 
 #[cfg(test)]
