@@ -16,7 +16,7 @@ step() { printf '\n==> [%ds] %s\n' "$SECONDS" "$*" >&2; }
 step "set-up (apt packages, guest toolchain)"
 bash tests/setup.sh
 
-step "set-up: Kubernetes, etcd, containerd, cri-tools and the CNI plugins from the Go module proxy (built once per machine, then cached)"
+step "set-up: Kubernetes, etcd, containerd, CRI-O, cri-tools and the CNI plugins from the Go module proxy (built once per machine, then cached)"
 PLEXUS_PARTS=$(bash tests/parts.sh)
 export PLEXUS_PARTS
 

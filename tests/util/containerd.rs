@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use serde_json::json;
 use sha2::{Digest, Sha256};
@@ -249,23 +249,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             .spawn()
             .expect("start containerd");
         self.child = Some(child);
-        // Ready when the CRI answers a status query for a sandbox that does not exist.
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(2)) {
-                if let Err(CriError(msg)) = cri.pod_sandbox_status("probe") {
-                    if msg.contains("NotFound") {
-                        return;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < end,
-                "containerd did not come up within 30 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::cri::wait_until_serving(&self.socket(), "containerd", || self.log());
     }
 
     /// kill -9 of containerd (its shims and sandboxes live on, as on a real node), then a fresh start on the
@@ -298,19 +282,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 impl Drop for Containerd {
     fn drop(&mut self) {
         if self.child.is_some() {
-            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(10)) {
-                // Those a kubelet ran too: their DEL releases what the CNI plugin attached.
-                let mut ids = self.sandboxes.clone();
-                for sandbox in cri.list_pod_sandboxes().unwrap_or_default() {
-                    if !ids.contains(&sandbox.id) {
-                        ids.push(sandbox.id);
-                    }
-                }
-                for id in &ids {
-                    let _ = cri.stop_pod_sandbox(id);
-                    let _ = cri.remove_pod_sandbox(id);
-                }
-            }
+            crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -318,14 +290,7 @@ impl Drop for Containerd {
         }
         // Shims outlive containerd by design; they name its socket on their command line.
         let socket = self.socket().display().to_string();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmd).contains(&socket) {
-                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
-                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                }
-            }
-        }
+        crate::kill_processes_naming(&socket);
         // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
         let root = self.dir.path().display().to_string();
         crate::unmount_deepest_first(

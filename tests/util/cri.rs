@@ -246,3 +246,42 @@ impl Cri {
         self.call("/runtime.v1.RuntimeService/PodSandboxStatus", req)
     }
 }
+
+/// Waits, at most 30 s, until the runtime `what` serves its CRI on `socket`: it answers a status query for a sandbox
+/// that does not exist. Fails the test with `log()` otherwise.
+pub fn wait_until_serving(socket: &Path, what: &str, log: impl Fn() -> String) {
+    let end = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        if let Ok(cri) = Cri::connect(socket, Duration::from_secs(2)) {
+            if let Err(CriError(msg)) = cri.pod_sandbox_status("probe") {
+                if msg.contains("NotFound") || msg.contains("not found") {
+                    return;
+                }
+            }
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "{what} did not come up within 30 s:\n{}",
+            log()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// Stops and removes the sandboxes `known` and every other one the runtime on `socket` lists (a kubelet's), so
+/// that their DEL releases what the CNI plugin attached. Best effort: a runtime that does not answer is left.
+pub fn remove_every_sandbox(socket: &Path, known: &[String]) {
+    let Ok(cri) = Cri::connect(socket, Duration::from_secs(10)) else {
+        return;
+    };
+    let mut ids = known.to_vec();
+    for sandbox in cri.list_pod_sandboxes().unwrap_or_default() {
+        if !ids.contains(&sandbox.id) {
+            ids.push(sandbox.id);
+        }
+    }
+    for id in &ids {
+        let _ = cri.stop_pod_sandbox(id);
+        let _ = cri.remove_pod_sandbox(id);
+    }
+}

@@ -29,7 +29,7 @@
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Mutex;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cri::{Cri, CriError};
 use crate::registry::Registry;
@@ -273,23 +273,7 @@ enable_nri = false
             .spawn()
             .expect("start crio");
         self.child = Some(child);
-        // Ready when the CRI answers a status query for a sandbox that does not exist.
-        let end = Instant::now() + Duration::from_secs(30);
-        loop {
-            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(2)) {
-                if let Err(CriError(msg)) = cri.pod_sandbox_status("probe") {
-                    if msg.contains("NotFound") || msg.contains("not found") {
-                        return;
-                    }
-                }
-            }
-            assert!(
-                Instant::now() < end,
-                "CRI-O did not come up within 30 s:\n{}",
-                self.log()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        crate::cri::wait_until_serving(&self.socket(), "CRI-O", || self.log());
     }
 
     /// kill -9 of CRI-O (its conmons and sandboxes live on, as on a real node), then a fresh start on the same
@@ -409,19 +393,7 @@ fn unavailable_capabilities() -> String {
 impl Drop for CriO {
     fn drop(&mut self) {
         if self.child.is_some() {
-            if let Ok(cri) = Cri::connect(&self.socket(), Duration::from_secs(10)) {
-                // Those a kubelet ran too: their DEL releases what the CNI plugin attached.
-                let mut ids = self.sandboxes.clone();
-                for sandbox in cri.list_pod_sandboxes().unwrap_or_default() {
-                    if !ids.contains(&sandbox.id) {
-                        ids.push(sandbox.id);
-                    }
-                }
-                for id in &ids {
-                    let _ = cri.stop_pod_sandbox(id);
-                    let _ = cri.remove_pod_sandbox(id);
-                }
-            }
+            crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
         if let Some(mut child) = self.child.take() {
             let _ = child.kill();
@@ -429,14 +401,7 @@ impl Drop for CriO {
         }
         // conmons outlive CRI-O by design; their command lines name paths in our dir.
         let root = self.dir.path().display().to_string();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-            if String::from_utf8_lossy(&cmd).contains(&root) {
-                if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
-                    let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
-                }
-            }
-        }
+        crate::kill_processes_naming(&root);
         // Mounts left under our dir (shm, the containers' root file systems), deepest first.
         crate::unmount_deepest_first(
             crate::mount_points()

@@ -48,6 +48,21 @@ pub fn mount_points() -> Vec<String> {
         .collect()
 }
 
+/// kill -9 of every process whose command line names `text` (a runtime's shims or conmons, which outlive it by
+/// design and name its socket or directory).
+pub fn kill_processes_naming(text: &str) {
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        if String::from_utf8_lossy(&cmd).contains(text) {
+            if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
+                let _ = std::process::Command::new("kill")
+                    .args(["-9", &pid.to_string()])
+                    .status();
+            }
+        }
+    }
+}
+
 /// Lazily unmounts `mounts`, deepest first (a mount under another goes before it).
 pub fn unmount_deepest_first(mut mounts: Vec<String>) {
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
