@@ -210,6 +210,18 @@ impl Node {
         self.kubectl(&["-n", NS, "annotate", "--overwrite", "pod", "web", &value]);
     }
 
+    /// `kubectl create -f` of `manifest`, written to a file named after the object.
+    fn kubectl_create(&self, manifest: &Value) {
+        let file = self.sb.path(&format!(
+            "{}.json",
+            manifest["metadata"]["name"]
+                .as_str()
+                .expect("a named object")
+        ));
+        std::fs::write(&file, manifest.to_string()).unwrap();
+        self.kubectl(&["create", "-f", &file.display().to_string()]);
+    }
+
     /// `kubectl` as the cluster's admin; its stdout, failing the test unless it succeeds.
     #[track_caller]
     fn kubectl(&self, args: &[&str]) -> String {
@@ -334,13 +346,7 @@ plexus_tests::on_each_runtime!(
 
 fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: RuntimeKind) {
     let node = Node::start(kind);
-    let manifest = pod_on_node(NS, "web", "net-a");
-    std::fs::write(node.sb.path("web.json"), manifest.to_string()).unwrap();
-    node.kubectl(&[
-        "create",
-        "-f",
-        &node.sb.path("web.json").display().to_string(),
-    ]);
+    node.kubectl_create(&pod_on_node(NS, "web", "net-a"));
     node.within(90, "the pod Running", || {
         node.pod()
             .is_some_and(|p| p["status"]["phase"] == "Running")
@@ -364,13 +370,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: Runtim
 
     // A pod selecting a NAD that does not exist: its sandbox fails, the kubelet's event names the NAD, and the
     // failed attempt leaves no address behind.
-    let lost = pod_on_node(NS, "lost", "net-missing");
-    std::fs::write(node.sb.path("lost.json"), lost.to_string()).unwrap();
-    node.kubectl(&[
-        "create",
-        "-f",
-        &node.sb.path("lost.json").display().to_string(),
-    ]);
+    node.kubectl_create(&pod_on_node(NS, "lost", "net-missing"));
     node.within(60, "the kubelet's event naming the missing NAD", || {
         node.api
             .events_of(NS, "lost", "FailedCreatePodSandBox")

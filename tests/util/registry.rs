@@ -133,42 +133,18 @@ impl Registry {
                 location
             };
             let sep = if location.contains('?') { '&' } else { '?' };
-            let body = format!("@{}", blob(digest).display());
-            curl(
-                &[
-                    "-sf",
-                    "-o",
-                    "/dev/null",
-                    "-X",
-                    "PUT",
-                    "-H",
-                    "Content-Type: application/octet-stream",
-                    "--data-binary",
-                    &body,
-                ],
+            put(
                 &format!("{location}{sep}digest={digest}"),
+                "application/octet-stream",
+                &blob(digest),
             );
         }
-        let media_type = format!(
-            "Content-Type: {}",
+        put(
+            &format!("{base}/manifests/{tag}"),
             manifest["mediaType"]
                 .as_str()
-                .expect("the manifest's media type")
-        );
-        let body = format!("@{}", blob(manifest_digest).display());
-        curl(
-            &[
-                "-sf",
-                "-o",
-                "/dev/null",
-                "-X",
-                "PUT",
-                "-H",
-                &media_type,
-                "--data-binary",
-                &body,
-            ],
-            &format!("{base}/manifests/{tag}"),
+                .expect("the manifest's media type"),
+            &blob(manifest_digest),
         );
     }
 
@@ -185,6 +161,24 @@ impl Drop for Registry {
     fn drop(&mut self) {
         self.down();
     }
+}
+
+/// `PUT url` of the file at `body` as `content_type` (curl, at most 60 s); a failed request fails the test.
+fn put(url: &str, content_type: &str, body: &Path) {
+    curl(
+        &[
+            "-sf",
+            "-o",
+            "/dev/null",
+            "-X",
+            "PUT",
+            "-H",
+            &format!("Content-Type: {content_type}"),
+            "--data-binary",
+            &format!("@{}", body.display()),
+        ],
+        url,
+    );
 }
 
 /// `curl ARGS URL` (at most 60 s): what it printed; a failed request fails the test.
