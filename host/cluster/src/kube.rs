@@ -1178,54 +1178,18 @@ mod tests {
         );
     }
 
-    /// An API server that answers a GET of pod team/web with the pod to `Bearer new` and 401 to anything else;
-    /// the number of requests it got.
-    fn token_server() -> (String, Arc<std::sync::atomic::AtomicUsize>) {
-        use std::io::{BufRead, Write};
-        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let url = format!("http://{}", listener.local_addr().unwrap());
-        let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
-        let count = seen.clone();
-        std::thread::spawn(move || {
-            for conn in listener.incoming().flatten() {
-                let count = count.clone();
-                std::thread::spawn(move || {
-                    let mut writer = conn.try_clone().unwrap();
-                    let mut reader = std::io::BufReader::new(conn);
-                    loop {
-                        let mut authorized = false;
-                        loop {
-                            let mut line = String::new();
-                            if reader.read_line(&mut line).unwrap_or(0) == 0 {
-                                return;
-                            }
-                            if line == "\r\n" {
-                                break;
-                            }
-                            authorized |=
-                                line.to_ascii_lowercase().trim_end() == "authorization: bearer new";
-                        }
-                        count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-                        let (code, body) = if authorized {
-                            (
-                                "200 OK",
-                                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"team","uid":"u1"}}"#,
-                            )
-                        } else {
-                            (
-                                "401 Unauthorized",
-                                r#"{"apiVersion":"v1","kind":"Status","status":"Failure","reason":"Unauthorized","code":401,"message":"Unauthorized"}"#,
-                            )
-                        };
-                        let answer = format!("HTTP/1.1 {code}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}", body.len());
-                        if writer.write_all(answer.as_bytes()).is_err() {
-                            return;
-                        }
-                    }
-                });
+    /// An API server that answers with pod team/web to `Bearer new` and 401 to anything else; the requests it got.
+    fn token_server() -> (String, Arc<Mutex<Vec<String>>>) {
+        request::tests::server_deciding(Arc::new(|head: &[String]| {
+            let authorized = head
+                .iter()
+                .any(|h| h.eq_ignore_ascii_case("authorization: bearer new"));
+            if authorized {
+                200
+            } else {
+                401
             }
-        });
-        (url, seen)
+        }))
     }
 
     fn kubeconfig(url: &str, token: &str) -> String {
@@ -1277,7 +1241,7 @@ mod tests {
             "it waited for the rewrite"
         );
         assert_eq!(
-            seen.load(std::sync::atomic::Ordering::SeqCst),
+            seen.lock().unwrap().len(),
             2,
             "the 401, then one call with the new token"
         );
@@ -1310,7 +1274,7 @@ mod tests {
             "it waited its bound"
         );
         assert_eq!(
-            seen.load(std::sync::atomic::Ordering::SeqCst),
+            seen.lock().unwrap().len(),
             1,
             "not asked again with the same token"
         );

@@ -293,31 +293,47 @@ impl KubeApi {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::{BufRead, Read, Write};
     use std::sync::{Arc, Mutex};
 
+    /// What the test server answers a request with, from its head (request line and headers): a status code.
+    pub(crate) type Decide = dyn Fn(&[String]) -> u16 + Send + Sync;
+
     /// An API server that answers each request with the next of `codes` (the last one from then on), and the
     /// requests it got (`METHOD path`).
     fn server(codes: &[u16]) -> (String, Arc<Mutex<Vec<String>>>) {
+        let codes = Mutex::new(codes.to_vec());
+        server_deciding(Arc::new(move |_: &[String]| {
+            let mut codes = codes.lock().unwrap();
+            if codes.len() > 1 {
+                codes.remove(0)
+            } else {
+                codes[0]
+            }
+        }))
+    }
+
+    /// An API server that answers each request with the code `decide` gives for its head: 200 with pod team/web
+    /// (uid u1), anything else with a Status of that code; and the requests it got (`METHOD path`).
+    pub(crate) fn server_deciding(decide: Arc<Decide>) -> (String, Arc<Mutex<Vec<String>>>) {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let seen = Arc::new(Mutex::new(Vec::new()));
-        let codes = Arc::new(Mutex::new(codes.to_vec()));
         let log = seen.clone();
         std::thread::spawn(move || {
             for conn in listener.incoming() {
-                let (Ok(conn), log, codes) = (conn, log.clone(), codes.clone()) else {
+                let (Ok(conn), log, decide) = (conn, log.clone(), decide.clone()) else {
                     return;
                 };
-                std::thread::spawn(move || serve(conn, &log, &codes));
+                std::thread::spawn(move || serve(conn, &log, &*decide));
             }
         });
         (url, seen)
     }
 
-    fn serve(conn: std::net::TcpStream, log: &Mutex<Vec<String>>, codes: &Mutex<Vec<u16>>) {
+    fn serve(conn: std::net::TcpStream, log: &Mutex<Vec<String>>, decide: &Decide) {
         let mut writer = conn.try_clone().unwrap();
         let mut reader = std::io::BufReader::new(conn);
         loop {
@@ -346,16 +362,9 @@ mod tests {
             log.lock()
                 .unwrap()
                 .push(format!("{} {}", request[0], request[1]));
-            let code = {
-                let mut codes = codes.lock().unwrap();
-                if codes.len() > 1 {
-                    codes.remove(0)
-                } else {
-                    codes[0]
-                }
-            };
+            let code = decide(&head);
             let body = if code == 200 {
-                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"team"}}"#
+                r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"team","uid":"u1"}}"#
                     .to_string()
             } else {
                 format!(
