@@ -13,6 +13,8 @@ PKGS=(
   iproute2 iptables nftables
   # the Debian route to wasm32-wasip1 guests (see ../shared/guest-toolchain.md)
   rustc-web cargo-web rust-web-src lld-22 wasi-libc
+  # Python hooks: the venv that holds the pinned componentize-py (sdk/python/venv.sh, below)
+  python3 python3-venv
   # runc under containerd 2 and CRI-O (tests/parts.sh builds both), CRI-O's conmon, and a static busybox for the
   # images the tests build
   runc conmon busybox-static
@@ -40,6 +42,9 @@ if ((${#missing[@]})); then
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
+
+# The Python hook toolchain (sdk/python/requirements.lock) in a venv of its own, from PyPI, once per pin.
+bash "$(dirname "${BASH_SOURCE[0]}")/../sdk/python/venv.sh" >/dev/null
 
 # The reference plugins keep IPAM state under /var/lib/cni; make sure the directory exists.
 mkdir -p /var/lib/cni /run/netns
