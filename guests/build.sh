@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Builds every guest in this workspace into a component at $TARGET/guests/<guest-name>.wasm, where
-# $TARGET is $CARGO_TARGET_DIR or <repo>/target.
+# Builds every guest in this workspace into a component at $TARGET/guests/<guest-name>.wasm, and the Python
+# examples in python/ at $TARGET/guests/py-<name>.wasm, where $TARGET is $CARGO_TARGET_DIR or <repo>/target.
 #
 # Route, in order of preference:
 #   1. rustup has wasm32-wasip2: cargo builds components directly;
@@ -87,6 +87,20 @@ debian)
     ;;
 esac
 
-for g in $guests; do
+# The Python examples (guests/python/<name>/<name_with_underscores>.py) into $out/py-<name>.wasm, with the pinned
+# componentize-py (sdk/python/plexus-py); each is rebuilt only when its inputs changed. Both at once: each build is
+# mostly one thread.
+"$root/sdk/python/venv.sh" >/dev/null
+py_guests=$(cd "$here/python" && ls -d */ | tr -d /)
+pids=()
+for g in $py_guests; do
+    CARGO_TARGET_DIR=$target "$root/sdk/python/plexus-py" build "$here/python/$g" "${g//-/_}" "$out/py-$g.wasm" &
+    pids+=($!)
+done
+for p in "${pids[@]}"; do
+    wait "$p"
+done
+
+for g in $guests $(printf 'py-%s ' $py_guests); do
     echo "build-guests: $out/$g.wasm ($(stat -c %s "$out/$g.wasm") bytes)" >&2
 done
