@@ -1,6 +1,6 @@
 //! The node agent's compile and probe processes, real ones (`plexus hook compile` and the hidden `plexus hook probe`
-//! of the built binary), started as the daemon starts them: the example modules compile and pass their probe
-//! within the default limits, a module that grows to its `memoryLimitMiB` ends with the hook's own limit error
+//! of the built binary), started as the daemon starts them: the example modules (the Python builds too) compile
+//! and pass their probe within the default limits, a module that grows to its `memoryLimitMiB` ends with the hook's own limit error
 //! within them, and a compile past its memory ends with a message that names the limit and its flag.
 
 use std::path::Path;
@@ -10,7 +10,7 @@ use plexus_node::daemon::compile::{
     compile_apart, probe_apart, Compiled, ProcessLimits, COMPILE_TIMEOUT,
 };
 use plexus_node::hook_state::{Failure, Reason};
-use plexus_tests::plexus::{guest_wasm, plexus_bin};
+use plexus_tests::plexus::{example_builds, guest_wasm, plexus_bin};
 
 fn block_on<T>(f: impl std::future::Future<Output = T>) -> T {
     tokio::runtime::Builder::new_current_thread()
@@ -61,11 +61,16 @@ fn probe(
 #[test]
 fn the_example_modules_compile_and_pass_their_probe_within_the_default_limits() {
     let limits = ProcessLimits::default();
+    let [isolation, py_isolation] = example_builds("namespace-isolation");
+    let [labels, py_labels] = example_builds("status-labels");
     for (guest, kind) in [
         ("pod-prefix", HookKind::Policy),
-        ("namespace-isolation", HookKind::Policy),
+        (isolation.as_str(), HookKind::Policy),
         ("network-templates", HookKind::Resolver),
-        ("status-labels", HookKind::Status),
+        (labels.as_str(), HookKind::Status),
+        // The Python builds: an interpreter each, the largest modules a node is expected to compile.
+        (py_isolation.as_str(), HookKind::Policy),
+        (py_labels.as_str(), HookKind::Status),
     ] {
         let cache = cache();
         let compiled =
@@ -107,12 +112,13 @@ fn a_module_that_grows_to_its_memory_limit_is_stopped_by_it_within_the_process_l
 fn a_compile_past_its_memory_says_so_and_names_the_flag() {
     let cache = cache();
     let tight = ProcessLimits {
-        memory_mib: 8,
+        memory_mib: 96,
+        compile_memory_mib: 8,
         cpu_secs: 60,
     };
     let err = compile("network-templates", cache.path(), &tight).unwrap_err();
     assert!(
-        err.starts_with("it ran out of its 8 MiB (plexus daemon --hook-process-memory-mib)"),
+        err.starts_with("it ran out of its 8 MiB (plexus daemon --hook-compile-memory-mib)"),
         "{err}"
     );
 }

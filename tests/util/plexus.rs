@@ -52,6 +52,12 @@ pub fn guest_wasm(name: &str) -> PathBuf {
     p
 }
 
+/// The builds of an example hook that tests run alike: the Rust guest `name` and its Python build
+/// (`guests/python/<name>`, built to `py-<name>.wasm`), which must answer exactly as the Rust one.
+pub fn example_builds(name: &str) -> [String; 2] {
+    [name.to_string(), format!("py-{name}")]
+}
+
 /// The fake delegate built with this test crate.
 pub fn fake_cni_bin() -> PathBuf {
     let target = target_dir();

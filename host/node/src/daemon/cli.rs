@@ -132,12 +132,17 @@ pub struct DaemonArgs {
     /// A CA certificate trusted for registries besides the system's; repeatable
     #[arg(long, value_name = "PEM")]
     pub registry_ca: Vec<PathBuf>,
-    /// The memory (RLIMIT_DATA) each process that compiles or probes a hook module may use; a NetworkHook whose
+    /// The memory (RLIMIT_DATA) each process that probes a hook module may use; a NetworkHook whose
     /// memoryLimitMiB does not fit in it, with 32 MiB for the runtime, is refused. Keep it below the container's
     /// memory limit, less the daemon's own
     #[arg(long, value_name = "MIB", default_value_t = super::compile::ProcessLimits::DEFAULT_MEMORY_MIB,
           value_parser = clap::value_parser!(u64).range(48..=65_536))]
     pub hook_process_memory_mib: u64,
+    /// The memory (RLIMIT_DATA) each process that compiles a hook module may use (a module in Python needs about
+    /// 400 MiB, one in Rust 20). Keep it below the container's memory limit, less the daemon's own
+    #[arg(long, value_name = "MIB", default_value_t = super::compile::ProcessLimits::DEFAULT_COMPILE_MEMORY_MIB,
+          value_parser = clap::value_parser!(u64).range(48..=65_536))]
+    pub hook_compile_memory_mib: u64,
     /// The CPU time (RLIMIT_CPU) each process that compiles or probes a hook module may use
     #[arg(long, value_name = "SECS", default_value_t = super::compile::ProcessLimits::DEFAULT_CPU_SECS,
           value_parser = clap::value_parser!(u64).range(1..=3600))]
@@ -262,6 +267,7 @@ impl DaemonArgs {
             },
             limits: super::compile::ProcessLimits {
                 memory_mib: self.hook_process_memory_mib,
+                compile_memory_mib: self.hook_compile_memory_mib,
                 cpu_secs: self.hook_process_cpu_secs,
             },
         });

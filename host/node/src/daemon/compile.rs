@@ -39,8 +39,8 @@ pub fn own_binary() -> PathBuf {
 pub const CHILD_ENV: [(&str, &str); 2] =
     [("RAYON_NUM_THREADS", "2"), ("TOKIO_WORKER_THREADS", "1")];
 
-/// What one compile or probe process may use (`plexus daemon --hook-process-memory-mib` and
-/// `--hook-process-cpu-secs`).
+/// What one compile or probe process may use (`plexus daemon --hook-process-memory-mib`,
+/// `--hook-compile-memory-mib` and `--hook-process-cpu-secs`).
 ///
 /// Memory is bounded by `RLIMIT_DATA`, not `RLIMIT_AS`: wasmtime reserves address space far beyond what it uses
 /// (a linear memory is a reservation of several GiB, mapped inaccessible until the module grows into it), so
@@ -53,17 +53,23 @@ pub const CHILD_ENV: [(&str, &str); 2] =
 /// from 68 MiB).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ProcessLimits {
-    /// `RLIMIT_DATA`, in MiB.
+    /// `RLIMIT_DATA` of a probe, in MiB.
     pub memory_mib: u64,
+    /// `RLIMIT_DATA` of a compile, in MiB: the compiler's working memory grows with the module's code, not with
+    /// what the hook may use, so it has a bound of its own.
+    pub compile_memory_mib: u64,
     /// `RLIMIT_CPU`, in seconds of CPU time (every thread's).
     pub cpu_secs: u64,
 }
 
 impl ProcessLimits {
-    /// The default memory bound: within the DaemonSet's 192 MiB limit of the daemon's container with the daemon
-    /// itself (at most about 81 MiB, docs/operations.md) beside it, and enough for the default `memoryLimitMiB`
-    /// (64) and the runtime.
+    /// The default memory bound of a probe: enough for the default `memoryLimitMiB` (64) and the runtime.
     pub const DEFAULT_MEMORY_MIB: u64 = 96;
+    /// The default memory bound of a compile: enough for a hook in Python (componentize-py 0.25 bundles CPython:
+    /// 18.5 MB of component, 6 MB of it code; its compile under `RAYON_NUM_THREADS=2` fails under an `RLIMIT_DATA`
+    /// of 384 MiB and passes from 400, 357 MB peak RSS), with a margin; the Rust example modules compile within
+    /// 20 MiB. Within the DaemonSet's 576 MiB limit of the daemon's container with the daemon beside it.
+    pub const DEFAULT_COMPILE_MEMORY_MIB: u64 = 448;
     /// The default CPU bound: the example modules compile in under a second; a compile that needs a minute of
     /// CPU is not one a node should finish.
     pub const DEFAULT_CPU_SECS: u64 = 60;
@@ -77,8 +83,8 @@ impl ProcessLimits {
     /// process past its CPU time with SIGXCPU, whose default action dumps core; a dump of a compiler is tens of
     /// MiB written to the node for nothing). The hard CPU limit is a second above the soft one, so SIGXCPU, not
     /// SIGKILL, says what happened.
-    pub fn rlimits(&self) -> [(Resource, Rlimit); 3] {
-        let bytes = self.memory_mib.saturating_mul(1 << 20);
+    pub fn rlimits(&self, job: Job) -> [(Resource, Rlimit); 3] {
+        let bytes = self.memory_of(job).saturating_mul(1 << 20);
         let limit = |soft: u64, hard: u64| Rlimit {
             current: Some(soft),
             maximum: Some(hard),
@@ -91,6 +97,13 @@ impl ProcessLimits {
             ),
             (Resource::Core, limit(0, 0)),
         ]
+    }
+
+    fn memory_of(&self, job: Job) -> u64 {
+        match job {
+            Job::Compile => self.compile_memory_mib,
+            Job::Probe => self.memory_mib,
+        }
     }
 
     /// Whether a hook with this `memoryLimitMiB` fits in a probe process, and so in what the node lets a hook
@@ -110,7 +123,7 @@ impl ProcessLimits {
     }
 
     /// What a process that ended this way, with this on its stderr, ran into, when it was one of these limits.
-    fn hit(&self, status: std::process::ExitStatus, stderr: &str) -> Option<String> {
+    fn hit(&self, job: Job, status: std::process::ExitStatus, stderr: &str) -> Option<String> {
         use std::os::unix::process::ExitStatusExt;
         if status.signal() == Some(libc::SIGXCPU) {
             return Some(format!(
@@ -125,9 +138,13 @@ impl ProcessLimits {
                 || (line.starts_with("plexus hook: ") && line.contains("(os error 12)"))
         });
         out_of_memory.then(|| {
+            let flag = match job {
+                Job::Compile => "--hook-compile-memory-mib",
+                Job::Probe => "--hook-process-memory-mib",
+            };
             format!(
-                "it ran out of its {} MiB (plexus daemon --hook-process-memory-mib)",
-                self.memory_mib
+                "it ran out of its {} MiB (plexus daemon {flag})",
+                self.memory_of(job)
             )
         })
     }
@@ -137,9 +154,17 @@ impl Default for ProcessLimits {
     fn default() -> Self {
         ProcessLimits {
             memory_mib: Self::DEFAULT_MEMORY_MIB,
+            compile_memory_mib: Self::DEFAULT_COMPILE_MEMORY_MIB,
             cpu_secs: Self::DEFAULT_CPU_SECS,
         }
     }
+}
+
+/// Which kind of process a limit is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Job {
+    Compile,
+    Probe,
 }
 
 /// A module compiled into the cache: its component's sha256 and the artifact the node's CNI binary loads.
@@ -165,7 +190,7 @@ pub async fn compile_apart(
         OsStr::new("--cache-dir"),
         cache_dir.as_os_str(),
     ];
-    let answer = run_apart(compiler, &args, None, limits, timeout).await?;
+    let answer = run_apart(compiler, &args, None, limits, Job::Compile, timeout).await?;
     match (answer["sha256"].as_str(), answer["artifact"].as_str()) {
         (Some(sha), Some(artifact)) => Ok(Compiled {
             sha256: sha.to_string(),
@@ -194,7 +219,7 @@ pub async fn probe_apart(
         cache_dir.as_os_str(),
     ];
     let input = serde_json::to_vec(entry).map_err(|e| e.to_string())?;
-    let answer = run_apart(compiler, &args, Some(input), limits, timeout).await?;
+    let answer = run_apart(compiler, &args, Some(input), limits, Job::Probe, timeout).await?;
     if answer["passed"] == true {
         return Ok(Ok(()));
     }
@@ -215,6 +240,7 @@ fn command(
     args: &[&OsStr],
     stdin: bool,
     limits: &ProcessLimits,
+    job: Job,
 ) -> tokio::process::Command {
     let mut command = tokio::process::Command::new(program);
     command
@@ -225,7 +251,7 @@ fn command(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    let rlimits = limits.rlimits();
+    let rlimits = limits.rlimits(job);
     // SAFETY: the closure runs in the forked child before exec, where only async-signal-safe calls are sound; it
     // makes three setrlimit system calls (rustix calls the kernel directly: no allocation, no lock) on values
     // prepared before the fork.
@@ -248,9 +274,10 @@ async fn run_apart(
     args: &[&OsStr],
     input: Option<Vec<u8>>,
     limits: &ProcessLimits,
+    job: Job,
     timeout: Duration,
 ) -> Result<serde_json::Value, String> {
-    let mut child = command(program, args, input.is_some(), limits)
+    let mut child = command(program, args, input.is_some(), limits, job)
         .spawn()
         .map_err(|e| format!("cannot run {}: {e}", program.display()))?;
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -278,7 +305,7 @@ async fn run_apart(
     if !status.success() {
         let stderr = String::from_utf8_lossy(&err);
         let message = stderr.trim().trim_start_matches("plexus hook: ");
-        let message = match (message.is_empty(), limits.hit(status, &stderr)) {
+        let message = match (message.is_empty(), limits.hit(job, status, &stderr)) {
             (true, None) => format!("it ended with {status}"),
             (true, Some(hit)) => hit,
             (false, None) => message.to_string(),
@@ -402,21 +429,29 @@ mod tests {
     fn a_hook_process_gets_memory_and_cpu_limits_no_core_and_hooks_that_fit() {
         let limits = ProcessLimits {
             memory_mib: 96,
+            compile_memory_mib: 448,
             cpu_secs: 60,
         };
-        let got: Vec<(Resource, Option<u64>, Option<u64>)> = limits
-            .rlimits()
-            .into_iter()
-            .map(|(r, l)| (r, l.current, l.maximum))
-            .collect();
+        let got = |job| -> Vec<(Resource, Option<u64>, Option<u64>)> {
+            limits
+                .rlimits(job)
+                .into_iter()
+                .map(|(r, l)| (r, l.current, l.maximum))
+                .collect()
+        };
         assert_eq!(
-            got,
+            got(Job::Probe),
             [
                 (Resource::Data, Some(96 << 20), Some(96 << 20)),
                 (Resource::Cpu, Some(60), Some(61)),
                 (Resource::Core, Some(0), Some(0)),
             ]
         );
+        assert_eq!(
+            got(Job::Compile)[0],
+            (Resource::Data, Some(448 << 20), Some(448 << 20))
+        );
+        assert_eq!(got(Job::Compile)[1..], got(Job::Probe)[1..]);
         assert_eq!(limits, ProcessLimits::default());
         // The default memoryLimitMiB (64) and the runtime's 32 fit the default exactly.
         assert_eq!(limits.admits(None), Ok(()));
@@ -429,6 +464,7 @@ mod tests {
         assert!(err.contains("--hook-process-memory-mib"), "{err}");
         let small = ProcessLimits {
             memory_mib: 48,
+            compile_memory_mib: 48,
             cpu_secs: 1,
         };
         assert!(small.admits(None).is_err());
@@ -440,14 +476,24 @@ mod tests {
             std::process::ExitStatus::from_raw(libc::SIGXCPU),
         );
         let memory = "it ran out of its 96 MiB (plexus daemon --hook-process-memory-mib)";
-        assert!(limits.hit(xcpu, "").unwrap().contains("60 s of CPU time"));
+        assert!(limits
+            .hit(Job::Probe, xcpu, "")
+            .unwrap()
+            .contains("60 s of CPU time"));
         let enomem = "plexus hook: m.wasm: mapping: Cannot allocate memory (os error 12)";
-        assert_eq!(limits.hit(failed, enomem).as_deref(), Some(memory));
+        assert_eq!(
+            limits.hit(Job::Probe, failed, enomem).as_deref(),
+            Some(memory)
+        );
+        assert_eq!(
+            limits.hit(Job::Compile, failed, enomem).as_deref(),
+            Some("it ran out of its 448 MiB (plexus daemon --hook-compile-memory-mib)")
+        );
         // A hook's log line saying the same is the hook's, not the process's.
         let logged =
             "2026-01-01T00:00:00Z  INFO memory allocation of 1048576 bytes failed hook=\"b\"\n\
                       plexus hook: m.wasm: not a component";
-        assert_eq!(limits.hit(failed, logged), None);
+        assert_eq!(limits.hit(Job::Probe, failed, logged), None);
     }
 
     #[tokio::test]
@@ -468,7 +514,8 @@ mod tests {
             "the test runs with an environment"
         );
         let set = ProcessLimits {
-            memory_mib: 200,
+            memory_mib: 100,
+            compile_memory_mib: 200,
             cpu_secs: 30,
         };
         let got = compile_apart(
@@ -507,7 +554,8 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let spinning = script(dir.path(), "while :; do :; done");
         let tight = ProcessLimits {
-            memory_mib: 96,
+            memory_mib: 64,
+            compile_memory_mib: 96,
             cpu_secs: 1,
         };
         let run = |program: PathBuf| async move {
@@ -537,7 +585,7 @@ mod tests {
         let err = run(starved).await;
         assert_eq!(
             err,
-            "it ran out of its 96 MiB (plexus daemon --hook-process-memory-mib): memory allocation of 1048576 bytes failed"
+            "it ran out of its 96 MiB (plexus daemon --hook-compile-memory-mib): memory allocation of 1048576 bytes failed"
         );
     }
 
