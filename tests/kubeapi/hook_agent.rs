@@ -14,7 +14,9 @@ use plexus_cni::hooks::HookSet;
 use plexus_hooks::{HookKind, HookSpec};
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::plexus::{guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox};
+use plexus_tests::plexus::{
+    example_builds, guest_wasm, plexus_bin, plexus_cni_bin, NodeDaemon, Sandbox,
+};
 use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
 use sha2::Digest as _;
@@ -305,8 +307,21 @@ impl World {
 
 #[test]
 fn a_signed_module_is_pulled_verified_compiled_and_run_then_removed_with_its_resource() {
+    let [rust, _] = example_builds("status-labels");
+    pulled_verified_compiled_and_run_then_removed(&rust);
+}
+
+/// The same path for the Python build of the example: an 18 MB module with an interpreter, which the node compiles
+/// within its default limits (`--hook-compile-memory-mib`) and runs as it runs the Rust one.
+#[test]
+fn a_signed_python_module_is_pulled_verified_compiled_and_run_then_removed_with_its_resource() {
+    let [_, python] = example_builds("status-labels");
+    pulled_verified_compiled_and_run_then_removed(&python);
+}
+
+fn pulled_verified_compiled_and_run_then_removed(guest: &str) {
     let mut w = world();
-    let reference = w.push("status-labels", "vendor/labels:v1", Some(&w.trusted.0));
+    let reference = w.push(guest, "vendor/labels:v1", Some(&w.trusted.0));
     assert!(reference.contains("@sha256:"), "{reference}");
 
     // What the agent will check, checked by the vendor's command.

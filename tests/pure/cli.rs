@@ -1,9 +1,10 @@
 //! The `plexus` command lines an operator types: `--help` everywhere, usage mistakes named with exit code 2,
 //! and `plexus hook` on a real component.
 
+use std::path::Path;
 use std::process::{Command, Output};
 
-use plexus_tests::plexus::{guest_wasm, plexus_bin};
+use plexus_tests::plexus::{example_builds, guest_wasm, plexus_bin};
 use serde_json::{json, Value};
 
 fn plexus(args: &[&str]) -> Output {
@@ -163,40 +164,51 @@ fn usage_mistakes_are_named_with_exit_2() {
     }
 }
 
+/// `plexus hook run` of `wasm` with the kind flags `kind` and `--input input`.
+fn hook_run(wasm: &Path, kind: &[&str], input: &str) -> Output {
+    let mut args = vec!["hook", "run", wasm.to_str().unwrap()];
+    args.extend_from_slice(kind);
+    args.extend_from_slice(&["--input", input]);
+    plexus(&args)
+}
+
 #[test]
 fn hook_inspect_and_run_a_real_component() {
-    let wasm = guest_wasm("namespace-isolation");
-    let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
-    // A policy hook built with the SDK: exactly the kind named in its export!.
-    assert_eq!(info["kinds"], json!(["policy"]), "{info}");
-    assert_eq!(info["kindsDeclared"], true, "{info}");
-    assert_eq!(info["sha256"].as_str().map(str::len), Some(64), "{info}");
-    // `plexus hook run` of the component with the kind flags `kind` and `--input input`.
-    let run = |kind: &[&str], input: &str| {
-        let wasm = wasm.to_str().unwrap();
-        let mut args = vec!["hook", "run", wasm];
-        args.extend_from_slice(kind);
-        args.extend_from_slice(&["--input", input]);
-        plexus(&args)
-    };
+    // The Rust build and the Python one answer alike; what follows the loop is the command's own (Rust only: a
+    // Python build costs seconds of compiling for each run).
+    for guest in example_builds("namespace-isolation") {
+        let wasm = guest_wasm(&guest);
+        let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
+        assert_eq!(out.status.code(), Some(0), "{guest}: {}", text(&out.stderr));
+        let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+        // A policy hook built with an SDK: exactly the kind named in its export.
+        assert_eq!(info["kinds"], json!(["policy"]), "{info}");
+        assert_eq!(info["kindsDeclared"], true, "{info}");
+        assert_eq!(info["sha256"].as_str().map(str::len), Some(64), "{info}");
 
-    // `--flag=value` and `--flag value` both work.
-    let input = r#"{"pod": {"namespace": "team-a", "name": "p"},
-                    "selections": [{"name": "net", "namespace": "team-b"}]}"#;
-    let out = run(&["--kind=policy"], input);
-    // Denied: its own exit status, so a script tells allow from deny.
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out.stderr));
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(answer["output"]["decision"], "deny", "{answer}");
-    // Admitted: 0.
-    let own = r#"{"pod": {"namespace": "team-a", "name": "p"},
-                  "selections": [{"name": "net", "namespace": "team-a"}]}"#;
-    let out = run(&["--kind=policy"], own);
-    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
-    let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
-    assert_eq!(answer["output"]["decision"], "admit", "{answer}");
+        // `--flag=value` and `--flag value` both work.
+        let input = r#"{"pod": {"namespace": "team-a", "name": "p"},
+                        "selections": [{"name": "net", "namespace": "team-b"}]}"#;
+        let out = hook_run(&wasm, &["--kind=policy"], input);
+        // Denied: its own exit status, so a script tells allow from deny.
+        assert_eq!(out.status.code(), Some(3), "{guest}: {}", text(&out.stderr));
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(answer["output"]["decision"], "deny", "{answer}");
+        assert_eq!(
+            answer["output"]["reason"],
+            "pod team-a/p may not select network team-b/net: only its own namespace and default are allowed",
+            "{answer}"
+        );
+        // Admitted: 0.
+        let own = r#"{"pod": {"namespace": "team-a", "name": "p"},
+                      "selections": [{"name": "net", "namespace": "team-a"}]}"#;
+        let out = hook_run(&wasm, &["--kind", "policy"], own);
+        assert_eq!(out.status.code(), Some(0), "{guest}: {}", text(&out.stderr));
+        let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(answer["output"]["decision"], "admit", "{answer}");
+    }
+    let wasm = guest_wasm("namespace-isolation");
+    let run = |kind: &[&str], input: &str| hook_run(&wasm, kind, input);
     // A kind the module does not implement: an error (1) that says so.
     let out = run(
         &["--kind=resolver"],

@@ -34,6 +34,11 @@ fn guest(name: &str) -> PathBuf {
     path
 }
 
+/// The builds of an example hook that answer alike: the Rust guest and its Python build (`guests/python`).
+fn builds(name: &str) -> [String; 2] {
+    [name.to_string(), format!("py-{name}")]
+}
+
 fn spec(name: &str, kind: HookKind, guest_name: &str) -> HookSpec {
     HookSpec::new(name, kind, guest(guest_name))
 }
@@ -69,22 +74,44 @@ fn fault_of(err: HookError) -> (String, Fault) {
 
 #[test]
 fn namespace_isolation_admits_own_and_global_namespaces_and_denies_others() {
-    let hooks = load(&[spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
-    let own = vec![
-        json!({"name": "lab", "namespace": "team-a"}),
-        json!({"name": "shared", "namespace": "default", "org.example.x": 1}),
-    ];
-    assert_eq!(
-        hooks.policy(&pod(), own.clone()).unwrap(),
-        PolicyOutcome::Admit(own)
-    );
-    let other = vec![json!({"name": "secret", "namespace": "team-b"})];
-    match hooks.policy(&pod(), other).unwrap() {
-        PolicyOutcome::Deny { hook, reason } => {
-            assert_eq!(hook, "ns-iso");
-            assert!(reason.contains("team-b/secret"), "{reason}");
+    for build in builds("namespace-isolation") {
+        // One cache for both loads of the build: its second load does not compile again.
+        let cache = tempfile::tempdir().unwrap();
+        let load = |s: HookSpec| Hooks::load(&[s], cache.path()).expect("hooks load");
+        let hooks = load(spec("ns-iso", HookKind::Policy, &build));
+        let own = vec![
+            json!({"name": "lab", "namespace": "team-a"}),
+            json!({"name": "shared", "namespace": "default", "org.example.x": 1}),
+        ];
+        assert_eq!(
+            hooks.policy(&pod(), own.clone()).unwrap(),
+            PolicyOutcome::Admit(own),
+            "{build}"
+        );
+        let other = vec![json!({"name": "secret", "namespace": "team-b"})];
+        match hooks.policy(&pod(), other).unwrap() {
+            PolicyOutcome::Deny { hook, reason } => {
+                assert_eq!(hook, "ns-iso");
+                assert_eq!(
+                    reason,
+                    "pod team-a/web may not select network team-b/secret: only its own namespace and default \
+                     are allowed",
+                    "{build}"
+                );
+            }
+            admit => panic!("{build}: expected a deny, got {admit:?}"),
         }
-        admit => panic!("expected a deny, got {admit:?}"),
+        // An unknown setting is a fault of the hook, not a decision, naming the setting.
+        let mut typo = spec("ns-iso", HookKind::Policy, &build);
+        typo.settings = Some(json!({"globalNamespace": ["infra"]}));
+        let err = load(typo).policy(&pod(), vec![]).unwrap_err();
+        let (hook, fault) = fault_of(err);
+        assert_eq!(hook, "ns-iso");
+        assert_eq!(
+            fault.to_string(),
+            "failed: invalid settings: unknown field `globalNamespace`, expected `globalNamespaces`",
+            "{build}"
+        );
     }
 }
 
@@ -113,16 +140,29 @@ fn network_templates_fills_nads_without_config_only() {
 
 #[test]
 fn status_labels_adds_pod_labels_to_every_entry() {
-    let mut s = spec("labels", HookKind::Status, "status-labels");
-    s.settings = Some(json!({"labels": ["app", "tier"]}));
-    let hooks = load(&[s]);
-    let out = hooks.status(&pod(), entries()).unwrap();
-    assert_eq!(out.len(), 2);
-    for e in &out {
-        assert_eq!(e["io.plexus.pod-labels"], json!({"app": "web"}));
+    for build in builds("status-labels") {
+        let mut s = spec("labels", HookKind::Status, &build);
+        s.settings = Some(json!({"labels": ["app", "tier"]}));
+        let hooks = load(&[s]);
+        let mut given = entries();
+        // What an earlier hook left under the key is merged with, not replaced.
+        given[1]["io.plexus.pod-labels"] = json!({"zone": "a", "app": "old"});
+        let out = hooks.status(&pod(), given).unwrap();
+        assert_eq!(out.len(), 2, "{build}");
+        assert_eq!(
+            out[0]["io.plexus.pod-labels"],
+            json!({"app": "web"}),
+            "{build}"
+        );
+        assert_eq!(
+            out[1]["io.plexus.pod-labels"],
+            json!({"app": "web", "zone": "a"}),
+            "{build}"
+        );
+        assert_eq!(out[0]["ips"], json!(["10.0.0.2"]), "{build}");
+        assert_eq!(out[0]["default"], true, "{build}");
+        assert_eq!(out[1]["default"], false, "{build}");
     }
-    assert_eq!(out[0]["ips"], json!(["10.0.0.2"]));
-    assert_eq!(out[0]["default"], true);
 }
 
 #[test]

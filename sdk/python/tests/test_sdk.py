@@ -70,7 +70,7 @@ class Faults(unittest.TestCase):
         self.assertEqual(Harness().settings({"a": 1}).check(read, []), Deny("{'a': 1}"))
         with self.assertRaises(HookFault) as e:
             Harness().settings({"b": 1}).check(read, [])
-        self.assertEqual(e.exception.message, "invalid settings: unknown field `b`, expected one of `a`")
+        self.assertEqual(e.exception.message, "invalid settings: unknown field `b`, expected `a`")
         with self.assertRaises(HookFault) as e:
             Harness().settings([1]).check(read, [])
         self.assertEqual(e.exception.message, "invalid settings: expected a JSON object, got list")

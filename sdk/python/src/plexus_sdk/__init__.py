@@ -171,10 +171,10 @@ def settings(known: Optional[Iterable[str]] = None) -> Dict[str, Any]:
         allowed = list(known)
         unknown = sorted(k for k in value if k not in allowed)
         if unknown:
-            raise HookError(
-                f"invalid settings: unknown field `{unknown[0]}`, expected one of "
-                + ", ".join(f"`{k}`" for k in allowed)
-            )
+            # Worded as serde words it for the Rust SDK's settings, so both builds of a hook fail alike.
+            names = ", ".join(f"`{k}`" for k in allowed)
+            expected = names if len(allowed) == 1 else f"one of {names}"
+            raise HookError(f"invalid settings: unknown field `{unknown[0]}`, expected {expected}")
     return value
 
 

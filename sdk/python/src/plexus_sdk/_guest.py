@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import typing
-from typing import Any, Callable, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 from componentize_py_types import Err
 
@@ -23,57 +23,110 @@ def _fault(e: BaseException) -> Err:
     return Err(f"{type(e).__name__}: {e}")
 
 
-def _conforms(value: Any, hint: Any, where: str) -> None:
-    """Raises HookError unless `value` has the WIT-generated type `hint`: what the component could not lower
-    would otherwise be a trap without a word about which field was wrong."""
+Checker = Callable[[Any, str], None]
+_checkers: Dict[Any, Checker] = {}
+
+
+def _checker(hint: Any) -> Checker:
+    """A function that raises HookError unless a value has the WIT-generated type `hint`: what the component could
+    not lower would otherwise be a trap without a word about which field was wrong. Made once per type, at import
+    (so in the pre-initialized component), leaving each call plain isinstance checks."""
+    found = _checkers.get(hint)
+    if found is not None:
+        return found
+    check: Checker
     origin = typing.get_origin(hint)
     if origin is typing.Union:
         args = typing.get_args(hint)
-        if value is None and type(None) in args:
-            return
-        for arg in args:
-            if arg is not type(None) and (
-                not dataclasses.is_dataclass(arg) or isinstance(value, arg)
-            ):
-                return _conforms(value, arg, where)
+        optional = type(None) in args
+        choices = [a for a in args if a is not type(None)]
         names = " or ".join(getattr(a, "__name__", str(a)) for a in args)
-        raise HookError(f"{where}: expected {names}, got {type(value).__name__}")
-    if origin is list:
-        if not isinstance(value, list):
-            raise HookError(f"{where}: expected a list, got {type(value).__name__}")
-        (item,) = typing.get_args(hint)
-        for i, v in enumerate(value):
-            _conforms(v, item, f"{where}[{i}]")
-        return
-    if origin is tuple:
-        items = typing.get_args(hint)
-        if not isinstance(value, tuple) or len(value) != len(items):
-            raise HookError(f"{where}: expected a tuple of {len(items)}, got {value!r}")
-        for i, (v, h) in enumerate(zip(value, items)):
-            _conforms(v, h, f"{where}[{i}]")
-        return
-    if dataclasses.is_dataclass(hint):
-        if not isinstance(value, hint):
-            raise HookError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
-        for f in dataclasses.fields(hint):
-            _conforms(getattr(value, f.name), f.type, f"{where}.{f.name}")
-        return
-    if hint is bool:
-        ok = isinstance(value, bool)
+        if len(choices) == 1:
+            inner = _checker(choices[0])
+
+            def check(value: Any, where: str) -> None:
+                if value is None and optional:
+                    return
+                inner(value, where)
+
+        else:
+            classes = [(c, _checker(c)) for c in choices]
+
+            def check(value: Any, where: str) -> None:
+                if value is None and optional:
+                    return
+                for c, inner in classes:
+                    if isinstance(value, c):
+                        return inner(value, where)
+                raise HookError(f"{where}: expected {names}, got {type(value).__name__}")
+
+    elif origin is list:
+        (item_hint,) = typing.get_args(hint)
+        item = _checker(item_hint)
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, list):
+                raise HookError(f"{where}: expected a list, got {type(value).__name__}")
+            for i, v in enumerate(value):
+                item(v, f"{where}[{i}]")
+
+    elif origin is tuple:
+        items = [_checker(h) for h in typing.get_args(hint)]
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, tuple) or len(value) != len(items):
+                raise HookError(f"{where}: expected a tuple of {len(items)}, got {value!r}")
+            for i, (v, c) in enumerate(zip(value, items)):
+                c(v, f"{where}[{i}]")
+
+    elif dataclasses.is_dataclass(hint):
+        # Filled in below: a record may be reached again through its own fields.
+        fields: List[Tuple[str, Checker]] = []
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, hint):
+                raise HookError(f"{where}: expected {hint.__name__}, got {type(value).__name__}")
+            for name, c in fields:
+                c(getattr(value, name), f"{where}.{name}")
+
+        _checkers[hint] = check
+        fields.extend((f.name, _checker(f.type)) for f in dataclasses.fields(hint))
+        return check
+    elif hint is bool:
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, bool):
+                raise HookError(f"{where}: expected bool, got {value!r}")
+
     elif hint is int:
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise HookError(f"{where}: expected int, got {value!r}")
+
     elif hint is str:
-        ok = isinstance(value, str)
+
+        def check(value: Any, where: str) -> None:
+            if not isinstance(value, str):
+                raise HookError(f"{where}: expected str, got {value!r}")
+
     else:
-        ok = True
-    if not ok:
-        raise HookError(f"{where}: expected {hint.__name__}, got {value!r}")
+
+        def check(value: Any, where: str) -> None:
+            pass
+
+    _checkers[hint] = check
+    return check
+
+
+_decision = _checker(Decision)
+_entries = _checker(List[StatusEntry])
 
 
 def call_policy(fn: Optional[Callable[..., Any]], pod: Pod, selections: List[Selection]) -> Decision:
     try:
         out = Admit() if fn is None else fn(pod, selections)
-        _conforms(out, Decision, "the decision")
+        _decision(out, "the decision")
         return out
     except Exception as e:
         raise _fault(e) from None
@@ -102,7 +155,7 @@ def call_status(
 ) -> List[StatusEntry]:
     try:
         out = entries if fn is None else fn(pod, entries)
-        _conforms(out, List[StatusEntry], "the entries")
+        _entries(out, "the entries")
         return out
     except Exception as e:
         raise _fault(e) from None
