@@ -185,12 +185,20 @@ def test(dirs: List[str]) -> None:
     suite = unittest.TestSuite()
     loader = unittest.TestLoader()
     for d in dirs:
+        if not Path(d).is_dir():
+            sys.exit(f"plexus-py: {d} is not a directory")
         path = str(Path(d).resolve())
         sys.path.insert(0, path)
         suite.addTests(loader.discover(path, pattern="test_*.py", top_level_dir=path))
     result = unittest.TextTestRunner(verbosity=2).run(suite)
     if result.testsRun == 0:
         sys.exit("plexus-py: no tests found")
+    failed = len(result.failures) + len(result.errors)
+    # cargo's summary line, which tests/run.sh adds up with the Rust tests'.
+    print(
+        f"test result: {'ok' if failed == 0 else 'FAILED'}. {result.testsRun - failed} passed; {failed} failed",
+        flush=True,
+    )
     sys.exit(0 if result.wasSuccessful() else 1)
 
 
