@@ -1575,22 +1575,63 @@ fn doc_block(doc: &str, begin: &str, end: &str) -> String {
 /// page's own variables set (the registry's address, an admin kubeconfig, where the CNI plugins are).
 #[test]
 fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
+    walkthrough(
+        "pod-prefix",
+        &[
+            (
+                "rust",
+                "guests/pod-prefix/src/lib.rs",
+                "impl Policy for PodPrefix",
+            ),
+            (
+                "rust",
+                "guests/pod-prefix/src/lib.rs",
+                "fn only_prefixed_networks_pass",
+            ),
+        ],
+    );
+}
+
+/// The walkthrough's Python track: the page's Python blocks (P2 and P3) are the `guests/python/pod-prefix` guest,
+/// built and tested with the guests, and step 8's commands run as written with that component.
+#[test]
+fn the_walkthrough_in_docs_hooks_md_runs_as_written_with_the_python_build() {
+    walkthrough(
+        "py-pod-prefix",
+        &[
+            (
+                "python",
+                "guests/python/pod-prefix/pod_prefix.py",
+                "def check(",
+            ),
+            (
+                "python",
+                "guests/python/pod-prefix/test_pod_prefix.py",
+                "def test_only_prefixed_networks_pass",
+            ),
+        ],
+    );
+}
+
+/// Runs the walkthrough with the component `guest`, after checking that each of the page's `(language, file,
+/// needle)` blocks, the one of that language holding the needle, is in that file of the repository.
+fn walkthrough(guest: &str, blocks: &[(&str, &str, &str)]) {
+    // The page's network namespaces, links and subnets are fixed names: one walkthrough at a time.
+    static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _turn = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
     let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
     let doc = std::fs::read_to_string(root.join("docs/hooks.md")).unwrap();
-    let guest = std::fs::read_to_string(root.join("guests/pod-prefix/src/lib.rs")).unwrap();
-    let rust_blocks: Vec<&str> = doc
-        .split("```rust\n")
-        .skip(1)
-        .map(|b| b.split("```").next().unwrap())
-        .collect();
-    for needle in [
-        "impl Policy for PodPrefix",
-        "fn only_prefixed_networks_pass",
-    ] {
-        let block = rust_blocks.iter().find(|b| b.contains(needle)).unwrap();
+    for (language, file, needle) in blocks {
+        let code = std::fs::read_to_string(root.join(file)).unwrap();
+        let block = doc
+            .split(&format!("```{language}\n"))
+            .skip(1)
+            .map(|b| b.split("```").next().unwrap())
+            .find(|b| b.contains(needle))
+            .unwrap_or_else(|| panic!("no {language} block of docs/hooks.md has {needle}"));
         assert!(
-            guest.contains(block),
-            "guests/pod-prefix differs from the page's block with {needle}"
+            code.contains(block),
+            "{file} differs from the page's block with {needle}"
         );
     }
     let script = doc_block(
@@ -1612,7 +1653,7 @@ fn the_walkthrough_in_docs_hooks_md_runs_as_written() {
         .prefix("plx-walk-")
         .tempdir()
         .unwrap();
-    std::fs::copy(guest_wasm("pod-prefix"), dir.path().join("pod-prefix.wasm")).unwrap();
+    std::fs::copy(guest_wasm(guest), dir.path().join("pod-prefix.wasm")).unwrap();
     let kubeconfig = dir.path().join("admin.kubeconfig");
     api.write_kubeconfig(&kubeconfig, "admin-token");
     // The page's fixed names, in case an earlier run was killed half-way.
