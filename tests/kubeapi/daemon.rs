@@ -1783,7 +1783,7 @@ fn a_nad_grown_past_the_bound_and_then_deleted_is_not_attached_as_it_was() {
 
 /// One namespace's NADs cannot size a node's memory: 120 NADs of ~0.9 MiB (108 MiB) in namespace `big`, most before the daemon starts (its list) and some after (its watch). The
 /// daemon stays up with its NAD cache within its budget (largest dropped first), its peak resident memory within
-/// its share of the DaemonSet's limit (192 MiB, less 96 for a hook compile process beside it); an ADD of a small NAD reads nothing from the API, and one selecting a big NAD still
+/// its share of the DaemonSet's limit (96 MiB of it; the rest is for a hook compile process beside it); an ADD of a small NAD reads nothing from the API, and one selecting a big NAD still
 /// attaches it (read by name when it is not cached).
 #[test]
 fn one_namespaces_nads_cannot_size_the_daemons_memory() {
