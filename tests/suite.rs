@@ -40,4 +40,5 @@ mod node {
     mod e2e_daemonset;
     mod e2e_kubelet;
     mod image;
+    mod restarts;
 }

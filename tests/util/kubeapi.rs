@@ -20,7 +20,10 @@ pub const PLEXUS_USER: &str = "system:serviceaccount:kube-system:plexus";
 pub struct KubeApiServer {
     dir: tempfile::TempDir,
     etcd: Child,
-    apiserver: Child,
+    /// The running kube-apiserver; `None` while [`KubeApiServer::stop`] has it stopped.
+    apiserver: std::sync::Mutex<Option<Child>>,
+    /// Its command line, for a start after a stop.
+    apiserver_args: Vec<String>,
     pub port: u16,
     etcd_port: u16,
 }
@@ -129,35 +132,32 @@ impl KubeApiServer {
             "apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\nrules:\n  - level: Metadata\n",
         )
         .unwrap();
-        let log = std::fs::File::create(d.join("apiserver.log")).unwrap();
-        let apiserver = Command::new(apiserver_bin())
-            .args([
-                &format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
-                "--bind-address=127.0.0.1",
-                &format!("--secure-port={port}"),
-                &format!("--cert-dir={}", d.join("certs").display()),
-                &format!("--token-auth-file={}", d.join("tokens.csv").display()),
-                "--authorization-mode=Node,RBAC",
-                &format!("--service-account-key-file={}", d.join("sa.pub").display()),
-                &format!(
-                    "--service-account-signing-key-file={}",
-                    d.join("sa.key").display()
-                ),
-                "--service-account-issuer=https://kubernetes.default.svc",
-                "--service-cluster-ip-range=10.96.0.0/16",
-                &format!("--audit-policy-file={}", d.join("audit.yaml").display()),
-                &format!("--audit-log-path={}", d.join("audit.log").display()),
-                "--audit-log-mode=blocking",
-            ])
-            .args(extra)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("spawn kube-apiserver");
+        let mut apiserver_args: Vec<String> = [
+            format!("--etcd-servers=http://127.0.0.1:{etcd_port}"),
+            "--bind-address=127.0.0.1".to_string(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", d.join("certs").display()),
+            format!("--token-auth-file={}", d.join("tokens.csv").display()),
+            "--authorization-mode=Node,RBAC".to_string(),
+            format!("--service-account-key-file={}", d.join("sa.pub").display()),
+            format!(
+                "--service-account-signing-key-file={}",
+                d.join("sa.key").display()
+            ),
+            "--service-account-issuer=https://kubernetes.default.svc".to_string(),
+            "--service-cluster-ip-range=10.96.0.0/16".to_string(),
+            format!("--audit-policy-file={}", d.join("audit.yaml").display()),
+            format!("--audit-log-path={}", d.join("audit.log").display()),
+            "--audit-log-mode=blocking".to_string(),
+        ]
+        .into();
+        apiserver_args.extend(extra.iter().map(|a| a.to_string()));
+        let apiserver = spawn_apiserver(d, &apiserver_args);
         let mut server = KubeApiServer {
             dir,
             etcd,
-            apiserver,
+            apiserver: std::sync::Mutex::new(Some(apiserver)),
+            apiserver_args,
             port,
             etcd_port,
         };
@@ -174,7 +174,12 @@ impl KubeApiServer {
                     break;
                 }
             }
-            let exited = matches!(self.apiserver.try_wait(), Ok(Some(_)))
+            let exited = self
+                .apiserver
+                .lock()
+                .unwrap()
+                .as_mut()
+                .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))))
                 || matches!(self.etcd.try_wait(), Ok(Some(_)));
             if exited || Instant::now() >= deadline {
                 return Err(format!(
@@ -658,6 +663,21 @@ impl KubeApiServer {
     }
 }
 
+/// Starts kube-apiserver with `args`, its log appended to `dir`'s `apiserver.log`.
+fn spawn_apiserver(dir: &Path, args: &[String]) -> Child {
+    let log = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join("apiserver.log"))
+        .unwrap();
+    Command::new(apiserver_bin())
+        .args(args)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .expect("spawn kube-apiserver")
+}
+
 /// The collection URL an object is created at.
 fn collection_path(obj: &Value) -> String {
     let api_version = obj["apiVersion"].as_str().unwrap();
@@ -690,7 +710,45 @@ fn collection_path(obj: &Value) -> String {
 impl KubeApiServer {
     /// The pids of kube-apiserver and of its etcd.
     pub fn pids(&self) -> (u32, u32) {
-        (self.apiserver.id(), self.etcd.id())
+        (self.apiserver_pid(), self.etcd.id())
+    }
+
+    fn apiserver_pid(&self) -> u32 {
+        let running = self.apiserver.lock().unwrap();
+        running.as_ref().expect("kube-apiserver is stopped").id()
+    }
+
+    /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s); etcd keeps running. Requests are refused until
+    /// [`KubeApiServer::start_again`].
+    pub fn stop(&self) {
+        if let Some(mut child) = self.apiserver.lock().unwrap().take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts kube-apiserver again after [`KubeApiServer::stop`], on the same port, etcd and files; returns once
+    /// it is ready.
+    pub fn start_again(&self) {
+        let child = spawn_apiserver(self.dir.path(), &self.apiserver_args);
+        *self.apiserver.lock().unwrap() = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !matches!(self.request("GET", "/readyz", None), Ok((200, ref b)) if b.trim() == "ok")
+        {
+            assert!(
+                Instant::now() < deadline,
+                "kube-apiserver not ready again within 60 s; its log:\n{}",
+                self.log_tail()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
     }
 
     /// Stops the API server process (SIGSTOP): an outage where requests hang, as a wedged server's do.
@@ -706,13 +764,14 @@ impl KubeApiServer {
     fn signal(&self, sig: &str) {
         run(Command::new("kill")
             .arg(format!("-{sig}"))
-            .arg(self.apiserver.id().to_string()));
+            .arg(self.apiserver_pid().to_string()));
     }
 }
 
 impl Drop for KubeApiServer {
     fn drop(&mut self) {
-        for child in [&mut self.apiserver, &mut self.etcd] {
+        let apiserver = self.apiserver.get_mut().unwrap_or_else(|e| e.into_inner());
+        for child in apiserver.iter_mut().chain([&mut self.etcd]) {
             let _ = child.kill();
             let _ = child.wait();
         }

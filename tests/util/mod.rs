@@ -2,10 +2,12 @@
 //! what each costs: tests/README.md).
 
 pub mod apiserver;
+pub mod churn;
 pub mod containerd;
 pub mod control_plane;
 pub mod cri;
 pub mod crio;
+pub mod daemonset;
 pub mod dra_driver;
 pub mod image;
 pub mod kubeapi;

@@ -108,7 +108,7 @@ fn take_lock(socket: &Path) -> Result<std::os::fd::OwnedFd, DaemonError> {
     match rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {}
         Err(rustix::io::Errno::WOULDBLOCK) => {
-            return Err(DaemonError::AlreadyRunning(lock_path.display().to_string()))
+            return Err(DaemonError::AlreadyRunning(lock_path.display().to_string()));
         }
         Err(e) => return Err(io(&lock_path)(e.into())),
     }
@@ -257,12 +257,21 @@ async fn accept(
     }
 }
 
-/// Writes already accepted are sent before the process goes, for [`DRAIN_TIMEOUT`] at most; what is left stays
-/// on disk for the next run.
+/// Writes already accepted, and the events of ADDs already answered, are sent before the process goes, for
+/// [`DRAIN_TIMEOUT`] at most; writes left stay on disk for the next run, events left are lost (they live in memory
+/// only: best effort past the drain).
 pub(super) async fn drain(state: &NodeState, queue_dir: &Path) {
     let deadline = tokio::time::Instant::now() + DRAIN_TIMEOUT;
-    while state.pending_writes() > 0 && tokio::time::Instant::now() < deadline {
+    while (state.pending_writes() > 0 || state.events_in_flight() > 0)
+        && tokio::time::Instant::now() < deadline
+    {
         tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    if state.events_in_flight() > 0 {
+        tracing::warn!(
+            left = state.events_in_flight(),
+            "stopped with events unposted (the API server did not take them within the drain)"
+        );
     }
     if state.pending_writes() > 0 {
         tracing::warn!(

@@ -236,3 +236,28 @@ async fn a_stopping_daemon_waits_for_accepted_writes_but_not_past_the_drain_time
     assert_eq!(state.pending_writes(), 1);
     assert_eq!(std::fs::read_dir(queue.path()).unwrap().count(), 1, "kept");
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_stopping_daemon_posts_the_events_of_answered_adds_first() {
+    let queue = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    *api.latency.lock().unwrap() = Duration::from_secs(1);
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), queue.path(), 4);
+    for pod in ["web", "db"] {
+        crate::daemon::state::send_event(
+            &state,
+            pod_ref("ns", pod, "u1"),
+            false,
+            "AddedInterface".into(),
+            "net1".into(),
+        );
+    }
+    drain(&state, queue.path()).await;
+    let events = api
+        .calls()
+        .into_iter()
+        .filter(|(_, c)| matches!(c, fake::Call::Event { .. }))
+        .count();
+    assert_eq!(events, 2, "posted before stopping");
+    assert_eq!(state.events_in_flight(), 0);
+}

@@ -61,9 +61,9 @@ pub trait NodeApi: Send + Sync + 'static {
     }
 }
 
-/// The daemon's API side: the daemon's client for reads and events, and the same client without retries for the
-/// writes its durable writer sends (one loop of retries, the writer's, not one inside another). Its events are
-/// reported as from its node.
+/// The daemon's API side: the daemon's client for reads, and the same client without retries for the writes the
+/// daemon retries itself: status and claim writes (the durable writer) and events ([`send_event`]); one loop of
+/// retries, not one inside another. Its events are reported as from its node.
 pub struct DaemonApi {
     api: KubeApi,
     writes: KubeApi,
@@ -102,7 +102,7 @@ impl NodeApi for DaemonApi {
         message: &str,
     ) -> Result<String, ClusterError> {
         let node = Some(self.node.as_str());
-        self.api.post_event(pod, node, kind, message).await
+        self.writes.post_event(pod, node, kind, message).await
     }
     async fn count_event(
         &self,
@@ -129,6 +129,10 @@ impl NodeApi for DaemonApi {
 
 /// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
 pub const MAX_EVENTS_IN_FLIGHT: usize = 256;
+/// How long an event is tried again while the API server cannot take it (client-go's recorder: 12 tries, 10 s apart).
+pub const EVENT_RETRY_FOR: Duration = Duration::from_secs(120);
+const FIRST_EVENT_RETRY: Duration = Duration::from_secs(1);
+const MAX_EVENT_RETRY: Duration = Duration::from_secs(10);
 /// How long an event seen again is counted on the first one instead of posted anew (kubelet's window).
 pub const EVENT_WINDOW: Duration = Duration::from_secs(600);
 /// Distinct events remembered for that at most (the oldest are forgotten first).
@@ -221,6 +225,11 @@ impl NodeState {
     /// Status writes accepted and not yet taken by the API server.
     pub fn pending_writes(&self) -> usize {
         self.writes.len()
+    }
+
+    /// Events being posted (or waiting to be tried again) in the background.
+    pub fn events_in_flight(&self) -> usize {
+        self.events_in_flight.load(Ordering::Relaxed)
     }
 
     /// What the scrape-time gauges mirror.
@@ -493,6 +502,30 @@ fn forget_event(state: &NodeState, key: &EventKey) {
         .remove(key);
 }
 
+/// Posts an event, trying again while the API server is unreachable or overloaded ([`ClusterError::is_transient`]),
+/// for [`EVENT_RETRY_FOR`] at most: an outage delays the event, it does not lose it. Any other refusal is final.
+async fn post_until_delivered(
+    api: &dyn NodeApi,
+    pod: &PodRef,
+    kind: (&str, &str),
+    message: &str,
+) -> Result<String, ClusterError> {
+    let until = tokio::time::Instant::now() + EVENT_RETRY_FOR;
+    let mut backoff = Backoff::jittered(FIRST_EVENT_RETRY, MAX_EVENT_RETRY);
+    loop {
+        match api.post_event(pod, kind, message).await {
+            Err(e) if e.is_transient() => {
+                let delay = backoff.next_delay();
+                if tokio::time::Instant::now() + delay > until {
+                    return Err(e);
+                }
+                tokio::time::sleep(delay).await;
+            }
+            done => return done,
+        }
+    }
+}
+
 /// Posts an event on `pod` in the background, unless events are off or [`MAX_EVENTS_IN_FLIGHT`] are in flight
 /// already (events are best effort, and a burst must not pile up tasks). The same event again within
 /// [`EVENT_WINDOW`] (same pod, type, reason and message) increments the first one's count instead of creating
@@ -533,7 +566,7 @@ pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String,
         let kind = if warning { "Warning" } else { "Normal" };
         let result = match action {
             EventAction::Count(name, count) => api.count_event(&pod.namespace, &name, count).await,
-            _ => match api.post_event(&pod, (kind, &reason), &message).await {
+            _ => match post_until_delivered(api.as_ref(), &pod, (kind, &reason), &message).await {
                 Ok(name) => {
                     // Seen again while it was being posted: the count goes on the new event.
                     let again = {

@@ -10,7 +10,8 @@ use tokio::time::Instant;
 use super::fake::{self, pod, pod_ref, synced_cache, Call, FakeApi};
 use super::metrics::ResultLabel;
 use super::state::{
-    enqueue_claim_status, enqueue_status, send_event, start_writer, MAX_EVENTS_IN_FLIGHT,
+    enqueue_claim_status, enqueue_status, send_event, start_writer, EVENT_RETRY_FOR,
+    MAX_EVENTS_IN_FLIGHT,
 };
 
 fn writes_counted(state: &super::state::NodeState, result: &str) -> u64 {
@@ -448,4 +449,46 @@ async fn a_claim_status_write_is_kept_across_an_outage_and_a_restart() {
         }]
     );
     assert_eq!(state.pending_writes(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_event_sent_while_the_api_is_down_is_posted_once_it_is_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    let posted = |api: &FakeApi| {
+        api.calls()
+            .into_iter()
+            .filter(|(_, c)| matches!(c, Call::Event { .. }))
+            .count()
+    };
+    api.set_down(true);
+    send_event(
+        &state,
+        pod_ref("ns", "web", "u1"),
+        false,
+        "AddedInterface".into(),
+        "net1".into(),
+    );
+    tokio::time::sleep(Duration::from_secs(60)).await;
+    assert_eq!(posted(&api), 0);
+    let tries = api.attempts().len();
+    assert!((4..=12).contains(&tries), "tried {tries} times in 60 s");
+    api.set_down(false);
+    tokio::time::sleep(Duration::from_secs(15)).await;
+    assert_eq!(posted(&api), 1, "{:?}", api.attempts());
+
+    // An outage longer than the retry budget: given up, and nothing is left in flight.
+    api.set_down(true);
+    send_event(
+        &state,
+        pod_ref("ns", "db", "u2"),
+        false,
+        "AddedInterface".into(),
+        "net1".into(),
+    );
+    tokio::time::sleep(EVENT_RETRY_FOR + Duration::from_secs(15)).await;
+    api.set_down(false);
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(posted(&api), 1, "{:?}", api.attempts());
 }

@@ -1,0 +1,446 @@
+//! Pods created and deleted continuously on a [`DsNode`] while something happens to the node, and what the kubelet
+//! saw of them: the churn of the upgrade and restart tests and of the reliability report.
+//!
+//! One thread does all of it, one step per tick: it creates a pod (the cluster network and the NADs `networks`
+//! selects), lists the namespace's pods to see which are Running and what their network-status says, and deletes the
+//! oldest Running pods beyond `live`. While the API server is down nothing can be created, listed or deleted: those
+//! steps are counted and skipped, as a controller's would be. Once told to stop, it waits (bounded) for every pod
+//! still there to be Running, deletes them all, waits (bounded) for them to be gone, and counts what is left on the
+//! node ([`ChurnReport`]).
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+use crate::daemonset::{DsNode, NS};
+use crate::kubelet::pod_on_node;
+use crate::plexus::list_cache;
+
+/// What the churn does.
+#[derive(Clone, Debug)]
+pub struct ChurnSpec {
+    /// The pods' names start with this (one churn per name prefix and node).
+    pub prefix: String,
+    /// One pod created per tick.
+    pub tick: Duration,
+    /// At most this many pods are created in all.
+    pub max_pods: usize,
+    /// Running pods beyond this many (the oldest first) are deleted.
+    pub live: usize,
+    /// The selection annotation of every pod.
+    pub networks: String,
+    /// Entries a Running pod's network-status must have (the cluster network's and one per network selected).
+    pub status_entries: usize,
+    /// The longest wait, after the stop, for the pods still there to be Running, and then for them to be gone.
+    pub settle: Duration,
+}
+
+impl ChurnSpec {
+    /// Four pods a second, each with the cluster network and two NADs, eight alive at a time.
+    pub fn new(prefix: &str) -> ChurnSpec {
+        ChurnSpec {
+            prefix: prefix.to_string(),
+            tick: Duration::from_millis(250),
+            max_pods: 10_000,
+            live: 8,
+            networks: "net-a,net-b".to_string(),
+            status_entries: 3,
+            settle: Duration::from_secs(150),
+        }
+    }
+}
+
+/// One pod of the churn, as the churn saw it.
+#[derive(Clone, Debug, Default)]
+pub struct PodRecord {
+    pub name: String,
+    created: Option<Instant>,
+    /// When a list first showed it Running.
+    running: Option<Instant>,
+    /// The network-status entries when a list first showed it Running with a network-status, or at the last list.
+    status_entries: usize,
+    deleted: bool,
+}
+
+impl PodRecord {
+    /// From creation to the first list that showed it Running (the churn lists once a tick).
+    pub fn startup(&self) -> Option<Duration> {
+        Some(self.running?.duration_since(self.created?))
+    }
+}
+
+/// What a churn did and what it left.
+#[derive(Debug, Default)]
+pub struct ChurnReport {
+    pub pods: Vec<PodRecord>,
+    /// Creates the API server did not take (it was down): no pod.
+    pub creates_refused: usize,
+    /// Lists and deletes the API server did not answer (then done again on a later tick).
+    pub calls_refused: usize,
+    /// `(pod, message)` of each FailedCreatePodSandBox event: an ADD that failed as the kubelet saw it.
+    pub add_failures: Vec<(String, String)>,
+    /// `(pod, message)` of each FailedKillPod event: a DEL (StopPodSandbox) that failed as the kubelet saw it.
+    pub del_failures: Vec<(String, String)>,
+    /// Running pods without an AddedInterface event (an event Plexus posts for each attachment).
+    pub no_added_event: Vec<String>,
+    /// Pods that were never Running.
+    pub stuck: Vec<String>,
+    /// Running pods whose network-status did not have the entries it should.
+    pub status_wrong: Vec<(String, usize)>,
+    /// Pods still there after the settle time of the deletion.
+    pub not_deleted: Vec<String>,
+    /// Host-local reservations left, per network.
+    pub leaked_ips: BTreeMap<String, usize>,
+    /// Attachment cache entries left.
+    pub leaked_cache: usize,
+    /// Host ends of veths still on the node's bridges.
+    pub leaked_links: usize,
+}
+
+impl ChurnReport {
+    pub fn created(&self) -> usize {
+        self.pods.len()
+    }
+
+    /// Pods with a failed ADD that were Running in the end (the kubelet's retry succeeded).
+    pub fn retried_to_running(&self) -> usize {
+        self.pods
+            .iter()
+            .filter(|p| p.running.is_some() && self.add_failures.iter().any(|(n, _)| *n == p.name))
+            .count()
+    }
+
+    pub fn longest_startup(&self) -> Option<Duration> {
+        self.pods.iter().filter_map(PodRecord::startup).max()
+    }
+
+    pub fn median_startup(&self) -> Option<Duration> {
+        let mut all: Vec<Duration> = self.pods.iter().filter_map(PodRecord::startup).collect();
+        all.sort();
+        all.get(all.len() / 2).copied()
+    }
+
+    /// Everything left on the node or in the cluster that should not be.
+    pub fn leaks(&self) -> usize {
+        self.leaked_ips.values().sum::<usize>()
+            + self.leaked_cache
+            + self.leaked_links
+            + self.not_deleted.len()
+    }
+
+    /// Asserts the promises every event keeps: no pod lost (each one Running in the end, its network-status whole and
+    /// its AddedInterface events posted),
+    /// every failed ADD retried to success, nothing left.
+    #[track_caller]
+    pub fn assert_nothing_lost(&self, node: &DsNode) {
+        let ok = self.stuck.is_empty()
+            && self.status_wrong.is_empty()
+            && self.no_added_event.is_empty()
+            && self.retried_to_running() == self.failed_pods()
+            && self.leaks() == 0;
+        assert!(ok, "{}\n{}", self.summary(), node.logs_of_daemons());
+    }
+
+    /// Pods with at least one failed ADD.
+    pub fn failed_pods(&self) -> usize {
+        let mut names: Vec<&String> = self.add_failures.iter().map(|(n, _)| n).collect();
+        names.sort();
+        names.dedup();
+        names.len()
+    }
+
+    /// One paragraph of the figures, for failure messages and logs.
+    pub fn summary(&self) -> String {
+        let ms = |d: Option<Duration>| d.map_or("-".to_string(), |d| d.as_millis().to_string());
+        format!(
+            "churn: {} pods created; startups (ms) in creation order: {:?}\n ({} creates refused, {} calls refused), {} stuck {:?}; failed ADDs {} on {} pods, \
+             {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; without an AddedInterface event {:?}; startup median {} ms, \
+             longest {} ms; left: IPs {:?}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}",
+            self.created(),
+            self.pods
+                .iter()
+                .map(|p| p.startup().map_or(-1, |d| d.as_millis() as i64))
+                .collect::<Vec<_>>(),
+            self.creates_refused,
+            self.calls_refused,
+            self.stuck.len(),
+            self.stuck,
+            self.add_failures.len(),
+            self.failed_pods(),
+            self.retried_to_running(),
+            self.del_failures.len(),
+            self.status_wrong,
+            self.no_added_event,
+            ms(self.median_startup()),
+            ms(self.longest_startup()),
+            self.leaked_ips,
+            self.leaked_cache,
+            self.leaked_links,
+            self.not_deleted,
+            self.add_failures.iter().take(5).collect::<Vec<_>>(),
+            self.del_failures.iter().take(5).collect::<Vec<_>>(),
+        )
+    }
+}
+
+/// The churn while it runs, for the event to add to it.
+pub struct Churner<'a> {
+    node: &'a DsNode,
+    spec: &'a ChurnSpec,
+    report: Mutex<ChurnReport>,
+    next: AtomicUsize,
+}
+
+impl Churner<'_> {
+    /// Creates the churn's next pod (counted as refused if the API server does not take it).
+    pub fn create(&self) {
+        let n = self.next.fetch_add(1, Ordering::Relaxed);
+        if n >= self.spec.max_pods {
+            return;
+        }
+        let name = format!("{}-{n}", self.spec.prefix);
+        let created = Instant::now();
+        let answer = self.node.api.request(
+            "POST",
+            &format!("/api/v1/namespaces/{NS}/pods"),
+            Some(&pod_on_node(NS, &name, &self.spec.networks)),
+        );
+        let mut report = self.report.lock().unwrap();
+        match answer {
+            Ok((201, _)) => report.pods.push(PodRecord {
+                name,
+                created: Some(created),
+                ..PodRecord::default()
+            }),
+            _ => report.creates_refused += 1,
+        }
+    }
+
+    /// Creates `n` pods at once, more than the kubelet starts in a tick: some are still starting a few seconds on.
+    pub fn burst(&self, n: usize) {
+        for _ in 0..n {
+            self.create();
+        }
+    }
+}
+
+/// Churns pods on `node` as `spec` says while `event` runs on this thread, then settles and counts
+/// ([`ChurnReport`]). The churn goes on for `after` once the event has returned.
+pub fn during<R>(
+    node: &DsNode,
+    spec: &ChurnSpec,
+    after: Duration,
+    event: impl FnOnce(&Churner) -> R,
+) -> (R, ChurnReport) {
+    let stop = AtomicBool::new(false);
+    let churner = Churner {
+        node,
+        spec,
+        report: Mutex::default(),
+        next: AtomicUsize::new(0),
+    };
+    let result = std::thread::scope(|scope| {
+        let churn = scope.spawn(|| churn(&churner, &stop));
+        let result = event(&churner);
+        std::thread::sleep(after);
+        stop.store(true, Ordering::Relaxed);
+        churn.join().expect("the churn thread");
+        result
+    });
+    let mut report = churner.report.into_inner().unwrap();
+    settle(node, spec, &mut report);
+    (result, report)
+}
+
+/// The churn's loop, until `stop`.
+fn churn(churner: &Churner, stop: &AtomicBool) {
+    while !stop.load(Ordering::Relaxed) {
+        let tick = Instant::now();
+        churner.create();
+        {
+            let mut report = churner.report.lock().unwrap();
+            observe(churner.node, &mut report);
+            delete_beyond_live(churner.node, churner.spec, &mut report);
+        }
+        std::thread::sleep(churner.spec.tick.saturating_sub(tick.elapsed()));
+    }
+}
+
+/// One list of the namespace's pods: which of the churn's are Running, and their network-status.
+fn observe(node: &DsNode, report: &mut ChurnReport) -> bool {
+    let list = match node
+        .api
+        .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
+    {
+        Ok((200, body)) => serde_json::from_str::<Value>(&body).unwrap_or_default(),
+        _ => {
+            report.calls_refused += 1;
+            return false;
+        }
+    };
+    let now = Instant::now();
+    let items = list["items"].as_array().cloned().unwrap_or_default();
+    for pod in &items {
+        let Some(record) = report
+            .pods
+            .iter_mut()
+            .find(|p| pod["metadata"]["name"] == p.name.as_str())
+        else {
+            continue;
+        };
+        if pod["status"]["phase"] == "Running" {
+            record.running.get_or_insert(now);
+            record.status_entries = status_entries(pod);
+        }
+    }
+    true
+}
+
+/// The entries of a pod's network-status annotation (0 when it has none or it is not JSON).
+fn status_entries(pod: &Value) -> usize {
+    pod["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"]
+        .as_str()
+        .and_then(|s| serde_json::from_str::<Vec<Value>>(s).ok())
+        .map_or(0, |v| v.len())
+}
+
+/// Deletes the oldest Running pods beyond `spec.live` that have their network-status (so that each pod is seen
+/// whole before it goes).
+fn delete_beyond_live(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
+    let alive: Vec<usize> = (0..report.pods.len())
+        .filter(|&i| !report.pods[i].deleted)
+        .collect();
+    let mut excess = alive.len().saturating_sub(spec.live);
+    for i in alive {
+        if excess == 0 {
+            break;
+        }
+        let pod = &report.pods[i];
+        if pod.running.is_none() || pod.status_entries < spec.status_entries {
+            continue;
+        }
+        if delete(node, &pod.name) {
+            report.pods[i].deleted = true;
+            excess -= 1;
+        } else {
+            report.calls_refused += 1;
+            return;
+        }
+    }
+}
+
+fn delete(node: &DsNode, name: &str) -> bool {
+    matches!(
+        node.api.request(
+            "DELETE",
+            &format!("/api/v1/namespaces/{NS}/pods/{name}"),
+            None
+        ),
+        Ok((200 | 404, _))
+    )
+}
+
+/// After the stop: the pods still there Running (bounded), their network-status checked, all deleted and gone
+/// (bounded), the kubelet's failure events collected, and what is left counted.
+fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
+    let deadline = Instant::now() + spec.settle;
+    while Instant::now() < deadline {
+        let listed = observe(node, report);
+        let pending = report
+            .pods
+            .iter()
+            .any(|p| !p.deleted && (p.running.is_none() || p.status_entries < spec.status_entries));
+        if listed && !pending {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    for p in &report.pods {
+        if p.running.is_none() {
+            report.stuck.push(p.name.clone());
+        } else if p.status_entries != spec.status_entries {
+            report.status_wrong.push((p.name.clone(), p.status_entries));
+        }
+    }
+    let names: Vec<String> = report.pods.iter().map(|p| p.name.clone()).collect();
+    let deadline = Instant::now() + spec.settle;
+    let mut left = names.clone();
+    while !left.is_empty() && Instant::now() < deadline {
+        left.retain(|n| !delete(node, n) || node.pod(NS, n).is_some());
+        if !left.is_empty() {
+            std::thread::sleep(Duration::from_millis(500));
+        }
+    }
+    report.not_deleted = left;
+    collect_events(node, report);
+    count_leftovers(node, report);
+}
+
+/// The kubelet's FailedCreatePodSandBox and FailedKillPod events of the churn's pods, and which Running pods have
+/// no AddedInterface event (waiting, bounded, for events still being posted).
+fn collect_events(node: &DsNode, report: &mut ChurnReport) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        report.add_failures.clear();
+        report.del_failures.clear();
+        list_events(node, report);
+        if report.no_added_event.is_empty() || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+fn list_events(node: &DsNode, report: &mut ChurnReport) {
+    let events = node
+        .api
+        .must("GET", &format!("/api/v1/namespaces/{NS}/events"), None);
+    let mut added = Vec::new();
+    for e in events["items"].as_array().into_iter().flatten() {
+        let pod = e["involvedObject"]["name"].as_str().unwrap_or_default();
+        if !report.pods.iter().any(|p| p.name == pod) {
+            continue;
+        }
+        let entry = (
+            pod.to_string(),
+            e["message"].as_str().unwrap_or_default().to_string(),
+        );
+        match e["reason"].as_str() {
+            Some("FailedCreatePodSandBox") => report.add_failures.push(entry),
+            Some("FailedKillPod") => report.del_failures.push(entry),
+            Some("AddedInterface") => added.push(entry.0),
+            _ => {}
+        }
+    }
+    report.no_added_event = report
+        .pods
+        .iter()
+        .filter(|p| p.running.is_some() && !added.contains(&p.name))
+        .map(|p| p.name.clone())
+        .collect();
+}
+
+/// What the pods left on the node once they are gone (waiting, bounded, for the runtime's last DELs).
+fn count_leftovers(node: &DsNode, report: &mut ChurnReport) {
+    let attachments = node.node("/var/lib/plexus").join("attachments");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        report.leaked_ips = node
+            .networks()
+            .into_iter()
+            .map(|n| (n.to_string(), node.ipam.reserved_ips(n).len()))
+            .filter(|(_, n)| *n > 0)
+            .collect();
+        report.leaked_cache = list_cache(&attachments).len();
+        report.leaked_links = node.bridge_ports();
+        let left =
+            report.leaked_ips.values().sum::<usize>() + report.leaked_cache + report.leaked_links;
+        if left == 0 || Instant::now() >= deadline {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(500));
+    }
+}

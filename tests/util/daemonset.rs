@@ -1,0 +1,389 @@
+//! A node with Plexus installed as an operator installs it: the project's image in a real containerd or CRI-O, the
+//! pod of examples/deploy/daemonset.yaml run by a real kubelet (1.37) against a real API server with the project's
+//! CRDs and RBAC ([`DsNode`]), and pods churned on it while something happens to the node ([`crate::churn`]).
+//!
+//! What stands in for the parts of a cluster that are not here, and nothing else changes in the pod:
+//! - no DaemonSet controller or scheduler: the DaemonSet's pod template is created as a pod bound to the node;
+//! - no service-account token controller and no kube-proxy: the pod's token is a secret holding a static token of
+//!   the API server for `kube-system/plexus`, and `KUBERNETES_SERVICE_HOST`/`_PORT` name the API server's loopback
+//!   address instead of the service's cluster IP;
+//! - the node's directories (`/opt/cni/bin`, `/etc/cni/net.d`, `/var/lib/cni`, `/run/plexus`, `/var/lib/plexus`)
+//!   are directories of the test, mounted at the same paths in the pod (every path of the pod spec is moved
+//!   alike); `/run/netns` is the host's own;
+//! - the node's address is a documentation address (kubelet refuses loopback), so metrics listen on
+//!   loopback; the networks' host-local store is one more host directory.
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use plexus_node::install::base64;
+use serde_json::{json, Value};
+
+use crate::kubeapi::KubeApiServer;
+use crate::kubelet::{Kubelet, NODE};
+use crate::netns::{
+    bridge_host_local, cni_bin_dir, host_links_on_bridge, links_at, require_root_and_plugins,
+    HostBridge, IpamDir,
+};
+use crate::runtime::{Runtime, RuntimeKind};
+use crate::{deploy_manifest, image, tail};
+
+/// The namespace of the node's NADs and of the pods the tests start.
+pub const NS: &str = "team";
+/// The secondary networks (NADs in [`NS`]), after the cluster network `cluster-net`.
+pub const NADS: [&str; 3] = ["net-a", "net-b", "net-c"];
+/// The node directories the DaemonSet mounts that the test gives its own directory.
+const NODE_DIRS: [&str; 5] = [
+    "/opt/cni/bin",
+    "/etc/cni/net.d",
+    "/var/lib/cni",
+    "/run/plexus",
+    "/var/lib/plexus",
+];
+
+/// The mount's propagation (`shared`, `private`, ...) of the mount point that holds `path`.
+pub fn propagation(path: &str) -> String {
+    let out = Command::new("findmnt")
+        .args(["-no", "PROPAGATION", "--target", path])
+        .output()
+        .expect("run findmnt");
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// Every string of `v` that is, or lies under, one of [`NODE_DIRS`] moved under `root`.
+fn move_node_dirs(v: &mut Value, root: &Path) {
+    match v {
+        Value::String(s) => {
+            // A flag's value too (`--bin-dir=/opt/cni/bin`).
+            let (flag, path) = match s.split_once('=') {
+                Some((f, p)) if f.starts_with("--") => (format!("{f}="), p.to_string()),
+                _ => (String::new(), s.clone()),
+            };
+            let under = |d: &str| path == d || path.starts_with(&format!("{d}/"));
+            if NODE_DIRS.iter().any(|d| under(d)) {
+                let moved = root.join(path.trim_start_matches('/'));
+                *s = format!("{flag}{}", moved.display());
+            }
+        }
+        Value::Array(items) => items.iter_mut().for_each(|i| move_node_dirs(i, root)),
+        Value::Object(map) => map.values_mut().for_each(|i| move_node_dirs(i, root)),
+        _ => {}
+    }
+}
+
+/// The DaemonSet's pod template as pod `name` bound to [`NODE`] running `image`, its token from secret `token`,
+/// with the stand-ins of the module's header.
+fn daemonset_pod(
+    root: &Path,
+    api: &KubeApiServer,
+    ipam: &Path,
+    name: &str,
+    image: &str,
+    token: &str,
+) -> Value {
+    let text = std::fs::read_to_string(deploy_manifest("daemonset.yaml")).unwrap();
+    let ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let mut spec = ds["spec"]["template"]["spec"].clone();
+    move_node_dirs(&mut spec, root);
+    spec["nodeName"] = json!(NODE);
+    spec["automountServiceAccountToken"] = json!(false);
+    spec["volumes"].as_array_mut().unwrap().extend([
+        json!({"name": "sa-token", "secret": {"secretName": token}}),
+        json!({"name": "ipam", "hostPath": {"path": ipam, "type": "Directory"}}),
+    ]);
+    let service = [
+        json!({"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"}),
+        json!({"name": "KUBERNETES_SERVICE_PORT", "value": api.port().to_string()}),
+    ];
+    for list in ["initContainers", "containers"] {
+        for c in spec[list].as_array_mut().unwrap() {
+            c["image"] = json!(image);
+            c["imagePullPolicy"] = json!("Never");
+            let env = c["env"]
+                .as_array_mut()
+                .map(std::mem::take)
+                .unwrap_or_default();
+            // POD_IP is the node's address (hostNetwork), which is not on this machine.
+            let mut env: Vec<Value> = env.into_iter().filter(|e| e["name"] != "POD_IP").collect();
+            env.push(json!({"name": "POD_IP", "value": "127.0.0.1"}));
+            env.extend(service.iter().cloned());
+            c["env"] = json!(env);
+            for arg in c["command"].as_array_mut().unwrap() {
+                if arg
+                    .as_str()
+                    .is_some_and(|a| a.starts_with("--metrics-bind-address="))
+                {
+                    *arg = json!("--metrics-bind-address=127.0.0.1:0");
+                }
+            }
+            let mounts = c["volumeMounts"].as_array_mut().unwrap();
+            mounts.push(json!({"name": "sa-token", "readOnly": true,
+                               "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}));
+            mounts.push(json!({"name": "ipam", "mountPath": ipam}));
+        }
+    }
+    json!({
+        "apiVersion": "v1", "kind": "Pod",
+        "metadata": {"name": name, "namespace": "kube-system",
+                     "labels": ds["spec"]["template"]["metadata"]["labels"].clone()},
+        "spec": spec,
+    })
+}
+
+/// The object at `path`, if the API server answers 200.
+pub fn get(api: &KubeApiServer, path: &str) -> Option<Value> {
+    match api.request("GET", path, None) {
+        Ok((200, body)) => serde_json::from_str(&body).ok(),
+        _ => None,
+    }
+}
+
+/// Whether a pod's Ready condition is True.
+pub fn ready(pod: &Value) -> bool {
+    pod["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|c| c["type"] == "Ready" && c["status"] == "True")
+}
+
+/// Interface names with their IPv4 addresses in the namespace at `netns`.
+pub fn interfaces(netns: &Path) -> Vec<(String, Vec<String>)> {
+    links_at(netns)
+        .into_iter()
+        .map(|l| {
+            let cidrs = l.cidrs().into_iter().filter(|c| !c.contains(':')).collect();
+            (l.ifname, cidrs)
+        })
+        .collect()
+}
+
+/// A node with the DaemonSet's directories, the cluster network's conf and three NADs, the runtime (the image in it
+/// under two tags, [`image::IMAGE`] and [`IMAGE_2`]) and a kubelet; no DaemonSet pod yet. Fields drop in order:
+/// kubelet (it must not start pods again), the runtime (its sandboxes' DEL runs the installed plugin), the API
+/// server, the host's bridges and store, and last the node's directories.
+pub struct DsNode {
+    pub kind: RuntimeKind,
+    pub kubelet: Kubelet,
+    pub runtime: Runtime,
+    pub api: KubeApiServer,
+    pub ipam: IpamDir,
+    bridges: Vec<(&'static str, HostBridge)>,
+    /// The subnet prefix (`a.b.c.`) of cluster-net, net-a, net-b, net-c.
+    pub prefixes: Vec<String>,
+    pub root: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+/// The second tag of the project's image: the same build, as a rolling update moves from one tag to another.
+pub const IMAGE_2: &str = "plexus.test/plexus:2";
+
+impl DsNode {
+    pub fn start(kind: RuntimeKind) -> DsNode {
+        require_root_and_plugins();
+        // What this run covers: the manifest once failed where the root mount is private.
+        eprintln!(
+            "root mount: {}, /run/netns: {}",
+            propagation("/"),
+            propagation("/run/netns")
+        );
+        // The daemon runs delegates, privileged as a CNI plugin is (a cluster that runs CNI DaemonSets allows it).
+        let api = KubeApiServer::start(&[], &["--allow-privileged=true"]);
+        api.apply_file(&deploy_manifest("crds.yaml"));
+        api.apply_file(&deploy_manifest("networkhooks.yaml"));
+        api.apply_file(&deploy_manifest("rbac.yaml"));
+        api.apply_node_authority();
+        api.namespace(NS);
+
+        let dir = tempfile::Builder::new()
+            .prefix("plx-ds-")
+            .tempdir_in("/var/tmp")
+            .unwrap();
+        let root = dir.path().join("node");
+        let node = |p: &str| root.join(p.trim_start_matches('/'));
+        for d in NODE_DIRS {
+            std::fs::create_dir_all(node(d)).unwrap();
+        }
+        // The plugins as files (a symlink to a host path would not resolve in the daemon's container).
+        for plugin in ["bridge", "host-local", "loopback"] {
+            std::fs::copy(
+                Path::new(cni_bin_dir()).join(plugin),
+                node("/opt/cni/bin").join(plugin),
+            )
+            .unwrap();
+        }
+        let ipam = IpamDir::new();
+        let bridges: Vec<(&str, HostBridge)> = ["cluster-net", "net-a", "net-b", "net-c"]
+            .into_iter()
+            .zip(["dcl", "dna", "dnb", "dnc"])
+            .map(|(net, tag)| (net, HostBridge::reserve(tag)))
+            .collect();
+        let confs: Vec<Value> = bridges
+            .iter()
+            .map(|(name, bridge)| bridge_host_local(name, bridge, &ipam))
+            .collect();
+        let prefixes = confs
+            .iter()
+            .map(|c| {
+                let subnet = c["plugins"][0]["ipam"]["ranges"][0][0]["subnet"]
+                    .as_str()
+                    .unwrap();
+                format!("{}.", subnet.rsplit_once('.').unwrap().0)
+            })
+            .collect();
+        std::fs::write(
+            node("/etc/cni/net.d").join("10-cluster.conflist"),
+            confs[0].to_string(),
+        )
+        .unwrap();
+        for (i, name) in ["net-a", "net-b", "net-c"].into_iter().enumerate() {
+            api.nad(NS, name, &confs[i + 1]);
+        }
+
+        let runtime = Runtime::start(kind, &node("/opt/cni/bin"), &node("/etc/cni/net.d"));
+        let image_tar = dir.path().join("plexus.tar");
+        image::build(&image_tar);
+        runtime.load_image(&image_tar, image::IMAGE);
+        runtime.load_image(&image_tar, IMAGE_2);
+        let kubelet = Kubelet::start(&api, &runtime.socket());
+        DsNode {
+            kind,
+            kubelet,
+            runtime,
+            api,
+            ipam,
+            bridges,
+            prefixes,
+            root,
+            _dir: dir,
+        }
+    }
+
+    /// A node directory of [`NODE_DIRS`] as the test moved it.
+    pub fn node(&self, p: &str) -> PathBuf {
+        self.root.join(p.trim_start_matches('/'))
+    }
+
+    /// The DaemonSet's pod `name` running `image`. The pod first, then its token: one the API server binds to that
+    /// pod on this node (the node-authority policy is installed), as the kubelet's projection of a
+    /// service-account token would be, in a secret of the pod's own. The kubelet waits for the secret to mount it.
+    pub fn run_daemon_pod(&self, name: &str, image: &str) {
+        let token_secret = format!("{name}-token");
+        let spec = daemonset_pod(
+            &self.root,
+            &self.api,
+            self.ipam.path(),
+            name,
+            image,
+            &token_secret,
+        );
+        let pod = self.api.create(&spec);
+        let answer = self.api.must(
+            "POST",
+            "/api/v1/namespaces/kube-system/serviceaccounts/plexus/token",
+            Some(&json!({
+                "apiVersion": "authentication.k8s.io/v1", "kind": "TokenRequest",
+                "spec": {"expirationSeconds": 3600, "boundObjectRef": {
+                    "apiVersion": "v1", "kind": "Pod",
+                    "name": pod["metadata"]["name"], "uid": pod["metadata"]["uid"]}}
+            })),
+        );
+        let token = answer["status"]["token"].as_str().unwrap().to_string();
+        let ca = std::fs::read(self.api.ca_cert()).unwrap();
+        self.api.create(&json!({
+            "apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": token_secret, "namespace": "kube-system"},
+            // What a service account's token volume holds.
+            "data": {"token": base64(token.as_bytes()), "ca.crt": base64(&ca),
+                     "namespace": base64(b"kube-system")},
+        }));
+    }
+
+    pub fn logs(&self, daemon_pod: &str) -> String {
+        self.logs_of_pods(&format!("kube-system_{daemon_pod}_"))
+    }
+
+    /// The logs of the pods whose log directory starts with `prefix`, the kubelet's and the runtime's.
+    fn logs_of_pods(&self, prefix: &str) -> String {
+        let log = self.runtime.log();
+        let lines: Vec<&str> = log.lines().collect();
+        format!(
+            "the DaemonSet's pod:\n{}\nkubelet:\n{}\n{}:\n{}",
+            container_logs(prefix),
+            self.kubelet.log_tail(30),
+            self.kind.name(),
+            lines[lines.len().saturating_sub(30)..].join("\n")
+        )
+    }
+
+    /// Waits (at most `secs`) until `ok` holds; names what was awaited and shows the logs if it does not.
+    #[track_caller]
+    pub fn within(&self, secs: u64, what: &str, daemon_pod: &str, ok: &dyn Fn() -> bool) {
+        let start = Instant::now();
+        while !ok() {
+            assert!(
+                start.elapsed() < Duration::from_secs(secs),
+                "{what}: not within {secs} s\n{}",
+                self.logs(daemon_pod)
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// The node's networks: the cluster network's and the NADs' (each a bridge with a host-local range).
+    pub fn networks(&self) -> Vec<&'static str> {
+        self.bridges.iter().map(|(n, _)| *n).collect()
+    }
+
+    /// Host ends of veths on the node's bridges: one per pod and network while pods are attached.
+    pub fn bridge_ports(&self) -> usize {
+        self.bridges
+            .iter()
+            .map(|(_, b)| host_links_on_bridge(b.name()).len())
+            .sum()
+    }
+
+    /// The logs of every DaemonSet pod there was, the kubelet's and the runtime's, for failure messages.
+    pub fn logs_of_daemons(&self) -> String {
+        self.logs_of_pods("kube-system_plexus-")
+    }
+
+    pub fn pod(&self, namespace: &str, name: &str) -> Option<Value> {
+        get(
+            &self.api,
+            &format!("/api/v1/namespaces/{namespace}/pods/{name}"),
+        )
+    }
+}
+
+/// The last lines of each container log kubelet wrote for the pod whose log directory starts with `prefix`.
+pub fn container_logs(prefix: &str) -> String {
+    let mut out = String::new();
+    for pod in std::fs::read_dir("/var/log/pods")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        if !pod.file_name().to_string_lossy().starts_with(prefix) {
+            continue;
+        }
+        for container in std::fs::read_dir(pod.path())
+            .into_iter()
+            .flatten()
+            .flatten()
+        {
+            for log in std::fs::read_dir(container.path())
+                .into_iter()
+                .flatten()
+                .flatten()
+            {
+                out.push_str(&format!(
+                    "{}:\n{}\n",
+                    log.path().display(),
+                    tail(&log.path(), 15)
+                ));
+            }
+        }
+    }
+    out
+}
