@@ -763,6 +763,50 @@ impl KubeApi {
         }
     }
 
+    /// Applies `body` to the cluster-scoped object `name` of `api` (server-side apply, forced, as `manager`);
+    /// `resource` is the RBAC resource, with its subresource when the apply is to that (`networkhooks/status`).
+    /// Tried as every call is: a writer that keeps what it writes and tries it again itself calls it on
+    /// [`KubeApi::without_retries`]. A 404 is an [`ClusterError::Invalid`] answer: an apply creates a missing
+    /// object, so the resource is not served (its CRD is missing) or, for a subresource, the object is gone.
+    pub async fn apply_cluster_scoped(
+        &self,
+        api: &Api<kube::api::DynamicObject>,
+        (resource, group): (&'static str, &'static str),
+        name: &str,
+        (manager, body): (&str, &serde_json::Value),
+    ) -> Result<(), ClusterError> {
+        let op = Op {
+            verb: "patch",
+            resource,
+            group,
+            namespace: "",
+            name,
+        };
+        let params = PatchParams::apply(manager).force();
+        let patch = Patch::Apply(body);
+        let sent = self
+            .call(&op, self.tries(), || async {
+                match resource.split_once('/') {
+                    Some((_, sub)) => api.patch_subresource(sub, name, &params, &patch).await,
+                    None => api.patch(name, &params, &patch).await,
+                }
+            })
+            .await;
+        match sent {
+            Ok(_) => Ok(()),
+            Err(Failure::Api(status)) if status.code == 404 => Err(ClusterError::Invalid {
+                what: op.describe(),
+                reason: format!(
+                    "the server {} answered 404 Not Found: it does not serve {resource} (API group \
+                     {group:?}), or the object is gone",
+                    self.server
+                ),
+            }),
+            // Every other answer is the generic one (the object kind only names a 404's object).
+            Err(f) => Err(self.generic(&op, ObjectKind::Pod, f)),
+        }
+    }
+
     /// The namespaced resource's API in `namespace`, or across the cluster without one.
     fn api_in<K>(&self, namespace: Option<&str>) -> Api<K>
     where

@@ -24,35 +24,47 @@
 //! Trust follows the keys: the key files are read again every few seconds, and when the set of keys changes
 //! every module in the set is checked against the new keys; one whose signature verifies with none of them
 //! stops running (`Untrusted`).
+//!
+//! What it does outside its memory (pull, compile, probe, the API server's writes and events) goes through
+//! [`AgentEffects`], so that these guarantees are tested in process on a paused clock (`reconcile_tests`);
+//! the real parts test the wiring. The report and the removal of old status entries go through the cluster
+//! crate's request layer with one attempt each ([`KubeApi::without_retries`]): the agent is their durable writer,
+//! keeping what it has not got through and sending it again at its next reconcile, so nothing below it retries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Api, ApiResource, DynamicObject, Patch, PatchParams};
+use kube::api::{Api, ApiResource, DynamicObject};
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::{reflector, WatchStreamExt};
 use plexus_hooks::{FailurePolicy, HookKind, HookSpec};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::time::Instant;
 
 use super::hook_plan::{plan, select, Entry, LastGood, PlanInput, Ready, Resource, Wanted};
 pub use super::hook_plan::{selects, NetworkHookSpec};
 use crate::controller::{self, Controller};
-use crate::distribution::{self, DistError, Registry, RegistryOptions, TrustedKeys};
+use crate::distribution::{self, RegistryOptions, TrustedKeys};
 use crate::hook_state::{Failure, Reason};
 use crate::node_report::{self, HookReport, NodeReport};
-use plexus_cluster::KubeApi;
+use plexus_cluster::{ClusterError, KubeApi};
 use plexus_cni::hooks::{HookSet, PublishedRun, MODULES_DIR};
+
+mod effects;
+pub use effects::{AgentEffects, Fetched, KubeEffects};
 
 /// The hook resource's API group, version and kind.
 pub const GROUP: &str = "plexus.dev";
 pub const VERSION: &str = "v1alpha1";
 pub const KIND: &str = "NetworkHook";
 pub const PLURAL: &str = "networkhooks";
+/// The RBAC resource of the hook's status (where agents before per-node objects wrote).
+const STATUS_RESOURCE: &str = "networkhooks/status";
 
 /// Backoff of a hook whose module could not be made ready.
 const FIRST_RETRY: Duration = Duration::from_secs(1);
@@ -134,8 +146,8 @@ struct Retrying {
 /// The agent's state between reconciliations.
 struct Agent {
     settings: AgentSettings,
+    effects: Arc<dyn AgentEffects>,
     keys: Result<TrustedKeys, String>,
-    registry: Result<Registry, String>,
     modules: PathBuf,
     /// The set last published; its `runs` say what each entry runs and who signed it.
     published: HookSet,
@@ -161,12 +173,6 @@ struct Agent {
     compiled: HashMap<String, PathBuf>,
     /// What the keys were when last read (their IDs, or the error), to notice a change.
     keys_seen: String,
-    /// The NetworkHooks (their `status.nodes`, for the entries of earlier versions).
-    status_api: Api<DynamicObject>,
-    /// The per-node objects.
-    reports_api: Api<DynamicObject>,
-    /// For the Warning events on the resources.
-    api: KubeApi,
 }
 
 /// The NetworkHook resource's API description.
@@ -189,9 +195,8 @@ pub async fn run(api: KubeApi, settings: AgentSettings) {
     let hook_watch = watch_hooks(&hooks_api, (&settings, &server), &inputs, &controller);
     let node_watch = watch_node(&client, (&settings, &server), &inputs, &controller);
     let waiting = settings.states.waiting.clone();
-    let agent = Arc::new(tokio::sync::Mutex::new(Agent::new(
-        settings, hooks_api, api,
-    )));
+    let effects = Arc::new(KubeEffects::new(api, &settings));
+    let agent = Arc::new(tokio::sync::Mutex::new(Agent::new(settings, effects)));
     // One key, the node's hook set: reconciled on a change of the resources or labels, of the keys, when a retry
     // is due, and every MAX_RETRY at least.
     let reconcile = {
@@ -435,13 +440,12 @@ fn keys_fingerprint(keys: &Result<TrustedKeys, String>) -> String {
 }
 
 impl Agent {
-    fn new(settings: AgentSettings, status_api: Api<DynamicObject>, api: KubeApi) -> Agent {
+    fn new(settings: AgentSettings, effects: Arc<dyn AgentEffects>) -> Agent {
         let keys = TrustedKeys::load(&settings.key_files).map_err(|e| e.to_string());
         if let Err(e) = &keys {
             tracing::error!(error = %e, "hook signature keys unusable: every hook is refused until fixed");
         }
         let keys_seen = keys_fingerprint(&keys);
-        let registry = Registry::new(&settings.registry).map_err(|e| e.to_string());
         let modules = settings.cache_dir.join(MODULES_DIR);
         // What was published before a restart stays active until this run publishes.
         let (mut published, on_disk) = match HookSet::read(&settings.cache_dir) {
@@ -461,8 +465,8 @@ impl Agent {
         }
         Agent {
             settings,
+            effects,
             keys,
-            registry,
             modules,
             published,
             on_disk,
@@ -475,9 +479,6 @@ impl Agent {
             probes_used: Default::default(),
             compiled: HashMap::new(),
             keys_seen,
-            reports_api: Api::all_with(api.client().clone(), &node_report::api_resource()),
-            status_api,
-            api,
         }
     }
 
@@ -537,16 +538,7 @@ impl Agent {
         if let Some(verdict) = self.probes.get(&key) {
             return verdict.clone();
         }
-        // In a process of its own, as the compile (see super::compile): the module runs, its memory goes with it.
-        let verdict = super::compile::probe_apart(
-            &self.settings.compiler,
-            &entry,
-            &self.settings.cache_dir,
-            &self.settings.limits,
-            super::compile::COMPILE_TIMEOUT,
-        )
-        .await
-        .unwrap_or_else(|why| Err(Failure::new(Reason::FailedProbe, why)));
+        let verdict = self.effects.probe(&entry).await;
         match &verdict {
             Ok(()) => tracing::info!(hook = name, sha256 = sha, "module passed its probe"),
             Err(f) => {
@@ -594,6 +586,11 @@ impl Agent {
             }
             ready.insert(name.to_string(), made);
         }
+        // A module no selected hook names any more is not tried again (nor does it keep the agent requeueing).
+        self.failures.retain(|module, _| {
+            let named = |w: &Wanted| matches!(w, Wanted::Selected(s) if s.module == *module);
+            wanted.values().any(named)
+        });
         let last_good = self.last_good();
         let planned = plan(&PlanInput {
             hooks,
@@ -743,14 +740,7 @@ impl Agent {
 
     /// Compiles a module into the node's cache in a process of its own (see [`super::compile`]): its sha256.
     async fn compile(&mut self, module: &Path) -> Result<String, String> {
-        let compiled = super::compile::compile_apart(
-            &self.settings.compiler,
-            module,
-            &self.settings.cache_dir,
-            &self.settings.limits,
-            super::compile::COMPILE_TIMEOUT,
-        )
-        .await?;
+        let compiled = self.effects.compile(module).await?;
         self.compiled
             .insert(compiled.sha256.clone(), compiled.artifact);
         Ok(compiled.sha256)
@@ -762,18 +752,9 @@ impl Agent {
         digest: &str,
         keys: Option<&TrustedKeys>,
     ) -> Result<(String, Option<String>), Failure> {
-        let fail = |e: DistError| Failure::new(e.reason(), e.to_string());
-        let registry = self
-            .registry
-            .as_ref()
-            .map_err(|e| Failure::new(Reason::PullFailed, e.clone()))?;
-        // Pulled first (bounded), so a module that is not there is reported as such; nothing of it is used
-        // before its signature verifies.
-        let pulled = registry.pull_module(reference).await.map_err(fail)?;
-        let verified_by = match keys {
-            Some(k) => Some(registry.verify(reference, digest, k).await.map_err(fail)?),
-            None => None,
-        };
+        // Nothing of it is used before its signature verifies.
+        let pulled = self.effects.pull(reference, keys).await?;
+        let verified_by = pulled.verified_by.clone();
         let path = self.module_path(&pulled.sha256);
         let io = |e: std::io::Error| {
             Failure::new(Reason::PullFailed, format!("{}: {e}", path.display()))
@@ -877,22 +858,9 @@ impl Agent {
         self.retired.retain(|sha, _| !in_use.contains(sha));
     }
 
-    /// A Warning event on the NetworkHook (cluster scoped, so in the `default` namespace), best effort.
+    /// A Warning event on the NetworkHook, best effort.
     async fn warn(&self, hook: &str, s: &HookReport) {
-        let object = k8s_openapi::api::core::v1::ObjectReference {
-            api_version: Some(format!("{GROUP}/{VERSION}")),
-            kind: Some(KIND.into()),
-            name: Some(hook.into()),
-            ..Default::default()
-        };
-        let node = &self.settings.node;
-        let message = format!("node {node}: {}", s.message);
-        let reporter = ("plexus-agent", Some(node.as_str()));
-        let posted = self
-            .api
-            .post_event_about(object, ("Warning", &s.reason), &message, reporter)
-            .await;
-        if let Err(e) = posted {
+        if let Err(e) = self.effects.warn(hook, &s.reason, &s.message).await {
             tracing::warn!(hook, error = %e, "cannot post the hook's event");
         }
     }
@@ -945,61 +913,31 @@ impl Agent {
         if self.applied.as_ref() == Some(&object) || self.refused.as_ref() == Some(&object) {
             return;
         }
-        let params = PatchParams::apply(REPORT_MANAGER).force();
-        let sent = tokio::time::timeout(
-            Duration::from_secs(10),
-            self.reports_api
-                .patch(&self.settings.node, &params, &Patch::Apply(&object)),
-        )
-        .await;
-        match sent {
-            Ok(Ok(_)) => {
+        match self.effects.apply_report(&object).await {
+            Ok(()) => {
                 self.applied = Some(object);
                 self.refused = None;
             }
             // Refused for what it says (invalid, forbidden): sending it again changes nothing. Logged once, the
             // answer counted in the API request metrics by its code; sent again when the report changes.
-            Ok(Err(kube::Error::Api(status))) if refusal(status.code) => {
-                let error = plexus_cluster::explain(self.api.server(), &kube::Error::Api(status));
+            Err(error) if refusal(&error) => {
                 tracing::error!(%error, "the API server refused the node's hook report; not sent again until it changes");
                 self.refused = Some(object);
             }
-            Ok(Err(e)) => {
-                let error = self.api.explain(&e);
-                tracing::warn!(%error, "cannot report the node's hooks")
-            }
-            Err(_) => tracing::warn!("reporting the node's hooks timed out"),
+            Err(error) => tracing::warn!(%error, "cannot report the node's hooks"),
         }
     }
 
     /// Removes this node's entry from the `status.nodes` of each of `hooks`, where an agent of an earlier version
-    /// wrote it (its field manager was `plexus-agent-<node>`: applying nothing under it removes what it owned).
-    /// Tried again at the next reconcile until the watch no longer shows it.
+    /// wrote it. Tried again at the next reconcile until the watch no longer shows it.
     async fn remove_legacy_entries(&self, hooks: &BTreeSet<String>) {
-        let manager = format!("plexus-agent-{}", self.settings.node);
         for name in hooks {
-            let body = json!({
-                "apiVersion": format!("{GROUP}/{VERSION}"),
-                "kind": KIND,
-                "metadata": {"name": name},
-            });
-            let params = PatchParams::apply(&manager).force();
-            let sent = tokio::time::timeout(
-                Duration::from_secs(10),
-                self.status_api
-                    .patch_status(name, &params, &Patch::Apply(&body)),
-            )
-            .await;
-            match sent {
-                Ok(Ok(_)) => {
+            match self.effects.remove_legacy_entry(name).await {
+                Ok(()) => {
                     tracing::info!(hook = %name, "removed this node's entry of an earlier version from the hook's status")
                 }
-                Ok(Err(e)) => {
-                    let error = self.api.explain(&e);
+                Err(error) => {
                     tracing::warn!(hook = %name, %error, "cannot remove this node's old status entry")
-                }
-                Err(_) => {
-                    tracing::warn!(hook = %name, "removing this node's old status entry timed out")
                 }
             }
         }
@@ -1135,13 +1073,13 @@ fn hook_spec(name: &str, spec: &NetworkHookSpec, modules: &Path, sha: &str) -> H
     }
 }
 
-/// The manifest digest a published entry came from is not in the entry; it is in its module's record.
 /// An answer that says the request itself is wrong (invalid, forbidden, too large), not that the server is busy
-/// or away: a retry of the same request gets the same answer.
-fn refusal(code: u16) -> bool {
-    matches!(code, 400 | 403 | 404 | 413 | 415 | 422)
+/// or away, nor that the node's credentials are being replaced: a retry of the same request gets the same answer.
+fn refusal(error: &ClusterError) -> bool {
+    !error.is_transient() && !matches!(error, ClusterError::CredentialsRefused { .. })
 }
 
+/// The manifest digest a published entry came from is not in the entry; it is in its module's record.
 fn run_of_module_path(module: &Path) -> Option<PublishedRun> {
     let sha = module.file_stem()?.to_str()?;
     records(module.parent()?)
@@ -1200,6 +1138,11 @@ fn read_record(path: &Path) -> Option<Record> {
     let bytes = plexus_cni::conf::read_capped(path, 4096).ok()?;
     serde_json::from_slice(&bytes).ok()
 }
+
+#[cfg(test)]
+mod fake;
+#[cfg(test)]
+mod reconcile_tests;
 
 #[cfg(test)]
 mod tests {
