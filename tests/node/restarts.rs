@@ -20,6 +20,19 @@ plexus_tests::on_each_runtime!(
     an_api_server_outage_loses_no_pod_and_no_status,
 );
 
+/// On containerd only, for now. On CRI-O the same churn leaves, in about one run of two, the attachments of one
+/// sandbox whose RunPodSandbox the kill cut short: CRI-O forgets that sandbox, and its start-up GC (with the
+/// valid attachments of CNI 1.1) runs before, or while, the orphaned ADD finishes. Measured: with a CNI 1.0 cluster
+/// conf two whole sandboxes left in 73 pods, with 1.1 one sandbox's cluster-network address and plan in 77.
+mod a_runtime_restart_then_a_kubelet_restart_lose_no_pod {
+    #[test]
+    fn containerd() {
+        super::a_runtime_restart_then_a_kubelet_restart_lose_no_pod(
+            plexus_tests::runtime::RuntimeKind::Containerd,
+        )
+    }
+}
+
 /// A node with the DaemonSet's pod `plexus-node1` Ready.
 fn node_with_daemon(kind: RuntimeKind) -> (DsNode, String) {
     let ds = DsNode::start(kind);
@@ -73,6 +86,33 @@ fn a_rolling_update_of_the_daemonset_fails_no_pod(kind: RuntimeKind) {
         "{}",
         new_pod["status"]
     );
+}
+
+/// The runtime killed (kill -9) and started again while pods churn and a burst is starting, then the kubelet
+/// restarted. A sandbox whose RunPodSandbox the kill cut short is torn down by the runtime or the kubelet (a DEL)
+/// and made again: once the churn settles each pod kept holds exactly one address per network it selects, an ADD
+/// that failed was retried to success, and nothing is left once the pods are gone.
+fn a_runtime_restart_then_a_kubelet_restart_lose_no_pod(kind: RuntimeKind) {
+    let (ds, _daemon) = node_with_daemon(kind);
+    let ((), report) = churn::during(
+        &ds,
+        &ChurnSpec::new("restart"),
+        Duration::from_secs(5),
+        |churn| {
+            std::thread::sleep(Duration::from_secs(3));
+            churn.burst(8);
+            ds.runtime.restart();
+            std::thread::sleep(Duration::from_secs(5));
+            churn.burst(8);
+            ds.kubelet.restart(&ds.api);
+        },
+    );
+    eprintln!(
+        "{}: runtime and kubelet restarts: {}",
+        kind.name(),
+        report.summary()
+    );
+    report.assert_nothing_lost(&ds);
 }
 
 /// How long the suite's API server outage lasts (the reliability report's lasts 60 s).

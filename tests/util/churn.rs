@@ -92,6 +92,11 @@ pub struct ChurnReport {
     pub status_wrong: Vec<(String, usize)>,
     /// Pods still there after the settle time of the deletion.
     pub not_deleted: Vec<String>,
+    /// The networks the pods select (after the cluster network).
+    pub networks: Vec<String>,
+    /// Per network, the addresses reserved beyond one per pod once the pods kept were Running and the pods deleted
+    /// were gone (negative: fewer).
+    pub extra_addresses: BTreeMap<String, i64>,
     /// Host-local reservations left, per network.
     pub leaked_ips: BTreeMap<String, usize>,
     /// Attachment cache entries left.
@@ -139,6 +144,7 @@ impl ChurnReport {
         let ok = self.stuck.is_empty()
             && self.status_wrong.is_empty()
             && self.no_added_event.is_empty()
+            && self.extra_addresses.is_empty()
             && self.retried_to_running() == self.failed_pods()
             && self.leaks() == 0;
         assert!(ok, "{}\n{}", self.summary(), node.logs_of_daemons());
@@ -157,7 +163,7 @@ impl ChurnReport {
         let ms = |d: Option<Duration>| d.map_or("-".to_string(), |d| d.as_millis().to_string());
         format!(
             "churn: {} pods created; startups (ms) in creation order: {:?}\n ({} creates refused, {} calls refused), {} stuck {:?}; failed ADDs {} on {} pods, \
-             {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; without an AddedInterface event {:?}; startup median {} ms, \
+             {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; addresses beyond one per pod {:?}; without an AddedInterface event {:?}; startup median {} ms, \
              longest {} ms; left: IPs {:?}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}",
             self.created(),
             self.pods
@@ -173,6 +179,7 @@ impl ChurnReport {
             self.retried_to_running(),
             self.del_failures.len(),
             self.status_wrong,
+            self.extra_addresses,
             self.no_added_event,
             ms(self.median_startup()),
             ms(self.longest_startup()),
@@ -251,6 +258,7 @@ pub fn during<R>(
         result
     });
     let mut report = churner.report.into_inner().unwrap();
+    report.networks = spec.networks.split(',').map(str::to_string).collect();
     settle(node, spec, &mut report);
     (result, report)
 }
@@ -270,7 +278,7 @@ fn churn(churner: &Churner, stop: &AtomicBool) {
 }
 
 /// One list of the namespace's pods: which of the churn's are Running, and their network-status.
-fn observe(node: &DsNode, report: &mut ChurnReport) -> bool {
+fn observe(node: &DsNode, report: &mut ChurnReport) -> Option<Vec<String>> {
     let list = match node
         .api
         .request("GET", &format!("/api/v1/namespaces/{NS}/pods"), None)
@@ -278,7 +286,7 @@ fn observe(node: &DsNode, report: &mut ChurnReport) -> bool {
         Ok((200, body)) => serde_json::from_str::<Value>(&body).unwrap_or_default(),
         _ => {
             report.calls_refused += 1;
-            return false;
+            return None;
         }
     };
     let now = Instant::now();
@@ -296,7 +304,12 @@ fn observe(node: &DsNode, report: &mut ChurnReport) -> bool {
             record.status_entries = status_entries(pod);
         }
     }
-    true
+    Some(
+        items
+            .iter()
+            .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .collect(),
+    )
 }
 
 /// The entries of a pod's network-status annotation (0 when it has none or it is not JSON).
@@ -349,11 +362,18 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
     let deadline = Instant::now() + spec.settle;
     while Instant::now() < deadline {
         let listed = observe(node, report);
-        let pending = report
-            .pods
-            .iter()
-            .any(|p| !p.deleted && (p.running.is_none() || p.status_entries < spec.status_entries));
-        if listed && !pending {
+        // Every pod kept Running with its network-status, every pod deleted gone (its sandbox torn down).
+        let pending = |names: &Vec<String>| {
+            report.pods.iter().any(|p| {
+                if p.deleted {
+                    names.contains(&p.name)
+                } else {
+                    p.running.is_none() || p.status_entries < spec.status_entries
+                }
+            })
+        };
+        if listed.as_ref().is_some_and(|names| !pending(names)) {
+            count_addresses(node, report);
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
@@ -377,6 +397,25 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
     report.not_deleted = left;
     collect_events(node, report);
     count_leftovers(node, report);
+}
+
+/// With every pod kept Running and every pod deleted gone: the addresses each network has reserved beyond one per
+/// pod (a sandbox attached twice, or one torn down without its DEL).
+fn count_addresses(node: &DsNode, report: &mut ChurnReport) {
+    let live = report.pods.iter().filter(|p| !p.deleted).count();
+    let selected = |net: &str| net == "cluster-net" || report.networks.iter().any(|n| n == net);
+    report.extra_addresses = node
+        .networks()
+        .into_iter()
+        .map(|n| {
+            let expected = if selected(n) { live } else { 0 };
+            (
+                n.to_string(),
+                node.ipam.reserved_ips(n).len() as i64 - expected as i64,
+            )
+        })
+        .filter(|(_, extra)| *extra != 0)
+        .collect();
 }
 
 /// The kubelet's FailedCreatePodSandBox and FailedKillPod events of the churn's pods, and which Running pods have

@@ -25,7 +25,8 @@ const CRI_TIMEOUT: Duration = Duration::from_secs(60);
 
 pub struct Containerd {
     dir: tempfile::TempDir,
-    child: Option<Child>,
+    /// The runtime's process while it runs (a restart replaces it).
+    child: std::sync::Mutex<Option<Child>>,
     sandboxes: Vec<String>,
     /// Where its Prometheus metrics are served (`127.0.0.1:PORT`, path `/v1/metrics`), when asked for.
     metrics: Option<String>,
@@ -156,9 +157,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             serially = networks > 1,
         );
         std::fs::write(root.join("config.toml"), config).expect("containerd config");
-        let mut c = Containerd {
+        let c = Containerd {
             dir,
-            child: None,
+            child: std::sync::Mutex::new(None),
             sandboxes: Vec::new(),
             metrics,
         };
@@ -183,7 +184,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
     /// containerd's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -228,7 +229,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         }
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&self) {
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -248,14 +249,14 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             .stderr(log)
             .spawn()
             .expect("start containerd");
-        self.child = Some(child);
+        *self.child.lock().unwrap() = Some(child);
         crate::cri::wait_until_serving(&self.socket(), "containerd", || self.log());
     }
 
     /// kill -9 of containerd (its shims and sandboxes live on, as on a real node), then a fresh start on the
     /// same state.
-    pub fn restart(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    pub fn restart(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -281,10 +282,20 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        if self.child.is_some() {
+        if self
+            .child
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
             crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self
+            .child
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -57,7 +57,8 @@ static HOST_PATHS: Mutex<(usize, Vec<&str>)> = Mutex::new((0, Vec::new()));
 
 pub struct CriO {
     dir: tempfile::TempDir,
-    child: Option<Child>,
+    /// The runtime's process while it runs (a restart replaces it).
+    child: std::sync::Mutex<Option<Child>>,
     sandboxes: Vec<String>,
     registry: Registry,
 }
@@ -185,9 +186,9 @@ enable_nri = false
             }
             host.0 += 1;
         }
-        let mut c = CriO {
+        let c = CriO {
             dir,
-            child: None,
+            child: std::sync::Mutex::new(None),
             sandboxes: Vec::new(),
             registry: own,
         };
@@ -201,7 +202,7 @@ enable_nri = false
 
     /// CRI-O's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     pub fn socket(&self) -> PathBuf {
@@ -252,7 +253,7 @@ enable_nri = false
             .expect("run crictl")
     }
 
-    fn spawn(&mut self) {
+    fn spawn(&self) {
         let root = self.dir.path();
         let log = std::fs::OpenOptions::new()
             .create(true)
@@ -272,14 +273,14 @@ enable_nri = false
             .stderr(log)
             .spawn()
             .expect("start crio");
-        self.child = Some(child);
+        *self.child.lock().unwrap() = Some(child);
         crate::cri::wait_until_serving(&self.socket(), "CRI-O", || self.log());
     }
 
     /// kill -9 of CRI-O (its conmons and sandboxes live on, as on a real node), then a fresh start on the same
     /// state.
-    pub fn restart(&mut self) {
-        if let Some(mut child) = self.child.take() {
+    pub fn restart(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
             let _ = child.kill();
             let _ = child.wait();
         }
@@ -392,10 +393,20 @@ fn unavailable_capabilities() -> String {
 
 impl Drop for CriO {
     fn drop(&mut self) {
-        if self.child.is_some() {
+        if self
+            .child
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .is_some()
+        {
             crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
-        if let Some(mut child) = self.child.take() {
+        if let Some(mut child) = self
+            .child
+            .get_mut()
+            .unwrap_or_else(|e| e.into_inner())
+            .take()
+        {
             let _ = child.kill();
             let _ = child.wait();
         }

@@ -218,9 +218,15 @@ impl DsNode {
             .zip(["dcl", "dna", "dnb", "dnc"])
             .map(|(net, tag)| (net, HostBridge::reserve(tag)))
             .collect();
+        // CNI 1.1, as the reference plugins of the suite speak it: a runtime's GC then names the attachments
+        // still valid, which releases those of sandboxes the runtime lost (CRI-O's start-up GC).
         let confs: Vec<Value> = bridges
             .iter()
-            .map(|(name, bridge)| bridge_host_local(name, bridge, &ipam))
+            .map(|(name, bridge)| {
+                let mut conf = bridge_host_local(name, bridge, &ipam);
+                conf["cniVersion"] = json!("1.1.0");
+                conf
+            })
             .collect();
         let prefixes = confs
             .iter()

@@ -143,7 +143,8 @@ static ONE_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 pub struct Kubelet {
     dir: tempfile::TempDir,
-    child: Option<Child>,
+    /// The kubelet's process while it runs (a restart replaces it).
+    child: std::sync::Mutex<Option<Child>>,
     host: HostState,
     /// Held until the kubelet is stopped and the host put back (dropped last).
     _turn: std::sync::MutexGuard<'static, ()>,
@@ -152,7 +153,7 @@ pub struct Kubelet {
 impl Kubelet {
     /// The kubelet's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
     /// Starts kubelet for [`NODE`] against `api`, with the containerd listening on `runtime_socket`; returns
@@ -200,7 +201,25 @@ failCgroupV1: false
         // Recorded before kubelet runs, so that a start that fails half-way is undone too.
         let mut host = HostState::record();
         host.add_node_ip();
-        let log = std::fs::File::create(d.join("kubelet.log")).expect("kubelet log");
+        let kubelet = Kubelet {
+            dir,
+            child: std::sync::Mutex::new(None),
+            host,
+            _turn: turn,
+        };
+        kubelet.spawn();
+        kubelet.wait_ready(api);
+        kubelet
+    }
+
+    /// Starts the kubelet process, its log appended to the one before.
+    fn spawn(&self) {
+        let d = self.dir.path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(d.join("kubelet.log"))
+            .expect("kubelet log");
         let child = Command::new(crate::parts::bin("kubelet"))
             .arg(format!(
                 "--kubeconfig={}",
@@ -221,14 +240,30 @@ failCgroupV1: false
             .stderr(log)
             .spawn()
             .expect("start kubelet");
-        let kubelet = Kubelet {
-            dir,
-            child: Some(child),
-            host,
-            _turn: turn,
-        };
-        kubelet.wait_ready(api);
-        kubelet
+        *self.child.lock().unwrap() = Some(child);
+    }
+
+    /// Stops the kubelet (SIGTERM, then SIGKILL after 10 s).
+    fn stop(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// The kubelet restarted, as `systemctl restart kubelet` does: stopped, started on the same root dir and
+    /// config; returns once the node is Ready again. Its pods and their sandboxes live on.
+    pub fn restart(&self, api: &KubeApiServer) {
+        self.stop();
+        self.spawn();
+        self.wait_ready(api);
     }
 
     fn wait_ready(&self, api: &KubeApiServer) {
@@ -268,17 +303,7 @@ failCgroupV1: false
 
 impl Drop for Kubelet {
     fn drop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        self.stop();
         self.host.restore(self.dir.path());
     }
 }

@@ -101,7 +101,7 @@ impl Runtime {
     }
 
     /// kill -9 of the runtime (its shims or conmons and sandboxes live on), then a fresh start on the same state.
-    pub fn restart(&mut self) {
+    pub fn restart(&self) {
         match self {
             Runtime::Containerd(c) => c.restart(),
             Runtime::CriO(c) => c.restart(),
