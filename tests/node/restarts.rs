@@ -13,11 +13,13 @@ use plexus_tests::daemonset::{ready, DsNode, IMAGE_2};
 use plexus_tests::image;
 use plexus_tests::kubeapi::PLEXUS_USER;
 use plexus_tests::kubelet::NODE;
+use plexus_tests::plexus::list_cache;
 use plexus_tests::runtime::RuntimeKind;
 
 plexus_tests::on_each_runtime!(
     a_rolling_update_of_the_daemonset_fails_no_pod,
     an_api_server_outage_loses_no_pod_and_no_status,
+    a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice,
 );
 
 /// On containerd only, for now. On CRI-O the same churn leaves, in about one run of two, the attachments of one
@@ -112,6 +114,38 @@ fn a_runtime_restart_then_a_kubelet_restart_lose_no_pod(kind: RuntimeKind) {
         kind.name(),
         report.summary()
     );
+    report.assert_nothing_lost(&ds);
+}
+
+/// The node rebooted while pods churn (`DsNode::reboot`: every process killed at once, `/run` and the pods'
+/// network namespaces gone, then the runtime and the kubelet started again; the API server, elsewhere, stays up).
+/// The kubelet stops each sandbox from before, whose DEL finds no namespace and must still release its addresses,
+/// and makes a new one; the daemon comes back with its pod. Once the churn settles, each pod holds exactly one
+/// address per network (none kept by a dead sandbox, none attached twice), and nothing is left once they are gone.
+fn a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice(kind: RuntimeKind) {
+    let (ds, _daemon) = node_with_daemon(kind);
+    let ((), report) = churn::during(
+        &ds,
+        &ChurnSpec::new("reboot"),
+        Duration::from_secs(5),
+        |_| {
+            std::thread::sleep(Duration::from_secs(4));
+            let attachments = ds.node("/var/lib/plexus").join("attachments");
+            let before = list_cache(&attachments);
+            assert!(before.len() >= 8, "{before:?}");
+            ds.reboot();
+            ds.within(
+                120,
+                "every sandbox from before the reboot torn down",
+                &format!("plexus-{NODE}"),
+                &|| {
+                    let now = list_cache(&attachments);
+                    before.iter().all(|id| !now.contains(id))
+                },
+            );
+        },
+    );
+    eprintln!("{}: node reboot: {}", kind.name(), report.summary());
     report.assert_nothing_lost(&ds);
 }
 

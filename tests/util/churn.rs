@@ -373,7 +373,14 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
             })
         };
         if listed.as_ref().is_some_and(|names| !pending(names)) {
-            count_addresses(node, report);
+            // The node converges a little later than the API shows (a sandbox made again after a reboot).
+            let converged = Instant::now() + Duration::from_secs(60);
+            while {
+                count_addresses(node, report);
+                !report.extra_addresses.is_empty() && Instant::now() < converged
+            } {
+                std::thread::sleep(Duration::from_millis(500));
+            }
             break;
         }
         std::thread::sleep(Duration::from_millis(250));

@@ -263,6 +263,33 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.spawn();
     }
 
+    /// The node powered off, as far as containerd goes: containerd, its shims and every container of it killed
+    /// (kill -9), and what lives in `/run` gone: its state directory, the runc state of its containers, their
+    /// mounts. Its root (images, the sandboxes' metadata) stays, as a disk does. [`Containerd::power_on`] starts it
+    /// again.
+    pub fn power_off(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        crate::kill_processes_naming(&self.socket().display().to_string());
+        // The runc shim keeps its containers' state under runc's default root, per namespace.
+        let ours = self.dir.path().display().to_string();
+        crate::runc_power_off(Path::new(RUNC_ROOT), &ours);
+        crate::unmount_deepest_first(
+            crate::mount_points()
+                .into_iter()
+                .filter(|m| m.starts_with(&ours))
+                .collect(),
+        );
+        let _ = std::fs::remove_dir_all(self.dir.path().join("state"));
+    }
+
+    /// containerd started after [`Containerd::power_off`], on the same root.
+    pub fn power_on(&self) {
+        self.spawn();
+    }
+
     pub fn cri(&self) -> Cri {
         Cri::connect(&self.socket(), CRI_TIMEOUT).expect("connect to containerd's CRI")
     }
@@ -312,6 +339,10 @@ impl Drop for Containerd {
         );
     }
 }
+
+/// Where containerd's runc shim keeps the state of the CRI's containers (runc's default root, the `k8s.io`
+/// namespace): shared by every containerd on the machine.
+const RUNC_ROOT: &str = "/run/containerd/runc/k8s.io";
 
 /// A runtime's CNI directories in `sb`: `cni-bin` with `plexus` (the binary given) beside the reference plugins,
 /// and `cni-conf` with `00-plexus.conflist`, a list of the one plexus conf `plexus_conf` (as

@@ -287,6 +287,35 @@ enable_nri = false
         self.spawn();
     }
 
+    /// The node powered off, as far as CRI-O goes: CRI-O, its conmons and every container of it killed (kill -9),
+    /// and what lives in `/run` gone: its run root, its version file (how CRI-O tells a reboot), the runc state of
+    /// its containers, their mounts. Its storage stays, as a disk does. [`CriO::power_on`] starts it again.
+    pub fn power_off(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let root = self.dir.path();
+        let ours = root.display().to_string();
+        crate::runc_power_off(&root.join("runc"), &ours);
+        crate::kill_processes_naming(&ours);
+        crate::unmount_deepest_first(
+            crate::mount_points()
+                .into_iter()
+                .filter(|m| m.starts_with(&ours))
+                .collect(),
+        );
+        for gone in ["runroot", "runc", "version"] {
+            let path = root.join(gone);
+            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+        }
+    }
+
+    /// CRI-O started after [`CriO::power_off`], on the same storage.
+    pub fn power_on(&self) {
+        self.spawn();
+    }
+
     pub fn cri(&self) -> Cri {
         Cri::connect(&self.socket(), CRI_TIMEOUT).expect("connect to CRI-O's CRI")
     }

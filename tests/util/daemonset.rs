@@ -25,6 +25,7 @@ use crate::netns::{
     bridge_host_local, cni_bin_dir, host_links_on_bridge, links_at, require_root_and_plugins,
     HostBridge, IpamDir,
 };
+use crate::plexus::{list_cache, read_cached_plan};
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::{deploy_manifest, image, tail};
 
@@ -334,6 +335,30 @@ impl DsNode {
             );
             std::thread::sleep(Duration::from_millis(100));
         }
+    }
+
+    /// The node rebooted: every process of the node stopped at once (kill -9: the kubelet, the runtime, its shims
+    /// and containers, the daemon with them), what lives in `/run` gone (the runtime's state, Plexus's `runDir`, the
+    /// pods' network namespaces, and with them their interfaces), then the runtime and the kubelet started again.
+    /// Disks stay: the runtime's root, the kubelet's, Plexus's `cacheDir`, the host-local store.
+    pub fn reboot(&self) {
+        self.kubelet.power_off();
+        self.runtime.power_off();
+        let attachments = self.node("/var/lib/plexus").join("attachments");
+        for id in list_cache(&attachments) {
+            let plan = read_cached_plan(&attachments, id.trim_end_matches(".json"));
+            if let Some(netns) = plan.as_ref().and_then(|p| p["netns"].as_str()) {
+                let _ = Command::new("umount").args(["-l", netns]).status();
+                let _ = std::fs::remove_file(netns);
+            }
+        }
+        let run = self.node("/run/plexus");
+        for entry in std::fs::read_dir(&run).into_iter().flatten().flatten() {
+            let path = entry.path();
+            let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
+        }
+        self.runtime.power_on();
+        self.kubelet.power_on(&self.api);
     }
 
     /// The node's networks: the cluster network's and the NADs' (each a bridge with a host-local range).

@@ -258,6 +258,28 @@ failCgroupV1: false
         }
     }
 
+    /// The node powered off, as far as the kubelet goes: killed (kill -9), and its volumes' mounts (tmpfs, gone
+    /// with a reboot) undone. [`Kubelet::power_on`] starts it again.
+    pub fn power_off(&self) {
+        if let Some(mut child) = self.child.lock().unwrap().take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let pods = self.root_dir().join("pods").display().to_string();
+        crate::unmount_deepest_first(
+            mount_points()
+                .into_iter()
+                .filter(|m| m.starts_with(&pods))
+                .collect(),
+        );
+    }
+
+    /// The kubelet started after [`Kubelet::power_off`], on the same root dir; returns once the node is Ready.
+    pub fn power_on(&self, api: &KubeApiServer) {
+        self.spawn();
+        self.wait_ready(api);
+    }
+
     /// The kubelet restarted, as `systemctl restart kubelet` does: stopped, started on the same root dir and
     /// config; returns once the node is Ready again. Its pods and their sandboxes live on.
     pub fn restart(&self, api: &KubeApiServer) {

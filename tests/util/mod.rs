@@ -74,3 +74,30 @@ pub fn unmount_deepest_first(mut mounts: Vec<String>) {
             .status();
     }
 }
+
+/// Kills (SIGKILL) every container in runc's state at `root` whose bundle lies under `ours`, and deletes its
+/// state, as a power-off would: other tests' containers under the same root are left alone.
+pub fn runc_power_off(root: &std::path::Path, ours: &str) {
+    let out = std::process::Command::new("runc")
+        .arg("--root")
+        .arg(root)
+        .args(["list", "--format", "json"])
+        .output();
+    let Ok(out) = out else { return };
+    let list: Vec<serde_json::Value> = serde_json::from_slice(&out.stdout).unwrap_or_default();
+    for c in list {
+        let (Some(id), Some(bundle)) = (c["id"].as_str(), c["bundle"].as_str()) else {
+            continue;
+        };
+        if !bundle.starts_with(ours) {
+            continue;
+        }
+        for args in [vec!["kill", id, "KILL"], vec!["delete", "--force", id]] {
+            let _ = std::process::Command::new("runc")
+                .arg("--root")
+                .arg(root)
+                .args(&args)
+                .output();
+        }
+    }
+}

@@ -108,6 +108,22 @@ impl Runtime {
         }
     }
 
+    /// The node powered off, as far as the runtime goes: it, its shims or conmons and its containers killed, its
+    /// state in `/run` gone; its root stays. [`Runtime::power_on`] starts it again.
+    pub fn power_off(&self) {
+        match self {
+            Runtime::Containerd(c) => c.power_off(),
+            Runtime::CriO(c) => c.power_off(),
+        }
+    }
+
+    pub fn power_on(&self) {
+        match self {
+            Runtime::Containerd(c) => c.power_on(),
+            Runtime::CriO(c) => c.power_on(),
+        }
+    }
+
     /// Puts the image of an OCI layout tar (named `name` inside) into the runtime's store as `name`.
     pub fn load_image(&self, layout_tar: &Path, name: &str) {
         match self {
