@@ -20,6 +20,7 @@ plexus_tests::on_each_runtime!(
     a_rolling_update_of_the_daemonset_fails_no_pod,
     an_api_server_outage_loses_no_pod_and_no_status,
     a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice,
+    a_full_cache_disk_fails_adds_cleanly_and_no_del,
 );
 
 /// On containerd only, for now. On CRI-O the same churn leaves, in about one run of two, the attachments of one
@@ -37,7 +38,10 @@ mod a_runtime_restart_then_a_kubelet_restart_lose_no_pod {
 
 /// A node with the DaemonSet's pod `plexus-node1` Ready.
 fn node_with_daemon(kind: RuntimeKind) -> (DsNode, String) {
-    let ds = DsNode::start(kind);
+    ready_daemon(DsNode::start(kind))
+}
+
+fn ready_daemon(ds: DsNode) -> (DsNode, String) {
     let daemon = format!("plexus-{NODE}");
     ds.run_daemon_pod(&daemon, image::IMAGE);
     ds.within(60, "the DaemonSet's pod Ready", &daemon, &|| {
@@ -147,6 +151,37 @@ fn a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice(kind
     );
     eprintln!("{}: node reboot: {}", kind.name(), report.summary());
     report.assert_nothing_lost(&ds);
+}
+
+/// The file system of Plexus's `cacheDir` full for 8 s while pods churn. An ADD then fails before it attaches
+/// anything, naming the disk (the kubelet's FailedCreatePodSandBox), and the kubelet's retry succeeds once there
+/// is space again; a DEL needs no space and never fails; nothing is left, and no plan is half written.
+fn a_full_cache_disk_fails_adds_cleanly_and_no_del(kind: RuntimeKind) {
+    let (ds, _daemon) = ready_daemon(DsNode::start_with_cache_mib(kind, Some(16)));
+    let ((), report) = churn::during(
+        &ds,
+        &ChurnSpec::new("full"),
+        Duration::from_secs(5),
+        |churn| {
+            std::thread::sleep(Duration::from_secs(3));
+            let fill = ds.fill_cache();
+            churn.burst(4);
+            std::thread::sleep(Duration::from_secs(8));
+            std::fs::remove_file(fill).unwrap();
+        },
+    );
+    eprintln!("{}: cache disk full: {}", kind.name(), report.summary());
+    report.assert_nothing_lost(&ds);
+    assert!(!report.add_failures.is_empty(), "{}", report.summary());
+    for (pod, message) in &report.add_failures {
+        // The plan's file and the cause: what an operator needs to see.
+        assert!(
+            message.contains("/var/lib/plexus/attachments/")
+                && message.contains("No space left on device"),
+            "{pod}: {message}"
+        );
+    }
+    assert_eq!(report.del_failures, vec![], "no DEL failed");
 }
 
 /// How long the suite's API server outage lasts (the reliability report's lasts 60 s).

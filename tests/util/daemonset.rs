@@ -172,8 +172,19 @@ pub struct DsNode {
     bridges: Vec<(&'static str, HostBridge)>,
     /// The subnet prefix (`a.b.c.`) of cluster-net, net-a, net-b, net-c.
     pub prefixes: Vec<String>,
+    /// A small file system of its own at `cacheDir` when asked for ([`DsNode::start_with_cache_mib`]).
+    _cache_fs: Option<Tmpfs>,
     pub root: PathBuf,
     _dir: tempfile::TempDir,
+}
+
+/// A tmpfs mounted for the test, unmounted when dropped.
+struct Tmpfs(PathBuf);
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
 }
 
 /// The second tag of the project's image: the same build, as a rolling update moves from one tag to another.
@@ -181,6 +192,12 @@ pub const IMAGE_2: &str = "plexus.test/plexus:2";
 
 impl DsNode {
     pub fn start(kind: RuntimeKind) -> DsNode {
+        DsNode::start_with_cache_mib(kind, None)
+    }
+
+    /// [`DsNode::start`], with Plexus's `cacheDir` (`/var/lib/plexus`) on a file system of its own of `mib` MiB
+    /// when given, which a test can fill ([`DsNode::fill_cache`]).
+    pub fn start_with_cache_mib(kind: RuntimeKind, mib: Option<u32>) -> DsNode {
         require_root_and_plugins();
         // What this run covers: the manifest once failed where the root mount is private.
         eprintln!(
@@ -205,6 +222,17 @@ impl DsNode {
         for d in NODE_DIRS {
             std::fs::create_dir_all(node(d)).unwrap();
         }
+        // Mounted before the DaemonSet's pod starts, so that its hostPath mount holds it too.
+        let cache_fs = mib.map(|mib| {
+            let at = node("/var/lib/plexus");
+            let status = Command::new("mount")
+                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                .arg(&at)
+                .status()
+                .expect("mount");
+            assert!(status.success(), "mount a tmpfs at {}", at.display());
+            Tmpfs(at)
+        });
         // The plugins as files (a symlink to a host path would not resolve in the daemon's container).
         for plugin in ["bridge", "host-local", "loopback"] {
             std::fs::copy(
@@ -261,6 +289,7 @@ impl DsNode {
             ipam,
             bridges,
             prefixes,
+            _cache_fs: cache_fs,
             root,
             _dir: dir,
         }
@@ -359,6 +388,17 @@ impl DsNode {
         }
         self.runtime.power_on();
         self.kubelet.power_on(&self.api);
+    }
+
+    /// Fills `cacheDir`'s file system (one file, written until the disk is full); returns the file, whose removal
+    /// frees the space again.
+    pub fn fill_cache(&self) -> PathBuf {
+        let fill = self.node("/var/lib/plexus").join("fill");
+        let _ = Command::new("dd")
+            .args(["if=/dev/zero", "bs=1M", "status=none"])
+            .arg(format!("of={}", fill.display()))
+            .status();
+        fill
     }
 
     /// The node's networks: the cluster network's and the NADs' (each a bridge with a host-local range).
