@@ -14,6 +14,7 @@ pub mod kubeapi;
 pub mod kubelet;
 pub mod libcni;
 pub mod netns;
+pub mod node_events;
 pub mod parts;
 pub mod plexus;
 pub mod podresources;

@@ -25,7 +25,10 @@ use plexus_tests::netns::{
 };
 use plexus_tests::plexus::{self, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
+use plexus_tests::runtime::RuntimeKind;
 use serde_json::{json, Value};
+
+mod node;
 
 const POD_NS: &str = "soak";
 /// Every container id of a run starts with this, so leftover processes can be found by their environment.
@@ -47,6 +50,12 @@ struct Args {
     /// Length of the API server outage in the node daemon's rows, in seconds.
     #[arg(long = "outage-secs", value_name = "N", default_value_t = 60)]
     outage: u64,
+    /// The runtimes of the node section (`containerd`, `cri-o`), comma-separated; `none` leaves the section out.
+    #[arg(long, value_name = "LIST", default_value = "containerd,cri-o")]
+    node_runtimes: String,
+    /// How long pods churn on after each event of the node section, in seconds.
+    #[arg(long = "node-churn-secs", value_name = "N", default_value_t = 20)]
+    node_churn: u64,
 }
 
 fn main() {
@@ -55,7 +64,10 @@ fn main() {
         pods,
         daemon_pods,
         outage,
+        node_runtimes,
+        node_churn,
     } = Args::parse();
+    let runtimes = node_runtimes_of(&node_runtimes);
     require_root_and_plugins();
     let started = Instant::now();
     let mut rows = Vec::new();
@@ -84,9 +96,31 @@ fn main() {
     eprintln!("soak: {pods}-way concurrent pods");
     rows.push(concurrent_pods(pods, 3));
     let daemon = daemon_rows(daemon_pods, Duration::from_secs(outage));
+    let (outage, node_churn) = (Duration::from_secs(outage), Duration::from_secs(node_churn));
+    let node = node::rows(&runtimes, outage, node_churn);
     print_report(&rows, &latency, started.elapsed(), iterations);
     print_daemon_rows(&daemon);
+    if !node.is_empty() {
+        node::print(&node, outage, node_churn);
+    }
     print_writes();
+}
+
+/// The runtimes `--node-runtimes` names; exits 2 naming one it does not know.
+fn node_runtimes_of(list: &str) -> Vec<RuntimeKind> {
+    if list == "none" {
+        return Vec::new();
+    }
+    list.split(',')
+        .map(|name| match name.trim() {
+            "containerd" => RuntimeKind::Containerd,
+            "cri-o" | "crio" => RuntimeKind::CriO,
+            other => {
+                eprintln!("plexus-soak: --node-runtimes: unknown runtime {other:?} (containerd, cri-o, none)");
+                std::process::exit(2);
+            }
+        })
+        .collect()
 }
 
 /// One row of the report.
