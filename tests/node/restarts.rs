@@ -80,7 +80,8 @@ fn a_runtime_restart_then_a_kubelet_restart_lose_no_pod(kind: RuntimeKind) {
 fn a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice(kind: RuntimeKind) {
     let (ds, report, _) =
         NodeEvent::Reboot.run(kind, &ChurnSpec::new("reboot"), Duration::from_secs(5));
-    report.assert_nothing_lost(&ds);
+    // The events of the last ADDs before the power went are in the daemon's memory only: lost, by design.
+    report.assert_nothing_lost_but_events(&ds);
 }
 
 /// The file system of Plexus's `cacheDir` full for 8 s while pods churn. An ADD then fails before it attaches
