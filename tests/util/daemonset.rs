@@ -178,6 +178,35 @@ pub struct DsNode {
     _dir: tempfile::TempDir,
 }
 
+/// kill -9 of every process running a CNI invocation whose `CNI_PATH` lies under `root` (this node's plugins);
+/// the `CNI_NETNS` each was given.
+fn kill_cni_invocations_under(root: &Path) -> Vec<String> {
+    let root = root.display().to_string();
+    let mut namespaces = Vec::new();
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let env = std::fs::read(entry.path().join("environ")).unwrap_or_default();
+        let vars: Vec<String> = env
+            .split(|b| *b == 0)
+            .map(|v| String::from_utf8_lossy(v).into_owned())
+            .collect();
+        let var = |name: &str| {
+            vars.iter()
+                .find_map(|v| v.strip_prefix(&format!("{name}=")).map(str::to_string))
+        };
+        if !var("CNI_PATH").is_some_and(|p| p.contains(&root)) {
+            continue;
+        }
+        let _ = Command::new("kill").args(["-9", &pid.to_string()]).status();
+        if let Some(netns) = var("CNI_NETNS").filter(|n| !n.is_empty()) {
+            namespaces.push(netns);
+        }
+    }
+    namespaces
+}
+
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
@@ -367,12 +396,18 @@ impl DsNode {
     }
 
     /// The node rebooted: every process of the node stopped at once (kill -9: the kubelet, the runtime, its shims
-    /// and containers, the daemon with them), what lives in `/run` gone (the runtime's state, Plexus's `runDir`, the
+    /// and containers, the daemon with them, the CNI invocations in flight), what lives in `/run` gone (the runtime's state, Plexus's `runDir`, the
     /// pods' network namespaces, and with them their interfaces), then the runtime and the kubelet started again.
     /// Disks stay: the runtime's root, the kubelet's, Plexus's `cacheDir`, the host-local store.
     pub fn reboot(&self) {
         self.kubelet.power_off();
         self.runtime.power_off();
+        // The CNI invocations in flight (plexus and its delegates, which outlive a killed runtime) die too, and the
+        // namespace each was attaching goes, whether or not its plan was written yet.
+        for netns in kill_cni_invocations_under(&self.root) {
+            let _ = Command::new("umount").args(["-l", &netns]).status();
+            let _ = std::fs::remove_file(&netns);
+        }
         let attachments = self.node("/var/lib/plexus").join("attachments");
         for id in list_cache(&attachments) {
             let plan = read_cached_plan(&attachments, id.trim_end_matches(".json"));
