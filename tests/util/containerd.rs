@@ -256,10 +256,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     /// kill -9 of containerd (its shims and sandboxes live on, as on a real node), then a fresh start on the
     /// same state.
     pub fn restart(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         self.spawn();
     }
 
@@ -268,20 +265,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     /// mounts. Its root (images, the sandboxes' metadata) stays, as a disk does. [`Containerd::power_on`] starts it
     /// again.
     pub fn power_off(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         crate::kill_processes_naming(&self.socket().display().to_string());
         // The runc shim keeps its containers' state under runc's default root, per namespace.
         let ours = self.dir.path().display().to_string();
         crate::runc_power_off(Path::new(RUNC_ROOT), &ours);
-        crate::unmount_deepest_first(
-            crate::mount_points()
-                .into_iter()
-                .filter(|m| m.starts_with(&ours))
-                .collect(),
-        );
+        crate::unmount_under(&ours);
         let _ = std::fs::remove_dir_all(self.dir.path().join("state"));
     }
 
@@ -309,34 +298,16 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 impl Drop for Containerd {
     fn drop(&mut self) {
-        if self
-            .child
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        if self.pid().is_some() {
             crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
-        if let Some(mut child) = self
-            .child
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         // Shims outlive containerd by design; they name its socket on their command line.
         let socket = self.socket().display().to_string();
         crate::kill_processes_naming(&socket);
         // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
         let root = self.dir.path().display().to_string();
-        crate::unmount_deepest_first(
-            crate::mount_points()
-                .into_iter()
-                .filter(|m| m.starts_with(&root))
-                .collect(),
-        );
+        crate::unmount_under(&root);
     }
 }
 

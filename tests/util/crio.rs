@@ -280,10 +280,7 @@ enable_nri = false
     /// kill -9 of CRI-O (its conmons and sandboxes live on, as on a real node), then a fresh start on the same
     /// state.
     pub fn restart(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         self.spawn();
     }
 
@@ -291,20 +288,12 @@ enable_nri = false
     /// and what lives in `/run` gone: its run root, its version file (how CRI-O tells a reboot), the runc state of
     /// its containers, their mounts. Its storage stays, as a disk does. [`CriO::power_on`] starts it again.
     pub fn power_off(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         let root = self.dir.path();
         let ours = root.display().to_string();
         crate::runc_power_off(&root.join("runc"), &ours);
         crate::kill_processes_naming(&ours);
-        crate::unmount_deepest_first(
-            crate::mount_points()
-                .into_iter()
-                .filter(|m| m.starts_with(&ours))
-                .collect(),
-        );
+        crate::unmount_under(&ours);
         for gone in ["runroot", "runc", "version"] {
             let path = root.join(gone);
             let _ = std::fs::remove_dir_all(&path).or_else(|_| std::fs::remove_file(&path));
@@ -422,33 +411,15 @@ fn unavailable_capabilities() -> String {
 
 impl Drop for CriO {
     fn drop(&mut self) {
-        if self
-            .child
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .is_some()
-        {
+        if self.pid().is_some() {
             crate::cri::remove_every_sandbox(&self.socket(), &self.sandboxes);
         }
-        if let Some(mut child) = self
-            .child
-            .get_mut()
-            .unwrap_or_else(|e| e.into_inner())
-            .take()
-        {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         // conmons outlive CRI-O by design; their command lines name paths in our dir.
         let root = self.dir.path().display().to_string();
         crate::kill_processes_naming(&root);
         // Mounts left under our dir (shm, the containers' root file systems), deepest first.
-        crate::unmount_deepest_first(
-            crate::mount_points()
-                .into_iter()
-                .filter(|m| m.starts_with(&root))
-                .collect(),
-        );
+        crate::unmount_under(&root);
         let mut host = HOST_PATHS.lock().unwrap_or_else(|e| e.into_inner());
         host.0 -= 1;
         if host.0 == 0 {

@@ -207,6 +207,12 @@ fn kill_cni_invocations_under(root: &Path) -> Vec<String> {
     namespaces
 }
 
+/// A pinned network namespace gone, as a reboot ends it: unmounted and its file removed.
+fn remove_netns(path: &str) {
+    let _ = Command::new("umount").args(["-l", path]).status();
+    let _ = std::fs::remove_file(path);
+}
+
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
@@ -405,15 +411,13 @@ impl DsNode {
         // The CNI invocations in flight (plexus and its delegates, which outlive a killed runtime) die too, and the
         // namespace each was attaching goes, whether or not its plan was written yet.
         for netns in kill_cni_invocations_under(&self.root) {
-            let _ = Command::new("umount").args(["-l", &netns]).status();
-            let _ = std::fs::remove_file(&netns);
+            remove_netns(&netns);
         }
         let attachments = self.node("/var/lib/plexus").join("attachments");
         for id in list_cache(&attachments) {
             let plan = read_cached_plan(&attachments, id.trim_end_matches(".json"));
             if let Some(netns) = plan.as_ref().and_then(|p| p["netns"].as_str()) {
-                let _ = Command::new("umount").args(["-l", netns]).status();
-                let _ = std::fs::remove_file(netns);
+                remove_netns(netns);
             }
         }
         let run = self.node("/run/plexus");

@@ -721,17 +721,7 @@ impl KubeApiServer {
     /// Stops kube-apiserver (SIGTERM, then SIGKILL after 10 s); etcd keeps running. Requests are refused until
     /// [`KubeApiServer::start_again`].
     pub fn stop(&self) {
-        if let Some(mut child) = self.apiserver.lock().unwrap().take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::stop_child(&self.apiserver, Duration::from_secs(10));
     }
 
     /// Starts kube-apiserver again after [`KubeApiServer::stop`], on the same port, etcd and files; returns once

@@ -245,33 +245,15 @@ failCgroupV1: false
 
     /// Stops the kubelet (SIGTERM, then SIGKILL after 10 s).
     fn stop(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = Command::new("kill")
-                .args(["-TERM", &child.id().to_string()])
-                .status();
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
-                std::thread::sleep(Duration::from_millis(50));
-            }
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::stop_child(&self.child, Duration::from_secs(10));
     }
 
     /// The node powered off, as far as the kubelet goes: killed (kill -9), and its volumes' mounts (tmpfs, gone
     /// with a reboot) undone. [`Kubelet::power_on`] starts it again.
     pub fn power_off(&self) {
-        if let Some(mut child) = self.child.lock().unwrap().take() {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
+        crate::kill_child(&self.child);
         let pods = self.root_dir().join("pods").display().to_string();
-        crate::unmount_deepest_first(
-            mount_points()
-                .into_iter()
-                .filter(|m| m.starts_with(&pods))
-                .collect(),
-        );
+        crate::unmount_under(&pods);
     }
 
     /// The kubelet started after [`Kubelet::power_off`], on the same root dir; returns once the node is Ready.

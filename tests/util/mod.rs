@@ -66,6 +66,45 @@ pub fn kill_processes_naming(text: &str) {
     }
 }
 
+/// kill -9 of the process a fixture keeps in `slot` (a runtime, the kubelet, kube-apiserver), if one runs, and its
+/// reaping; the slot is left empty for the next start.
+pub fn kill_child(slot: &std::sync::Mutex<Option<std::process::Child>>) {
+    let child = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(mut child) = child {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Stops the process in `slot` as a service manager does: SIGTERM, then SIGKILL once `grace` has passed.
+pub fn stop_child(
+    slot: &std::sync::Mutex<Option<std::process::Child>>,
+    grace: std::time::Duration,
+) {
+    let child = slot.lock().unwrap_or_else(|e| e.into_inner()).take();
+    if let Some(mut child) = child {
+        let _ = std::process::Command::new("kill")
+            .args(["-TERM", &child.id().to_string()])
+            .status();
+        let deadline = std::time::Instant::now() + grace;
+        while matches!(child.try_wait(), Ok(None)) && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+}
+
+/// Lazily unmounts every mount point under `prefix`, deepest first.
+pub fn unmount_under(prefix: &str) {
+    unmount_deepest_first(
+        mount_points()
+            .into_iter()
+            .filter(|m| m.starts_with(prefix))
+            .collect(),
+    );
+}
+
 /// Lazily unmounts `mounts`, deepest first (a mount under another goes before it).
 pub fn unmount_deepest_first(mut mounts: Vec<String>) {
     mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
