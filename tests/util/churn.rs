@@ -3,7 +3,8 @@
 //!
 //! One thread does all of it, one step per tick: it creates a pod (the cluster network and the NADs `networks`
 //! selects), lists the namespace's pods to see which are Running and what their network-status says, and deletes the
-//! oldest Running pods beyond `live`. While the API server is down nothing can be created, listed or deleted: those
+//! oldest Running pods beyond `live`. Every `forbidden_every`-th pod selects a network the node's policy hook denies
+//! as well: it must never run; once the kubelet shows its denial (an event) it is deleted. While the API server is down nothing can be created, listed or deleted: those
 //! steps are counted and skipped, as a controller's would be. Once told to stop, it waits (bounded) for every pod
 //! still there to be Running, deletes them all, waits (bounded) for them to be gone, and counts what is left on the
 //! node ([`ChurnReport`]).
@@ -13,9 +14,9 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use serde_json::Value;
+use serde_json::{json, Value};
 
-use crate::daemonset::{DsNode, NS};
+use crate::daemonset::{DsNode, CLAIM_TEMPLATE, DENIAL, FORBIDDEN_NAD, NS};
 use crate::kubelet::pod_on_node;
 use crate::plexus::list_cache;
 
@@ -34,6 +35,14 @@ pub struct ChurnSpec {
     pub networks: String,
     /// Entries a Running pod's network-status must have (the cluster network's and one per network selected).
     pub status_entries: usize,
+    /// Every this many pods (0: none), a pod selects `forbidden_networks` instead, which the node's policy hook
+    /// denies.
+    pub forbidden_every: usize,
+    pub forbidden_networks: String,
+    /// Every pod's device claim is made from this ResourceClaimTemplate, and the scheduler places it (the node then
+    /// needs its devices, [`DsNode::start_with`]); its second network (`net-b`, interface `net2`) takes the device.
+    /// None: no claim, the pod bound to the node.
+    pub claim_template: Option<String>,
     /// The longest wait, after the stop, for the pods still there to be Running, and then for them to be gone.
     pub settle: Duration,
 }
@@ -48,6 +57,9 @@ impl ChurnSpec {
             live: 8,
             networks: "net-a,net-b".to_string(),
             status_entries: 3,
+            forbidden_every: 8,
+            forbidden_networks: format!("net-a,{FORBIDDEN_NAD}"),
+            claim_template: Some(CLAIM_TEMPLATE.to_string()),
             settle: Duration::from_secs(150),
         }
     }
@@ -63,6 +75,10 @@ pub struct PodRecord {
     /// The network-status entries when a list first showed it Running with a network-status, or at the last list.
     status_entries: usize,
     deleted: bool,
+    /// It selects a network the policy hook denies.
+    forbidden: bool,
+    /// A FailedCreatePodSandBox event of the pod carries the policy hook's denial.
+    denied: bool,
 }
 
 impl PodRecord {
@@ -92,6 +108,15 @@ pub struct ChurnReport {
     pub status_wrong: Vec<(String, usize)>,
     /// Pods still there after the settle time of the deletion.
     pub not_deleted: Vec<String>,
+    /// Running pods kept to the end whose claim's status has no network data for the interface that took its
+    /// device (`net2`): the device did not reach the network, or the node did not say so.
+    pub device_wrong: Vec<String>,
+    /// The pods' ResourceClaims still there once the pods are gone.
+    pub leaked_claims: usize,
+    /// Pods selecting a network the policy hook denies that ran anyway: a policy decision skipped.
+    pub policy_skipped: Vec<String>,
+    /// Such pods whose denial the kubelet never showed (within the settle time).
+    pub policy_undecided: Vec<String>,
     /// The networks the pods select (after the cluster network).
     pub networks: Vec<String>,
     /// Per network, the addresses reserved beyond one per pod once the pods kept were Running and the pods deleted
@@ -108,6 +133,11 @@ pub struct ChurnReport {
 impl ChurnReport {
     pub fn created(&self) -> usize {
         self.pods.len()
+    }
+
+    /// Pods the policy hook denied, as their events show.
+    pub fn policy_denied(&self) -> usize {
+        self.pods.iter().filter(|p| p.denied).count()
     }
 
     /// Pods with a failed ADD that were Running in the end (the kubelet's retry succeeded).
@@ -131,6 +161,7 @@ impl ChurnReport {
     /// Everything left on the node or in the cluster that should not be.
     pub fn leaks(&self) -> usize {
         self.leaked_ips.values().sum::<usize>()
+            + self.leaked_claims
             + self.leaked_cache
             + self.leaked_links
             + self.not_deleted.len()
@@ -155,7 +186,10 @@ impl ChurnReport {
     #[track_caller]
     pub fn assert_nothing_lost_but_events(&self, node: &DsNode) {
         let ok = self.stuck.is_empty()
+            && self.policy_skipped.is_empty()
+            && self.policy_undecided.is_empty()
             && self.status_wrong.is_empty()
+            && self.device_wrong.is_empty()
             && self.extra_addresses.is_empty()
             && self.retried_to_running() == self.failed_pods()
             && self.leaks() == 0;
@@ -175,8 +209,8 @@ impl ChurnReport {
         let ms = |d: Option<Duration>| d.map_or("-".to_string(), |d| d.as_millis().to_string());
         format!(
             "churn: {} pods created; startups (ms) in creation order: {:?}\n ({} creates refused, {} calls refused), {} stuck {:?}; failed ADDs {} on {} pods, \
-             {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; addresses beyond one per pod {:?}; without an AddedInterface event {:?}; startup median {} ms, \
-             longest {} ms; left: IPs {:?}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}",
+             {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; device data missing {:?}; addresses beyond one per pod {:?}; without an AddedInterface event {:?}; startup median {} ms, \
+             longest {} ms; policy: {} pods denied, run anyway {:?}, no denial seen {:?}; left: IPs {:?}, claims {}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}",
             self.created(),
             self.pods
                 .iter()
@@ -191,11 +225,16 @@ impl ChurnReport {
             self.retried_to_running(),
             self.del_failures.len(),
             self.status_wrong,
+            self.device_wrong,
             self.extra_addresses,
             self.no_added_event,
             ms(self.median_startup()),
             ms(self.longest_startup()),
+            self.policy_denied(),
+            self.policy_skipped,
+            self.policy_undecided,
             self.leaked_ips,
+            self.leaked_claims,
             self.leaked_cache,
             self.leaked_links,
             self.not_deleted,
@@ -221,17 +260,30 @@ impl Churner<'_> {
             return;
         }
         let name = format!("{}-{n}", self.spec.prefix);
+        let every = self.spec.forbidden_every;
+        let forbidden = every > 0 && n % every == every - 1;
+        let networks = match forbidden {
+            true => &self.spec.forbidden_networks,
+            false => &self.spec.networks,
+        };
+        let mut pod = pod_on_node(NS, &name, networks);
+        if let Some(template) = &self.spec.claim_template {
+            pod["spec"].as_object_mut().unwrap().remove("nodeName");
+            pod["spec"]["resourceClaims"] =
+                json!([{"name": "nic", "resourceClaimTemplateName": template}]);
+            pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "nic"}]});
+        }
         let created = Instant::now();
-        let answer = self.node.api.request(
-            "POST",
-            &format!("/api/v1/namespaces/{NS}/pods"),
-            Some(&pod_on_node(NS, &name, &self.spec.networks)),
-        );
+        let answer =
+            self.node
+                .api
+                .request("POST", &format!("/api/v1/namespaces/{NS}/pods"), Some(&pod));
         let mut report = self.report.lock().unwrap();
         match answer {
             Ok((201, _)) => report.pods.push(PodRecord {
                 name,
                 created: Some(created),
+                forbidden,
                 ..PodRecord::default()
             }),
             _ => report.creates_refused += 1,
@@ -277,6 +329,7 @@ pub fn during<R>(
 
 /// The churn's loop, until `stop`.
 fn churn(churner: &Churner, stop: &AtomicBool) {
+    let mut ticks = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
         churner.create();
@@ -284,6 +337,10 @@ fn churn(churner: &Churner, stop: &AtomicBool) {
             let mut report = churner.report.lock().unwrap();
             observe(churner.node, &mut report);
             delete_beyond_live(churner.node, churner.spec, &mut report);
+            ticks += 1;
+            if ticks % 4 == 0 {
+                delete_denied(churner.node, &mut report);
+            }
         }
         std::thread::sleep(churner.spec.tick.saturating_sub(tick.elapsed()));
     }
@@ -336,7 +393,7 @@ fn status_entries(pod: &Value) -> usize {
 /// whole before it goes).
 fn delete_beyond_live(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
     let alive: Vec<usize> = (0..report.pods.len())
-        .filter(|&i| !report.pods[i].deleted)
+        .filter(|&i| !report.pods[i].deleted && !report.pods[i].forbidden)
         .collect();
     let mut excess = alive.len().saturating_sub(spec.live);
     for i in alive {
@@ -353,6 +410,34 @@ fn delete_beyond_live(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport)
         } else {
             report.calls_refused += 1;
             return;
+        }
+    }
+}
+
+/// Marks the forbidden pods whose denial a FailedCreatePodSandBox event shows, and deletes them. Nothing when the
+/// API server does not answer.
+fn delete_denied(node: &DsNode, report: &mut ChurnReport) {
+    if !report.pods.iter().any(|p| p.forbidden && !p.deleted) {
+        return;
+    }
+    let path =
+        format!("/api/v1/namespaces/{NS}/events?fieldSelector=reason%3DFailedCreatePodSandBox");
+    let Ok((200, body)) = node.api.request("GET", &path, None) else {
+        report.calls_refused += 1;
+        return;
+    };
+    let events: Value = serde_json::from_str(&body).unwrap_or_default();
+    let denied: Vec<&str> = events["items"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter(|e| e["message"].as_str().is_some_and(|m| m.contains(DENIAL)))
+        .filter_map(|e| e["involvedObject"]["name"].as_str())
+        .collect();
+    for pod in report.pods.iter_mut().filter(|p| p.forbidden) {
+        pod.denied |= denied.contains(&pod.name.as_str());
+        if pod.denied && !pod.deleted && delete(node, &pod.name) {
+            pod.deleted = true;
         }
     }
 }
@@ -374,10 +459,14 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
     let deadline = Instant::now() + spec.settle;
     while Instant::now() < deadline {
         let listed = observe(node, report);
-        // Every pod kept Running with its network-status, every pod deleted gone (its sandbox torn down).
+        delete_denied(node, report);
+        // Every pod kept Running with its network-status, every pod deleted gone (its sandbox torn down), every
+        // forbidden pod denied.
         let pending = |names: &Vec<String>| {
             report.pods.iter().any(|p| {
-                if p.deleted {
+                if p.forbidden && !p.denied {
+                    true
+                } else if p.deleted {
                     names.contains(&p.name)
                 } else {
                     p.running.is_none() || p.status_entries < spec.status_entries
@@ -393,12 +482,22 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
             } {
                 std::thread::sleep(Duration::from_millis(500));
             }
+            if spec.claim_template.is_some() {
+                check_devices(node, report);
+            }
             break;
         }
         std::thread::sleep(Duration::from_millis(250));
     }
     for p in &report.pods {
-        if p.running.is_none() {
+        if p.forbidden {
+            if p.running.is_some() {
+                report.policy_skipped.push(p.name.clone());
+            }
+            if !p.denied {
+                report.policy_undecided.push(p.name.clone());
+            }
+        } else if p.running.is_none() {
             report.stuck.push(p.name.clone());
         } else if p.status_entries != spec.status_entries {
             report.status_wrong.push((p.name.clone(), p.status_entries));
@@ -418,10 +517,53 @@ fn settle(node: &DsNode, spec: &ChurnSpec, report: &mut ChurnReport) {
     count_leftovers(node, report);
 }
 
+/// The kept pods whose claim's status lacks the network data of `net2` (waiting, bounded, for claim status writes
+/// still queued).
+fn check_devices(node: &DsNode, report: &mut ChurnReport) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        report.device_wrong = report
+            .pods
+            .iter()
+            .filter(|p| !p.deleted && !p.forbidden && p.running.is_some())
+            .filter(|p| !device_data_written(node, &p.name))
+            .map(|p| p.name.clone())
+            .collect();
+        if report.device_wrong.is_empty() || Instant::now() >= deadline {
+            return;
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
+
+/// Whether the claim made for pod `name` has a device whose network data names `net2`.
+fn device_data_written(node: &DsNode, name: &str) -> bool {
+    let Some(pod) = node.pod(NS, name) else {
+        return false;
+    };
+    let Some(claim) = pod["status"]["resourceClaimStatuses"][0]["resourceClaimName"].as_str()
+    else {
+        return false;
+    };
+    let path = format!("/apis/resource.k8s.io/v1/namespaces/{NS}/resourceclaims/{claim}");
+    let Some(claim) = crate::daemonset::get(&node.api, &path) else {
+        return false;
+    };
+    claim["status"]["devices"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .any(|d| d["networkData"]["interfaceName"] == "net2")
+}
+
 /// With every pod kept Running and every pod deleted gone: the addresses each network has reserved beyond one per
 /// pod (a sandbox attached twice, or one torn down without its DEL).
 fn count_addresses(node: &DsNode, report: &mut ChurnReport) {
-    let live = report.pods.iter().filter(|p| !p.deleted).count();
+    let live = report
+        .pods
+        .iter()
+        .filter(|p| !p.deleted && !p.forbidden)
+        .count();
     let selected = |net: &str| net == "cluster-net" || report.networks.iter().any(|n| n == net);
     report.extra_addresses = node
         .networks()
@@ -459,7 +601,8 @@ fn list_events(node: &DsNode, report: &mut ChurnReport) {
     let mut added = Vec::new();
     for e in events["items"].as_array().into_iter().flatten() {
         let pod = e["involvedObject"]["name"].as_str().unwrap_or_default();
-        if !report.pods.iter().any(|p| p.name == pod) {
+        // A forbidden pod's failed ADDs are its denials (delete_denied), not failures.
+        if !report.pods.iter().any(|p| p.name == pod && !p.forbidden) {
             continue;
         }
         let entry = (
@@ -494,8 +637,11 @@ fn count_leftovers(node: &DsNode, report: &mut ChurnReport) {
             .collect();
         report.leaked_cache = list_cache(&attachments).len();
         report.leaked_links = node.bridge_ports();
-        let left =
-            report.leaked_ips.values().sum::<usize>() + report.leaked_cache + report.leaked_links;
+        report.leaked_claims = node.claims(NS);
+        let left = report.leaked_ips.values().sum::<usize>()
+            + report.leaked_cache
+            + report.leaked_links
+            + report.leaked_claims;
         if left == 0 || Instant::now() >= deadline {
             break;
         }

@@ -11,7 +11,21 @@
 //!   are directories of the test, mounted at the same paths in the pod (every path of the pod spec is moved
 //!   alike); `/run/netns` is the host's own;
 //! - the node's address is a documentation address (kubelet refuses loopback), so metrics listen on
-//!   loopback; the networks' host-local store is one more host directory.
+//!   loopback; the networks' host-local store is one more host directory;
+//! - the OCI registry the node's hooks come from is a real one on loopback over plain HTTP, which the daemon is told
+//!   with `--insecure-registry`.
+//!
+//! As an operator's cluster would, the node enforces a policy hook: NetworkHook [`POLICY_HOOK`], the
+//! namespace-isolation guest pushed signed to that registry, its key in ConfigMap `plexus-hook-keys`. A pod may then
+//! select NADs of its own namespace only: [`FORBIDDEN_NAD`] (in namespace `other`) is denied.
+//!
+//! With devices ([`DsNode::start_with`]), the cluster allocates them as a current one does: a DeviceClass of
+//! [`DRIVER`], the kube-scheduler, the controller-manager's resourceclaim, garbage collector and node lifecycle
+//! controllers, and the
+//! suite's DRA driver's kubelet plugin publishing [`DEVICES`] devices of resource [`RESOURCE`]. NAD `net-b` then
+//! names that resource (`k8s.v1.cni.cncf.io/resourceName`): a pod selecting it takes the device its claim (from
+//! ResourceClaimTemplate [`CLAIM_TEMPLATE`]) was allocated. Unlike a real node's driver, the driver process is not
+//! stopped by [`DsNode::reboot`] (its plugin registers again with the new kubelet).
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -19,13 +33,16 @@ use std::time::{Duration, Instant};
 use plexus_node::install::base64;
 use serde_json::{json, Value};
 
+use crate::control_plane::Component;
+use crate::dra_driver::DraDriver;
 use crate::kubeapi::KubeApiServer;
 use crate::kubelet::{Kubelet, NODE};
 use crate::netns::{
     bridge_host_local, cni_bin_dir, host_links_on_bridge, links_at, require_root_and_plugins,
     HostBridge, IpamDir,
 };
-use crate::plexus::{list_cache, read_cached_plan};
+use crate::plexus::{guest_wasm, list_cache, plexus_bin, read_cached_plan};
+use crate::registry::{key_pair, Registry};
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::{deploy_manifest, image, tail};
 
@@ -33,6 +50,21 @@ use crate::{deploy_manifest, image, tail};
 pub const NS: &str = "team";
 /// The secondary networks (NADs in [`NS`]), after the cluster network `cluster-net`.
 pub const NADS: [&str; 3] = ["net-a", "net-b", "net-c"];
+/// The DRA driver of the node's devices, and its DeviceClass.
+pub const DRIVER: &str = "nic.example.com";
+/// The devices' resource name, which NAD `net-b` names when the node has devices.
+pub const RESOURCE: &str = "example.com/nic";
+/// The devices the driver publishes (more than the pods alive at once, with the claims of deleted pods still
+/// being released).
+pub const DEVICES: usize = 32;
+/// The ResourceClaimTemplate (in [`NS`]) asking for one device of [`DRIVER`].
+pub const CLAIM_TEMPLATE: &str = "nic";
+/// The policy hook every node enforces (NetworkHook `isolation`, the namespace-isolation guest).
+pub const POLICY_HOOK: &str = "isolation";
+/// A NAD the policy hook denies to the pods of [`NS`]: a network of another namespace (`net-c`'s conf).
+pub const FORBIDDEN_NAD: &str = "other/net-c";
+/// What the policy hook's denial says (in the failed ADD's error, hence the kubelet's FailedCreatePodSandBox).
+pub const DENIAL: &str = "may not select network other/net-c";
 /// The node directories the DaemonSet mounts that the test gives its own directory.
 const NODE_DIRS: [&str; 5] = [
     "/opt/cni/bin",
@@ -78,6 +110,7 @@ fn daemonset_pod(
     root: &Path,
     api: &KubeApiServer,
     ipam: &Path,
+    registry: &str,
     name: &str,
     image: &str,
     token: &str,
@@ -116,6 +149,12 @@ fn daemonset_pod(
                 {
                     *arg = json!("--metrics-bind-address=127.0.0.1:0");
                 }
+            }
+            if c["name"] == "daemon" {
+                // Among the daemon's own flags: those after `--install` are the installer's.
+                let command = c["command"].as_array_mut().unwrap();
+                let at = command.iter().position(|a| a == "daemon").unwrap() + 1;
+                command.insert(at, json!(format!("--insecure-registry={registry}")));
             }
             let mounts = c["volumeMounts"].as_array_mut().unwrap();
             mounts.push(json!({"name": "sa-token", "readOnly": true,
@@ -174,6 +213,10 @@ pub struct DsNode {
     pub prefixes: Vec<String>,
     /// A small file system of its own at `cacheDir` when asked for ([`DsNode::start_with_cache_mib`]).
     _cache_fs: Option<Tmpfs>,
+    /// Where the node's hook modules come from.
+    pub registry: Registry,
+    /// With devices: the scheduler and controller-manager, and the DRA driver.
+    pub dra: Option<(Vec<Component>, DraDriver)>,
     pub root: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -225,6 +268,39 @@ impl Drop for Tmpfs {
 /// The second tag of the project's image: the same build, as a rolling update moves from one tag to another.
 pub const IMAGE_2: &str = "plexus.test/plexus:2";
 
+/// The policy hook an operator installs, before the DaemonSet's pod starts: a key pair, the namespace-isolation
+/// guest pushed to `registry` signed with its private key (`plexus hook push --key`), the public key in ConfigMap
+/// `kube-system/plexus-hook-keys` (which the DaemonSet mounts at `--hook-key`), and NetworkHook [`POLICY_HOOK`].
+fn enforce_isolation(api: &KubeApiServer, registry: &Registry, dir: &Path) {
+    let (key, public) = key_pair(dir, "operator");
+    let out = Command::new(plexus_bin())
+        .args(["hook", "push"])
+        .arg(guest_wasm("namespace-isolation"))
+        .arg(format!("{}/hooks/isolation:1", registry.addr))
+        .args(["--insecure-registry", &registry.addr, "--key"])
+        .arg(&key)
+        .output()
+        .expect("run plexus hook push");
+    assert!(
+        out.status.success(),
+        "plexus hook push: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let pushed: Value = serde_json::from_slice(&out.stdout).expect("push's JSON");
+    let pem = std::fs::read_to_string(&public).unwrap();
+    api.create(&json!({
+        "apiVersion": "v1", "kind": "ConfigMap",
+        "metadata": {"name": "plexus-hook-keys", "namespace": "kube-system"},
+        "data": {"operator.pub": pem},
+    }));
+    api.wait_for("/apis/plexus.dev/v1alpha1/networkhooks");
+    api.create(&json!({
+        "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+        "metadata": {"name": POLICY_HOOK},
+        "spec": {"kind": "policy", "module": pushed["reference"]},
+    }));
+}
+
 impl DsNode {
     pub fn start(kind: RuntimeKind) -> DsNode {
         DsNode::start_with_cache_mib(kind, None)
@@ -233,6 +309,12 @@ impl DsNode {
     /// [`DsNode::start`], with Plexus's `cacheDir` (`/var/lib/plexus`) on a file system of its own of `mib` MiB
     /// when given, which a test can fill ([`DsNode::fill_cache`]).
     pub fn start_with_cache_mib(kind: RuntimeKind, mib: Option<u32>) -> DsNode {
+        DsNode::start_with(kind, mib, false)
+    }
+
+    /// [`DsNode::start_with_cache_mib`], and with `devices`, the devices of the module's header and what allocates
+    /// them.
+    pub fn start_with(kind: RuntimeKind, mib: Option<u32>, devices: bool) -> DsNode {
         require_root_and_plugins();
         // What this run covers: the manifest once failed where the root mount is private.
         eprintln!(
@@ -257,11 +339,18 @@ impl DsNode {
         for d in NODE_DIRS {
             std::fs::create_dir_all(node(d)).unwrap();
         }
-        // Mounted before the DaemonSet's pod starts, so that its hostPath mount holds it too.
+        // Mounted before the DaemonSet's pod starts, so that its hostPath mount holds it too. Mode 0755 as a disk's
+        // root is: compiled hooks are kept only in a directory nobody else may write (a tmpfs's default is 1777).
         let cache_fs = mib.map(|mib| {
             let at = node("/var/lib/plexus");
             let status = Command::new("mount")
-                .args(["-t", "tmpfs", "-o", &format!("size={mib}m"), "tmpfs"])
+                .args([
+                    "-t",
+                    "tmpfs",
+                    "-o",
+                    &format!("size={mib}m,mode=0755"),
+                    "tmpfs",
+                ])
                 .arg(&at)
                 .status()
                 .expect("mount");
@@ -307,8 +396,34 @@ impl DsNode {
         )
         .unwrap();
         for (i, name) in ["net-a", "net-b", "net-c"].into_iter().enumerate() {
-            api.nad(NS, name, &confs[i + 1]);
+            if devices && name == "net-b" {
+                api.create(&json!({
+                    "apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                    "metadata": {"name": name, "namespace": NS,
+                        "annotations": {"k8s.v1.cni.cncf.io/resourceName": RESOURCE}},
+                    "spec": {"config": confs[i + 1].to_string()}
+                }));
+            } else {
+                api.nad(NS, name, &confs[i + 1]);
+            }
         }
+        if devices {
+            api.create(&json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "DeviceClass",
+                "metadata": {"name": DRIVER},
+                "spec": {"selectors": [{"cel": {"expression": format!("device.driver == '{DRIVER}'")}}]}
+            }));
+            api.create(&json!({
+                "apiVersion": "resource.k8s.io/v1", "kind": "ResourceClaimTemplate",
+                "metadata": {"name": CLAIM_TEMPLATE, "namespace": NS},
+                "spec": {"spec": {"devices": {"requests": [
+                    {"name": "nic", "exactly": {"deviceClassName": DRIVER}}]}}}
+            }));
+        }
+        api.namespace("other");
+        api.nad("other", "net-c", &confs[3]);
+        let registry = Registry::start();
+        enforce_isolation(&api, &registry, dir.path());
 
         let runtime = Runtime::start(kind, &node("/opt/cni/bin"), &node("/etc/cni/net.d"));
         let image_tar = dir.path().join("plexus.tar");
@@ -316,6 +431,39 @@ impl DsNode {
         runtime.load_image(&image_tar, image::IMAGE);
         runtime.load_image(&image_tar, IMAGE_2);
         let kubelet = Kubelet::start(&api, &runtime.socket());
+        let dra = devices.then(|| {
+            let at = dir.path().join("control");
+            std::fs::create_dir_all(&at).unwrap();
+            let control = vec![
+                Component::scheduler(&api, &at),
+                Component::controller_manager(
+                    &api,
+                    &at,
+                    // The node lifecycle controller takes the not-ready taint off once the node is Ready.
+                    &[
+                        "resourceclaim-controller",
+                        "garbage-collector-controller",
+                        "node-lifecycle-controller",
+                    ],
+                ),
+            ];
+            let names: Vec<(String, String)> = (0..DEVICES)
+                .map(|i| (format!("nic{i}"), format!("0000:01:{i:02x}.0")))
+                .collect();
+            let list: Vec<(&str, &str)> = names
+                .iter()
+                .map(|(n, p)| (n.as_str(), p.as_str()))
+                .collect();
+            let driver = DraDriver::start(
+                &api,
+                &kubelet,
+                DRIVER,
+                RESOURCE,
+                &list,
+                dir.path().join("dra"),
+            );
+            (control, driver)
+        });
         DsNode {
             kind,
             kubelet,
@@ -325,9 +473,31 @@ impl DsNode {
             bridges,
             prefixes,
             _cache_fs: cache_fs,
+            registry,
+            dra,
             root,
             _dir: dir,
         }
+    }
+
+    /// The ResourceClaims of `namespace` (0 when the API server does not answer).
+    pub fn claims(&self, namespace: &str) -> usize {
+        let path = format!("/apis/resource.k8s.io/v1/namespaces/{namespace}/resourceclaims");
+        get(&self.api, &path)
+            .and_then(|l| l["items"].as_array().map(Vec::len))
+            .unwrap_or(0)
+    }
+
+    /// Whether the node runs [`POLICY_HOOK`] in its ADDs, as its own NodeHookStatus says.
+    pub fn policy_active(&self) -> bool {
+        let path = format!("/apis/plexus.dev/v1alpha1/nodehookstatuses/{NODE}");
+        get(&self.api, &path).is_some_and(|report| {
+            report["status"]["hooks"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .any(|h| h["name"] == POLICY_HOOK && h["active"] == true)
+        })
     }
 
     /// A node directory of [`NODE_DIRS`] as the test moved it.
@@ -344,6 +514,7 @@ impl DsNode {
             &self.root,
             &self.api,
             self.ipam.path(),
+            &self.registry.addr,
             name,
             image,
             &token_secret,

@@ -72,11 +72,14 @@ impl NodeEvent {
         after: Duration,
     ) -> (DsNode, ChurnReport, EventFigures) {
         let cache_mib = matches!(self, NodeEvent::CacheFull(_)).then_some(16);
-        let ds = DsNode::start_with_cache_mib(kind, cache_mib);
+        let ds = DsNode::start_with(kind, cache_mib, spec.claim_template.is_some());
         let daemon = format!("plexus-{NODE}");
         ds.run_daemon_pod(&daemon, image::IMAGE);
         ds.within(60, "the DaemonSet's pod Ready", &daemon, &|| {
             ds.pod("kube-system", &daemon).is_some_and(|p| ready(&p))
+        });
+        ds.within(60, "the node's policy hook active", &daemon, &|| {
+            ds.policy_active()
         });
         let (figures, report) = churn::during(&ds, spec, after, |churn| {
             // Some pods under the node as it was first.
@@ -170,8 +173,9 @@ fn reboot(ds: &DsNode, daemon: &str) {
     );
 }
 
-/// The node daemon's requests (its service account's) the API server received within `window` from `from`:
-/// `(verb, path)`, the query left out.
+/// The node daemon's requests the API server received within `window` from `from`: its service account's, but not
+/// the CNI plugin's (the same account, user agent `plexus-cni/...`: an ADD that reads for itself while the daemon's
+/// watches list again); `(verb, path)`, the query left out.
 pub fn daemon_requests_within(
     ds: &DsNode,
     from: SystemTime,
@@ -185,6 +189,11 @@ pub fn daemon_requests_within(
         .audit_all()
         .into_iter()
         .filter(|e| e["user"]["username"] == PLEXUS_USER)
+        .filter(|e| {
+            !e["userAgent"]
+                .as_str()
+                .is_some_and(|a| a.starts_with("plexus-cni/"))
+        })
         // A watch is logged when it starts and again when it ends: each request once.
         .filter(|e| seen.insert(e["auditID"].to_string()))
         .filter(|e| {

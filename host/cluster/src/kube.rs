@@ -85,8 +85,11 @@ pub const ADDED_INTERFACE: &str = "AddedInterface";
 /// bounded per object instead ([`MAX_OBJECT_BYTES`]).
 pub const MAX_RESPONSE_BYTES: usize = 4 << 20;
 const COMPONENT: &str = "plexus";
-/// How every request names its sender, so an API server's audit log can tell Plexus's traffic apart.
+/// How every request names its sender, so an API server's audit log can tell Plexus's traffic apart: the node
+/// daemon's and the commands' ...
 const USER_AGENT: &str = concat!("plexus/", env!("CARGO_PKG_VERSION"));
+/// ... and the CNI plugin's (with the node's credentials, [`KubeSettings::node_credentials`]): an ADD's own reads.
+const CNI_USER_AGENT: &str = concat!("plexus-cni/", env!("CARGO_PKG_VERSION"));
 /// The field manager of every write, so managedFields tell Plexus's fields apart.
 const FIELD_MANAGER: &str = "plexus";
 
@@ -406,10 +409,16 @@ impl KubeApi {
         rate: Option<crate::ratelimit::Rates>,
     ) -> Result<KubeApi, ClusterError> {
         let server: Arc<str> = explain::server_of(&config.cluster_url).into();
-        let (client, status_client) = Self::clients_of(config, server.clone(), observer, rate)
-            .map_err(|e| ClusterError::Invalid {
-                what: "kube client configuration".into(),
-                reason: error_chain(&e),
+        let agent = match settings.node_credentials {
+            true => CNI_USER_AGENT,
+            false => USER_AGENT,
+        };
+        let (client, status_client) =
+            Self::clients_of(config, server.clone(), agent, observer, rate).map_err(|e| {
+                ClusterError::Invalid {
+                    what: "kube client configuration".into(),
+                    reason: error_chain(&e),
+                }
             })?;
         Ok(KubeApi {
             settings,
@@ -441,6 +450,7 @@ impl KubeApi {
     fn clients_of(
         config: kube::Config,
         server: Arc<str>,
+        user_agent: &'static str,
         observer: Option<crate::observe::RequestObserver>,
         rate: Option<crate::ratelimit::Rates>,
     ) -> Result<(Client, Client), kube::Error> {
@@ -462,10 +472,10 @@ impl KubeApi {
             .option_layer(config.auth_layer()?)
             .layer(config.extra_headers_layer()?)
             .layer(tower::util::MapRequestLayer::new(
-                |mut request: http::Request<kube::client::Body>| {
+                move |mut request: http::Request<kube::client::Body>| {
                     request.headers_mut().insert(
                         http::header::USER_AGENT,
-                        http::HeaderValue::from_static(USER_AGENT),
+                        http::HeaderValue::from_static(user_agent),
                     );
                     request
                 },
@@ -1116,7 +1126,8 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let (client, _) = KubeApi::clients_of(config, "test:0".into(), None, None).unwrap();
+            let (client, _) =
+                KubeApi::clients_of(config, "test:0".into(), USER_AGENT, None, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
                 .await

@@ -16,13 +16,17 @@ pub struct NodeRow {
 }
 
 impl NodeRow {
-    /// Whether the row meets every target: no pod lost, every failed ADD retried to Running, nothing left.
+    /// Whether the row meets every target: no pod lost, no policy decision skipped, every failed ADD retried to
+    /// Running, nothing left.
     fn met(&self) -> bool {
         let r = &self.report;
         // A reboot loses the events still in the daemon's memory, by design: shown, not a target.
         let events_kept = r.no_added_event.is_empty() || self.event.starts_with("node reboot");
         r.stuck.is_empty()
+            && r.policy_skipped.is_empty()
+            && r.policy_undecided.is_empty()
             && r.status_wrong.is_empty()
+            && r.device_wrong.is_empty()
             && events_kept
             && r.extra_addresses.is_empty()
             && r.retried_to_running() == r.failed_pods()
@@ -69,9 +73,15 @@ pub fn print(rows: &[NodeRow], outage: Duration, churn: Duration) {
     println!(
         "Kubernetes 1.37: a real kubelet, API server and runtime (containerd 2.4 or CRI-O 1.36), Plexus installed by \
          its DaemonSet from the project's image (examples/deploy). Pods are created four a second, each with the \
-         cluster network and two NADs (bridge + host-local), eight kept alive, the oldest Running ones deleted; a \
+         cluster network and two NADs (bridge + host-local), the second taking the device the pod's ResourceClaim \
+         (from a template) was allocated by the kube-scheduler from the devices the suite's DRA driver publishes; \
+         eight kept alive, the oldest Running ones deleted. The \
+         node enforces a policy hook (NetworkHook, the namespace-isolation guest, pulled from a registry and verified \
+         by the node agent): every eighth pod also selects a NAD of another namespace, which it denies; such a pod \
+         must never run, and is deleted once the kubelet's event shows the denial. A \
          few seconds in, the event happens; the churn goes on {} s after it, then every pod still there must be \
-         Running with its network-status (three entries) and its AddedInterface events, each must hold exactly one \
+         Running with its network-status (three entries), its AddedInterface events and its claim's network data (the \
+         interface that took the device), each must hold exactly one \
          address per network, and once all are deleted nothing may be left. Failed ADDs and DELs are the kubelet's \
          events (FailedCreatePodSandBox, FailedKillPod); a failed ADD is fine if the kubelet's retry made the pod \
          Running. Startup: from the create to the first list that showed the pod Running (listed every 250 ms); \
@@ -83,16 +93,16 @@ pub fn print(rows: &[NodeRow], outage: Duration, churn: Duration) {
     let met = rows.iter().filter(|r| r.met()).count();
     println!(
         "**Targets: no pod lost, every failed ADD retried to Running, no address kept twice or left, no request for \
-         one object more than twice after the outage. Met in {met} of {} rows.** The API server was down {} s.\n",
+         one object more than twice after the outage, no policy decision skipped (a denied pod Running, or no denial seen). Met in {met} of {} rows.** The API server was down {} s.\n",
         rows.len(),
         outage.as_secs()
     );
     println!(
         "| runtime | event | pods | failed ADDs (pods, Running after a retry) | failed DELs | stuck | network-status \
-         wrong / events missing | extra addresses | left: IPs, cache, ports, pods | startup median / longest (s) | \
+         wrong / events missing / device data missing | policy: denied / skipped / not seen | extra addresses | left: IPs, claims, cache, ports, pods | startup median / longest (s) | \
          daemon's requests after the outage |"
     );
-    println!("| --- | --- | ---: | --- | ---: | ---: | --- | ---: | --- | --- | --- |");
+    println!("| --- | --- | ---: | --- | ---: | ---: | --- | --- | ---: | --- | --- | --- |");
     for row in rows {
         print_row(row);
     }
@@ -131,7 +141,7 @@ fn print_row(row: &NodeRow) {
             )
         });
     println!(
-        "| {} | {} | {} | {} ({}, {}) | {} | {} | {} / {} | {} | {}, {}, {}, {} | {} / {} | {} |",
+        "| {} | {} | {} | {} ({}, {}) | {} | {} | {} / {} / {} | {} / {} / {} | {} | {}, {}, {}, {}, {} | {} / {} | {} |",
         row.runtime,
         row.event,
         r.created(),
@@ -142,8 +152,13 @@ fn print_row(row: &NodeRow) {
         r.stuck.len(),
         r.status_wrong.len(),
         r.no_added_event.len(),
+        r.device_wrong.len(),
+        r.policy_denied(),
+        r.policy_skipped.len(),
+        r.policy_undecided.len(),
         r.extra_addresses.values().map(|n| n.abs()).sum::<i64>(),
         r.leaked_ips.values().sum::<usize>(),
+        r.leaked_claims,
         r.leaked_cache,
         r.leaked_links,
         r.not_deleted.len(),

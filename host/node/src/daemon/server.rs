@@ -83,9 +83,11 @@ async fn serve(
     tracing::info!(socket = %settings.socket.display(), node = %settings.node, "serving");
     let stopped = accept(&listener, &state, install_result).await;
     tracing::info!("stopping");
+    // No ADD waits on a daemon that is going: from now on a CNI plugin finds no socket and plans by itself.
+    drop(listener);
+    let _ = std::fs::remove_file(&settings.socket);
     tasks.abort_all();
     drain(&state, &queue_dir).await;
-    let _ = std::fs::remove_file(&settings.socket);
     drop(lock);
     stopped
 }
