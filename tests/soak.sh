@@ -3,10 +3,13 @@
 # the API server refused/hung/slow, a full and a read-only cache disk, racing ADD/DEL, many pods at once) and
 # counts what leaked; then the node daemon's promises against a real kube-apiserver and registry (an API outage
 # while pods are added, kill -9 with status writes pending, a bad NetworkHook applied while pods are added) and
-# counts what was lost. Writes docs/reliability.md (overwritten on every run).
+# counts what was lost; then, on a real node (kubelet, containerd and CRI-O, the DaemonSet as installed), pods
+# churned through a rolling update, an API outage, a runtime and kubelet restart, a reboot and a full cache disk,
+# and what was lost or left. Writes docs/reliability.md (overwritten on every run).
 #
 #   bash tests/soak.sh [--iterations N] [--pods N] [--daemon-pods N] [--outage-secs N]  (as root)
-#   # defaults 200, 64, 100 and 60; a few minutes on 2 cores
+#       [--node-runtimes containerd,cri-o|none] [--node-churn-secs N]
+#   # defaults 200, 64, 100, 60, both runtimes and 20; about half an hour on 2 cores
 #
 # Needs root: real network namespaces, bridges, the reference plugins, tmpfs mounts. Not part of tests/run.sh.
 set -euo pipefail

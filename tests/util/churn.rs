@@ -2,12 +2,13 @@
 //! saw of them: the churn of the upgrade and restart tests and of the reliability report.
 //!
 //! One thread does all of it, one step per tick: it creates a pod (the cluster network and the NADs `networks`
-//! selects), lists the namespace's pods to see which are Running and what their network-status says, and deletes the
-//! oldest Running pods beyond `live`. Every `forbidden_every`-th pod selects a network the node's policy hook denies
-//! as well: it must never run; once the kubelet shows its denial (an event) it is deleted. While the API server is down nothing can be created, listed or deleted: those
-//! steps are counted and skipped, as a controller's would be. Once told to stop, it waits (bounded) for every pod
-//! still there to be Running, deletes them all, waits (bounded) for them to be gone, and counts what is left on the
-//! node ([`ChurnReport`]).
+//! selects, or `claim_networks` with a device claim for every other pod), lists the namespace's pods to see which are
+//! Running and what their network-status says, and deletes the oldest Running pods beyond `live`. Every
+//! `forbidden_every`-th pod selects a network the node's policy hook denies as well: it must never run; once the
+//! kubelet shows its denial (an event) it is deleted. While the API server is down nothing can be created, listed or
+//! deleted: those steps are counted and skipped, as a controller's would be. Once told to stop, it waits (bounded)
+//! for every pod still there to be Running, deletes them all, waits (bounded) for them to be gone, and counts what is
+//! left on the node ([`ChurnReport`]).
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -39,10 +40,13 @@ pub struct ChurnSpec {
     /// denies.
     pub forbidden_every: usize,
     pub forbidden_networks: String,
-    /// Every pod's device claim is made from this ResourceClaimTemplate, and the scheduler places it (the node then
-    /// needs its devices, [`DsNode::start_with`]); its second network (`net-b`, interface `net2`) takes the device.
-    /// None: no claim, the pod bound to the node.
+    /// Every other pod (the even ones) has a device claim made from this ResourceClaimTemplate, selects
+    /// `claim_networks` instead, and is placed by the scheduler (the node then needs its devices,
+    /// [`DsNode::start_with`]); its second network (`net-b`, interface `net2`) takes the device. The others, and all
+    /// when None, have no claim and are bound to the node. (A kubelet prepares a pod's claims by reading them from
+    /// the API server: while it is down, only pods without claims can start.)
     pub claim_template: Option<String>,
+    pub claim_networks: String,
     /// The longest wait, after the stop, for the pods still there to be Running, and then for them to be gone.
     pub settle: Duration,
 }
@@ -55,11 +59,12 @@ impl ChurnSpec {
             tick: Duration::from_millis(250),
             max_pods: 10_000,
             live: 8,
-            networks: "net-a,net-b".to_string(),
+            networks: "net-a,net-c".to_string(),
             status_entries: 3,
             forbidden_every: 8,
             forbidden_networks: format!("net-a,{FORBIDDEN_NAD}"),
             claim_template: Some(CLAIM_TEMPLATE.to_string()),
+            claim_networks: "net-a,net-b".to_string(),
             settle: Duration::from_secs(150),
         }
     }
@@ -79,6 +84,10 @@ pub struct PodRecord {
     forbidden: bool,
     /// A FailedCreatePodSandBox event of the pod carries the policy hook's denial.
     denied: bool,
+    /// It has a device claim.
+    claim: bool,
+    /// The NADs it selects.
+    networks: Vec<String>,
 }
 
 impl PodRecord {
@@ -117,8 +126,6 @@ pub struct ChurnReport {
     pub policy_skipped: Vec<String>,
     /// Such pods whose denial the kubelet never showed (within the settle time).
     pub policy_undecided: Vec<String>,
-    /// The networks the pods select (after the cluster network).
-    pub networks: Vec<String>,
     /// Per network, the addresses reserved beyond one per pod once the pods kept were Running and the pods deleted
     /// were gone (negative: fewer).
     pub extra_addresses: BTreeMap<String, i64>,
@@ -262,12 +269,14 @@ impl Churner<'_> {
         let name = format!("{}-{n}", self.spec.prefix);
         let every = self.spec.forbidden_every;
         let forbidden = every > 0 && n % every == every - 1;
-        let networks = match forbidden {
-            true => &self.spec.forbidden_networks,
-            false => &self.spec.networks,
+        let claim = !forbidden && n % 2 == 0 && self.spec.claim_template.is_some();
+        let networks = match (forbidden, claim) {
+            (true, _) => &self.spec.forbidden_networks,
+            (false, true) => &self.spec.claim_networks,
+            (false, false) => &self.spec.networks,
         };
         let mut pod = pod_on_node(NS, &name, networks);
-        if let Some(template) = &self.spec.claim_template {
+        if let Some(template) = self.spec.claim_template.as_ref().filter(|_| claim) {
             pod["spec"].as_object_mut().unwrap().remove("nodeName");
             pod["spec"]["resourceClaims"] =
                 json!([{"name": "nic", "resourceClaimTemplateName": template}]);
@@ -284,6 +293,8 @@ impl Churner<'_> {
                 name,
                 created: Some(created),
                 forbidden,
+                claim,
+                networks: networks.split(',').map(str::to_string).collect(),
                 ..PodRecord::default()
             }),
             _ => report.creates_refused += 1,
@@ -322,7 +333,6 @@ pub fn during<R>(
         result
     });
     let mut report = churner.report.into_inner().unwrap();
-    report.networks = spec.networks.split(',').map(str::to_string).collect();
     settle(node, spec, &mut report);
     (result, report)
 }
@@ -525,7 +535,7 @@ fn check_devices(node: &DsNode, report: &mut ChurnReport) {
         report.device_wrong = report
             .pods
             .iter()
-            .filter(|p| !p.deleted && !p.forbidden && p.running.is_some())
+            .filter(|p| p.claim && !p.deleted && p.running.is_some())
             .filter(|p| !device_data_written(node, &p.name))
             .map(|p| p.name.clone())
             .collect();
@@ -557,19 +567,21 @@ fn device_data_written(node: &DsNode, name: &str) -> bool {
 }
 
 /// With every pod kept Running and every pod deleted gone: the addresses each network has reserved beyond one per
-/// pod (a sandbox attached twice, or one torn down without its DEL).
+/// pod that selects it (a sandbox attached twice, or one torn down without its DEL; a denied pod attached anyway).
 fn count_addresses(node: &DsNode, report: &mut ChurnReport) {
-    let live = report
+    let kept: Vec<&PodRecord> = report
         .pods
         .iter()
         .filter(|p| !p.deleted && !p.forbidden)
-        .count();
-    let selected = |net: &str| net == "cluster-net" || report.networks.iter().any(|n| n == net);
+        .collect();
     report.extra_addresses = node
         .networks()
         .into_iter()
         .map(|n| {
-            let expected = if selected(n) { live } else { 0 };
+            let expected = kept
+                .iter()
+                .filter(|p| n == "cluster-net" || p.networks.iter().any(|s| s == n))
+                .count();
             (
                 n.to_string(),
                 node.ipam.reserved_ips(n).len() as i64 - expected as i64,

@@ -73,15 +73,17 @@ pub fn print(rows: &[NodeRow], outage: Duration, churn: Duration) {
     println!(
         "Kubernetes 1.37: a real kubelet, API server and runtime (containerd 2.4 or CRI-O 1.36), Plexus installed by \
          its DaemonSet from the project's image (examples/deploy). Pods are created four a second, each with the \
-         cluster network and two NADs (bridge + host-local), the second taking the device the pod's ResourceClaim \
-         (from a template) was allocated by the kube-scheduler from the devices the suite's DRA driver publishes; \
-         eight kept alive, the oldest Running ones deleted. The \
+         cluster network and two NADs (bridge + host-local); every other pod has a ResourceClaim (from a template), \
+         is placed by the kube-scheduler, which allocates it one of the devices the suite's DRA driver publishes, and \
+         its second NAD takes that device (the others are bound to the node, as pods without claims start while the \
+         API server is down: the kubelet reads a pod's claims from it before it makes the sandbox); eight kept \
+         alive, the oldest Running ones deleted. The \
          node enforces a policy hook (NetworkHook, the namespace-isolation guest, pulled from a registry and verified \
          by the node agent): every eighth pod also selects a NAD of another namespace, which it denies; such a pod \
          must never run, and is deleted once the kubelet's event shows the denial. A \
          few seconds in, the event happens; the churn goes on {} s after it, then every pod still there must be \
-         Running with its network-status (three entries), its AddedInterface events and its claim's network data (the \
-         interface that took the device), each must hold exactly one \
+         Running with its network-status (three entries), its AddedInterface events and, with a claim, the claim's network \
+         data (the interface that took the device), each must hold exactly one \
          address per network, and once all are deleted nothing may be left. Failed ADDs and DELs are the kubelet's \
          events (FailedCreatePodSandBox, FailedKillPod); a failed ADD is fine if the kubelet's retry made the pod \
          Running. Startup: from the create to the first list that showed the pod Running (listed every 250 ms); \
