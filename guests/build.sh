@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Builds every guest in this workspace into a component at $TARGET/guests/<guest-name>.wasm, and the Python
-# examples in python/ at $TARGET/guests/py-<name>.wasm, where $TARGET is $CARGO_TARGET_DIR or <repo>/target.
+# Builds every guest in this workspace into a component at $TARGET/guests/<guest-name>.wasm, the Python examples
+# in python/ at $TARGET/guests/py-<name>.wasm and the TypeScript ones in typescript/ at $TARGET/guests/ts-<name>.wasm,
+# where $TARGET is $CARGO_TARGET_DIR or <repo>/target.
 #
 # Route, in order of preference:
 #   1. rustup has wasm32-wasip2: cargo builds components directly;
@@ -101,6 +102,15 @@ for p in "${pids[@]}"; do
     wait "$p"
 done
 
-for g in $guests $(printf 'py-%s ' $py_guests); do
+# The TypeScript examples (guests/typescript/<name>/<name>.ts) into $out/ts-<name>.wasm, with the pinned
+# componentize-js (sdk/typescript/plexus-ts); each is rebuilt only when its inputs changed. One after the other:
+# each build's pre-initialization already keeps both cores busy.
+"$root/sdk/typescript/node-env.sh" >/dev/null
+ts_guests=$(cd "$here/typescript" && ls -d */ | tr -d /)
+for g in $ts_guests; do
+    CARGO_TARGET_DIR=$target "$root/sdk/typescript/plexus-ts" build "$here/typescript/$g" "$g" "$out/ts-$g.wasm"
+done
+
+for g in $guests $(printf 'py-%s ' $py_guests) $(printf 'ts-%s ' $ts_guests); do
     echo "build-guests: $out/$g.wasm ($(stat -c %s "$out/$g.wasm") bytes)" >&2
 done
