@@ -46,6 +46,10 @@ fi
 # The Python hook toolchain (sdk/python/requirements.lock) in a venv of its own, from PyPI, once per pin.
 bash "$(dirname "${BASH_SOURCE[0]}")/../sdk/python/venv.sh" >/dev/null
 
+# The TypeScript hook toolchain (sdk/typescript/package-lock.json) with npm ci, once per pin. It needs Node 20 or
+# later with npm on PATH; this script does not install them.
+bash "$(dirname "${BASH_SOURCE[0]}")/../sdk/typescript/node-env.sh" >/dev/null
+
 # The reference plugins keep IPAM state under /var/lib/cni; make sure the directory exists.
 mkdir -p /var/lib/cni /run/netns
 echo "setup: ok" >&2
