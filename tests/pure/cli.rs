@@ -174,9 +174,14 @@ fn hook_run(wasm: &Path, kind: &[&str], input: &str) -> Output {
 
 #[test]
 fn hook_inspect_and_run_a_real_component() {
-    // The Rust build and the Python one answer alike; what follows the loop is the command's own (Rust only: a
-    // Python build costs seconds of compiling for each run).
-    for guest in example_builds("namespace-isolation") {
+    // The Rust build, the Python one and the TypeScript one answer alike; what follows the loop is the command's
+    // own (Rust only: a Python or TypeScript build costs seconds of compiling for each run).
+    let builds = example_builds("namespace-isolation");
+    for guest in builds
+        .iter()
+        .map(String::as_str)
+        .chain(["ts-namespace-isolation"])
+    {
         let wasm = guest_wasm(&guest);
         let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0), "{guest}: {}", text(&out.stderr));

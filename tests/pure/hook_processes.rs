@@ -1,6 +1,6 @@
 //! The node agent's compile and probe processes, real ones (`plexus hook compile` and the hidden `plexus hook probe`
-//! of the built binary), started as the daemon starts them: the example modules (the Python builds too) compile
-//! and pass their probe within the default limits, a module that grows to its `memoryLimitMiB` ends with the hook's own limit error
+//! of the built binary), started as the daemon starts them: the example modules (the Python and TypeScript builds
+//! too) compile and pass their probe within the default limits, a module that grows to its `memoryLimitMiB` ends with the hook's own limit error
 //! within them, and a compile past its memory ends with a message that names the limit and its flag.
 
 use std::path::Path;
@@ -71,6 +71,9 @@ fn the_example_modules_compile_and_pass_their_probe_within_the_default_limits() 
         // The Python builds: an interpreter each, the largest modules a node is expected to compile.
         (py_isolation.as_str(), HookKind::Policy),
         (py_labels.as_str(), HookKind::Status),
+        // The TypeScript builds: a JavaScript engine each.
+        ("ts-namespace-isolation", HookKind::Policy),
+        ("ts-status-labels", HookKind::Status),
     ] {
         let cache = cache();
         let compiled =
