@@ -319,6 +319,12 @@ fn a_signed_python_module_is_pulled_verified_compiled_and_run_then_removed_with_
     pulled_verified_compiled_and_run_then_removed(&python);
 }
 
+/// The same path for the TypeScript build of the example: a 12 MB module with a JavaScript engine.
+#[test]
+fn a_signed_typescript_module_is_pulled_verified_compiled_and_run_then_removed_with_its_resource() {
+    pulled_verified_compiled_and_run_then_removed("ts-status-labels");
+}
+
 fn pulled_verified_compiled_and_run_then_removed(guest: &str) {
     let mut w = world();
     let reference = w.push(guest, "vendor/labels:v1", Some(&w.trusted.0));
