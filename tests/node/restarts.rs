@@ -1,10 +1,12 @@
 //! What an operator does to a node while pods come and go, on each runtime: the DaemonSet as installed
 //! (`plexus_tests::daemonset::DsNode`: the project's image, a real kubelet 1.37 and API server), pods churned on it
-//! (`plexus_tests::churn`: four a second, each with the cluster network and two NADs), and one event in the middle
+//! (`plexus_tests::churn`: four a second, each with the cluster network and two NADs, every other one with a device
+//! claim, every eighth selecting a NAD the node's policy hook denies), and one event in the middle
 //! (`plexus_tests::node_events`). Every test asserts the same promises (`ChurnReport::assert_nothing_lost`): each
-//! pod ends Running with its whole network-status and its AddedInterface events, an ADD that failed was retried by
-//! the kubelet to success, each pod holds exactly one address per network once the churn settles, and once the pods
-//! are deleted no address, cache entry, bridge port or pod is left. These are the short versions of the events of
+//! pod ends Running with its whole network-status, its AddedInterface events and its claim's network data, each pod
+//! the policy denies is denied and never runs, an ADD that failed was retried by the kubelet to success, each pod
+//! holds exactly one address per network once the churn settles, and once the pods are deleted no address, claim,
+//! cache entry, bridge port or pod is left. These are the short versions of the events of
 //! the reliability report (`bash tests/soak.sh`), which runs them longer.
 
 use std::time::Duration;
@@ -13,35 +15,23 @@ use plexus_tests::churn::ChurnSpec;
 use plexus_tests::node_events::{hammered, NodeEvent};
 use plexus_tests::runtime::RuntimeKind;
 
-plexus_tests::on_each_runtime!(
-    a_rolling_update_of_the_daemonset_fails_no_pod,
+plexus_tests::on_each_runtime!(a_rolling_update_of_the_daemonset_fails_no_pod);
+
+/// On containerd only in the suite, for its time (each with a kubelet, the control plane and a DRA driver is about
+/// 40 s): the outage and the reboot run on CRI-O too, longer, in the reliability report (`bash tests/soak.sh`,
+/// docs/reliability.md), and so does the full cache disk (what it checks is Plexus's own).
+///
+/// The runtime restart is on containerd only, for now. On CRI-O the same churn leaves, in about one run of two, the
+/// attachments of one sandbox whose RunPodSandbox the kill cut short: CRI-O forgets that sandbox, and its start-up
+/// GC (with the valid attachments of CNI 1.1) runs before, or while, the orphaned ADD finishes. Measured: with a CNI
+/// 1.0 cluster conf two whole sandboxes left in 73 pods, with 1.1 one sandbox's cluster-network address and plan in
+/// 77.
+plexus_tests::on_containerd!(
     an_api_server_outage_loses_no_pod_and_no_status,
     a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice,
+    a_runtime_restart_then_a_kubelet_restart_lose_no_pod,
+    a_full_cache_disk_fails_adds_cleanly_and_no_del,
 );
-
-/// On containerd only, for now. On CRI-O the same churn leaves, in about one run of two, the attachments of one
-/// sandbox whose RunPodSandbox the kill cut short: CRI-O forgets that sandbox, and its start-up GC (with the
-/// valid attachments of CNI 1.1) runs before, or while, the orphaned ADD finishes. Measured: with a CNI 1.0 cluster
-/// conf two whole sandboxes left in 73 pods, with 1.1 one sandbox's cluster-network address and plan in 77.
-mod a_runtime_restart_then_a_kubelet_restart_lose_no_pod {
-    #[test]
-    fn containerd() {
-        super::a_runtime_restart_then_a_kubelet_restart_lose_no_pod(
-            plexus_tests::runtime::RuntimeKind::Containerd,
-        )
-    }
-}
-
-/// On containerd only in the suite (what it checks is Plexus's own; a run on CRI-O, with the same code, gave the same:
-/// 14 failed ADDs on 13 pods, all Running after a retry, no failed DEL, nothing left).
-mod a_full_cache_disk_fails_adds_cleanly_and_no_del {
-    #[test]
-    fn containerd() {
-        super::a_full_cache_disk_fails_adds_cleanly_and_no_del(
-            plexus_tests::runtime::RuntimeKind::Containerd,
-        )
-    }
-}
 
 /// A rolling update of the DaemonSet on a node, as its controller does it with `maxUnavailable: 1`, while pods
 /// churn. No pod's sandbox fails (the CNI plugin plans by itself while no daemon answers, and the hook set on disk

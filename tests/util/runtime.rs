@@ -150,3 +150,17 @@ macro_rules! on_each_runtime {
         }
     )*};
 }
+
+/// The tests named, each run on containerd only (as `<name>::containerd`): where the suite's time is better spent
+/// than on a second runtime (each says where its CRI-O run is).
+#[macro_export]
+macro_rules! on_containerd {
+    ($($name:ident),* $(,)?) => {$(
+        mod $name {
+            #[test]
+            fn containerd() {
+                super::$name($crate::runtime::RuntimeKind::Containerd)
+            }
+        }
+    )*};
+}

@@ -88,7 +88,9 @@ pub fn print(rows: &[NodeRow], outage: Duration, churn: Duration) {
          events (FailedCreatePodSandBox, FailedKillPod); a failed ADD is fine if the kubelet's retry made the pod \
          Running. Startup: from the create to the first list that showed the pod Running (listed every 250 ms); \
          the kubelet's own backoffs after an outage or a restart are in it. AddedInterface events not yet posted live in the \
-         daemon's memory: a reboot loses them (shown; not a target). The API server row counts the node \
+         daemon's memory: a reboot loses them (shown; not a target). The daemon posts events within its \
+         --kube-api-qps (5 a second, as shipped): this churn asks for eight a second, so they fall behind while it \
+         runs, and the report waits up to 90 s after it for them. The API server row counts the node \
          daemon's requests from the server's start until 10 s after it was ready (audit log).\n",
         churn.as_secs()
     );
