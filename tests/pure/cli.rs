@@ -182,7 +182,7 @@ fn hook_inspect_and_run_a_real_component() {
         .map(String::as_str)
         .chain(["ts-namespace-isolation"])
     {
-        let wasm = guest_wasm(&guest);
+        let wasm = guest_wasm(guest);
         let out = plexus(&["hook", "inspect", wasm.to_str().unwrap()]);
         assert_eq!(out.status.code(), Some(0), "{guest}: {}", text(&out.stderr));
         let info: Value = serde_json::from_slice(&out.stdout).unwrap();

@@ -269,7 +269,7 @@ impl Churner<'_> {
         let name = format!("{}-{n}", self.spec.prefix);
         let every = self.spec.forbidden_every;
         let forbidden = every > 0 && n % every == every - 1;
-        let claim = !forbidden && n % 2 == 0 && self.spec.claim_template.is_some();
+        let claim = !forbidden && n.is_multiple_of(2) && self.spec.claim_template.is_some();
         let networks = match (forbidden, claim) {
             (true, _) => &self.spec.forbidden_networks,
             (false, true) => &self.spec.claim_networks,
@@ -348,7 +348,7 @@ fn churn(churner: &Churner, stop: &AtomicBool) {
             observe(churner.node, &mut report);
             delete_beyond_live(churner.node, churner.spec, &mut report);
             ticks += 1;
-            if ticks % 4 == 0 {
+            if ticks.is_multiple_of(4) {
                 delete_denied(churner.node, &mut report);
             }
         }
