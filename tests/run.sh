@@ -44,6 +44,9 @@ step "test: guest logic, natively (guests workspace)"
 step "test: the Python SDK, its template and the Python guests, natively (sdk/python/plexus-py test)"
 sdk/python/plexus-py test sdk/python/tests sdk/python/template guests/python/*/ 2>&1 | tee -a "$log"
 
+step "test: the TypeScript SDK, its template and the TypeScript guests, natively (sdk/typescript/plexus-ts test)"
+sdk/typescript/plexus-ts test sdk/typescript/tests sdk/typescript/template guests/typescript/*/ 2>&1 | tee -a "$log"
+
 # Four at a time on two cores: most of the suite waits on real processes (API servers, kubelet, containerd, the
 # registry, delegates in namespaces) rather than computing; the integration tests are one binary, so they share
 # the slots (measured: 177 s with two, 90 s with four).
