@@ -241,3 +241,21 @@ fn hook_inspect_and_run_a_real_component() {
         assert!(stderr.contains(named), "{input}: {stderr}");
     }
 }
+
+/// `plexus hook inspect x.wasm | head`: a reader that closed the pipe before the answer was written ends the
+/// command quietly, with the command's own status, not a panic on stderr.
+#[test]
+fn a_closed_stdout_ends_hook_commands_quietly() {
+    let wasm = guest_wasm("namespace-isolation");
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(plexus_bin())
+        .args(["hook", "inspect", wasm.to_str().unwrap()])
+        .env_remove("CNI_COMMAND")
+        .env_remove("NODE_NAME")
+        .stdout(writer)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stderr), "");
+}

@@ -191,8 +191,10 @@ pub fn main(args: HookArgs) -> u8 {
         } => verify(&reference, &key, unsigned, &registry.options()),
         HookCommand::Status(status_args) => match status(&status_args) {
             Ok(summary) if !status_args.json => {
-                print!("{}", summary.text());
-                return 0;
+                return match write_stdout(&mut std::io::stdout().lock(), &summary.text()) {
+                    Ok(()) => 0,
+                    Err(msg) => fail(msg),
+                };
             }
             Ok(summary) => serde_json::to_value(summary).map_err(failed),
             Err(e) => Err(e),
@@ -201,7 +203,10 @@ pub fn main(args: HookArgs) -> u8 {
     match result {
         Ok(out) => {
             // What registries, hooks and nodes wrote, without a character a terminal would act on.
-            println!("{}", crate::terminal::json(&out).unwrap_or_default());
+            let text = format!("{}\n", crate::terminal::json(&out).unwrap_or_default());
+            if let Err(msg) = write_stdout(&mut std::io::stdout().lock(), &text) {
+                return fail(msg);
+            }
             // Only `hook run` has a decision; a script tells allow from deny by the status.
             if out["output"]["decision"] == "deny" {
                 RUN_DENIED
@@ -213,10 +218,24 @@ pub fn main(args: HookArgs) -> u8 {
             eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
             2
         }
-        Err(CliError::Failed(msg)) => {
-            eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
-            1
+        Err(CliError::Failed(msg)) => fail(msg),
+    }
+}
+
+fn fail(msg: String) -> u8 {
+    eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
+    1
+}
+
+/// Writes a command's answer. A reader that closed the pipe early (`| head`) took all it wanted: the command did
+/// its work, so that ends quietly with the command's own status, as other tools in a pipeline do; any other write
+/// error (a full disk) is a failure.
+fn write_stdout(out: &mut impl std::io::Write, text: &str) -> Result<(), String> {
+    match out.write_all(text.as_bytes()).and_then(|()| out.flush()) {
+        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => {
+            Err(format!("writing to stdout: {e}"))
         }
+        _ => Ok(()),
     }
 }
 
