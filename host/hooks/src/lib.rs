@@ -743,6 +743,11 @@ impl Hooks {
         let elapsed = start.elapsed();
         let out = match result {
             Ok(Ok(v)) => Ok(v),
+            // An engine that catches its own failed allocation (SpiderMonkey's "out of memory" exception) returns
+            // an error rather than trapping: the limit is still what stopped it.
+            Ok(Err(_)) if store.data().limits.memory_denied => {
+                Err(Fault::OutOfMemory(hook.memory_mib))
+            }
             Ok(Err(message)) => Err(Fault::Failed(cut(message, REASON_CAP))),
             Err(e) => Err(classify(&e, &store, hook)),
         };

@@ -804,3 +804,119 @@ fn an_sdk_hook_is_refused_for_a_kind_it_does_not_declare() {
         plexus_hooks::ArtifactSource::Cached
     );
 }
+
+/// The hostile guests JavaScript can express, as one TypeScript component (`guests/typescript/test-hostile`) whose
+/// settings pick the misbehaviour. Reading host files, the environment or the arguments has no JavaScript API in
+/// the engine, so it has no TypeScript variant.
+fn ts_hostile(name: &str, kind: HookKind, mode: &str) -> HookSpec {
+    let mut s = spec(name, kind, "ts-test-hostile");
+    s.settings = Some(json!({ "mode": mode }));
+    s
+}
+
+/// Loads through one cache shared by the TypeScript tests, one at a time: the first compiles the engine's
+/// component (seconds), the others load its artifact.
+fn load_ts(specs: &[HookSpec]) -> Hooks {
+    static CACHE: Mutex<Option<tempfile::TempDir>> = Mutex::new(None);
+    let mut cache = CACHE.lock().unwrap_or_else(|e| e.into_inner());
+    let dir = cache.get_or_insert_with(|| tempfile::tempdir().unwrap());
+    Hooks::load(specs, dir.path()).expect("hooks load")
+}
+
+#[test]
+fn typescript_endless_loop_times_out_within_budget_and_names_the_hook() {
+    let mut s = ts_hostile("loop", HookKind::Policy, "loop");
+    s.timeout_ms = Some(50);
+    let hooks = load_ts(&[s, spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
+    let start = Instant::now();
+    let err = hooks
+        .policy(&pod(), vec![json!({"name": "a", "namespace": "team-a"})])
+        .unwrap_err();
+    let elapsed = start.elapsed();
+    assert_eq!(
+        err.to_string(),
+        "hook \"loop\" (policy): timed out after 50 ms"
+    );
+    assert!(elapsed >= Duration::from_millis(50), "{elapsed:?}");
+    assert!(elapsed < Duration::from_millis(50 * 20), "{elapsed:?}");
+    let again = hooks.policy(&pod(), vec![]).unwrap_err();
+    assert_eq!(fault_of(again).1, Fault::Timeout(50));
+
+    let specs: Vec<HookSpec> = [HookKind::Resolver, HookKind::Status]
+        .into_iter()
+        .map(|k| {
+            let mut s = ts_hostile(&format!("loop-{k}"), k, "loop");
+            s.timeout_ms = Some(20);
+            s
+        })
+        .collect();
+    let hooks = load_ts(&specs);
+    let sel = json!({"name": "a", "namespace": "team-a"});
+    let e = hooks.resolve(&pod(), &sel, None, None).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "hook \"loop-resolver\" (resolver): timed out after 20 ms"
+    );
+    let e = hooks.status(&pod(), entries()).unwrap_err();
+    assert_eq!(
+        e.to_string(),
+        "hook \"loop-status\" (status): timed out after 20 ms"
+    );
+}
+
+#[test]
+fn typescript_memory_bomb_hits_the_memory_limit() {
+    let mut s = ts_hostile("bomb", HookKind::Policy, "bomb");
+    s.memory_limit_mib = Some(16);
+    s.timeout_ms = Some(5_000);
+    let hooks = load_ts(&[s]);
+    let err = hooks.policy(&pod(), vec![]).unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "hook \"bomb\" (policy): exceeded its memory limit of 16 MiB"
+    );
+}
+
+/// JavaScript cannot trap on purpose; its uncaught error is the same kind of event, and the host reports it with
+/// the guest's message as it does a Rust guest's panic.
+#[test]
+fn typescript_uncaught_error_is_a_fault_with_the_guest_message() {
+    let hooks = load_ts(&[ts_hostile("throw", HookKind::Policy, "throw")]);
+    let (hook, fault) = fault_of(hooks.policy(&pod(), vec![]).unwrap_err());
+    assert_eq!(hook, "throw");
+    match fault {
+        Fault::Failed(msg) => assert!(msg.contains("deliberately threw for pod web"), "{msg}"),
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+#[test]
+fn typescript_log_flood_is_capped_and_the_call_completes() {
+    let mut s = ts_hostile("flood", HookKind::Policy, "flood");
+    s.timeout_ms = Some(10_000);
+    let hooks = load_ts(&[s]);
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, || hooks.policy(&pod(), vec![]));
+    assert_eq!(out.unwrap(), PolicyOutcome::Admit(vec![]));
+    let logged = capture.0.lock().unwrap();
+    let text = String::from_utf8_lossy(&logged);
+    assert!(logged.len() < 1024 * 1024, "{} bytes logged", logged.len());
+    assert!(
+        text.contains("flood line 0"),
+        "log import lines reach the log"
+    );
+    assert!(
+        text.contains("guest output truncated"),
+        "truncation is reported"
+    );
+    assert!(
+        text.contains("guest log truncated"),
+        "log truncation is reported"
+    );
+}
