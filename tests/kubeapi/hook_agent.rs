@@ -1619,6 +1619,28 @@ fn the_walkthrough_in_docs_hooks_md_runs_as_written_with_the_python_build() {
     );
 }
 
+/// The walkthrough's TypeScript track: the page's TypeScript blocks (T2 and T3) are the
+/// `guests/typescript/pod-prefix` guest, built and tested with the guests, and step 8's commands run as written with
+/// that component.
+#[test]
+fn the_walkthrough_in_docs_hooks_md_runs_as_written_with_the_typescript_build() {
+    walkthrough(
+        "ts-pod-prefix",
+        &[
+            (
+                "ts",
+                "guests/typescript/pod-prefix/pod-prefix.ts",
+                "export function check(",
+            ),
+            (
+                "ts",
+                "guests/typescript/pod-prefix/pod-prefix.test.ts",
+                "only prefixed networks pass",
+            ),
+        ],
+    );
+}
+
 /// Runs the walkthrough with the component `guest`, after checking that each of the page's `(language, file,
 /// needle)` blocks, the one of that language holding the needle, is in that file of the repository.
 fn walkthrough(guest: &str, blocks: &[(&str, &str, &str)]) {
