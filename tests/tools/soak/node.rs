@@ -138,11 +138,19 @@ fn print_row(row: &NodeRow) {
                 .iter()
                 .filter(|(v, p)| v == "create" && p.contains("/events"))
                 .count();
-            format!(
-                "{} ({events} events; {} objects more than twice)",
-                q.len(),
-                hammered(q).len()
-            )
+            // Which ones, so that a row that misses names what was asked for again.
+            let many: Vec<String> = hammered(q)
+                .into_iter()
+                .map(|(request, n)| format!("`{request}` {n} times"))
+                .collect();
+            match many.is_empty() {
+                true => format!("{} ({events} events; no object more than twice)", q.len()),
+                false => format!(
+                    "{} ({events} events; more than twice: {})",
+                    q.len(),
+                    without_test_dirs(&many.join(", "))
+                ),
+            }
         });
     println!(
         "| {} | {} | {} | {} ({}, {}) | {} | {} | {} / {} / {} | {} / {} / {} | {} | {}, {}, {}, {}, {} | {} / {} | {} |",
