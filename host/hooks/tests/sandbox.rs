@@ -165,11 +165,39 @@ fn status_labels_adds_pod_labels_to_every_entry() {
     }
 }
 
-#[test]
-fn endless_loop_times_out_within_budget_and_names_the_hook() {
-    let mut s = spec("loop", HookKind::Policy, "test-endless-loop");
+/// A hostile guest, by what it does (`loop`, `bomb`, `flood`): the spec of hook `name` of `kind`, and how its hooks
+/// are loaded. The same tests hold for each language's build.
+struct Hostile {
+    spec: fn(&str, HookKind, &str) -> HookSpec,
+    load: fn(&[HookSpec]) -> Hooks,
+}
+
+/// The Rust guests, one per misbehaviour, each compiled anew.
+const RUST: Hostile = Hostile {
+    spec: rust_hostile,
+    load,
+};
+
+/// The TypeScript guest, whose settings pick the misbehaviour, through one cache.
+const TYPESCRIPT: Hostile = Hostile {
+    spec: ts_hostile,
+    load: load_ts,
+};
+
+fn rust_hostile(name: &str, kind: HookKind, mode: &str) -> HookSpec {
+    let guest = match mode {
+        "loop" => "test-endless-loop",
+        "bomb" => "test-memory-bomb",
+        "flood" => "test-log-flood",
+        other => panic!("no Rust guest does {other}"),
+    };
+    spec(name, kind, guest)
+}
+
+fn endless_loop_times_out_within_budget(h: &Hostile) {
+    let mut s = (h.spec)("loop", HookKind::Policy, "loop");
     s.timeout_ms = Some(50);
-    let hooks = load(&[s, spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
+    let hooks = (h.load)(&[s, spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
     let start = Instant::now();
     let err = hooks
         .policy(&pod(), vec![json!({"name": "a", "namespace": "team-a"})])
@@ -186,17 +214,16 @@ fn endless_loop_times_out_within_budget_and_names_the_hook() {
     assert_eq!(fault_of(again).1, Fault::Timeout(50));
 }
 
-#[test]
-fn endless_loop_in_every_kind_times_out() {
-    let specs: Vec<HookSpec> = HookKind::ALL
-        .into_iter()
+fn endless_loop_in_kinds_times_out(h: &Hostile, kinds: &[HookKind]) {
+    let specs: Vec<HookSpec> = kinds
+        .iter()
         .map(|k| {
-            let mut s = spec(&format!("loop-{k}"), k, "test-endless-loop");
+            let mut s = (h.spec)(&format!("loop-{k}"), *k, "loop");
             s.timeout_ms = Some(20);
             s
         })
         .collect();
-    let hooks = load(&specs);
+    let hooks = (h.load)(&specs);
     let sel = json!({"name": "a", "namespace": "team-a"});
     let e = hooks.resolve(&pod(), &sel, None, None).unwrap_err();
     assert_eq!(
@@ -210,17 +237,62 @@ fn endless_loop_in_every_kind_times_out() {
     );
 }
 
-#[test]
-fn memory_bomb_hits_the_memory_limit() {
-    let mut s = spec("bomb", HookKind::Policy, "test-memory-bomb");
+fn memory_bomb_hits_the_limit(h: &Hostile) {
+    let mut s = (h.spec)("bomb", HookKind::Policy, "bomb");
     s.memory_limit_mib = Some(16);
     s.timeout_ms = Some(5_000);
-    let hooks = load(&[s]);
+    let hooks = (h.load)(&[s]);
     let err = hooks.policy(&pod(), vec![]).unwrap_err();
     assert_eq!(
         err.to_string(),
         "hook \"bomb\" (policy): exceeded its memory limit of 16 MiB"
     );
+}
+
+fn log_flood_is_capped(h: &Hostile) {
+    let mut s = (h.spec)("flood", HookKind::Policy, "flood");
+    s.timeout_ms = Some(10_000);
+    let hooks = (h.load)(&[s]);
+    let capture = Capture::default();
+    let writer = capture.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::INFO)
+        .with_ansi(false)
+        .finish();
+    let out = tracing::subscriber::with_default(subscriber, || hooks.policy(&pod(), vec![]));
+    assert_eq!(out.unwrap(), PolicyOutcome::Admit(vec![]));
+    let logged = capture.0.lock().unwrap();
+    let text = String::from_utf8_lossy(&logged);
+    // The guest wrote ~8 MiB to stdout+stderr and ~2 MiB through the log import.
+    assert!(logged.len() < 1024 * 1024, "{} bytes logged", logged.len());
+    assert!(
+        text.contains("flood line 0"),
+        "log import lines reach the log"
+    );
+    assert!(
+        text.contains("guest output truncated"),
+        "truncation is reported"
+    );
+    assert!(
+        text.contains("guest log truncated"),
+        "log truncation is reported"
+    );
+}
+
+#[test]
+fn endless_loop_times_out_within_budget_and_names_the_hook() {
+    endless_loop_times_out_within_budget(&RUST);
+}
+
+#[test]
+fn endless_loop_in_every_kind_times_out() {
+    endless_loop_in_kinds_times_out(&RUST, &HookKind::ALL);
+}
+
+#[test]
+fn memory_bomb_hits_the_memory_limit() {
+    memory_bomb_hits_the_limit(&RUST);
 }
 
 #[test]
@@ -267,34 +339,7 @@ impl std::io::Write for Capture {
 
 #[test]
 fn log_flood_is_capped_and_the_call_completes() {
-    let mut s = spec("flood", HookKind::Policy, "test-log-flood");
-    s.timeout_ms = Some(10_000);
-    let hooks = load(&[s]);
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, || hooks.policy(&pod(), vec![]));
-    assert_eq!(out.unwrap(), PolicyOutcome::Admit(vec![]));
-    let logged = capture.0.lock().unwrap();
-    let text = String::from_utf8_lossy(&logged);
-    // The guest wrote ~8 MiB to stdout+stderr and ~2 MiB through the log import.
-    assert!(logged.len() < 1024 * 1024, "{} bytes logged", logged.len());
-    assert!(
-        text.contains("flood line 0"),
-        "log import lines reach the log"
-    );
-    assert!(
-        text.contains("guest output truncated"),
-        "truncation is reported"
-    );
-    assert!(
-        text.contains("guest log truncated"),
-        "log truncation is reported"
-    );
+    log_flood_is_capped(&RUST);
 }
 
 #[test]
@@ -825,56 +870,22 @@ fn load_ts(specs: &[HookSpec]) -> Hooks {
 
 #[test]
 fn typescript_endless_loop_times_out_within_budget_and_names_the_hook() {
-    let mut s = ts_hostile("loop", HookKind::Policy, "loop");
-    s.timeout_ms = Some(50);
-    let hooks = load_ts(&[s, spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
-    let start = Instant::now();
-    let err = hooks
-        .policy(&pod(), vec![json!({"name": "a", "namespace": "team-a"})])
-        .unwrap_err();
-    let elapsed = start.elapsed();
-    assert_eq!(
-        err.to_string(),
-        "hook \"loop\" (policy): timed out after 50 ms"
-    );
-    assert!(elapsed >= Duration::from_millis(50), "{elapsed:?}");
-    assert!(elapsed < Duration::from_millis(50 * 20), "{elapsed:?}");
-    let again = hooks.policy(&pod(), vec![]).unwrap_err();
-    assert_eq!(fault_of(again).1, Fault::Timeout(50));
+    endless_loop_times_out_within_budget(&TYPESCRIPT);
+}
 
-    let specs: Vec<HookSpec> = [HookKind::Resolver, HookKind::Status]
-        .into_iter()
-        .map(|k| {
-            let mut s = ts_hostile(&format!("loop-{k}"), k, "loop");
-            s.timeout_ms = Some(20);
-            s
-        })
-        .collect();
-    let hooks = load_ts(&specs);
-    let sel = json!({"name": "a", "namespace": "team-a"});
-    let e = hooks.resolve(&pod(), &sel, None, None).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "hook \"loop-resolver\" (resolver): timed out after 20 ms"
-    );
-    let e = hooks.status(&pod(), entries()).unwrap_err();
-    assert_eq!(
-        e.to_string(),
-        "hook \"loop-status\" (status): timed out after 20 ms"
-    );
+#[test]
+fn typescript_endless_loop_in_the_other_kinds_times_out() {
+    endless_loop_in_kinds_times_out(&TYPESCRIPT, &[HookKind::Resolver, HookKind::Status]);
 }
 
 #[test]
 fn typescript_memory_bomb_hits_the_memory_limit() {
-    let mut s = ts_hostile("bomb", HookKind::Policy, "bomb");
-    s.memory_limit_mib = Some(16);
-    s.timeout_ms = Some(5_000);
-    let hooks = load_ts(&[s]);
-    let err = hooks.policy(&pod(), vec![]).unwrap_err();
-    assert_eq!(
-        err.to_string(),
-        "hook \"bomb\" (policy): exceeded its memory limit of 16 MiB"
-    );
+    memory_bomb_hits_the_limit(&TYPESCRIPT);
+}
+
+#[test]
+fn typescript_log_flood_is_capped_and_the_call_completes() {
+    log_flood_is_capped(&TYPESCRIPT);
 }
 
 /// JavaScript cannot trap on purpose; its uncaught error is the same kind of event, and the host reports it with
@@ -888,35 +899,4 @@ fn typescript_uncaught_error_is_a_fault_with_the_guest_message() {
         Fault::Failed(msg) => assert!(msg.contains("deliberately threw for pod web"), "{msg}"),
         other => panic!("expected a failure, got {other:?}"),
     }
-}
-
-#[test]
-fn typescript_log_flood_is_capped_and_the_call_completes() {
-    let mut s = ts_hostile("flood", HookKind::Policy, "flood");
-    s.timeout_ms = Some(10_000);
-    let hooks = load_ts(&[s]);
-    let capture = Capture::default();
-    let writer = capture.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::INFO)
-        .with_ansi(false)
-        .finish();
-    let out = tracing::subscriber::with_default(subscriber, || hooks.policy(&pod(), vec![]));
-    assert_eq!(out.unwrap(), PolicyOutcome::Admit(vec![]));
-    let logged = capture.0.lock().unwrap();
-    let text = String::from_utf8_lossy(&logged);
-    assert!(logged.len() < 1024 * 1024, "{} bytes logged", logged.len());
-    assert!(
-        text.contains("flood line 0"),
-        "log import lines reach the log"
-    );
-    assert!(
-        text.contains("guest output truncated"),
-        "truncation is reported"
-    );
-    assert!(
-        text.contains("guest log truncated"),
-        "log truncation is reported"
-    );
 }
