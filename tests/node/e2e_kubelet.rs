@@ -15,7 +15,7 @@ use plexus_tests::containerd::cni_dirs;
 use plexus_tests::control_plane::Component;
 use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST, SHARED_DEVICE};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
-use plexus_tests::kubelet::{pod_on_node, Kubelet, NODE};
+use plexus_tests::kubelet::{pod_on_node, with_claim, Kubelet, NODE};
 use plexus_tests::netns::{
     bridge_host_local, host_links_on_bridge, links_at, require_root_and_plugins, HostBridge,
     IpamDir,
@@ -668,18 +668,17 @@ impl Node {
     /// Pod `name` selecting `networks`, with the device claim `claim`, left to the scheduler (no node named).
     fn pod_with_claim(&self, name: &str, networks: Option<&str>, claim: ClaimRef<'_>) {
         let mut pod = pod_on_node(NS, name, networks.unwrap_or(""));
-        pod["spec"].as_object_mut().unwrap().remove("nodeName");
         if networks.is_none() {
             pod["metadata"]
                 .as_object_mut()
                 .unwrap()
                 .remove("annotations");
         }
-        pod["spec"]["resourceClaims"] = match claim {
-            ClaimRef::Claim(c) => json!([{"name": "nics", "resourceClaimName": c}]),
-            ClaimRef::Template(t) => json!([{"name": "nics", "resourceClaimTemplateName": t}]),
+        let source = match claim {
+            ClaimRef::Claim(c) => json!({"resourceClaimName": c}),
+            ClaimRef::Template(t) => json!({"resourceClaimTemplateName": t}),
         };
-        pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "nics"}]});
+        with_claim(&mut pod, source);
         self.api.create(&pod);
     }
 

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use serde_json::{json, Value};
 
 use crate::daemonset::{DsNode, CLAIM_TEMPLATE, DENIAL, FORBIDDEN_NAD, NS};
-use crate::kubelet::pod_on_node;
+use crate::kubelet::{pod_on_node, with_claim};
 use crate::plexus::list_cache;
 
 /// What the churn does.
@@ -277,10 +277,7 @@ impl Churner<'_> {
         };
         let mut pod = pod_on_node(NS, &name, networks);
         if let Some(template) = self.spec.claim_template.as_ref().filter(|_| claim) {
-            pod["spec"].as_object_mut().unwrap().remove("nodeName");
-            pod["spec"]["resourceClaims"] =
-                json!([{"name": "nic", "resourceClaimTemplateName": template}]);
-            pod["spec"]["containers"][0]["resources"] = json!({"claims": [{"name": "nic"}]});
+            with_claim(&mut pod, json!({"resourceClaimTemplateName": template}));
         }
         let created = Instant::now();
         let answer =

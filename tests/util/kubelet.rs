@@ -33,6 +33,17 @@ pub fn pod_on_node(namespace: &str, name: &str, networks: &str) -> serde_json::V
     })
 }
 
+/// `pod` (of [`pod_on_node`]) left to the scheduler instead (no node named), its container given the device claim
+/// `claim`: a `spec.resourceClaims[]` entry's source, `{"resourceClaimName": ...}` or
+/// `{"resourceClaimTemplateName": ...}`, under the name `nics`.
+pub fn with_claim(pod: &mut serde_json::Value, claim: serde_json::Value) {
+    pod["spec"].as_object_mut().unwrap().remove("nodeName");
+    let mut entry = claim;
+    entry["name"] = serde_json::json!("nics");
+    pod["spec"]["resourceClaims"] = serde_json::json!([entry]);
+    pod["spec"]["containers"][0]["resources"] = serde_json::json!({"claims": [{"name": "nics"}]});
+}
+
 /// The kernel tunables kubelet's container manager sets when it starts.
 const SYSCTLS: [&str; 6] = [
     "vm.overcommit_memory",
