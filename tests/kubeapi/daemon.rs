@@ -119,6 +119,7 @@ fn nad_answer(d: &NodeDaemon, name: &str) -> Answer {
     let request = Request::Nad {
         namespace: "team-a".into(),
         name: name.into(),
+        within_ms: None,
     };
     ask(&d.socket, &request, Duration::from_secs(5)).unwrap()
 }

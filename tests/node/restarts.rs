@@ -97,7 +97,9 @@ fn a_full_cache_disk_fails_adds_cleanly_and_no_del(kind: RuntimeKind) {
 }
 
 /// The API server stopped (etcd kept) for 10 s while pods churn, then started again. The pods the kubelet already
-/// had start during the outage from what the node daemon has cached: no ADD fails. Their network-status writes and
+/// had start during the outage from what the node daemon has cached: no ADD of such a pod fails. (A claim pod whose
+/// claim the daemon had not read allocated before the server stopped cannot be planned until it is back: its ADD
+/// fails naming the claim's read, and the kubelet's retry succeeds.) Their network-status writes and
 /// events wait in the daemon and are delivered once the server is back, and the daemon does not return as a herd:
 /// until 10 s after the server is ready it sends no kept status write more than twice, lists each watch again at
 /// most twice, and posts no event twice (while its watches list again, an ADD reads its pod and NADs from the
@@ -110,7 +112,16 @@ fn an_api_server_outage_loses_no_pod_and_no_status(kind: RuntimeKind) {
         Duration::from_secs(2),
     );
     report.assert_nothing_lost(&ds);
-    assert_eq!(report.add_failures, vec![], "no ADD failed");
+    let cached: Vec<&(String, String)> = report
+        .add_failures
+        .iter()
+        .filter(|(_, message)| !message.contains("get resourceclaims"))
+        .collect();
+    assert_eq!(
+        cached,
+        Vec::<&(String, String)>::new(),
+        "no ADD from the cache failed"
+    );
     assert!(report.creates_refused > 0, "the churn met the outage");
     let requests = figures.requests_after_outage.unwrap();
     let events = requests

@@ -136,6 +136,11 @@ impl<'a> DaemonCluster<'a> {
             .ok()
     }
 
+    /// How long this process waits for an answer, told to the daemon so that it answers with what it has before.
+    fn within_ms(&self) -> u64 {
+        u64::try_from(self.conf.timeout.as_millis()).unwrap_or(u64::MAX)
+    }
+
     /// Stops asking the daemon for the rest of this invocation.
     fn give_up<T>(&self, reason: AskError) -> Option<T> {
         self.gone.set(true);
@@ -305,7 +310,11 @@ fn unexpected(what: &str, answer: Answer) -> ClusterError {
 
 impl Cluster for DaemonCluster<'_> {
     fn pod(&self, pod: &PodRef) -> Result<Pod, ClusterError> {
-        match self.ask(&Request::Pod { pod: pod.clone() }, self.conf.timeout) {
+        let request = Request::Pod {
+            pod: pod.clone(),
+            within_ms: Some(self.within_ms()),
+        };
+        match self.ask(&request, self.conf.timeout) {
             Some(Answer::Pod { pod: found, claims }) => {
                 *self.claims.borrow_mut() = claims.map(|c| (pod_ref(&found), c));
                 Ok(found)
@@ -324,6 +333,7 @@ impl Cluster for DaemonCluster<'_> {
         let request = Request::Nad {
             namespace: namespace.into(),
             name: name.into(),
+            within_ms: Some(self.within_ms()),
         };
         match self.ask(&request, self.conf.timeout) {
             Some(Answer::Nad { nad }) => Ok(nad),

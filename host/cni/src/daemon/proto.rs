@@ -19,12 +19,20 @@ pub const MAX_ANSWER_BYTES: usize = plexus_cluster::MAX_RESPONSE_BYTES;
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "op", rename_all = "camelCase")]
 pub enum Request {
+    /// The pod, for an ADD (with what its claims give its networks where the daemon can tell).
     Pod {
         pod: PodRef,
+        /// How long the CNI process waits for this answer: the daemon answers before then with what it has, rather
+        /// than let an API read of what it had not cached run past it (absent: [`crate::conf::DAEMON_TIMEOUT_MS`]).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        within_ms: Option<u64>,
     },
     Nad {
         namespace: String,
         name: String,
+        /// As for [`Request::Pod`].
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        within_ms: Option<u64>,
     },
     /// Write the network-status annotation value; answered once accepted, sent by the daemon with retries.
     Status {
@@ -123,7 +131,8 @@ pub enum Answer {
     Failed {
         error: ClusterError,
     },
-    /// The caches have not completed their first list.
+    /// The daemon cannot answer from its caches now: they have not completed their first list, or the object was
+    /// not cached and the API server did not give it in time.
     Unsynced,
     /// The daemon is at its concurrency bound.
     Busy,
@@ -298,6 +307,7 @@ mod tests {
         let nad = Request::Nad {
             namespace: "ns".into(),
             name: "n".into(),
+            within_ms: Some(1500),
         };
         write_message(&mut buf, &nad).unwrap();
         let mut reader = std::io::BufReader::new(&buf[..]);
@@ -310,6 +320,41 @@ mod tests {
             read_message::<Request>(&mut reader, 100),
             Err(ReadError::Truncated)
         ));
+    }
+
+    /// A request of a CNI process from before `within_ms` reads as one without it, and a daemon from before reads
+    /// a new one (it ignores fields it does not know).
+    #[test]
+    fn a_request_without_its_wait_reads_as_before() {
+        let old = br#"{"op":"pod","pod":{"namespace":"ns","name":"p"}}"#;
+        let read: Request = serde_json::from_slice(old).unwrap();
+        assert!(
+            matches!(
+                read,
+                Request::Pod {
+                    within_ms: None,
+                    ..
+                }
+            ),
+            "{read:?}"
+        );
+        let new = serde_json::to_value(Request::Pod {
+            pod: PodRef {
+                namespace: "ns".into(),
+                name: "p".into(),
+                uid: None,
+            },
+            within_ms: Some(2000),
+        })
+        .unwrap();
+        assert_eq!(new["within_ms"], 2000);
+        #[derive(Deserialize)]
+        #[serde(tag = "op", rename_all = "camelCase")]
+        enum Before {
+            Pod { pod: PodRef },
+        }
+        let Before::Pod { pod } = serde_json::from_value(new).unwrap();
+        assert_eq!(pod.name, "p");
     }
 
     #[test]

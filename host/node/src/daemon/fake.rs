@@ -34,6 +34,8 @@ pub enum Call {
         event: String,
         count: i32,
     },
+    /// The claims of a pod read by name (the pod's `namespace/name`); the fake has none allocated.
+    Claims(String),
     /// A claim's device status applied: the claim and the interfaces of its entries.
     Claim {
         claim: String,
@@ -212,6 +214,26 @@ impl NodeApi for FakeApi {
                 .collect(),
         };
         self.call(call, || Ok(())).await
+    }
+
+    async fn claims_of(
+        &self,
+        pod: &Pod,
+    ) -> Result<Vec<(plexus_core::spec::dra::ClaimName, plexus_cluster::ClaimRead)>, ClusterError>
+    {
+        let call = Call::Claims(format!("{}/{}", pod.namespace, pod.name));
+        let read = pod
+            .claim_names()
+            .into_iter()
+            .map(|name| {
+                let claim = plexus_core::spec::dra::ClaimName {
+                    namespace: pod.namespace.clone(),
+                    name: name.into(),
+                };
+                (claim, plexus_cluster::ClaimRead::Unallocated)
+            })
+            .collect();
+        self.call(call, || Ok(read)).await
     }
 }
 

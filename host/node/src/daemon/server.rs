@@ -334,9 +334,10 @@ async fn answer_in_turn(state: &Arc<NodeState>, request: Request) -> Answer {
     if matches!(request, Request::Health | Request::Report { .. }) {
         return answer(state, request).await;
     }
+    let received = tokio::time::Instant::now();
     let load = &state.load;
     match tokio::time::timeout(load.queue_wait, load.permits.acquire()).await {
-        Ok(Ok(_permit)) => answer(state, request).await,
+        Ok(Ok(_permit)) => answer_by(state, request, received).await,
         _ => {
             state.metrics.requests_shed.inc();
             Answer::Busy
@@ -401,23 +402,81 @@ fn looked_up<T>(
     }
 }
 
+/// When the answer to a request received at `received` is due: a quarter before the CNI process stops waiting
+/// (`within_ms` it sent, or the default wait of CNI processes that send none), so that it gets what the daemon has
+/// rather than nothing. Past that, an API read of what was not cached is dropped: while the API server is down it
+/// would only fail after its retries, and the CNI process, its wait over, would stop asking the daemon at all.
+pub(super) fn answer_due(
+    received: tokio::time::Instant,
+    within_ms: Option<u64>,
+) -> tokio::time::Instant {
+    let within = Duration::from_millis(within_ms.unwrap_or(plexus_cni::conf::DAEMON_TIMEOUT_MS));
+    received + within - within / 4
+}
+
 async fn answer(state: &Arc<NodeState>, request: Request) -> Answer {
+    answer_by(state, request, tokio::time::Instant::now()).await
+}
+
+/// The pod for an ADD, with what its claims give where they can be told by `due`: the pod from the cache (or
+/// read, [`NodeState::pod_for_add`]), `unsynced` when it is not had by then; its claims read when not cached, and
+/// left to the CNI process when that read is not done by then.
+async fn pod_by(
+    state: &NodeState,
+    pod: &plexus_core::spec::PodRef,
+    due: tokio::time::Instant,
+) -> Answer {
+    let found = match tokio::time::timeout_at(due, state.pod_for_add(pod)).await {
+        Ok(found) => found,
+        Err(_) => {
+            tracing::info!(pod = %pod, "the pod is not cached and was not read in time; the CNI process reads it");
+            return Answer::Unsynced;
+        }
+    };
+    match found {
+        Some(Ok(pod)) => {
+            let claims = match tokio::time::timeout_at(due, pod_claims_or_none(state, &pod)).await {
+                Ok(claims) => claims,
+                Err(_) => {
+                    tracing::info!(pod = %pod.namespace, name = %pod.name,
+                        "the pod's claims are not cached and were not read in time; the CNI process reads them");
+                    None
+                }
+            };
+            Answer::Pod { pod, claims }
+        }
+        other => looked_up(other, |pod| Answer::Pod { pod, claims: None }),
+    }
+}
+
+async fn answer_by(
+    state: &Arc<NodeState>,
+    request: Request,
+    received: tokio::time::Instant,
+) -> Answer {
     match request {
         Request::Health => health(state),
         Request::Report { report } => {
             state.metrics.record(&report);
             Answer::Done
         }
-        Request::Pod { pod } => match state.pod_for_add(&pod).await {
-            Some(Ok(pod)) => {
-                let claims = pod_claims_or_none(state, &pod).await;
-                Answer::Pod { pod, claims }
+        Request::Pod { pod, within_ms } => {
+            pod_by(state, &pod, answer_due(received, within_ms)).await
+        }
+        Request::Nad {
+            namespace,
+            name,
+            within_ms,
+        } => {
+            let due = answer_due(received, within_ms);
+            match tokio::time::timeout_at(due, state.nad(&namespace, &name)).await {
+                Ok(found) => looked_up(found, |nad| Answer::Nad { nad }),
+                Err(_) => {
+                    tracing::info!(%namespace, %name, "the NAD is not cached and was not read in time; the CNI process reads it");
+                    Answer::Unsynced
+                }
             }
-            other => looked_up(other, |pod| Answer::Pod { pod, claims: None }),
-        },
-        Request::Nad { namespace, name } => looked_up(state.nad(&namespace, &name).await, |nad| {
-            Answer::Nad { nad }
-        }),
+        }
         // From CNI processes of the version before claims came with the pod.
         Request::Claims { pod, .. } => match state.cached_pod(&pod) {
             plexus_cluster::Lookup::Found(pod) => match state.pod_claims(&pod).await {

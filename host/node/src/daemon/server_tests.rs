@@ -97,6 +97,7 @@ async fn past_max_in_flight_a_request_is_shed_after_the_queue_wait_and_health_st
     first
         .send(&Request::Pod {
             pod: pod_ref("ns", "web", "u1"),
+            within_ms: Some(60_000),
         })
         .await;
     tokio::time::sleep(Duration::from_secs(1)).await;
@@ -107,6 +108,7 @@ async fn past_max_in_flight_a_request_is_shed_after_the_queue_wait_and_health_st
         .ask(&Request::Nad {
             namespace: "ns".into(),
             name: "net1".into(),
+            within_ms: None,
         })
         .await;
     assert_eq!(shed, Some(Answer::Busy));
@@ -136,6 +138,7 @@ async fn past_max_in_flight_a_request_is_shed_after_the_queue_wait_and_health_st
             .ask(&Request::Nad {
                 namespace: "ns".into(),
                 name: "net1".into(),
+                within_ms: Some(60_000),
             })
             .await,
         Some(Answer::Failed { .. })
@@ -168,6 +171,7 @@ async fn a_status_request_is_answered_at_once_and_written_behind_it() {
     let Some(Answer::Pod { pod, .. }) = client
         .ask(&Request::Pod {
             pod: pod_ref("ns", "web", "u1"),
+            within_ms: None,
         })
         .await
     else {
@@ -178,6 +182,92 @@ async fn a_status_request_is_answered_at_once_and_written_behind_it() {
         .attempts()
         .iter()
         .any(|(_, c)| matches!(c, Call::Pod(_))));
+}
+
+/// An answer is due a quarter before the CNI process stops waiting for it (`within_ms`): what the daemon has not
+/// cached and the API has not given by then is left to the CNI process (it reads it with its own retries), rather
+/// than the daemon's read running past the wait, after which the process would stop asking the daemon at all,
+/// status write included. With time enough, the read's answer comes with the pod.
+#[tokio::test(start_paused = true)]
+async fn an_answer_is_due_before_the_cni_process_stops_waiting_for_it() {
+    let queue = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    *api.latency.lock().unwrap() = Duration::from_secs(10);
+    let mut web = pod("ns", "web", "u1");
+    web.resource_claims = vec![plexus_core::spec::PodClaimRef {
+        name: "nic".into(),
+        claim: Some("web-nic".into()),
+    }];
+    let cache = synced_cache(&[web]);
+    cache.set_dra_served(plexus_cluster::DraServed::Yes);
+    cache.listed_no_slices();
+    let (state, _) = fake::state(api.clone(), cache, queue.path(), 4);
+    let (_dir, path) = serve(state);
+    let mut client = Client::connect(&path).await;
+    let ask = |pod: &str, within_ms: u64| Request::Pod {
+        pod: pod_ref("ns", pod, "u1"),
+        within_ms: Some(within_ms),
+    };
+    let claims_reads = || {
+        api.attempts()
+            .iter()
+            .filter(|(_, c)| *c == Call::Claims("ns/web".into()))
+            .count()
+    };
+
+    // The pod is cached, its claim is not.
+    let start = Instant::now();
+    let answer = client.ask(&ask("web", 2000)).await;
+    let took = start.elapsed();
+    assert!(
+        matches!(&answer, Some(Answer::Pod { pod, claims: None }) if pod.name == "web"),
+        "{answer:?}"
+    );
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(1510),
+        "{took:?}"
+    );
+    assert_eq!(claims_reads(), 1);
+
+    let start = Instant::now();
+    let answer = client.ask(&ask("web", 20_000)).await;
+    assert!(
+        matches!(
+            &answer,
+            Some(Answer::Pod {
+                claims: Some(_),
+                ..
+            })
+        ),
+        "{answer:?}"
+    );
+    assert!(
+        start.elapsed() >= Duration::from_secs(10),
+        "{:?}",
+        start.elapsed()
+    );
+    assert_eq!(claims_reads(), 2);
+
+    // A pod or a NAD not cached at all.
+    let start = Instant::now();
+    assert_eq!(client.ask(&ask("db", 2000)).await, Some(Answer::Unsynced));
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(1500) && took < Duration::from_millis(1510),
+        "{took:?}"
+    );
+    let start = Instant::now();
+    let nad = Request::Nad {
+        namespace: "ns".into(),
+        name: "net1".into(),
+        within_ms: Some(1000),
+    };
+    assert_eq!(client.ask(&nad).await, Some(Answer::Unsynced));
+    let took = start.elapsed();
+    assert!(
+        took >= Duration::from_millis(750) && took < Duration::from_millis(760),
+        "{took:?}"
+    );
 }
 
 #[tokio::test(start_paused = true)]
