@@ -134,6 +134,76 @@ fn a_delegate_dies_with_a_killed_plexus() {
     assert!(sb.cached().is_empty());
 }
 
+/// The runtime that asked for an ADD is killed while the ADD runs (as a node's runtime is, mid-RunPodSandbox): the
+/// ADD goes on to its end, sees that no one will take its answer, and tears down what it attached, as a DEL would.
+/// A runtime that starts again may not know the sandbox, and then no DEL would ever come for it.
+#[test]
+fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
+    use std::os::unix::process::CommandExt;
+    use std::time::{Duration, Instant};
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0")
+        .fake_config(json!({"cluster-plugin": {"ADD": {"sleepMs": 1000}}}));
+    let conf_file = sb.path("conf.json");
+    std::fs::write(&conf_file, sb.conf(json!({})).to_string()).unwrap();
+    let (out, pid_file) = (sb.path("plexus.out"), sb.path("plexus.pid"));
+    // The runtime: a shell that starts plexus and waits for it.
+    let mut runtime = std::process::Command::new("sh")
+        .args([
+            "-c",
+            r#""$0" <"$1" >"$2" 2>&1 & echo $! >"$3"; wait"#,
+            plexus_tests::plexus::plexus_bin().to_str().unwrap(),
+            conf_file.to_str().unwrap(),
+            out.to_str().unwrap(),
+            pid_file.to_str().unwrap(),
+        ])
+        .env_clear()
+        .env("PATH", std::env::var("PATH").unwrap_or_default())
+        .envs(sb.cni_env("ADD", "c1", ""))
+        .process_group(0)
+        .spawn()
+        .unwrap();
+    // Killed while the delegate runs (the plan is cached just before it).
+    let start = Instant::now();
+    while sb.cached().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(sb.cached(), vec!["c1.json".to_string()], "the ADD planned");
+    runtime.kill().unwrap();
+    runtime.wait().unwrap();
+    let pid = std::fs::read_to_string(&pid_file).unwrap();
+    let proc_dir = Path::new("/proc").join(pid.trim());
+    let alive = || {
+        std::fs::read_to_string(proc_dir.join("stat")).is_ok_and(|stat| {
+            !stat
+                .rsplit(')')
+                .next()
+                .unwrap_or("")
+                .trim_start()
+                .starts_with('Z')
+        })
+    };
+    let start = Instant::now();
+    while alive() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(!alive(), "plexus did not finish");
+    let said = std::fs::read_to_string(&out).unwrap();
+    assert!(said.contains("exited before its answer"), "{said}");
+    assert_eq!(
+        sb.call_summary(),
+        vec![
+            ("cluster-plugin".into(), "ADD".into(), "eth0".into()),
+            ("cluster-plugin".into(), "DEL".into(), "eth0".into()),
+        ],
+        "{said}"
+    );
+    assert!(sb.cached().is_empty(), "{said}");
+    // The runtime, started again, may still DEL the sandbox: nothing to do, and no error.
+    sb.run("DEL", "c1", "", &sb.conf(json!({}))).ok();
+    assert_eq!(sb.call_summary().len(), 2);
+}
+
 #[test]
 fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     let sb = Sandbox::new();

@@ -359,7 +359,8 @@ impl Sandbox {
         (run, kib)
     }
 
-    fn cni_env(&self, command: &str, id: &str, cni_args: &str) -> Vec<(String, String)> {
+    /// The CNI environment of [`Sandbox::run`].
+    pub fn cni_env(&self, command: &str, id: &str, cni_args: &str) -> Vec<(String, String)> {
         let env = [
             ("CNI_COMMAND", command.to_string()),
             ("CNI_CONTAINERID", id.to_string()),

@@ -125,6 +125,8 @@ fn run_inner(
     started: std::time::Instant,
     trace: &mut Trace<'_>,
 ) -> Result<Option<String>, PlexusError> {
+    // The process that asked (the runtime): an ADD it is no longer there to take is undone.
+    let caller = std::os::unix::process::parent_id();
     let command = command_of(env)?;
     if command == Command::Version {
         let supported: Vec<&str> = CniVersion::ALL.iter().map(|v| v.as_str()).collect();
@@ -178,7 +180,8 @@ fn run_inner(
         }
     }
     let out = match command {
-        Command::Add => orchestrate::add(&inv, &fx).map(|r| Some(r.to_string())),
+        Command::Add => orchestrate::add(&inv, &fx)
+            .and_then(|r| answered_to(caller, &inv, &fx).map(|()| Some(r.to_string()))),
         Command::Del => orchestrate::del(&inv, &fx).map(|()| None),
         Command::Check => orchestrate::check(&inv, &fx).map(|()| None),
         Command::Status => orchestrate::status(&inv, &fx).map(|()| None),
@@ -191,6 +194,32 @@ fn run_inner(
     // by one (measurable on every ADD with hooks).
     std::mem::forget(hooks);
     out
+}
+
+/// Whether the ADD's answer still has a taker: the process that asked (`caller`, the runtime) is still its
+/// parent. When it exited while the ADD ran (killed, crashed), no one will read the answer, and the runtime that
+/// starts again may never know the sandbox (CRI-O forgets one whose RunPodSandbox did not finish, and its start-up
+/// GC may run before this ADD wrote its plan): no DEL would ever release what the ADD attached. So it is torn
+/// down here, as a DEL would, and the ADD fails. A DEL that does come later finds nothing to do.
+fn answered_to(caller: u32, inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
+    let parent = std::os::unix::process::parent_id();
+    if parent == caller {
+        return Ok(());
+    }
+    tracing::warn!(
+        container = %inv.container_id,
+        caller,
+        "the runtime that asked for this ADD exited before its answer; tearing down what it attached"
+    );
+    let undone = orchestrate::del(inv, fx);
+    let outcome = match &undone {
+        Ok(()) => "what it attached is torn down".to_string(),
+        Err(e) => format!("tearing down what it attached failed: {e}"),
+    };
+    Err(PlexusError::NotAvailable(format!(
+        "{}: the runtime that asked for the ADD (pid {caller}) exited before its answer; {outcome}",
+        inv.pod_label()
+    )))
 }
 
 /// The cluster sources of one invocation, built by [`cluster_source`] and borrowed by its effects. Building one
