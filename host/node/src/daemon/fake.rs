@@ -52,6 +52,8 @@ pub struct FakeApi {
     pub down: AtomicBool,
     pub hold_events: AtomicBool,
     pub no_events: AtomicBool,
+    /// How many of the next calls the server refuses as forbidden (a server whose authorizer has not synced).
+    pub forbid: AtomicUsize,
     /// How long each call takes.
     pub latency: Mutex<Duration>,
     calls: Mutex<Vec<(tokio::time::Instant, Call)>>,
@@ -112,6 +114,13 @@ impl FakeApi {
             return Err(ClusterError::unavailable(
                 "connection refused (the fake API server is down)",
             ));
+        }
+        let forbidden = self
+            .forbid
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .is_ok();
+        if forbidden {
+            return Err(ClusterError::forbidden("the fake API server refuses it"));
         }
         let result = answer();
         if result.is_ok() {

@@ -148,6 +148,25 @@ struct Seen {
     first: tokio::time::Instant,
 }
 
+/// How long a claim write or an event the API server refuses as forbidden is tried again before it is dropped: a
+/// server that has just started may refuse, until its authorizer's caches have synced, what it allows a moment
+/// later (seen after an outage: a claim's read and an event refused in the first second after the server's
+/// return). A refusal that lasts is final after it.
+pub const FORBIDDEN_RETRY_FOR: Duration = Duration::from_secs(60);
+
+/// Whether a failed write is final: neither transient nor a forbidden within [`FORBIDDEN_RETRY_FOR`] of the first
+/// (`since`, set at the first).
+fn refused_for_good(e: &ClusterError, since: &mut Option<tokio::time::Instant>) -> bool {
+    if e.is_transient() {
+        return false;
+    }
+    if matches!(e, ClusterError::Forbidden { .. }) {
+        let first = *since.get_or_insert_with(tokio::time::Instant::now);
+        return first.elapsed() >= FORBIDDEN_RETRY_FOR;
+    }
+    true
+}
+
 /// How long a status write that failed waits at most before it is tried again.
 pub const MAX_STATUS_RETRY: Duration = Duration::from_secs(30);
 /// How long a status write that failed first waits.
@@ -367,9 +386,11 @@ pub fn enqueue_claim_status(
 }
 
 /// One kept claim write, until the API server takes it (a newer write of the claim replaces it meanwhile) or
-/// refuses it for good (forbidden, invalid: dropped with a warning; a claim that is gone is taken as written).
+/// refuses it for good (invalid, or forbidden for [`FORBIDDEN_RETRY_FOR`]: dropped with a warning; a claim that
+/// is gone is taken as written).
 async fn send_claim(state: &NodeState, key: &Key, mut write: ClaimWrite) {
     let mut backoff = Backoff::jittered(FIRST_STATUS_RETRY, MAX_STATUS_RETRY);
+    let mut forbidden_since = None;
     loop {
         match state
             .api
@@ -377,7 +398,7 @@ async fn send_claim(state: &NodeState, key: &Key, mut write: ClaimWrite) {
             .await
         {
             Ok(()) => return,
-            Err(e) if !e.is_transient() => {
+            Err(e) if refused_for_good(&e, &mut forbidden_since) => {
                 tracing::warn!(claim = %write.claim, error = %e, "the claim's device status is refused: dropped");
                 return;
             }
@@ -503,7 +524,8 @@ fn forget_event(state: &NodeState, key: &EventKey) {
 }
 
 /// Posts an event, trying again while the API server is unreachable or overloaded ([`ClusterError::is_transient`]),
-/// for [`EVENT_RETRY_FOR`] at most: an outage delays the event, it does not lose it. Any other refusal is final.
+/// or refuses it as forbidden for less than [`FORBIDDEN_RETRY_FOR`], for [`EVENT_RETRY_FOR`] at most: an outage
+/// delays the event, it does not lose it. Any other refusal is final.
 async fn post_until_delivered(
     api: &dyn NodeApi,
     pod: &PodRef,
@@ -512,9 +534,10 @@ async fn post_until_delivered(
 ) -> Result<String, ClusterError> {
     let until = tokio::time::Instant::now() + EVENT_RETRY_FOR;
     let mut backoff = Backoff::jittered(FIRST_EVENT_RETRY, MAX_EVENT_RETRY);
+    let mut forbidden_since = None;
     loop {
         match api.post_event(pod, kind, message).await {
-            Err(e) if e.is_transient() => {
+            Err(e) if !refused_for_good(&e, &mut forbidden_since) => {
                 let delay = backoff.next_delay();
                 if tokio::time::Instant::now() + delay > until {
                     return Err(e);

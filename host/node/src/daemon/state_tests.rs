@@ -11,7 +11,7 @@ use super::fake::{self, pod, pod_ref, synced_cache, Call, FakeApi};
 use super::metrics::ResultLabel;
 use super::state::{
     enqueue_claim_status, enqueue_status, send_event, start_writer, EVENT_RETRY_FOR,
-    MAX_EVENTS_IN_FLIGHT,
+    FORBIDDEN_RETRY_FOR, MAX_EVENTS_IN_FLIGHT,
 };
 
 fn writes_counted(state: &super::state::NodeState, result: &str) -> u64 {
@@ -491,4 +491,79 @@ async fn an_event_sent_while_the_api_is_down_is_posted_once_it_is_back() {
     api.set_down(false);
     tokio::time::sleep(Duration::from_secs(30)).await;
     assert_eq!(posted(&api), 1, "{:?}", api.attempts());
+}
+
+/// A claim write and an event the API server refuses as forbidden for a while (a server just started, its
+/// authorizer's caches not synced yet) are tried again and delivered; a refusal that lasts past
+/// `FORBIDDEN_RETRY_FOR` is final: both are dropped, and tried no more.
+#[tokio::test(start_paused = true)]
+async fn a_refusal_as_forbidden_is_tried_again_for_a_while_then_final() {
+    use plexus_core::spec::dra::{ClaimName, DeviceKey, DeviceNetworkData};
+    use std::sync::atomic::Ordering::SeqCst;
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    let data = vec![DeviceNetworkData {
+        key: DeviceKey {
+            driver: "d".into(),
+            pool: "p".into(),
+            device: "vf0".into(),
+        },
+        share_id: None,
+        interface_name: Some("net1".into()),
+        ips: vec![],
+        hardware_address: None,
+    }];
+    let claim = |name: &str| ClaimName {
+        namespace: "ns".into(),
+        name: name.into(),
+    };
+    let tried = |api: &FakeApi, pod: &str| {
+        api.attempts()
+            .iter()
+            .filter(|(_, c)| match c {
+                Call::Claim { claim, .. } => claim == &format!("ns/{pod}-nic"),
+                Call::Event { pod: p, .. } => p == &format!("ns/{pod}"),
+                _ => false,
+            })
+            .count()
+    };
+    let delivered = |api: &FakeApi, pod: &str| {
+        api.calls()
+            .iter()
+            .filter(|(_, c)| match c {
+                Call::Claim { claim, .. } => claim == &format!("ns/{pod}-nic"),
+                Call::Event { pod: p, .. } => p == &format!("ns/{pod}"),
+                _ => false,
+            })
+            .count()
+    };
+    let send = |pod: &str| {
+        let at = pod_ref("ns", pod, "u1");
+        assert!(enqueue_claim_status(
+            &state,
+            at.clone(),
+            claim(&format!("{pod}-nic")),
+            data.clone()
+        ));
+        send_event(&state, at, false, "AddedInterface".into(), "m".into());
+    };
+
+    api.forbid.store(4, SeqCst);
+    send("web");
+    tokio::time::sleep(Duration::from_secs(30)).await;
+    assert_eq!(api.forbid.load(SeqCst), 0, "refused four times");
+    assert_eq!(tried(&api, "web"), 6);
+    assert_eq!(delivered(&api, "web"), 2, "the claim and the event");
+    assert_eq!(state.pending_writes(), 0);
+
+    api.forbid.store(usize::MAX, SeqCst);
+    send("db");
+    tokio::time::sleep(FORBIDDEN_RETRY_FOR + Duration::from_secs(60)).await;
+    assert_eq!(delivered(&api, "db"), 0);
+    assert_eq!(state.pending_writes(), 0, "dropped");
+    let attempts = tried(&api, "db");
+    assert!(attempts > 2, "tried again: {attempts}");
+    tokio::time::sleep(Duration::from_secs(600)).await;
+    assert_eq!(tried(&api, "db"), attempts, "and no more");
 }
