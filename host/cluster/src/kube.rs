@@ -1153,6 +1153,53 @@ mod tests {
         );
     }
 
+    /// The CNI process's requests and the daemon's share one service account: the User-Agent is how an audit log
+    /// (or an API server's metrics) tells them apart.
+    #[test]
+    fn the_cni_process_and_the_daemon_name_themselves_apart() {
+        use std::io::{BufRead, Write};
+        for (node_credentials, agent) in [(true, CNI_USER_AGENT), (false, USER_AGENT)] {
+            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = listener.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let (mut conn, _) = listener.accept().unwrap();
+                let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+                let mut head = Vec::new();
+                loop {
+                    let mut line = String::new();
+                    reader.read_line(&mut line).unwrap();
+                    if line == "\r\n" || line.is_empty() {
+                        break;
+                    }
+                    head.push(line.trim_end().to_ascii_lowercase());
+                }
+                conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
+                    .unwrap();
+                head
+            });
+            let settings = KubeSettings {
+                node_credentials,
+                ..KubeSettings::default()
+            };
+            let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            runtime.block_on(async {
+                let api = KubeApi::with_config(settings, config, None, None).unwrap();
+                api.client()
+                    .request_text(http::Request::get("/version").body(Vec::new()).unwrap())
+                    .await
+                    .unwrap();
+            });
+            let head = server.join().unwrap();
+            let said = format!("user-agent: {}", agent.to_ascii_lowercase());
+            assert!(head.contains(&said), "{node_credentials}: {head:?}");
+        }
+        assert!(CNI_USER_AGENT.starts_with("plexus-cni/") && USER_AGENT.starts_with("plexus/"));
+    }
+
     #[test]
     fn settings_defaults_and_camel_case() {
         let s: KubeSettings = serde_json::from_str("{}").unwrap();
