@@ -925,6 +925,52 @@ fn a_status_write_accepted_during_a_long_api_outage_is_written_when_it_ends() {
     assert!(queued(&c).is_empty());
 }
 
+/// A daemon told to stop while the API server does not answer drains its writes for a while (then keeps them on
+/// disk for the next run). From the signal on, its socket is gone: an ADD meanwhile finds no daemon and plans by
+/// itself at once, rather than wait in the backlog of a listener nobody accepts on any more.
+#[test]
+fn a_stopping_daemon_removes_its_socket_before_it_drains() {
+    let c = cluster(&[]);
+    c.api.nad("team-a", "net-a", &nad_config("net-a", "v1"));
+    let uid = c.selecting_pod("web", "net-a");
+    let mut d = c.daemon(&[]);
+    d.wait("synced with the pod", |h| {
+        plexus_tests::plexus::settled(h) && h.cache.pods == 1 + TOKEN_POD
+    });
+    let conf = c.conf(json!({"timeoutMs": 5000}));
+    c.api.pause();
+    c.add("c1", "web", &uid, &conf).ok();
+    d.wait("the write kept", |h| h.pending_writes == 1);
+
+    Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .status()
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(2);
+    while d.socket.exists() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert!(!d.socket.exists(), "the socket is still there");
+    assert!(
+        d.child.try_wait().unwrap().is_none(),
+        "not draining: already gone"
+    );
+    let deadline = Instant::now() + Duration::from_secs(15);
+    let exit = loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the daemon did not stop after its drain"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    assert!(exit.success(), "{exit:?}");
+    assert_eq!(queued(&c).len(), 1, "the write kept for the next run");
+    c.api.resume();
+}
+
 #[test]
 fn status_writes_pending_at_a_kill_are_sent_by_the_next_run() {
     let c = cluster(&[]);
