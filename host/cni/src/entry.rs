@@ -216,7 +216,8 @@ fn answered_to(caller: u32, inv: &Invocation, fx: &Effects<'_>) -> Result<(), Pl
         Ok(()) => "what it attached is torn down".to_string(),
         Err(e) => format!("tearing down what it attached failed: {e}"),
     };
-    Err(PlexusError::NotAvailable(format!(
+    // 11, try again later: the sandbox may be made again.
+    Err(PlexusError::NotReady(format!(
         "{}: the runtime that asked for the ADD (pid {caller}) exited before its answer; {outcome}",
         inv.pod_label()
     )))
