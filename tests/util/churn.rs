@@ -19,7 +19,7 @@ use serde_json::{json, Value};
 
 use crate::daemonset::{DsNode, CLAIM_TEMPLATE, DENIAL, FORBIDDEN_NAD, NS};
 use crate::kubelet::{pod_on_node, with_claim};
-use crate::plexus::list_cache;
+use crate::plexus::{list_cache, read_cached_plan};
 
 /// What the churn does.
 #[derive(Clone, Debug)]
@@ -133,6 +133,9 @@ pub struct ChurnReport {
     pub leaked_ips: BTreeMap<String, usize>,
     /// Attachment cache entries left.
     pub leaked_cache: usize,
+    /// Each sandbox whose plan was left: its container id, pod, and what the runtime's log says of it (its
+    /// last lines naming the id), so that a leak names where to look.
+    pub left_sandboxes: Vec<String>,
     /// Host ends of veths still on the node's bridges.
     pub leaked_links: usize,
 }
@@ -217,7 +220,7 @@ impl ChurnReport {
         format!(
             "churn: {} pods created; startups (ms) in creation order: {:?}\n ({} creates refused, {} calls refused), {} stuck {:?}; failed ADDs {} on {} pods, \
              {} of them Running after a retry; failed DELs {}; network-status wrong {:?}; device data missing {:?}; addresses beyond one per pod {:?}; without an AddedInterface event {:?}; startup median {} ms, \
-             longest {} ms; policy: {} pods denied, run anyway {:?}, no denial seen {:?}; left: IPs {:?}, claims {}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}",
+             longest {} ms; policy: {} pods denied, run anyway {:?}, no denial seen {:?}; left: IPs {:?}, claims {}, cache {}, links {}, pods {:?}\nADD failures: {:?}\nDEL failures: {:?}{}",
             self.created(),
             self.pods
                 .iter()
@@ -247,6 +250,10 @@ impl ChurnReport {
             self.not_deleted,
             self.add_failures.iter().take(5).collect::<Vec<_>>(),
             self.del_failures.iter().take(5).collect::<Vec<_>>(),
+            self.left_sandboxes
+                .iter()
+                .map(|s| format!("\nleft: {s}"))
+                .collect::<String>(),
         )
     }
 }
@@ -658,4 +665,30 @@ fn count_leftovers(node: &DsNode, report: &mut ChurnReport) {
         }
         std::thread::sleep(Duration::from_millis(500));
     }
+    let log = node.runtime.log();
+    report.left_sandboxes = list_cache(&attachments)
+        .iter()
+        .map(|file| {
+            let id = file.trim_end_matches(".json");
+            let pod = read_cached_plan(&attachments, id)
+                .and_then(|p| {
+                    Some(format!(
+                        "{}/{}",
+                        p["pod"]["namespace"].as_str()?,
+                        p["pod"]["name"].as_str()?
+                    ))
+                })
+                .unwrap_or_default();
+            let said: Vec<&str> = log
+                .lines()
+                .filter(|l| l.contains(&id[..12.min(id.len())]))
+                .collect();
+            let last = &said[said.len().saturating_sub(8)..];
+            format!(
+                "{id} ({pod}), {} runtime log lines name it; the last:\n  {}",
+                said.len(),
+                last.join("\n  ")
+            )
+        })
+        .collect();
 }
