@@ -204,6 +204,48 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
     assert_eq!(sb.call_summary().len(), 2);
 }
 
+/// The runtime kills the plugin during a DEL (CRI-O does, with SIGKILL, when the kubelet's request is cancelled,
+/// and then never sends that DEL again): the teardown runs in a process of its own, which finishes it anyway.
+#[test]
+fn a_del_whose_plugin_is_killed_finishes_its_teardown() {
+    use std::time::{Duration, Instant};
+    let sb = Sandbox::new();
+    sb.cluster_net("1.0.0")
+        .fake_config(json!({"cluster-plugin": {"DEL": {"sleepMs": 800}}}));
+    let conf = sb.conf(json!({}));
+    sb.run("ADD", "c1", "", &conf).ok();
+    assert_eq!(sb.cached(), vec!["c1.json".to_string()]);
+    let mut plugin = plexus_tests::plexus::spawn_plexus(
+        &sb.cni_env("DEL", "c1", ""),
+        conf.to_string().as_bytes(),
+        std::process::Stdio::null(),
+        std::process::Stdio::null(),
+    );
+    // Killed while the delegate's DEL runs.
+    let start = Instant::now();
+    while !sb.call_summary().iter().any(|(_, c, _)| c == "DEL")
+        && start.elapsed() < Duration::from_secs(10)
+    {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    plugin.kill().unwrap();
+    plugin.wait().unwrap();
+    assert!(!sb.cached().is_empty(), "killed before the teardown ended");
+    let start = Instant::now();
+    while !sb.cached().is_empty() && start.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(sb.cached().is_empty(), "the teardown did not finish");
+    // The runtime's next DEL (containerd sends one) has nothing left to do.
+    sb.run("DEL", "c1", "", &conf).ok();
+    let dels = sb
+        .call_summary()
+        .iter()
+        .filter(|(_, c, _)| c == "DEL")
+        .count();
+    assert_eq!(dels, 1);
+}
+
 #[test]
 fn a_flooding_delegate_is_cut_off_and_plexus_stays_small() {
     let sb = Sandbox::new();

@@ -33,12 +33,18 @@ pub struct Outcome {
 /// may compile a hook that has no compiled artifact (the full `plexus` binary), or never (`plexus-cni`).
 pub fn cni_process(compile: Compile) -> u8 {
     use std::io::{Read, Write};
-    let env = std::env::vars().collect();
+    let env: BTreeMap<String, String> = std::env::vars().collect();
     let mut stdin = Vec::new();
     // VERSION may come with no stdin at all; a read error is treated as empty input.
     let _ = std::io::stdin()
         .take(crate::conf::STDIN_CAP as u64 + 1)
         .read_to_end(&mut stdin);
+    if env.get("CNI_COMMAND").map(String::as_str) == Some("DEL") && !env.contains_key(DETACHED_DEL)
+    {
+        if let Some(code) = del_detached(&stdin) {
+            return code;
+        }
+    }
     let outcome = run(&env, &stdin, compile);
     if let Some(text) = outcome.stdout {
         let mut out = std::io::stdout().lock();
@@ -50,6 +56,48 @@ pub fn cni_process(compile: Compile) -> u8 {
         crate::daemon::client::report(socket, report);
     }
     u8::from(!outcome.success)
+}
+
+/// Set in the environment of the process a DEL's teardown runs in ([`del_detached`]).
+const DETACHED_DEL: &str = "PLEXUS_DETACHED_DEL";
+
+/// Runs this DEL in a process of its own (this executable again, in a process group of its own) and answers what
+/// it answered; `None` when it cannot be started (the DEL then runs here). A runtime may kill the plugin it runs:
+/// CRI-O kills it with SIGKILL when the kubelet's request is cancelled (a kubelet restart does that), then counts
+/// the sandbox's network as stopped and never sends the DEL again, leaving its addresses and interfaces. The
+/// teardown process outlives such a kill and finishes (a DEL is always wanted, and repeating one is harmless;
+/// another DEL of the container waits for it on the container's lock). Its answer then has no reader.
+fn del_detached(stdin: &[u8]) -> Option<u8> {
+    use std::io::{Read, Write};
+    use std::os::unix::process::{CommandExt, ExitStatusExt};
+    use std::process::{Command, Stdio};
+    let exe = std::env::current_exe().ok()?;
+    let mut child = Command::new(exe)
+        .env(DETACHED_DEL, "1")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .process_group(0)
+        .spawn()
+        .ok()?;
+    // The conf is at most STDIN_CAP bytes and the teardown reads all of it before it writes anything.
+    if let Some(mut input) = child.stdin.take() {
+        let _ = input.write_all(stdin);
+    }
+    let mut answer = Vec::new();
+    if let Some(output) = child.stdout.take() {
+        let _ = output
+            .take(crate::conf::STDIN_CAP as u64)
+            .read_to_end(&mut answer);
+    }
+    let status = child.wait().ok()?;
+    let mut out = std::io::stdout().lock();
+    let _ = out.write_all(&answer);
+    let _ = out.flush();
+    Some(match status.code() {
+        Some(code) => u8::try_from(code).unwrap_or(1),
+        None => 128u8.saturating_add(u8::try_from(status.signal().unwrap_or(0)).unwrap_or(0)),
+    })
 }
 
 /// Runs one CNI invocation. Logging is set up here from the conf (stderr or `logFile`). Meant for a process that
