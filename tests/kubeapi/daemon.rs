@@ -279,21 +279,8 @@ fn an_add_served_by_the_daemon_reads_nothing_from_the_api() {
     });
     c.add("c4", "web4", &uid4, &conf).ok();
     let mut d = d;
-    Command::new("kill")
-        .args(["-TERM", &d.child.id().to_string()])
-        .status()
-        .unwrap();
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let exit = loop {
-        if let Some(status) = d.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not stop on SIGTERM"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    terminate(&d);
+    let exit = exited_within(&mut d, Duration::from_secs(10), "stop on SIGTERM");
     assert!(exit.success(), "{exit:?}");
     assert!(!d.socket.exists(), "socket left behind");
     assert_eq!(status_of(&c.api, "web4").len(), 2);
@@ -498,6 +485,26 @@ fn without_an_answer_in_time_the_cni_process_reads_the_api_itself() {
 }
 
 /// `plexus daemon --health`'s exit code.
+/// SIGTERM to the daemon, as the kubelet stops its pod.
+fn terminate(d: &NodeDaemon) {
+    Command::new("kill")
+        .args(["-TERM", &d.child.id().to_string()])
+        .status()
+        .unwrap();
+}
+
+/// How the daemon exited, which it must within `limit` (`what` says what it failed to do).
+fn exited_within(d: &mut NodeDaemon, limit: Duration, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = d.child.try_wait().unwrap() {
+            return status;
+        }
+        assert!(Instant::now() < deadline, "the daemon did not {what}");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn health_exit(socket: &Path) -> i32 {
     Command::new(plexus_bin())
         .args(["daemon", "--health", "--socket"])
@@ -942,10 +949,7 @@ fn a_stopping_daemon_removes_its_socket_before_it_drains() {
     c.add("c1", "web", &uid, &conf).ok();
     d.wait("the write kept", |h| h.pending_writes == 1);
 
-    Command::new("kill")
-        .args(["-TERM", &d.child.id().to_string()])
-        .status()
-        .unwrap();
+    terminate(&d);
     let deadline = Instant::now() + Duration::from_secs(2);
     while d.socket.exists() && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(10));
@@ -955,17 +959,7 @@ fn a_stopping_daemon_removes_its_socket_before_it_drains() {
         d.child.try_wait().unwrap().is_none(),
         "not draining: already gone"
     );
-    let deadline = Instant::now() + Duration::from_secs(15);
-    let exit = loop {
-        if let Some(status) = d.child.try_wait().unwrap() {
-            break status;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the daemon did not stop after its drain"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    };
+    let exit = exited_within(&mut d, Duration::from_secs(15), "stop after its drain");
     assert!(exit.success(), "{exit:?}");
     assert_eq!(queued(&c).len(), 1, "the write kept for the next run");
     c.api.resume();

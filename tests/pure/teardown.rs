@@ -25,6 +25,14 @@ fn processes_matching(needle: &str) -> Vec<String> {
     found
 }
 
+/// Waits until `done` holds, at most 10 s (the caller asserts what it needs afterwards).
+fn wait_until(mut done: impl FnMut() -> bool) {
+    let start = std::time::Instant::now();
+    while !done() && start.elapsed() < std::time::Duration::from_secs(10) {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
 /// Every file under `dir`, relative, sorted (nothing if it does not exist).
 fn files_under(dir: &Path) -> Vec<String> {
     fn walk(root: &Path, dir: &Path, out: &mut Vec<String>) {
@@ -117,10 +125,7 @@ fn a_delegate_dies_with_a_killed_plexus() {
         std::process::Stdio::null(),
     );
     // Until the delegate runs (the plan is cached just before).
-    let start = std::time::Instant::now();
-    while sb.cached().is_empty() && start.elapsed() < std::time::Duration::from_secs(10) {
-        std::thread::sleep(std::time::Duration::from_millis(5));
-    }
+    wait_until(|| !sb.cached().is_empty());
     std::thread::sleep(std::time::Duration::from_millis(200));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -140,7 +145,6 @@ fn a_delegate_dies_with_a_killed_plexus() {
 #[test]
 fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
     use std::os::unix::process::CommandExt;
-    use std::time::{Duration, Instant};
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0")
         .fake_config(json!({"cluster-plugin": {"ADD": {"sleepMs": 1000}}}));
@@ -164,10 +168,7 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
         .spawn()
         .unwrap();
     // Killed while the delegate runs (the plan is cached just before it).
-    let start = Instant::now();
-    while sb.cached().is_empty() && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(|| !sb.cached().is_empty());
     assert_eq!(sb.cached(), vec!["c1.json".to_string()], "the ADD planned");
     runtime.kill().unwrap();
     runtime.wait().unwrap();
@@ -183,10 +184,7 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
                 .starts_with('Z')
         })
     };
-    let start = Instant::now();
-    while alive() && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(|| !alive());
     assert!(!alive(), "plexus did not finish");
     let said = std::fs::read_to_string(&out).unwrap();
     assert!(said.contains("exited before its answer"), "{said}");
@@ -208,7 +206,6 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
 /// and then never sends that DEL again): the teardown runs in a process of its own, which finishes it anyway.
 #[test]
 fn a_del_whose_plugin_is_killed_finishes_its_teardown() {
-    use std::time::{Duration, Instant};
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0")
         .fake_config(json!({"cluster-plugin": {"DEL": {"sleepMs": 800}}}));
@@ -222,19 +219,11 @@ fn a_del_whose_plugin_is_killed_finishes_its_teardown() {
         std::process::Stdio::null(),
     );
     // Killed while the delegate's DEL runs.
-    let start = Instant::now();
-    while !sb.call_summary().iter().any(|(_, c, _)| c == "DEL")
-        && start.elapsed() < Duration::from_secs(10)
-    {
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    wait_until(|| sb.call_summary().iter().any(|(_, c, _)| c == "DEL"));
     plugin.kill().unwrap();
     plugin.wait().unwrap();
     assert!(!sb.cached().is_empty(), "killed before the teardown ended");
-    let start = Instant::now();
-    while !sb.cached().is_empty() && start.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    wait_until(|| sb.cached().is_empty());
     assert!(sb.cached().is_empty(), "the teardown did not finish");
     // The runtime's next DEL (containerd sends one) has nothing left to do.
     sb.run("DEL", "c1", "", &conf).ok();

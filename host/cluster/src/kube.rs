@@ -1090,9 +1090,24 @@ mod tests {
         None
     }
 
+    /// The lines of one HTTP request's head read from `conn` (up to the empty line), without their line ends.
+    fn request_head(conn: &std::net::TcpStream) -> Vec<String> {
+        use std::io::BufRead;
+        let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
+        let mut head = Vec::new();
+        loop {
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            if line == "\r\n" || line.is_empty() {
+                return head;
+            }
+            head.push(line.trim_end().to_string());
+        }
+    }
+
     #[test]
     fn the_client_connects_with_nagle_off_and_keeps_kube_s_layers() {
-        use std::io::{BufRead, Write};
+        use std::io::Write;
         let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = listener.local_addr().unwrap();
         // One connection: the request's head is read and answered, and the connection is held open (kept
@@ -1101,17 +1116,7 @@ mod tests {
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         let server = std::thread::spawn(move || {
             let (conn, _) = listener.accept().unwrap();
-            let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
-            let mut head = Vec::new();
-            loop {
-                let mut line = String::new();
-                reader.read_line(&mut line).unwrap();
-                if line == "\r\n" || line.is_empty() {
-                    break;
-                }
-                head.push(line.trim_end().to_string());
-            }
-            seen_tx.send(head).unwrap();
+            seen_tx.send(request_head(&conn)).unwrap();
             let mut conn = conn;
             conn.write_all(
                 b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}",
@@ -1157,22 +1162,16 @@ mod tests {
     /// (or an API server's metrics) tells them apart.
     #[test]
     fn the_cni_process_and_the_daemon_name_themselves_apart() {
-        use std::io::{BufRead, Write};
+        use std::io::Write;
         for (node_credentials, agent) in [(true, CNI_USER_AGENT), (false, USER_AGENT)] {
             let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
             let addr = listener.local_addr().unwrap();
             let server = std::thread::spawn(move || {
                 let (mut conn, _) = listener.accept().unwrap();
-                let mut reader = std::io::BufReader::new(conn.try_clone().unwrap());
-                let mut head = Vec::new();
-                loop {
-                    let mut line = String::new();
-                    reader.read_line(&mut line).unwrap();
-                    if line == "\r\n" || line.is_empty() {
-                        break;
-                    }
-                    head.push(line.trim_end().to_ascii_lowercase());
-                }
+                let head: Vec<String> = request_head(&conn)
+                    .iter()
+                    .map(|l| l.to_ascii_lowercase())
+                    .collect();
                 conn.write_all(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\nConnection: close\r\n\r\n{}")
                     .unwrap();
                 head

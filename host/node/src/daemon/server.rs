@@ -331,13 +331,13 @@ fn closed_by_peer(e: &std::io::Error) -> bool {
 /// (it is how an operator sees a daemon under load), nor does a report (counted and answered; the CNI process
 /// has usually gone already).
 async fn answer_in_turn(state: &Arc<NodeState>, request: Request) -> Answer {
-    if matches!(request, Request::Health | Request::Report { .. }) {
-        return answer(state, request).await;
-    }
     let received = tokio::time::Instant::now();
+    if matches!(request, Request::Health | Request::Report { .. }) {
+        return answer(state, request, received).await;
+    }
     let load = &state.load;
     match tokio::time::timeout(load.queue_wait, load.permits.acquire()).await {
-        Ok(Ok(_permit)) => answer_by(state, request, received).await,
+        Ok(Ok(_permit)) => answer(state, request, received).await,
         _ => {
             state.metrics.requests_shed.inc();
             Answer::Busy
@@ -414,10 +414,6 @@ pub(super) fn answer_due(
     received + within - within / 4
 }
 
-async fn answer(state: &Arc<NodeState>, request: Request) -> Answer {
-    answer_by(state, request, tokio::time::Instant::now()).await
-}
-
 /// The pod for an ADD, with what its claims give where they can be told by `due`: the pod from the cache (or
 /// read, [`NodeState::pod_for_add`]), `unsynced` when it is not had by then; its claims read when not cached, and
 /// left to the CNI process when that read is not done by then.
@@ -449,7 +445,8 @@ async fn pod_by(
     }
 }
 
-async fn answer_by(
+/// The answer to `request`, received at `received` (its pod and NAD answers are due by [`answer_due`]).
+async fn answer(
     state: &Arc<NodeState>,
     request: Request,
     received: tokio::time::Instant,

@@ -14,6 +14,22 @@ use super::state::{
     FORBIDDEN_RETRY_FOR, MAX_EVENTS_IN_FLIGHT,
 };
 
+/// A device's network data for a claim's status: the device `d/p/vf0` as interface `ifname`.
+fn data(ifname: &str) -> plexus_core::spec::dra::DeviceNetworkData {
+    use plexus_core::spec::dra::{DeviceKey, DeviceNetworkData};
+    DeviceNetworkData {
+        key: DeviceKey {
+            driver: "d".into(),
+            pool: "p".into(),
+            device: "vf0".into(),
+        },
+        share_id: None,
+        interface_name: Some(ifname.into()),
+        ips: vec!["10.1.0.5/24".into()],
+        hardware_address: None,
+    }
+}
+
 fn writes_counted(state: &super::state::NodeState, result: &str) -> u64 {
     state
         .metrics
@@ -394,22 +410,11 @@ async fn a_repeated_event_increments_the_first_ones_count_within_the_window() {
 /// write wins, and the next daemon sends what the last one kept.
 #[tokio::test(start_paused = true)]
 async fn a_claim_status_write_is_kept_across_an_outage_and_a_restart() {
-    use plexus_core::spec::dra::{ClaimName, DeviceKey, DeviceNetworkData};
+    use plexus_core::spec::dra::ClaimName;
     let dir = tempfile::tempdir().unwrap();
     let claim = ClaimName {
         namespace: "ns".into(),
         name: "web-nics".into(),
-    };
-    let data = |ifname: &str| DeviceNetworkData {
-        key: DeviceKey {
-            driver: "d".into(),
-            pool: "p".into(),
-            device: "vf0".into(),
-        },
-        share_id: None,
-        interface_name: Some(ifname.into()),
-        ips: vec!["10.1.0.5/24".into()],
-        hardware_address: None,
     };
     {
         let api = FakeApi::new();
@@ -498,28 +503,19 @@ async fn an_event_sent_while_the_api_is_down_is_posted_once_it_is_back() {
 /// `FORBIDDEN_RETRY_FOR` is final: both are dropped, and tried no more.
 #[tokio::test(start_paused = true)]
 async fn a_refusal_as_forbidden_is_tried_again_for_a_while_then_final() {
-    use plexus_core::spec::dra::{ClaimName, DeviceKey, DeviceNetworkData};
+    use plexus_core::spec::dra::ClaimName;
     use std::sync::atomic::Ordering::SeqCst;
     let dir = tempfile::tempdir().unwrap();
     let api = FakeApi::new();
     let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
-    let data = vec![DeviceNetworkData {
-        key: DeviceKey {
-            driver: "d".into(),
-            pool: "p".into(),
-            device: "vf0".into(),
-        },
-        share_id: None,
-        interface_name: Some("net1".into()),
-        ips: vec![],
-        hardware_address: None,
-    }];
+    let data = vec![data("net1")];
     let claim = |name: &str| ClaimName {
         namespace: "ns".into(),
         name: name.into(),
     };
-    let tried = |api: &FakeApi, pod: &str| {
-        api.attempts()
+    // The claim write's and the event's calls of `pod`, among `calls`.
+    let of_pod = |calls: Vec<(Instant, Call)>, pod: &str| {
+        calls
             .iter()
             .filter(|(_, c)| match c {
                 Call::Claim { claim, .. } => claim == &format!("ns/{pod}-nic"),
@@ -528,16 +524,8 @@ async fn a_refusal_as_forbidden_is_tried_again_for_a_while_then_final() {
             })
             .count()
     };
-    let delivered = |api: &FakeApi, pod: &str| {
-        api.calls()
-            .iter()
-            .filter(|(_, c)| match c {
-                Call::Claim { claim, .. } => claim == &format!("ns/{pod}-nic"),
-                Call::Event { pod: p, .. } => p == &format!("ns/{pod}"),
-                _ => false,
-            })
-            .count()
-    };
+    let tried = |api: &FakeApi, pod: &str| of_pod(api.attempts(), pod);
+    let delivered = |api: &FakeApi, pod: &str| of_pod(api.calls(), pod);
     let send = |pod: &str| {
         let at = pod_ref("ns", pod, "u1");
         assert!(enqueue_claim_status(
