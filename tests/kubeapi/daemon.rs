@@ -845,7 +845,7 @@ fn with_a_low_api_qps_a_burst_of_adds_is_written_no_faster_and_all_of_it() {
         .collect();
     sent.sort();
     assert_eq!(sent.len(), PODS, "{sent:?}");
-    // Six status writes at 2 a second (their own budget; the events take the other one): at least 2.5 s from first
+    // Six status writes at 2 a second (their own budget; the events take theirs): at least 2.5 s from first
     // to last.
     let span = sent[PODS - 1].duration_since(sent[0]);
     assert!(

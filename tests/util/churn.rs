@@ -597,8 +597,8 @@ fn count_addresses(node: &DsNode, report: &mut ChurnReport) {
 
 /// The kubelet's FailedCreatePodSandBox and FailedKillPod events of the churn's pods, and which Running pods have
 /// no AddedInterface event (waiting, bounded, for events still being posted). The daemon posts events within its
-/// `--kube-api-qps` (5 a second): a churn of four pods a second with two NADs each asks for eight, so at its end
-/// the daemon may still have a minute of them to post.
+/// `--event-qps` (10 a second), above the eight a second of a churn of four pods a second with two NADs each;
+/// after an outage it posts the outage's backlog at that rate.
 fn collect_events(node: &DsNode, report: &mut ChurnReport) {
     let deadline = Instant::now() + Duration::from_secs(90);
     loop {

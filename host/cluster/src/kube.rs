@@ -367,6 +367,10 @@ pub struct KubeApi {
     /// Pods' network-status writes, and reads of single ResourceClaims: what a person or a starting pod waits
     /// for, with a rate budget of its own (see ratelimit.rs); the same client when there are no budgets.
     status_client: Client,
+    /// Events, paced by `event_bucket` before each attempt (see ratelimit.rs); the same client when there are no
+    /// budgets.
+    event_client: Client,
+    event_bucket: Option<Arc<crate::ratelimit::TokenBucket>>,
     /// The API server's `host:port`, named in errors.
     server: Arc<str>,
 }
@@ -413,7 +417,7 @@ impl KubeApi {
             true => CNI_USER_AGENT,
             false => USER_AGENT,
         };
-        let (client, status_client) =
+        let (client, status_client, event_client) =
             Self::clients_of(config, server.clone(), agent, observer, rate).map_err(|e| {
                 ClusterError::Invalid {
                     what: "kube client configuration".into(),
@@ -424,6 +428,8 @@ impl KubeApi {
             settings,
             client,
             status_client,
+            event_client,
+            event_bucket: rate.map(|r| Arc::new(crate::ratelimit::TokenBucket::new(r.events))),
             server,
         })
     }
@@ -438,8 +444,8 @@ impl KubeApi {
         explain::explain(&self.server, err)
     }
 
-    /// The clients, for everything and for status writes (the same one without `rate`): each its own token
-    /// bucket over one stack of kube's layers (base URI, authentication, extra headers) over a hyper client (one
+    /// The clients, for everything, for status writes and for events (the same one without `rate`; events' budget
+    /// is taken by the caller, before the attempt's timeout starts): each its own token bucket over one stack of kube's layers (base URI, authentication, extra headers) over a hyper client (one
     /// connection pool) whose TCP connections have Nagle's algorithm off.
     ///
     /// kube's own builder makes its connector with Nagle on. A request then waits for the server's delayed ACK
@@ -453,7 +459,7 @@ impl KubeApi {
         user_agent: &'static str,
         observer: Option<crate::observe::RequestObserver>,
         rate: Option<crate::ratelimit::Rates>,
-    ) -> Result<(Client, Client), kube::Error> {
+    ) -> Result<(Client, Client, Client), kube::Error> {
         use kube::client::ConfigExt;
         let mut http = hyper_util::client::legacy::connect::HttpConnector::new();
         http.enforce_http(false);
@@ -500,10 +506,14 @@ impl KubeApi {
             Client::new(limited, config.default_namespace.clone())
         };
         Ok(match rate {
-            Some(rates) => (client(Some(rates.background)), client(Some(rates.status))),
+            Some(rates) => (
+                client(Some(rates.background)),
+                client(Some(rates.status)),
+                client(None),
+            ),
             None => {
                 let one = client(None);
-                (one.clone(), one)
+                (one.clone(), one.clone(), one)
             }
         })
     }
@@ -596,7 +606,7 @@ impl KubeApi {
             count: Some(1),
             ..Event::default()
         };
-        let api: Api<Event> = Api::namespaced(self.client.clone(), &namespace);
+        let api: Api<Event> = Api::namespaced(self.event_client.clone(), &namespace);
         let op = Op {
             verb: "create",
             resource: "events",
@@ -609,10 +619,18 @@ impl KubeApi {
             field_manager: Some(FIELD_MANAGER.into()),
             ..PostParams::default()
         };
+        self.event_token().await;
         self.call(&op, self.one_try(), || api.create(&params, &event))
             .await
             .map(|e| e.metadata.name.unwrap_or_default())
             .map_err(|f| self.generic(&op, ObjectKind::Event, f))
+    }
+
+    /// Waits for an event's token, when events have a budget; outside the attempt, whose timeout starts after.
+    async fn event_token(&self) {
+        if let Some(bucket) = &self.event_bucket {
+            bucket.acquire().await;
+        }
     }
 
     /// An event seen again: its `count` set to `count` and its `lastTimestamp` to now, as kubelet aggregates a
@@ -623,7 +641,7 @@ impl KubeApi {
         name: &str,
         count: i32,
     ) -> Result<(), ClusterError> {
-        let api: Api<Event> = Api::namespaced(self.client.clone(), namespace);
+        let api: Api<Event> = Api::namespaced(self.event_client.clone(), namespace);
         let op = Op {
             verb: "patch",
             resource: "events",
@@ -640,6 +658,7 @@ impl KubeApi {
             ..PatchParams::default()
         };
         let patch = Patch::Merge(&body);
+        self.event_token().await;
         self.call(&op, self.one_try(), || api.patch(name, &params, &patch))
             .await
             .map(drop)
@@ -1131,7 +1150,7 @@ mod tests {
             .build()
             .unwrap();
         let body = runtime.block_on(async {
-            let (client, _) =
+            let (client, _, _) =
                 KubeApi::clients_of(config, "test:0".into(), USER_AGENT, None, None).unwrap();
             let text = client
                 .request_text(http::Request::get("/version").body(Vec::new()).unwrap())

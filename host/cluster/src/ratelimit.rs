@@ -8,12 +8,17 @@
 //! Hand-written rather than taken from a crate (tower's `RateLimit`, governor) for those two properties:
 //! requests go in the order they asked, and a request dropped while it waits gives its token back.
 //!
-//! The daemon's [`crate::KubeApi`] has two clients, each with its own bucket ([`Rates`]): one for the writes of a
+//! The daemon's [`crate::KubeApi`] has three budgets ([`Rates`]), each its own bucket: one for the writes of a
 //! pod's network-status, which a person or a controller waits for (a hot-plugged network, a pod's networks shown)
-//! and which must not queue behind the background work (events, reports, claim writes, reads) that the per-node
-//! bound is for, and one for everything else. There is one such write per ADD or change of a pod of the node, as
-//! kubelet writes one status per change of a pod. Reads of single ResourceClaims (a node reads its pods' claims by
-//! name as they start) share that budget.
+//! and which must not queue behind the background work (reports, claim writes, reads) that the per-node bound is
+//! for; one for events; and one for everything else. There is one status write per ADD or change of a pod of the
+//! node, as kubelet writes one status per change of a pod. Reads of single ResourceClaims (a node reads its pods'
+//! claims by name as they start) share that budget. Events come in proportion to pods started (one per
+//! attachment), as kubelet's own do, which have their own budget (`--event-qps`) for the same reason: a node that
+//! starts pods faster than the background budget allows would otherwise fall behind with them for as long as it
+//! does, and lose what its in-memory bound or a restart drops. An event waits for its token before its attempt
+//! starts, so that the wait does not count against the request's timeout (a burst of events waits its turn
+//! instead of timing out in the queue).
 
 use std::future::Future;
 use std::pin::Pin;
@@ -30,11 +35,12 @@ pub struct RateLimit {
     pub burst: u32,
 }
 
-/// A client's budgets: network-status writes, and everything else.
+/// A client's budgets: network-status writes, events, and everything else.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Rates {
     pub background: RateLimit,
     pub status: RateLimit,
+    pub events: RateLimit,
 }
 
 /// The bucket: tokens refill at `qps`, up to `burst`; a request takes one, or reserves the next one to come.

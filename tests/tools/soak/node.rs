@@ -89,8 +89,8 @@ pub fn print(rows: &[NodeRow], outage: Duration, churn: Duration) {
          Running. Startup: from the create to the first list that showed the pod Running (listed every 250 ms); \
          the kubelet's own backoffs after an outage or a restart are in it. AddedInterface events not yet posted live in the \
          daemon's memory: a reboot loses them (shown; not a target). The daemon posts events within its \
-         --kube-api-qps (5 a second, as shipped): this churn asks for eight a second, so they fall behind while it \
-         runs, and the report waits up to 90 s after it for them. The API server row counts the node \
+         --event-qps (10 a second, as shipped; this churn asks for eight), and the report waits up to 90 s after \
+         the churn for those still being posted (after an outage, the backlog of the outage). The API server row counts the node \
          daemon's requests from the server's start until 10 s after it was ready (audit log).\n",
         churn.as_secs()
     );

@@ -363,7 +363,10 @@ pub(crate) mod tests {
                 .unwrap()
                 .push(format!("{} {}", request[0], request[1]));
             let code = decide(&head);
-            let body = if code == 200 {
+            let body = if code == 200 && request[1].contains("/events") {
+                r#"{"apiVersion":"v1","kind":"Event","metadata":{"name":"web.1","namespace":"team"},"involvedObject":{}}"#
+                    .to_string()
+            } else if code == 200 {
                 r#"{"apiVersion":"v1","kind":"Pod","metadata":{"name":"web","namespace":"team","uid":"u1"}}"#
                     .to_string()
             } else {
@@ -546,6 +549,10 @@ pub(crate) mod tests {
                     qps: 50.0,
                     burst: 100,
                 },
+                events: RateLimit {
+                    qps: 50.0,
+                    burst: 100,
+                },
             }),
         );
         let claim = plexus_core::spec::dra::ClaimName {
@@ -572,5 +579,65 @@ pub(crate) mod tests {
         let waited = started.elapsed();
         assert!(waited > Duration::from_millis(700), "{waited:?}");
         assert_eq!(seen.lock().unwrap().len(), 4);
+    }
+
+    /// Events have a budget of their own: they do not wait behind the background work that used up the other, nor
+    /// does background work wait behind them. A burst of events waits for its tokens before each attempt starts,
+    /// not within the attempt's timeout: each is posted in its turn, none times out in the queue.
+    #[tokio::test]
+    async fn events_have_a_budget_of_their_own_and_wait_for_it_outside_their_timeout() {
+        use crate::ratelimit::{RateLimit, Rates};
+        const EVENTS: usize = 6;
+        let (url, seen) = server(&[200]);
+        let settings = crate::KubeSettings {
+            request_timeout_ms: 300,
+            ..crate::KubeSettings::default()
+        };
+        let api = KubeApi::with_config(
+            settings,
+            kube::Config::new(url.parse().unwrap()),
+            None,
+            Some(Rates {
+                // One token, the next in 100 s.
+                background: RateLimit {
+                    qps: 0.01,
+                    burst: 1,
+                },
+                status: RateLimit {
+                    qps: 50.0,
+                    burst: 100,
+                },
+                events: RateLimit { qps: 4.0, burst: 1 },
+            }),
+        )
+        .unwrap();
+        api.pod(&web()).await.unwrap();
+        let started = Instant::now();
+        let mut posts = tokio::task::JoinSet::new();
+        for i in 0..EVENTS {
+            let api = api.clone();
+            posts.spawn(async move {
+                api.post_event(
+                    &web(),
+                    Some("node-a"),
+                    ("Normal", "AddedInterface"),
+                    &format!("m{i}"),
+                )
+                .await
+            });
+        }
+        while let Some(posted) = posts.join_next().await {
+            assert_eq!(posted.unwrap().unwrap(), "web.1");
+        }
+        // At 4 a second after the first: the last waited 1.25 s for its token, four times the request's timeout.
+        let took = started.elapsed();
+        assert!(took >= Duration::from_millis(1200), "{took:?}");
+        let events = seen
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.starts_with("POST /api/v1/namespaces/team/events"))
+            .count();
+        assert_eq!(events, EVENTS);
     }
 }

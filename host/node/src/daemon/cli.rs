@@ -162,8 +162,8 @@ pub struct DaemonArgs {
     /// With --dynamic-networks: sandboxes changed at once at most
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub max_network_changes: u64,
-    /// Requests a second the daemon sends the API server at most, on average (status writes, events, reads its
-    /// caches miss, watches); a token bucket, as kubelet's
+    /// Requests a second the daemon sends the API server at most, on average (reads its caches miss, watches,
+    /// reports, claim writes; status writes and events have budgets of their own); a token bucket, as kubelet's
     #[arg(long, value_name = "QPS", default_value_t = 5.0, value_parser = positive_qps)]
     pub kube_api_qps: f64,
     /// Requests the daemon may send at once before --kube-api-qps paces them
@@ -177,6 +177,14 @@ pub struct DaemonArgs {
     /// Network-status writes the daemon may send at once before --kube-api-status-qps paces them
     #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
     pub kube_api_status_burst: u32,
+    /// Events a second the daemon posts at most, on average: a budget of their own (one AddedInterface event per
+    /// attachment, so they come in proportion to the pods the node starts, as kubelet's own events do, which have
+    /// their own --event-qps); 10 keeps up with a node starting five pods a second with two networks each
+    #[arg(long, value_name = "QPS", default_value_t = 10.0, value_parser = positive_qps)]
+    pub event_qps: f64,
+    /// Events the daemon may post at once before --event-qps paces them
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    pub event_burst: u32,
     /// Ask the running daemon for its health, print it as JSON and exit: 0 when it is synced and below its
     /// concurrency bound, 1 when not, 2 when it does not answer
     #[arg(long)]
@@ -299,6 +307,10 @@ impl DaemonArgs {
                     qps: self.kube_api_status_qps,
                     burst: self.kube_api_status_burst,
                 },
+                events: plexus_cluster::ratelimit::RateLimit {
+                    qps: self.event_qps,
+                    burst: self.event_burst,
+                },
             },
         })
     }
@@ -389,6 +401,10 @@ mod tests {
             (s.kube_rate.status.qps, s.kube_rate.status.burst),
             (50.0, 100)
         );
+        assert_eq!(
+            (s.kube_rate.events.qps, s.kube_rate.events.burst),
+            (10.0, 100)
+        );
         let install = s.install.unwrap();
         assert!(install.watch);
         assert_eq!(install.bin_dir, PathBuf::from("/b"));
@@ -458,6 +474,8 @@ mod tests {
         );
         let e = err(&["--kube-api-qps", "0"]);
         assert!(e.contains("--kube-api-qps") && e.contains("above 0"), "{e}");
+        let e = err(&["--event-qps", "0"]);
+        assert!(e.contains("--event-qps") && e.contains("above 0"), "{e}");
         let e = err(&["--kube-api-burst", "0"]);
         assert!(e.contains("--kube-api-burst"), "{e}");
         let e = err(&["--cache-dir", "var/lib"]);

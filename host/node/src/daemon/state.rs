@@ -127,8 +127,11 @@ impl NodeApi for DaemonApi {
     }
 }
 
-/// Events posted at once at most; more are dropped (they are best effort, and a burst must not pile up tasks).
-pub const MAX_EVENTS_IN_FLIGHT: usize = 256;
+/// Events posted at once at most, waiting for their turn included; more are dropped (they are best effort, and a
+/// burst must not pile up tasks without bound). As many as client-go's event broadcaster queues (1,000): a node
+/// that starts its pods' maximum (110) at once with a few networks each asks for a few hundred, which wait for
+/// `--event-qps`. A waiting event holds its request's state, about 4 KiB: 4 MiB at the bound.
+pub const MAX_EVENTS_IN_FLIGHT: usize = 1024;
 /// How long an event is tried again while the API server cannot take it (client-go's recorder: 12 tries, 10 s apart).
 pub const EVENT_RETRY_FOR: Duration = Duration::from_secs(120);
 const FIRST_EVENT_RETRY: Duration = Duration::from_secs(1);
