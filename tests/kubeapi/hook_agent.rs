@@ -73,22 +73,7 @@ impl World {
     }
 
     fn push_file(&self, file: &Path, repo_tag: &str, key: Option<&Path>) -> String {
-        let mut cmd = Command::new(plexus_bin());
-        cmd.args(["hook", "push"])
-            .arg(file)
-            .arg(format!("{}/{repo_tag}", self.registry.addr))
-            .args(["--insecure-registry", &self.registry.addr]);
-        if let Some(k) = key {
-            cmd.arg("--key").arg(k);
-        }
-        let out = cmd.output().unwrap();
-        assert!(
-            out.status.success(),
-            "push: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["reference"].as_str().unwrap().to_string()
+        self.registry.push_hook(file, repo_tag, key)
     }
 
     /// `plexus hook verify REFERENCE --key PUB`: (success, stdout JSON or stderr).

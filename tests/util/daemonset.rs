@@ -41,7 +41,7 @@ use crate::netns::{
     bridge_host_local, cni_bin_dir, host_links_on_bridge, links_at, require_root_and_plugins,
     HostBridge, IpamDir,
 };
-use crate::plexus::{guest_wasm, list_cache, plexus_bin, read_cached_plan};
+use crate::plexus::{guest_wasm, list_cache, read_cached_plan};
 use crate::registry::{key_pair, Registry};
 use crate::runtime::{Runtime, RuntimeKind};
 use crate::{deploy_manifest, image, tail};
@@ -206,6 +206,8 @@ pub struct DsNode {
     pub kind: RuntimeKind,
     pub kubelet: Kubelet,
     pub runtime: Runtime,
+    /// Dropped after the runtime: the namespaces it made and left.
+    runtime_netns: RuntimeNetns,
     pub api: KubeApiServer,
     pub ipam: IpamDir,
     bridges: Vec<(&'static str, HostBridge)>,
@@ -256,6 +258,88 @@ fn remove_netns(path: &str) {
     let _ = std::fs::remove_file(path);
 }
 
+/// The pods' network namespaces a runtime makes in `/run/netns` (CRI-O: a UUID; containerd: `cni-` and a UUID; the
+/// tests' own have a prefix of their own). A runtime leaves some behind when it is killed while it makes or removes
+/// a sandbox (it forgets a sandbox it was making; a real node's reboot empties `/run/netns`), so the node removes
+/// them at a reboot and when it is done: those made since the node started that hold no interface but `lo` and that
+/// no process is in. Runtimes of other tests may run beside it (one kubelet runs at a time, runtimes without one
+/// do not wait for it): a namespace of theirs has its interfaces, or its sandbox's process, except in the instant
+/// between its making and its first CNI ADD.
+struct RuntimeNetns {
+    before: std::collections::HashSet<String>,
+}
+
+impl RuntimeNetns {
+    fn from_now() -> RuntimeNetns {
+        RuntimeNetns {
+            before: Self::names().collect(),
+        }
+    }
+
+    fn names() -> impl Iterator<Item = String> {
+        std::fs::read_dir(crate::netns::NETNS_RUN_DIR)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .map(|e| e.file_name().to_string_lossy().into_owned())
+            .filter(|name| is_uuid(name.strip_prefix("cni-").unwrap_or(name)))
+    }
+
+    /// Removes those made since the node started and left empty; their names.
+    fn remove(&self) -> Vec<String> {
+        let made: Vec<String> = Self::names()
+            .filter(|name| !self.before.contains(name) && left_empty(name))
+            .collect();
+        for name in &made {
+            remove_netns(&format!("{}/{name}", crate::netns::NETNS_RUN_DIR));
+        }
+        made
+    }
+}
+
+impl Drop for RuntimeNetns {
+    fn drop(&mut self) {
+        let left = self.remove();
+        if !left.is_empty() {
+            eprintln!("cleanup: removed the runtime's namespaces {left:?}");
+        }
+    }
+}
+
+/// Whether the namespace `name` in `/run/netns` has no interface but `lo`, and no process in it.
+fn left_empty(name: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let Ok(links) = Command::new("ip").args(["-n", name, "-o", "link"]).output() else {
+        return false;
+    };
+    let links = String::from_utf8_lossy(&links.stdout).into_owned();
+    let links: Vec<&str> = links.lines().filter(|l| !l.trim().is_empty()).collect();
+    if !matches!(links.as_slice(), [lo] if lo.starts_with("1: lo:")) {
+        return false;
+    }
+    let Ok(ns) = std::fs::metadata(format!("{}/{name}", crate::netns::NETNS_RUN_DIR)) else {
+        return false;
+    };
+    let inode = format!("net:[{}]", ns.ino());
+    !std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .any(|p| {
+            std::fs::read_link(p.path().join("ns/net"))
+                .is_ok_and(|l| l.as_os_str() == inode.as_str())
+        })
+}
+
+/// `8-4-4-4-12` hex digits.
+fn is_uuid(name: &str) -> bool {
+    let groups: Vec<&str> = name.split('-').collect();
+    groups.iter().map(|g| g.len()).eq([8, 4, 4, 4, 12])
+        && groups
+            .iter()
+            .all(|g| g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
 /// A tmpfs mounted for the test, unmounted when dropped.
 struct Tmpfs(PathBuf);
 
@@ -273,20 +357,11 @@ pub const IMAGE_2: &str = "plexus.test/plexus:2";
 /// `kube-system/plexus-hook-keys` (which the DaemonSet mounts at `--hook-key`), and NetworkHook [`POLICY_HOOK`].
 fn enforce_isolation(api: &KubeApiServer, registry: &Registry, dir: &Path) {
     let (key, public) = key_pair(dir, "operator");
-    let out = Command::new(plexus_bin())
-        .args(["hook", "push"])
-        .arg(guest_wasm("namespace-isolation"))
-        .arg(format!("{}/hooks/isolation:1", registry.addr))
-        .args(["--insecure-registry", &registry.addr, "--key"])
-        .arg(&key)
-        .output()
-        .expect("run plexus hook push");
-    assert!(
-        out.status.success(),
-        "plexus hook push: {}",
-        String::from_utf8_lossy(&out.stderr)
+    let reference = registry.push_hook(
+        &guest_wasm("namespace-isolation"),
+        "hooks/isolation:1",
+        Some(&key),
     );
-    let pushed: Value = serde_json::from_slice(&out.stdout).expect("push's JSON");
     let pem = std::fs::read_to_string(&public).unwrap();
     api.create(&json!({
         "apiVersion": "v1", "kind": "ConfigMap",
@@ -297,7 +372,7 @@ fn enforce_isolation(api: &KubeApiServer, registry: &Registry, dir: &Path) {
     api.create(&json!({
         "apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
         "metadata": {"name": POLICY_HOOK},
-        "spec": {"kind": "policy", "module": pushed["reference"]},
+        "spec": {"kind": "policy", "module": reference},
     }));
 }
 
@@ -316,6 +391,7 @@ impl DsNode {
     /// them.
     pub fn start_with(kind: RuntimeKind, mib: Option<u32>, devices: bool) -> DsNode {
         require_root_and_plugins();
+        let runtime_netns = RuntimeNetns::from_now();
         // What this run covers: the manifest once failed where the root mount is private.
         eprintln!(
             "root mount: {}, /run/netns: {}",
@@ -468,6 +544,7 @@ impl DsNode {
             kind,
             kubelet,
             runtime,
+            runtime_netns,
             api,
             ipam,
             bridges,
@@ -591,6 +668,8 @@ impl DsNode {
                 remove_netns(netns);
             }
         }
+        // And every other namespace the runtime made: `/run/netns` is emptied.
+        self.runtime_netns.remove();
         let run = self.node("/run/plexus");
         for entry in std::fs::read_dir(&run).into_iter().flatten().flatten() {
             let path = entry.path();

@@ -80,6 +80,31 @@ impl Registry {
         }
     }
 
+    /// `plexus hook push` of the module `wasm` to `repo_tag` in this registry, signed with `key` (a private key)
+    /// when given: the pinned reference it prints.
+    pub fn push_hook(&self, wasm: &Path, repo_tag: &str, key: Option<&Path>) -> String {
+        let mut push = Command::new(crate::plexus::plexus_bin());
+        push.args(["hook", "push"])
+            .arg(wasm)
+            .arg(format!("{}/{repo_tag}", self.addr))
+            .args(["--insecure-registry", &self.addr]);
+        if let Some(key) = key {
+            push.arg("--key").arg(key);
+        }
+        let out = push.output().expect("run plexus hook push");
+        assert!(
+            out.status.success(),
+            "plexus hook push {}: {}",
+            wasm.display(),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let pushed: serde_json::Value = serde_json::from_slice(&out.stdout).expect("push's JSON");
+        pushed["reference"]
+            .as_str()
+            .expect("push's reference")
+            .to_string()
+    }
+
     /// Pushes the image of an OCI image layout tar (as [`crate::containerd::busybox_image`] writes it: one
     /// manifest) to this registry as `repository:tag`: every blob with a monolithic upload, then the manifest as
     /// it is, so the image's digest stays the layout's. Over curl, the harness's HTTP client for the registry (plain

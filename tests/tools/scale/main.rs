@@ -15,13 +15,13 @@
 //! Its options: `plexus-scale --help` (default N: 1 10 30, and 3,000 claims; `--dra-claims 0` skips the DRA row).
 
 use std::path::PathBuf;
-use std::process::{Command, ExitCode};
+use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
-use plexus_tests::plexus::{guest_wasm, plexus_bin, NodeDaemon, Sandbox};
+use plexus_tests::plexus::{guest_wasm, NodeDaemon, Sandbox};
 use plexus_tests::registry::{key_pair, Registry};
 use serde_json::{json, Value};
 
@@ -234,17 +234,8 @@ impl Cluster {
             wasm = self.sb.path(&format!("{guest}-{name}.wasm"));
             std::fs::write(&wasm, bytes).unwrap();
         }
-        let out = Command::new(plexus_bin())
-            .args(["hook", "push"])
-            .arg(&wasm)
-            .arg(format!("{}/vendor/labels:{tag}", self.registry.addr))
-            .args(["--insecure-registry", &self.registry.addr, "--key"])
-            .arg(&self.keys.0)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        v["reference"].as_str().unwrap().to_string()
+        self.registry
+            .push_hook(&wasm, &format!("vendor/labels:{tag}"), Some(&self.keys.0))
     }
 
     fn get(&self, path: &str) -> (usize, Value) {

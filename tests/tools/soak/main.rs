@@ -1125,25 +1125,15 @@ fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
 
     eprintln!("soak: daemon: a NetworkHook that cannot serve its kind, applied while {hooked} pods are added");
     let range = pods + killed..pods + killed + hooked;
-    let push = Command::new(plexus::plexus_bin())
-        .args(["hook", "push"])
-        .arg(plexus::guest_wasm("test-policy-only"))
-        .arg(format!("{}/vendor/policy-only:v1", w.registry.addr))
-        .args(["--insecure-registry", &w.registry.addr])
-        .arg("--key")
-        .arg(&w.key.0)
-        .output()
-        .unwrap();
-    assert!(
-        push.status.success(),
-        "{}",
-        String::from_utf8_lossy(&push.stderr)
+    let reference = w.registry.push_hook(
+        &plexus::guest_wasm("test-policy-only"),
+        "vendor/policy-only:v1",
+        Some(&w.key.0),
     );
-    let reference: Value = serde_json::from_slice(&push.stdout).unwrap();
     w.api.create(
         &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
         "metadata": {"name": "wrong-kind"},
-        "spec": {"kind": "status", "module": reference["reference"], "failurePolicy": "Fail"}}),
+        "spec": {"kind": "status", "module": reference, "failurePolicy": "Fail"}}),
     );
     // failurePolicy Fail fails closed (#45): once the node knows the hook cannot serve, its ADDs are refused,
     // naming the hook; an ADD that failed otherwise is lost.
