@@ -2,7 +2,8 @@
 //! flags (trusted key, registry), one on a node that three NetworkHooks select (a policy, a resolver and a status
 //! hook, pulled from a real registry, signature-checked, compiled and probed as in production) and one on a node
 //! they do not select. Both are sampled over the same seconds once the first runs all three; the rounds start
-//! fresh daemons.
+//! fresh daemons. The same again with three hooks written in Python and three in TypeScript, each set on a node of
+//! its own.
 
 use std::path::Path;
 use std::process::Command;
@@ -45,6 +46,56 @@ fn resident(pid: u32) -> [f64; 3] {
     ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f) as f64)
 }
 
+/// A set of three hooks the hooked node runs: (NetworkHook name, guest build, kind, settings).
+type HookSet = Vec<(String, String, &'static str, Value)>;
+
+/// The Rust set (the bench's three example hooks), then three hooks in Python and three in TypeScript (two
+/// policies and a status hook: no resolver is written in those languages).
+fn hook_sets() -> Vec<(&'static str, HookSet)> {
+    let rust = world::example_hooks()
+        .into_iter()
+        .map(|(name, guest, kind, settings)| (name.to_string(), guest.to_string(), kind, settings))
+        .collect();
+    let other = |language: &'static str, prefix: &str| -> (&'static str, HookSet) {
+        let hook = |name: &str, guest: &str, kind: &'static str, settings: Value| {
+            (
+                format!("{prefix}{name}"),
+                format!("{prefix}{guest}"),
+                kind,
+                settings,
+            )
+        };
+        (
+            language,
+            vec![
+                hook(
+                    "isolation",
+                    "namespace-isolation",
+                    "policy",
+                    json!({"globalNamespaces": ["default"]}),
+                ),
+                hook(
+                    "prefix",
+                    "pod-prefix",
+                    "policy",
+                    json!({"allowedPrefixes": ["net"]}),
+                ),
+                hook(
+                    "labels",
+                    "status-labels",
+                    "status",
+                    json!({"labels": ["app", "tier"]}),
+                ),
+            ],
+        )
+    };
+    vec![
+        ("Rust", rust),
+        other("Python", "py-"),
+        other("TypeScript", "ts-"),
+    ]
+}
+
 pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     let root = o.work.join("hook-memory");
     let _ = std::fs::remove_dir_all(&root);
@@ -52,38 +103,49 @@ pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     let api = bench_api(false);
     let registry = Registry::start();
     let (private, public) = key_pair(&root, "vendor");
-    for (node, labels) in [(BARE, json!({})), (HOOKED, json!({LABEL: "on"}))] {
+    api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": BARE}}));
+    let mut sets = Vec::new();
+    for (language, hooks) in hook_sets() {
+        let hooked = format!("{HOOKED}-{}", language.to_ascii_lowercase());
         api.create(&json!({"apiVersion": "v1", "kind": "Node",
-            "metadata": {"name": node, "labels": labels}}));
+            "metadata": {"name": hooked, "labels": {LABEL: language.to_ascii_lowercase()}}}));
+        for (name, guest, kind, settings) in &hooks {
+            let module = push(o, &registry, &private, guest)?;
+            api.create(
+                &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+                "metadata": {"name": name},
+                "spec": {"kind": kind, "module": module, "settings": settings,
+                         "nodeSelector": {"matchLabels": {LABEL: language.to_ascii_lowercase()}}}}),
+            );
+        }
+        let mut rounds = Vec::new();
+        for round in 0..ROUNDS {
+            rounds.push(measure_round(
+                o, &api, &registry, &public, &root, &hooked, round,
+            )?);
+        }
+        // Per round, [no hooks, three hooks] × [total, anonymous, file-backed].
+        let of = |daemon: usize, which: usize| -> Vec<f64> {
+            rounds.iter().map(|r| r[daemon][which]).collect()
+        };
+        let delta = |which: usize| -> Vec<f64> {
+            rounds.iter().map(|r| r[1][which] - r[0][which]).collect()
+        };
+        sets.push(json!({
+            "language": language,
+            "hooks": hooks.iter().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})).collect::<Vec<_>>(),
+            "rounds": rounds.iter().map(|[none, three]| json!({"none": {"kib": none}, "three": {"kib": three}}))
+                .collect::<Vec<_>>(),
+            "noneRssKiB": stats::median_of(of(0, 0)),
+            "threeRssKiB": stats::median_of(of(1, 0)),
+            "deltaKiB": stats::median_of(delta(0)),
+            "anonDeltaKiB": stats::median_of(delta(1)),
+        }));
     }
-    for (name, guest, kind, settings) in world::example_hooks() {
-        let module = push(o, &registry, &private, guest)?;
-        api.create(
-            &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
-            "metadata": {"name": name},
-            "spec": {"kind": kind, "module": module, "settings": settings,
-                     "nodeSelector": {"matchLabels": {LABEL: "on"}}}}),
-        );
-    }
-    let mut rounds = Vec::new();
-    for round in 0..ROUNDS {
-        rounds.push(measure_round(o, &api, &registry, &public, &root, round)?);
-    }
-    // Per round, [no hooks, three hooks] × [total, anonymous, file-backed].
-    let of = |daemon: usize, which: usize| -> Vec<f64> {
-        rounds.iter().map(|r| r[daemon][which]).collect()
-    };
-    let delta =
-        |which: usize| -> Vec<f64> { rounds.iter().map(|r| r[1][which] - r[0][which]).collect() };
-    Ok(json!({
-        "hooks": world::example_hooks().map(|h| json!({"name": h.0, "guest": h.1, "kind": h.2})),
-        "rounds": rounds.iter().map(|[none, three]| json!({"none": {"kib": none}, "three": {"kib": three}}))
-            .collect::<Vec<_>>(),
-        "noneRssKiB": stats::median_of(of(0, 0)),
-        "threeRssKiB": stats::median_of(of(1, 0)),
-        "deltaKiB": stats::median_of(delta(0)),
-        "anonDeltaKiB": stats::median_of(delta(1)),
-    }))
+    // The Rust set's figures at the top (as before the other languages were measured), every set under `sets`.
+    let mut result = sets[0].clone();
+    result["sets"] = json!(sets);
+    Ok(result)
 }
 
 /// One round: both daemons started fresh, sampled together once the hooked one runs its three hooks.
@@ -93,6 +155,7 @@ fn measure_round(
     registry: &Registry,
     key: &Path,
     root: &Path,
+    hooked_node: &str,
     round: usize,
 ) -> Result<[[f64; 3]; 2], String> {
     let start = |node: &str| -> Result<Daemon, String> {
@@ -124,7 +187,7 @@ fn measure_round(
         )
     };
     let bare = start(BARE)?;
-    let hooked = start(HOOKED)?;
+    let hooked = start(hooked_node)?;
     let limit = Duration::from_secs(120);
     hooked.wait("three hooks active", limit, |h| {
         h.hooks.len() == 3 && h.hooks.iter().all(|x| x.active)
@@ -143,7 +206,7 @@ fn measure_round(
     let [none, three] =
         samples.map(|s: Vec<[f64; 3]>| [0, 1, 2].map(|i| stats::median_of(s.iter().map(|x| x[i]))));
     log(&format!(
-        "hook-memory: round {round}: daemon RSS {:.1} MiB with no hooks, {:.1} MiB with three",
+        "hook-memory: {hooked_node}: round {round}: daemon RSS {:.1} MiB with no hooks, {:.1} MiB with three",
         none[0] / 1024.0,
         three[0] / 1024.0
     ));

@@ -9,6 +9,7 @@ mod daemon;
 mod density;
 mod floor;
 mod hook_memory;
+mod languages;
 mod multus;
 mod noop;
 mod phases;
@@ -106,6 +107,7 @@ enum Section {
     Daemon,
     Density,
     HookMemory,
+    Languages,
     Profile,
     // Internal: the profile section runs this binary under `perf record` with one of these (ADD/DEL loops only).
     #[value(hide = true)]
@@ -944,6 +946,11 @@ fn run(o: &Opts) -> Result<(), String> {
     } else {
         Value::Null
     };
+    let languages = if on(Section::Languages) {
+        languages::languages(o)?
+    } else {
+        Value::Null
+    };
     let profile = if on(Section::Profile) {
         profile(o)
     } else {
@@ -964,6 +971,7 @@ fn run(o: &Opts) -> Result<(), String> {
         "daemon": daemon,
         "density": density,
         "hookMemory": hook_memory,
+        "languages": languages,
         "profile": profile,
         "benchSeconds": started.elapsed().as_secs_f64(),
         "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),

@@ -500,6 +500,30 @@ def main():
                      "same seconds, median over rounds)", "≤ 15 MiB",
                      f"{f(d, 1)} MiB ({f(hmem['noneRssKiB'] / 1024, 1)} → {f(hmem['threeRssKiB'] / 1024, 1)} MiB; "
                      f"anonymous {f(hmem['anonDeltaKiB'] / 1024, 1)} MiB of it)", d <= 15))
+        for st in hmem.get("sets", [])[1:]:
+            d = st["deltaKiB"] / 1024
+            rows.append((f"… with three hooks in {st['language']} − with none", "≤ 15 MiB",
+                         f"{f(d, 1)} MiB ({f(st['noneRssKiB'] / 1024, 1)} → {f(st['threeRssKiB'] / 1024, 1)} MiB; "
+                         f"anonymous {f(st['anonDeltaKiB'] / 1024, 1)} MiB of it)", d <= 15))
+
+    langs = r.get("languages")
+    if langs:
+        bound = langs.get("compileMemoryBoundMiB")
+        for h in langs["hooks"]:
+            if h["language"] == "Rust":
+                continue
+            what = f"{h['language']} build of {h['guest']}"
+            p50 = h["warmCall"]["p50Us"] / 1000
+            rows.append((f"Hook in {h['language']}: warm call p50, {h['guest']}", "≤ 1 ms",
+                         f"{f(p50)} ms (p99 {f(h['warmCall']['p99Us'] / 1000)} ms)", p50 <= 1))
+            rows.append((f"… added to an ADD (artifact's load and one call), {what}", "≤ 10 ms",
+                         f"{f(h['perAddMs'])} ms", h["perAddMs"] <= 10))
+            rows.append((f"… the node agent's compile, {what}", "≤ 60 s",
+                         f"{f(h['compileMs'] / 1000, 1)} s", h["compileMs"] <= 60000))
+            if bound:
+                rss = h["compilePeakRssKiB"] / 1024
+                rows.append((f"… the compile's peak RSS, {what}", f"≤ {bound} MiB (the agent's compile bound)",
+                             f"{f(rss, 0)} MiB", rss <= bound))
 
     w("## Targets")
     w("")
@@ -785,6 +809,40 @@ def main():
             a, b = rd["none"]["kib"], rd["three"]["kib"]
             cells = " | ".join(f"{f(x / 1024, 1)} MiB" for x in a + b)
             w(f"| {i + 1} | {cells} | {f((b[0] - a[0]) / 1024, 1)} MiB |")
+        w("")
+        others = hmem.get("sets", [])[1:]
+        if others:
+            w("The same with three hooks written in Python, then in TypeScript (two policies and a status hook: "
+              + "; ".join(f"{st['language']}: " + ", ".join(f"{h['guest']} ({h['kind']})" for h in st["hooks"])
+                          for st in others)
+              + "), each set on a node of its own, against a daemon of a node without hooks in the same seconds:")
+            w("")
+            w("| hooks | round | no hooks: RSS | anonymous | file | three hooks: RSS | anonymous | file | difference |")
+            w("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+            for st in others:
+                for i, rd in enumerate(st["rounds"]):
+                    a, b = rd["none"]["kib"], rd["three"]["kib"]
+                    cells = " | ".join(f"{f(x / 1024, 1)} MiB" for x in a + b)
+                    w(f"| {st['language']} | {i + 1} | {cells} | {f((b[0] - a[0]) / 1024, 1)} MiB |")
+            w("")
+
+    if langs:
+        w("## Hooks by language")
+        w("")
+        w("The example hooks written in Rust, Python (componentize-py) and TypeScript (componentize-js), each build "
+          "measured alike. *Compile*: `plexus hook compile` into an empty cache, what the node agent runs in its "
+          "compile process (wall time and the process's peak RSS, median of three). *Added to an ADD*: the compiled "
+          "artifact's load and one call, in a fresh engine, as a fresh plexus process makes them "
+          "(`cargo run --release -p plexus-hooks --example hook_cost`). *Warm call*: a fresh store and instance per "
+          "call, 1000 calls. A Python or TypeScript component carries its interpreter, started anew in every instance: "
+          "that start is most of its call.")
+        w("")
+        w("| hook | language | component | compile | compile peak RSS | added to an ADD | warm call p50 | p99 |")
+        w("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for h in langs["hooks"]:
+            w(f"| {h['guest']} ({h['kind']}) | {h['language']} | {f(h['componentBytes'] / MIB / MIB, 1)} MiB | "
+              f"{f(h['compileMs'] / 1000, 2)} s | {f(h['compilePeakRssKiB'] / 1024, 0)} MiB | {f(h['perAddMs'])} ms | "
+              f"{f(h['warmCall']['p50Us'] / 1000, 3)} ms | {f(h['warmCall']['p99Us'] / 1000, 3)} ms |")
         w("")
 
     # ---------------------------------------------------------------- hooks
