@@ -634,7 +634,9 @@ impl KubeApi {
     }
 
     /// An event seen again: its `count` set to `count` and its `lastTimestamp` to now, as kubelet aggregates a
-    /// repeated event instead of creating another object (one attempt, best effort).
+    /// repeated event instead of creating another object (one attempt, best effort). It never waits for the events'
+    /// budget: without a token at hand it sends nothing (the next repeat sends the count then reached), so that new
+    /// events never queue behind the counts of old ones.
     pub async fn count_event(
         &self,
         namespace: &str,
@@ -658,7 +660,14 @@ impl KubeApi {
             ..PatchParams::default()
         };
         let patch = Patch::Merge(&body);
-        self.event_token().await;
+        if self.event_bucket.as_ref().is_some_and(|b| !b.try_take()) {
+            tracing::debug!(
+                event = name,
+                count,
+                "the events' budget is spent: the count waits for a repeat"
+            );
+            return Ok(());
+        }
         self.call(&op, self.one_try(), || api.patch(name, &params, &patch))
             .await
             .map(drop)

@@ -74,6 +74,20 @@ impl TokenBucket {
         }
     }
 
+    /// Takes a token if one is there now; reserves none otherwise.
+    pub fn try_take(&self) -> bool {
+        let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        let burst = f64::from(self.limit.burst.max(1));
+        let refilled = (s.0 + now.duration_since(s.1).as_secs_f64() * self.limit.qps).min(burst);
+        if refilled < 1.0 {
+            *s = (refilled, now);
+            return false;
+        }
+        *s = (refilled - 1.0, now);
+        true
+    }
+
     /// Gives back a token reserved and not used.
     fn give_back(&self) {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());

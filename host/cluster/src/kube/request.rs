@@ -640,4 +640,39 @@ pub(crate) mod tests {
             .count();
         assert_eq!(events, EVENTS);
     }
+
+    /// A count of a repeated event never waits for the events' budget: without a token at hand it is not sent (the
+    /// next repeat sends the count reached), so new events do not queue behind the counts of old ones.
+    #[tokio::test]
+    async fn a_repeated_events_count_is_not_sent_without_a_token_at_hand() {
+        use crate::ratelimit::{RateLimit, Rates};
+        let (url, seen) = server(&[200]);
+        let every = RateLimit {
+            qps: 50.0,
+            burst: 100,
+        };
+        let api = api_with_rates(
+            &url,
+            Some(Rates {
+                background: every,
+                status: every,
+                // One token, the next in 100 s.
+                events: RateLimit {
+                    qps: 0.01,
+                    burst: 1,
+                },
+            }),
+        );
+        let name = api
+            .post_event(&web(), None, ("Normal", "AddedInterface"), "m")
+            .await
+            .unwrap();
+        api.count_event("team", &name, 2).await.unwrap();
+        let sent: Vec<String> = seen.lock().unwrap().clone();
+        assert_eq!(sent.len(), 1, "{sent:?}");
+        assert!(
+            sent[0].starts_with("POST /api/v1/namespaces/team/events"),
+            "{sent:?}"
+        );
+    }
 }

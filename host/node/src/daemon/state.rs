@@ -144,11 +144,14 @@ const MAX_EVENT_KEYS: usize = 4096;
 /// What makes two events the same one: the pod (with its UID), the type, the reason and the message.
 type EventKey = (String, String, Option<String>, bool, String, String);
 
-/// An event posted within the window: its name once the API server gave it one, how often it was seen.
+/// An event posted within the window: its name once the API server gave it one, how often it was seen, and
+/// whether a count is being sent (one at a time per event: a repeat meanwhile only raises the count, which the
+/// sender sends again when it is done).
 struct Seen {
     name: Option<String>,
     count: i32,
     first: tokio::time::Instant,
+    counting: bool,
 }
 
 /// How long a claim write or an event the API server refuses as forbidden is tried again before it is dropped: a
@@ -500,8 +503,11 @@ fn event_action(
         Some(s) if now.duration_since(s.first) < EVENT_WINDOW => {
             s.count += 1;
             match &s.name {
-                Some(name) => EventAction::Count(name.clone(), s.count),
-                None => EventAction::Wait,
+                Some(name) if !s.counting => {
+                    s.counting = true;
+                    EventAction::Count(name.clone(), s.count)
+                }
+                _ => EventAction::Wait,
             }
         }
         _ => {
@@ -511,6 +517,7 @@ fn event_action(
                     name: None,
                     count: 1,
                     first: now,
+                    counting: false,
                 },
             );
             EventAction::Post
@@ -549,6 +556,31 @@ async fn post_until_delivered(
             }
             done => return done,
         }
+    }
+}
+
+/// Sets event `name`'s count to `count`, then again while repeats raised it meanwhile (one count in flight per event,
+/// however often it repeats); the event's `counting` is cleared at the end, whatever the answer.
+async fn send_counts(
+    api: &dyn NodeApi,
+    seen: &std::sync::Mutex<std::collections::HashMap<EventKey, Seen>>,
+    key: &EventKey,
+    namespace: &str,
+    name: &str,
+    mut count: i32,
+) -> Result<(), ClusterError> {
+    loop {
+        let sent = api.count_event(namespace, name, count).await;
+        let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(s) = seen.get_mut(key) else {
+            return sent;
+        };
+        if sent.is_ok() && s.count > count {
+            count = s.count;
+            continue;
+        }
+        s.counting = false;
+        return sent;
     }
 }
 
@@ -591,7 +623,9 @@ pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String,
     tokio::spawn(async move {
         let kind = if warning { "Warning" } else { "Normal" };
         let result = match action {
-            EventAction::Count(name, count) => api.count_event(&pod.namespace, &name, count).await,
+            EventAction::Count(name, count) => {
+                send_counts(api.as_ref(), &seen, &key, &pod.namespace, &name, count).await
+            }
             _ => match post_until_delivered(api.as_ref(), &pod, (kind, &reason), &message).await {
                 Ok(name) => {
                     // Seen again while it was being posted: the count goes on the new event.
@@ -599,11 +633,15 @@ pub fn send_event(state: &NodeState, pod: PodRef, warning: bool, reason: String,
                         let mut seen = seen.lock().unwrap_or_else(|e| e.into_inner());
                         seen.get_mut(&key).and_then(|s| {
                             s.name = Some(name.clone());
-                            (s.count > 1).then_some(s.count)
+                            s.counting = s.count > 1;
+                            s.counting.then_some(s.count)
                         })
                     };
                     match again {
-                        Some(count) => api.count_event(&pod.namespace, &name, count).await,
+                        Some(count) => {
+                            send_counts(api.as_ref(), &seen, &key, &pod.namespace, &name, count)
+                                .await
+                        }
                         None => Ok(()),
                     }
                 }

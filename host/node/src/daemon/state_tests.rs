@@ -319,6 +319,48 @@ async fn unsynced_caches_answer_unsynced_and_a_missing_nad_is_read_from_the_api(
     assert_eq!(calls, vec![Call::Nad("ns/net1".into())]);
 }
 
+/// An event repeated while its count is being sent waits for it: one count in flight per event, then one more with
+/// the count the repeats reached (a flood of one event costs two requests, not one per repeat).
+#[tokio::test(start_paused = true)]
+async fn repeats_of_an_event_while_its_count_is_sent_are_sent_as_one_count() {
+    let dir = tempfile::tempdir().unwrap();
+    let api = FakeApi::new();
+    let (state, _) = fake::state(api.clone(), synced_cache(&[]), dir.path(), 4);
+    let send = || {
+        send_event(
+            &state,
+            pod_ref("ns", "web", "u1"),
+            false,
+            "AddedInterface".into(),
+            "Add net1".into(),
+        );
+    };
+    send();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    *api.latency.lock().unwrap() = Duration::from_secs(2);
+    for _ in 0..5 {
+        send();
+    }
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    let counts: Vec<i32> = api
+        .calls()
+        .into_iter()
+        .filter_map(|(_, c)| match c {
+            Call::Count { count, .. } => Some(count),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(counts, [2, 6]);
+    // The next repeat is counted at once again.
+    send();
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let last = api.calls().into_iter().last().map(|(_, c)| c);
+    assert!(
+        matches!(last, Some(Call::Count { count: 7, .. })),
+        "{last:?}"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_repeated_event_increments_the_first_ones_count_within_the_window() {
     let dir = tempfile::tempdir().unwrap();
