@@ -81,7 +81,9 @@ pub fn spawn_plexus(
     spawn_bin(&plexus_bin(), env, stdin, stdout, stderr)
 }
 
-/// [`spawn_plexus`] for another binary (`plexus-cni`).
+/// [`spawn_plexus`] for another binary (`plexus-cni`, or a wrapper script a test has just written). A file just
+/// written can be busy for an instant (ETXTBSY): a child another test thread forked while it was open for writing
+/// holds it until that child execs. The spawn is tried again for up to a second then.
 pub fn spawn_bin(
     bin: &Path,
     env: &[(String, String)],
@@ -89,15 +91,26 @@ pub fn spawn_bin(
     stdout: Stdio,
     stderr: Stdio,
 ) -> std::process::Child {
-    let mut child = Command::new(bin)
+    let mut command = Command::new(bin);
+    command
         .env_clear()
         .env("PATH", std::env::var("PATH").unwrap_or_default())
         .envs(env.iter().map(|(k, v)| (k, v)))
         .stdin(Stdio::piped())
         .stdout(stdout)
-        .stderr(stderr)
-        .spawn()
-        .expect("spawn plexus");
+        .stderr(stderr);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(1);
+    let mut child = loop {
+        match command.spawn() {
+            Err(e)
+                if e.kind() == std::io::ErrorKind::ExecutableFileBusy
+                    && std::time::Instant::now() < deadline =>
+            {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            spawned => break spawned.expect("spawn plexus"),
+        }
+    };
     // A plexus killed before it read its stdin closes the pipe: that is the caller's business.
     let _ = child.stdin.take().expect("stdin piped").write_all(stdin);
     child
