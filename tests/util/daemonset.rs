@@ -287,8 +287,9 @@ impl RuntimeNetns {
 
     /// Removes those made since the node started and left empty; their names.
     fn remove(&self) -> Vec<String> {
+        let in_use = netns_in_use();
         let made: Vec<String> = Self::names()
-            .filter(|name| !self.before.contains(name) && left_empty(name))
+            .filter(|name| !self.before.contains(name) && left_empty(name, &in_use))
             .collect();
         for name in &made {
             remove_netns(&format!("{}/{name}", crate::netns::NETNS_RUN_DIR));
@@ -306,8 +307,19 @@ impl Drop for RuntimeNetns {
     }
 }
 
-/// Whether the namespace `name` in `/run/netns` has no interface but `lo`, and no process in it.
-fn left_empty(name: &str) -> bool {
+/// The network namespaces processes are in, as their `/proc/<pid>/ns/net` links read (`net:[<inode>]`).
+fn netns_in_use() -> std::collections::HashSet<std::ffi::OsString> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|p| std::fs::read_link(p.path().join("ns/net")).ok())
+        .map(PathBuf::into_os_string)
+        .collect()
+}
+
+/// Whether the namespace `name` in `/run/netns` has no interface but `lo`, and is none of `in_use`.
+fn left_empty(name: &str, in_use: &std::collections::HashSet<std::ffi::OsString>) -> bool {
     use std::os::unix::fs::MetadataExt;
     let Ok(links) = Command::new("ip").args(["-n", name, "-o", "link"]).output() else {
         return false;
@@ -317,18 +329,8 @@ fn left_empty(name: &str) -> bool {
     if !matches!(links.as_slice(), [lo] if lo.starts_with("1: lo:")) {
         return false;
     }
-    let Ok(ns) = std::fs::metadata(format!("{}/{name}", crate::netns::NETNS_RUN_DIR)) else {
-        return false;
-    };
-    let inode = format!("net:[{}]", ns.ino());
-    !std::fs::read_dir("/proc")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .any(|p| {
-            std::fs::read_link(p.path().join("ns/net"))
-                .is_ok_and(|l| l.as_os_str() == inode.as_str())
-        })
+    std::fs::metadata(format!("{}/{name}", crate::netns::NETNS_RUN_DIR))
+        .is_ok_and(|ns| !in_use.contains(std::ffi::OsStr::new(&format!("net:[{}]", ns.ino()))))
 }
 
 /// `8-4-4-4-12` hex digits.

@@ -445,8 +445,9 @@ impl KubeApi {
     }
 
     /// The clients, for everything, for status writes and for events (the same one without `rate`; events' budget
-    /// is taken by the caller, before the attempt's timeout starts): each its own token bucket over one stack of kube's layers (base URI, authentication, extra headers) over a hyper client (one
-    /// connection pool) whose TCP connections have Nagle's algorithm off.
+    /// is taken by the caller, before the attempt's timeout starts): each its own token bucket over one stack of
+    /// kube's layers (base URI, authentication, extra headers) over a hyper client (one connection pool) whose TCP
+    /// connections have Nagle's algorithm off.
     ///
     /// kube's own builder makes its connector with Nagle on. A request then waits for the server's delayed ACK
     /// whenever it is written in two pieces (the TLS handshake's last flight and the first request; a request's

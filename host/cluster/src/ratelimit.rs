@@ -59,13 +59,19 @@ impl TokenBucket {
         }
     }
 
+    /// The tokens in `state` now, refilled since it was counted, at most `burst`; and now.
+    fn refilled(&self, state: &(f64, Instant)) -> (f64, Instant) {
+        let now = Instant::now();
+        let burst = f64::from(self.limit.burst.max(1));
+        let tokens = state.0 + now.duration_since(state.1).as_secs_f64() * self.limit.qps;
+        (tokens.min(burst), now)
+    }
+
     /// How long the caller must wait for its token (zero when one is there); the token is taken either way.
     pub fn reserve(&self) -> Duration {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let burst = f64::from(self.limit.burst.max(1));
-        let refilled = s.0 + now.duration_since(s.1).as_secs_f64() * self.limit.qps;
-        let tokens = refilled.min(burst) - 1.0;
+        let (refilled, now) = self.refilled(&s);
+        let tokens = refilled - 1.0;
         *s = (tokens, now);
         if tokens >= 0.0 {
             Duration::ZERO
@@ -77,9 +83,7 @@ impl TokenBucket {
     /// Takes a token if one is there now; reserves none otherwise.
     pub fn try_take(&self) -> bool {
         let mut s = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        let burst = f64::from(self.limit.burst.max(1));
-        let refilled = (s.0 + now.duration_since(s.1).as_secs_f64() * self.limit.qps).min(burst);
+        let (refilled, now) = self.refilled(&s);
         if refilled < 1.0 {
             *s = (refilled, now);
             return false;

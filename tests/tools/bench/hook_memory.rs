@@ -52,12 +52,8 @@ type HookSet = Vec<(String, String, &'static str, Value)>;
 /// The Rust set (the bench's three example hooks), then three hooks in Python and three in TypeScript (two
 /// policies and a status hook: no resolver is written in those languages).
 fn hook_sets() -> Vec<(&'static str, HookSet)> {
-    let rust = world::example_hooks()
-        .into_iter()
-        .map(|(name, guest, kind, settings)| (name.to_string(), guest.to_string(), kind, settings))
-        .collect();
-    let other = |language: &'static str, prefix: &str| -> (&'static str, HookSet) {
-        let hook = |name: &str, guest: &str, kind: &'static str, settings: Value| {
+    let prefixed = |prefix: &str| -> HookSet {
+        let named = |(name, guest, kind, settings): (&str, &str, &'static str, Value)| {
             (
                 format!("{prefix}{name}"),
                 format!("{prefix}{guest}"),
@@ -65,35 +61,24 @@ fn hook_sets() -> Vec<(&'static str, HookSet)> {
                 settings,
             )
         };
-        (
-            language,
-            vec![
-                hook(
-                    "isolation",
-                    "namespace-isolation",
-                    "policy",
-                    json!({"globalNamespaces": ["default"]}),
-                ),
-                hook(
+        match prefix {
+            "" => world::example_hooks().into_iter().map(named).collect(),
+            _ => world::hooks_in_every_language()
+                .into_iter()
+                .chain([(
                     "prefix",
                     "pod-prefix",
                     "policy",
                     json!({"allowedPrefixes": ["net"]}),
-                ),
-                hook(
-                    "labels",
-                    "status-labels",
-                    "status",
-                    json!({"labels": ["app", "tier"]}),
-                ),
-            ],
-        )
+                )])
+                .map(named)
+                .collect(),
+        }
     };
-    vec![
-        ("Rust", rust),
-        other("Python", "py-"),
-        other("TypeScript", "ts-"),
-    ]
+    world::LANGUAGES
+        .into_iter()
+        .map(|(language, prefix)| (language, prefixed(prefix)))
+        .collect()
 }
 
 pub fn hook_memory(o: &Opts) -> Result<Value, String> {

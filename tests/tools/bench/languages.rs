@@ -12,13 +12,6 @@ use serde_json::{json, Value};
 
 use crate::{log, proc, stats, world, Opts};
 
-/// The languages, and the prefix of their builds' names in `guests/build.sh`'s output.
-const LANGUAGES: [(&str, &str); 3] = [("Rust", ""), ("Python", "py-"), ("TypeScript", "ts-")];
-/// The example hooks written in every language: (guest, kind).
-const HOOKS: [(&str, &str); 2] = [
-    ("namespace-isolation", "policy"),
-    ("status-labels", "status"),
-];
 const COMPILES: usize = 3;
 const CALLS: &str = "1000";
 
@@ -30,19 +23,10 @@ pub fn languages(o: &Opts) -> Result<Value, String> {
             hook_cost.display()
         ));
     }
-    let settings: Vec<(&str, Value)> = world::example_hooks()
-        .into_iter()
-        .map(|(_, guest, _, settings)| (guest, settings))
-        .collect();
     let root = o.work.join("languages");
     let mut rows = Vec::new();
-    for (guest, kind) in HOOKS {
-        let settings = settings
-            .iter()
-            .find(|(g, _)| *g == guest)
-            .map(|(_, s)| s.clone())
-            .unwrap_or(Value::Null);
-        for (language, prefix) in LANGUAGES {
+    for (_, guest, kind, settings) in world::hooks_in_every_language() {
+        for (language, prefix) in world::LANGUAGES {
             let name = format!("{prefix}{guest}");
             let file = world::guest(&o.target, &name);
             let bytes = std::fs::metadata(&file)

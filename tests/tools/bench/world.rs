@@ -73,6 +73,17 @@ pub fn guest(target: &Path, name: &str) -> PathBuf {
     target.join("guests").join(format!("{name}.wasm"))
 }
 
+/// The languages the example hooks are written in, and the prefix of their builds' names (`guests/build.sh`).
+pub const LANGUAGES: [(&str, &str); 3] = [("Rust", ""), ("Python", "py-"), ("TypeScript", "ts-")];
+
+/// The bench's hooks written in every language of [`LANGUAGES`]: all of [`example_hooks`] but the resolver.
+pub fn hooks_in_every_language() -> Vec<(&'static str, &'static str, &'static str, Value)> {
+    example_hooks()
+        .into_iter()
+        .filter(|(_, _, kind, _)| *kind != "resolver")
+        .collect()
+}
+
 /// The bench's three hooks, from the example guests: (name, guest, kind, settings).
 pub fn example_hooks() -> [(&'static str, &'static str, &'static str, Value); 3] {
     [
