@@ -46,41 +46,6 @@ fn resident(pid: u32) -> [f64; 3] {
     ["VmRSS:", "RssAnon:", "RssFile:"].map(|f| proc::status_kib(pid, f) as f64)
 }
 
-/// A set of three hooks the hooked node runs: (NetworkHook name, guest build, kind, settings).
-type HookSet = Vec<(String, String, &'static str, Value)>;
-
-/// The Rust set (the bench's three example hooks), then three hooks in Python and three in TypeScript (two
-/// policies and a status hook: no resolver is written in those languages).
-fn hook_sets() -> Vec<(&'static str, HookSet)> {
-    let prefixed = |prefix: &str| -> HookSet {
-        let named = |(name, guest, kind, settings): (&str, &str, &'static str, Value)| {
-            (
-                format!("{prefix}{name}"),
-                format!("{prefix}{guest}"),
-                kind,
-                settings,
-            )
-        };
-        match prefix {
-            "" => world::example_hooks().into_iter().map(named).collect(),
-            _ => world::hooks_in_every_language()
-                .into_iter()
-                .chain([(
-                    "prefix",
-                    "pod-prefix",
-                    "policy",
-                    json!({"allowedPrefixes": ["net"]}),
-                )])
-                .map(named)
-                .collect(),
-        }
-    };
-    world::LANGUAGES
-        .into_iter()
-        .map(|(language, prefix)| (language, prefixed(prefix)))
-        .collect()
-}
-
 pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     let root = o.work.join("hook-memory");
     let _ = std::fs::remove_dir_all(&root);
@@ -90,7 +55,7 @@ pub fn hook_memory(o: &Opts) -> Result<Value, String> {
     let (private, public) = key_pair(&root, "vendor");
     api.create(&json!({"apiVersion": "v1", "kind": "Node", "metadata": {"name": BARE}}));
     let mut sets = Vec::new();
-    for (language, hooks) in hook_sets() {
+    for (language, hooks) in world::hook_sets() {
         let hooked = format!("{HOOKED}-{}", language.to_ascii_lowercase());
         api.create(&json!({"apiVersion": "v1", "kind": "Node",
             "metadata": {"name": hooked, "labels": {LABEL: language.to_ascii_lowercase()}}}));

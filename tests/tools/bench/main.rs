@@ -251,9 +251,10 @@ enum Variant {
     HooksCold,
     /// The three hooks as the node agent publishes them (precompiled, in the node's hook set), full binary.
     HooksAgent,
-    /// plexus-cni (no compiler): what nodes run, without hooks and with the agent's three.
+    /// plexus-cni (no compiler): what nodes run, without hooks and with the agent's three, in the language whose
+    /// builds start with the prefix ([`world::LANGUAGES`]).
     Cni,
-    CniAgent,
+    CniAgent(&'static str),
 }
 
 impl Variant {
@@ -265,7 +266,9 @@ impl Variant {
             Variant::HooksCold => "plexus+3 hooks cold",
             Variant::HooksAgent => "plexus+3 hooks from the node agent",
             Variant::Cni => "plexus-cni",
-            Variant::CniAgent => "plexus-cni+3 hooks from the node agent",
+            Variant::CniAgent("") => "plexus-cni+3 hooks from the node agent",
+            Variant::CniAgent("py-") => "plexus-cni+3 Python hooks from the node agent",
+            Variant::CniAgent(_) => "plexus-cni+3 TypeScript hooks from the node agent",
         }
     }
 }
@@ -291,14 +294,15 @@ fn add_del(
         }
         _ => {
             let conf = match v {
-                Variant::HooksAgent | Variant::CniAgent => w.agent_conf(&o.target),
+                Variant::HooksAgent => w.agent_conf(&o.target, ""),
+                Variant::CniAgent(prefix) => w.agent_conf(&o.target, prefix),
                 _ => w.conf(
                     &o.target,
                     matches!(v, Variant::HooksWarm | Variant::HooksCold),
                 ),
             };
             let bin = match v {
-                Variant::Cni | Variant::CniAgent => &o.plexus_cni,
+                Variant::Cni | Variant::CniAgent(_) => &o.plexus_cni,
                 _ => &o.plexus,
             };
             if v == Variant::HooksCold {
@@ -334,11 +338,15 @@ fn matrix(o: &Opts, d: Delegates) -> Result<Vec<Value>, String> {
         Variant::HooksCold,
         Variant::HooksAgent,
         Variant::Cni,
-        Variant::CniAgent,
+        Variant::CniAgent(""),
+        Variant::CniAgent("py-"),
+        Variant::CniAgent("ts-"),
     ];
     // What the node agent does before any ADD sees a hook: compile the components into the cache and publish the
-    // node's hook set (untimed, once).
-    w.publish_agent_set(&o.plexus, &o.target)?;
+    // node's hook set (untimed, once per language).
+    for (_, prefix) in world::LANGUAGES {
+        w.publish_agent_set(&o.plexus, &o.target, prefix)?;
+    }
     let mut cases: Vec<Case> = variants.iter().map(|_| Case::default()).collect();
     // One untimed round: page cache, the compiled hooks for the warm variant.
     for v in variants {

@@ -84,6 +84,44 @@ pub fn hooks_in_every_language() -> Vec<(&'static str, &'static str, &'static st
         .collect()
 }
 
+/// A set of three hooks in one language: (hook name, guest build, kind, settings).
+pub type HookSet = Vec<(String, String, &'static str, Value)>;
+
+/// The three hooks written in the language whose builds start with `prefix` ([`LANGUAGES`]): for Rust the bench's
+/// three example hooks, for Python and TypeScript two policies and a status hook (no resolver is written in those
+/// languages). Names and builds carry the prefix.
+pub fn hook_set(prefix: &str) -> HookSet {
+    let named = |(name, guest, kind, settings): (&str, &str, &'static str, Value)| {
+        (
+            format!("{prefix}{name}"),
+            format!("{prefix}{guest}"),
+            kind,
+            settings,
+        )
+    };
+    match prefix {
+        "" => example_hooks().into_iter().map(named).collect(),
+        _ => hooks_in_every_language()
+            .into_iter()
+            .chain([(
+                "prefix",
+                "pod-prefix",
+                "policy",
+                json!({"allowedPrefixes": ["net"]}),
+            )])
+            .map(named)
+            .collect(),
+    }
+}
+
+/// [`hook_set`] of every language of [`LANGUAGES`], Rust first.
+pub fn hook_sets() -> Vec<(&'static str, HookSet)> {
+    LANGUAGES
+        .into_iter()
+        .map(|(language, prefix)| (language, hook_set(prefix)))
+        .collect()
+}
+
 /// The bench's three hooks, from the example guests: (name, guest, kind, settings).
 pub fn example_hooks() -> [(&'static str, &'static str, &'static str, Value); 3] {
     [
@@ -241,24 +279,39 @@ impl World {
         c
     }
 
-    /// The three hooks as the node agent delivers them: compiled by `plexus hook compile` (what the agent calls)
-    /// into `cache-agent/hooks` and published as that cache dir's hook set, precompiled entries with the same
-    /// settings as [`World::conf`]'s.
-    pub fn publish_agent_set(&self, plexus: &Path, target: &Path) -> Result<(), String> {
-        let cache = self.root.join("cache-agent");
-        let conf = self.conf(target, true);
+    /// The cache dir of a node whose agent published the hooks of `prefix`'s language ([`World::publish_agent_set`]).
+    fn agent_cache(&self, prefix: &str) -> PathBuf {
+        match prefix.trim_end_matches('-') {
+            "" => self.root.join("cache-agent"),
+            language => self.root.join(format!("cache-agent-{language}")),
+        }
+    }
+
+    /// The three hooks of `prefix`'s language ([`hook_set`]) as the node agent delivers them: compiled by
+    /// `plexus hook compile` (what the agent calls) into the agent's cache dir and published as that dir's hook set,
+    /// precompiled entries. Rust's are [`World::conf`]'s three hooks, with the same settings.
+    pub fn publish_agent_set(
+        &self,
+        plexus: &Path,
+        target: &Path,
+        prefix: &str,
+    ) -> Result<(), String> {
+        let cache = self.agent_cache(prefix);
         let mut hooks = Vec::new();
-        for entry in conf["hooks"].as_array().into_iter().flatten() {
+        for (name, g, kind, settings) in hook_set(prefix) {
+            let module = guest(target, &g);
             let compiled = crate::proc::json_answer(
                 Command::new(plexus)
                     .args(["hook", "compile"])
-                    .arg(entry["module"].as_str().unwrap_or_default())
+                    .arg(&module)
                     .arg("--cache-dir")
                     .arg(&cache),
                 "plexus hook compile",
             )?;
-            let mut spec: plexus_hooks::HookSpec =
-                serde_json::from_value(entry.clone()).map_err(|e| e.to_string())?;
+            let mut spec: plexus_hooks::HookSpec = serde_json::from_value(
+                json!({"name": name, "kind": kind, "module": module, "settings": settings}),
+            )
+            .map_err(|e| e.to_string())?;
             spec.sha256 = compiled["sha256"].as_str().map(String::from);
             spec.precompiled = true;
             hooks.push(spec);
@@ -272,11 +325,11 @@ impl World {
         .map_err(|e| format!("publish the hook set: {e}"))
     }
 
-    /// The conf of an ADD on a node whose agent published the three hooks ([`World::publish_agent_set`]): no hooks
-    /// of its own, the agent's cache dir.
-    pub fn agent_conf(&self, target: &Path) -> Value {
+    /// The conf of an ADD on a node whose agent published the hooks of `prefix`'s language
+    /// ([`World::publish_agent_set`]): no hooks of its own, the agent's cache dir.
+    pub fn agent_conf(&self, target: &Path, prefix: &str) -> Value {
         let mut c = self.conf(target, false);
-        c["cacheDir"] = json!(self.root.join("cache-agent"));
+        c["cacheDir"] = json!(self.agent_cache(prefix));
         c["clusterHooks"] = json!(true);
         c
     }
@@ -289,9 +342,11 @@ impl World {
     /// The attachment cache's plans, plus any results journal left without its plan.
     pub fn cached(&self) -> Vec<String> {
         let mut left = plexus_tests::plexus::list_cache(&self.root.join("cache/attachments"));
-        left.extend(plexus_tests::plexus::list_cache(
-            &self.root.join("cache-agent/attachments"),
-        ));
+        for (_, prefix) in LANGUAGES {
+            left.extend(plexus_tests::plexus::list_cache(
+                &self.agent_cache(prefix).join("attachments"),
+            ));
+        }
         left
     }
 
