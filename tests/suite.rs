@@ -40,5 +40,6 @@ mod node {
     mod e2e_daemonset;
     mod e2e_kubelet;
     mod image;
+    mod nri;
     mod restarts;
 }

@@ -191,6 +191,11 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.dir.path().join("containerd.sock")
     }
 
+    /// containerd's NRI socket (its own, not the host's), where an external NRI plugin connects.
+    pub fn nri_socket(&self) -> PathBuf {
+        self.dir.path().join("nri.sock")
+    }
+
     /// containerd's root directory (its content store and snapshots).
     pub fn root(&self) -> PathBuf {
         self.dir.path().join("root")

@@ -1,0 +1,363 @@
+//! The NRI plugin session (plexus-nri) against containerd 2's own NRI, on containerd's private socket, driven over
+//! CRI as kubelet drives it. The runtime's only CNI configuration is the cluster network (bridge + host-local):
+//! what an NRI plugin finds on a node it does not own. Checks what the NRI mode is built on: registration and the
+//! pods already there, each sandbox's events after its cluster network is up (the network namespace and its
+//! address), a refused sandbox failing and undone by containerd, and a session ending when containerd restarts.
+
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
+use plexus_tests::containerd::{self, Containerd};
+use plexus_tests::netns::{
+    bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir,
+};
+
+const NS: &str = "team";
+
+#[derive(Debug, Clone)]
+enum Record {
+    Configured(Box<Runtime>),
+    Synchronized(Vec<String>),
+    /// An event, its pod, and the interfaces in the pod's network namespace when the plugin was called.
+    Pod(Event, Box<PodSandbox>, Vec<String>),
+}
+
+/// A plugin that records what it is told and refuses the sandboxes of pods called `refused`.
+#[derive(Default)]
+struct Recorder {
+    records: Mutex<Vec<Record>>,
+}
+
+#[async_trait::async_trait]
+impl plexus_nri::Plugin for Recorder {
+    async fn configured(&self, runtime: &Runtime) {
+        self.records
+            .lock()
+            .unwrap()
+            .push(Record::Configured(Box::new(runtime.clone())));
+    }
+
+    async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), String> {
+        let names = pods.into_iter().map(|p| p.name).collect();
+        self.records
+            .lock()
+            .unwrap()
+            .push(Record::Synchronized(names));
+        Ok(())
+    }
+
+    async fn pod_event(
+        &self,
+        event: Event,
+        pod: PodSandbox,
+        _deadline: tokio::time::Instant,
+    ) -> Result<(), String> {
+        let netns = pod.network_namespace().map(str::to_owned);
+        let links = match (event, netns) {
+            (Event::RunPodSandbox, Some(path)) => {
+                tokio::task::spawn_blocking(move || links_at(Path::new(&path)))
+                    .await
+                    .map_err(|e| format!("reading the sandbox's interfaces: {e}"))?
+                    .into_iter()
+                    .map(|l| l.ifname)
+                    .collect()
+            }
+            _ => Vec::new(),
+        };
+        let refuse = event == Event::RunPodSandbox && pod.name == "refused";
+        self.records
+            .lock()
+            .unwrap()
+            .push(Record::Pod(event, Box::new(pod), links));
+        match refuse {
+            true => Err("plexus: no network for refused".into()),
+            false => Ok(()),
+        }
+    }
+}
+
+impl Recorder {
+    /// The first record `pick` finds, waiting up to 20 s for it.
+    fn wait_for<T>(&self, what: &str, pick: impl Fn(&Record) -> Option<T>) -> T {
+        let until = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Some(found) = self.records.lock().unwrap().iter().find_map(&pick) {
+                return found;
+            }
+            assert!(
+                Instant::now() < until,
+                "no {what} within 20 s; the plugin saw {:#?}",
+                self.records.lock().unwrap()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn event(&self, event: Event, pod: &str) -> (PodSandbox, Vec<String>) {
+        self.wait_for(&format!("{event:?} of {pod}"), |r| match r {
+            Record::Pod(e, p, links) if *e == event && p.name == pod => {
+                Some((p.as_ref().clone(), links.clone()))
+            }
+            _ => None,
+        })
+    }
+
+    fn events_of(&self, pod: &str) -> Vec<Event> {
+        let records = self.records.lock().unwrap();
+        records
+            .iter()
+            .filter_map(|r| match r {
+                Record::Pod(e, p, _) if p.name == pod => Some(*e),
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+/// containerd with the cluster network as its only CNI configuration.
+/// Fields drop in order: containerd removes the test's sandboxes (a CNI DEL each) while the network's conf, bridge
+/// and address reservations are still there.
+struct Node {
+    containerd: Containerd,
+    /// The session's runtime; sessions run on it while the test drives CRI.
+    rt: tokio::runtime::Runtime,
+    _bridge: HostBridge,
+    _ipam: IpamDir,
+    _dirs: tempfile::TempDir,
+}
+
+impl Node {
+    fn new() -> Node {
+        require_root_and_plugins();
+        containerd::available();
+        let dirs = tempfile::tempdir().unwrap();
+        let conf = dirs.path().join("net.d");
+        std::fs::create_dir_all(&conf).unwrap();
+        let ipam = IpamDir::new();
+        let bridge = HostBridge::reserve("nri");
+        let cluster = bridge_host_local("cluster", &bridge, &ipam);
+        std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).unwrap();
+        let containerd = Containerd::start(Path::new(cni_bin_dir()), &conf);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        Node {
+            _dirs: dirs,
+            _ipam: ipam,
+            _bridge: bridge,
+            containerd,
+            rt,
+        }
+    }
+
+    /// A session of a fresh recorder on containerd's NRI socket.
+    fn register(
+        &self,
+    ) -> (
+        Arc<Recorder>,
+        tokio::task::JoinHandle<Result<Ended, String>>,
+    ) {
+        let plugin = Arc::new(Recorder::default());
+        let registration = Registration {
+            name: "plexus".into(),
+            index: "50".into(),
+            events: vec![
+                Event::RunPodSandbox,
+                Event::StopPodSandbox,
+                Event::RemovePodSandbox,
+            ],
+        };
+        let socket = self.containerd.nri_socket();
+        let p: Arc<dyn plexus_nri::Plugin> = plugin.clone();
+        let session = self
+            .rt
+            .spawn(async move { plexus_nri::run(&socket, &registration, p).await });
+        (plugin, session)
+    }
+
+    fn run(&mut self, name: &str) -> String {
+        self.containerd
+            .run_pod_sandbox(NS, name, &format!("uid-{name}"))
+            .unwrap_or_else(|e| {
+                panic!(
+                    "RunPodSandbox {name}: {e}\ncontainerd: {}",
+                    self.containerd.log()
+                )
+            })
+    }
+}
+
+#[test]
+fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_network() {
+    let mut node = Node::new();
+    let before = node.run("before");
+    let (plugin, session) = node.register();
+
+    let runtime = plugin.wait_for("Configure", |r| match r {
+        Record::Configured(rt) => Some(rt.as_ref().clone()),
+        _ => None,
+    });
+    assert_eq!(runtime.name, "containerd");
+    assert_eq!(
+        runtime.request_timeout,
+        Duration::from_secs(2),
+        "containerd's default plugin_request_timeout"
+    );
+    let synced = plugin.wait_for("Synchronize", |r| match r {
+        Record::Synchronized(names) => Some(names.clone()),
+        _ => None,
+    });
+    assert_eq!(
+        synced,
+        ["before"],
+        "the pods containerd had at registration"
+    );
+
+    let id = node.run("web");
+    let (pod, links) = plugin.event(Event::RunPodSandbox, "web");
+    assert_eq!(
+        (pod.id.as_str(), pod.namespace.as_str(), pod.uid.as_str()),
+        (id.as_str(), NS, "uid-web")
+    );
+    let netns = pod
+        .network_namespace()
+        .expect("the sandbox's network namespace");
+    assert!(Path::new(netns).exists(), "{netns}");
+    assert!(
+        links.iter().any(|l| l == "eth0"),
+        "the cluster network was up before the plugin's call: {links:?}"
+    );
+    assert_eq!(
+        pod.ips.len(),
+        1,
+        "the cluster network's address: {:?}",
+        pod.ips
+    );
+    assert!(
+        pod.ips[0].parse::<std::net::IpAddr>().is_ok(),
+        "{:?}",
+        pod.ips
+    );
+
+    let cri = node.containerd.cri();
+    cri.stop_pod_sandbox(&id).unwrap();
+    plugin.event(Event::StopPodSandbox, "web");
+    cri.remove_pod_sandbox(&id).unwrap();
+    plugin.event(Event::RemovePodSandbox, "web");
+    assert_eq!(
+        plugin.events_of("web"),
+        [
+            Event::RunPodSandbox,
+            Event::StopPodSandbox,
+            Event::RemovePodSandbox
+        ]
+    );
+    assert!(
+        plugin.events_of("before").is_empty(),
+        "no event for a pod that was there before"
+    );
+    cri.stop_pod_sandbox(&before).unwrap();
+    cri.remove_pod_sandbox(&before).unwrap();
+    assert!(
+        !session.is_finished(),
+        "the session ended: {:?}",
+        node.rt.block_on(session)
+    );
+}
+
+#[test]
+fn a_sandbox_the_plugin_refuses_fails_with_its_message_and_containerd_undoes_it() {
+    let mut node = Node::new();
+    let (plugin, _session) = node.register();
+    plugin.wait_for("Synchronize", |r| {
+        matches!(r, Record::Synchronized(_)).then_some(())
+    });
+
+    let err = node
+        .containerd
+        .run_pod_sandbox(NS, "refused", "uid-refused")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("NRI RunPodSandbox failed") && err.contains("plexus: no network for refused"),
+        "{err}"
+    );
+    // containerd tells the plugins the sandbox is gone, and keeps nothing of it.
+    plugin.event(Event::StopPodSandbox, "refused");
+    plugin.event(Event::RemovePodSandbox, "refused");
+    let left: Vec<_> = node
+        .containerd
+        .cri()
+        .list_pod_sandboxes()
+        .unwrap()
+        .into_iter()
+        .filter(|s| s.metadata.as_ref().is_some_and(|m| m.name == "refused"))
+        .collect();
+    assert!(
+        left.is_empty(),
+        "containerd kept the refused sandbox: {left:?}"
+    );
+    // The next sandbox is not refused.
+    node.run("next");
+    plugin.event(Event::RunPodSandbox, "next");
+}
+
+#[test]
+fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pods() {
+    let mut node = Node::new();
+    let (plugin, session) = node.register();
+    plugin.wait_for("Synchronize", |r| {
+        matches!(r, Record::Synchronized(_)).then_some(())
+    });
+    node.run("web");
+    plugin.event(Event::RunPodSandbox, "web");
+
+    node.containerd.restart();
+    let ended = node
+        .rt
+        .block_on(async { tokio::time::timeout(Duration::from_secs(20), session).await });
+    assert_eq!(ended.expect("the session ends").unwrap(), Ok(Ended::Closed));
+
+    // containerd opens its NRI socket a moment after its CRI answers.
+    let until = Instant::now() + Duration::from_secs(20);
+    let plugin = loop {
+        let (plugin, session) = node.register();
+        let done = node.rt.block_on(async {
+            tokio::time::timeout(Duration::from_secs(3), async {
+                loop {
+                    if plugin
+                        .records
+                        .lock()
+                        .unwrap()
+                        .iter()
+                        .any(|r| matches!(r, Record::Synchronized(_)))
+                    {
+                        return None;
+                    }
+                    if session.is_finished() {
+                        return Some(());
+                    }
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            })
+            .await
+        });
+        match done {
+            Ok(None) => break plugin,
+            _ if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
+            _ => panic!(
+                "no session after containerd's restart; containerd: {}",
+                node.containerd.log()
+            ),
+        }
+    };
+    let synced = plugin.wait_for("Synchronize", |r| match r {
+        Record::Synchronized(names) => Some(names.clone()),
+        _ => None,
+    });
+    assert_eq!(synced, ["web"]);
+}
