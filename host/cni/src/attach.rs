@@ -37,6 +37,9 @@ pub(crate) fn attach_from(
     let delegator = Delegator { exec: fx.exec };
     for i in from..plan.attachments.len() {
         let att = &plan.attachments[i];
+        if att.external {
+            continue;
+        }
         let label = attachment_label(inv, att);
         crate::device_info::offer_device_plugin_info(inv, att);
         let rt = RuntimeParams::of(inv, &att.ifname);

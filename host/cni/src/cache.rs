@@ -116,6 +116,10 @@ pub struct Attachment {
     /// The list's ADD result, once it succeeded.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
+    /// Attached by the runtime itself, not by Plexus (the cluster network in the node daemon's NRI mode): its
+    /// result is recorded for the status, and Plexus never runs its delegates, for ADD, CHECK or DEL.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub external: bool,
 }
 
 /// A device allocated to the pod (by a device plugin, or through one of its ResourceClaims), as one attachment
@@ -535,6 +539,7 @@ mod tests {
             selection: None,
             device: None,
             result: None,
+            external: false,
         });
         p
     }

@@ -65,6 +65,20 @@ pub struct Invocation {
     pub base_env: Vec<(String, String)>,
     /// The conf and `CNI_*` values as the runtime gave them, recorded in the plan (see [`RuntimeContext`]).
     pub context: RuntimeContext,
+    /// Who attaches the cluster network.
+    pub cluster_by: ClusterBy,
+}
+
+/// Who attaches a pod's cluster network.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ClusterBy {
+    /// Plexus, as the runtime's CNI plugin: it runs the cluster network's delegates and tears them down.
+    #[default]
+    Plexus,
+    /// The runtime's own CNI, before Plexus is called (the node daemon's NRI mode). The plan records the
+    /// cluster network with this result (`None` for a DEL, which does not need it) as an external attachment:
+    /// Plexus never runs or tears down its delegates.
+    Runtime(Option<Value>),
 }
 
 /// The parts of the process environment Plexus reads.
@@ -187,6 +201,7 @@ impl Invocation {
             conf,
             base_env,
             context,
+            cluster_by: ClusterBy::Plexus,
         })
     }
 

@@ -203,7 +203,8 @@ pub fn check(inv: &Invocation, fx: &Effects<'_>) -> Result<(), PlexusError> {
             ),
             details: String::new(),
         })?;
-    for att in &plan.attachments {
+    // What the runtime attached itself, its own CNI checks.
+    for att in plan.attachments.iter().filter(|a| !a.external) {
         let label = attachment_label(inv, att);
         let result = att
             .result

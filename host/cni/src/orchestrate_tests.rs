@@ -21,7 +21,7 @@ use crate::effects::Effects;
 use crate::error::PlexusError;
 use crate::exec::{Exec, ExecOutput, ExecRequest};
 use crate::hooks::{HookRunner, NoHooks};
-use crate::invocation::Invocation;
+use crate::invocation::{ClusterBy, Invocation};
 use crate::orchestrate;
 use crate::podnet::PodNetwork;
 
@@ -1219,4 +1219,89 @@ mod change {
             (vec!["eth0".into(), "net1".into()], json!("a"))
         );
     }
+}
+
+/// The cluster network as the runtime's own CNI attached it (the node daemon's NRI mode).
+fn runtime_attached() -> ClusterBy {
+    ClusterBy::Runtime(Some(json!({
+        "cniVersion": "1.0.0",
+        "interfaces": [{"name": "eth0", "mac": "0a:58:0a:00:00:05", "sandbox": "/run/netns/x"}],
+        "ips": [{"address": "10.0.0.5/24", "interface": 0}]
+    })))
+}
+
+#[test]
+fn a_cluster_network_the_runtime_attached_is_recorded_for_the_status_and_never_run_by_plexus() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a,b"));
+    let mut add = node.invocation("ADD", json!({}));
+    add.cluster_by = runtime_attached();
+    let result = orchestrate::add(&add, &effects(&exec, &cluster)).unwrap();
+    assert_eq!(
+        exec.summary(),
+        vec![s("a-plugin", "ADD", "net1"), s("b-plugin", "ADD", "net2")]
+    );
+    assert_eq!(result["ips"][0]["address"], "10.0.0.5/24", "{result}");
+    let statuses = cluster.statuses.borrow();
+    let entries = statuses[0].1.as_array().unwrap();
+    let names: Vec<&Value> = entries.iter().map(|e| &e["name"]).collect();
+    assert_eq!(names, vec!["cluster-net", "ns/a", "ns/b"]);
+    assert_eq!(entries[0]["ips"], json!(["10.0.0.5/24"]));
+    assert_eq!(entries[0]["mac"], "0a:58:0a:00:00:05");
+    assert_eq!(entries[0]["default"], true);
+    drop(statuses);
+
+    // CHECK and DEL (the runtime's own calls carry no result) run Plexus's attachments only.
+    orchestrate::check(
+        &node.invocation("CHECK", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    orchestrate::del(
+        &node.invocation("DEL", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        exec.summary()[2..],
+        [
+            s("a-plugin", "CHECK", "net1"),
+            s("b-plugin", "CHECK", "net2"),
+            s("b-plugin", "DEL", "net2"),
+            s("a-plugin", "DEL", "net1")
+        ]
+    );
+    assert!(!node.cached());
+}
+
+#[test]
+fn a_failed_attachment_rolls_back_only_plexus_own_when_the_runtime_attached_the_cluster_network() {
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (
+        FakeExec::failing("b-plugin", "ADD"),
+        FakeCluster::with_pod("a,b"),
+    );
+    let mut add = node.invocation("ADD", json!({}));
+    add.cluster_by = runtime_attached();
+    orchestrate::add(&add, &effects(&exec, &cluster)).unwrap_err();
+    assert_eq!(
+        exec.summary(),
+        [
+            s("a-plugin", "ADD", "net1"),
+            s("b-plugin", "ADD", "net2"),
+            s("b-plugin", "DEL", "net2"),
+            s("a-plugin", "DEL", "net1")
+        ]
+    );
+    assert!(!node.cached());
+
+    // A DEL without a plan (lost, or never made) re-plans: the cluster network stays the runtime's.
+    let exec = FakeExec::default();
+    let mut del = node.invocation("DEL", json!({}));
+    del.cluster_by = ClusterBy::Runtime(None);
+    orchestrate::del(&del, &effects(&exec, &cluster)).unwrap();
+    assert_eq!(
+        exec.summary(),
+        [s("b-plugin", "DEL", "net2"), s("a-plugin", "DEL", "net1")]
+    );
 }

@@ -23,7 +23,7 @@ pub use crate::compat::{with_missing_version, MISSING_CNI_VERSION, MULTUS_DEFAUL
 use crate::conf::{read_capped, STDIN_CAP};
 use crate::effects::Effects;
 use crate::error::{bounded, PlexusError};
-use crate::invocation::Invocation;
+use crate::invocation::{ClusterBy, Invocation};
 use plexus_hooks::PolicyOutcome;
 
 /// What planning does with a network it cannot resolve: an ADD fails on it, a DEL without a cache skips it
@@ -332,7 +332,11 @@ impl<'a> Planner<'a> {
             capability_args: inv.conf.runtime_config.clone(),
             selection: None,
             device: None,
-            result: None,
+            result: match &inv.cluster_by {
+                ClusterBy::Runtime(result) => result.clone(),
+                ClusterBy::Plexus => None,
+            },
+            external: matches!(inv.cluster_by, ClusterBy::Runtime(_)),
         }))
     }
 
@@ -371,6 +375,7 @@ impl<'a> Planner<'a> {
                 selection: None,
                 device: None,
                 result: None,
+                external: false,
             });
         }
         Ok(())
@@ -508,6 +513,7 @@ impl<'a> Planner<'a> {
             selection: Some(sel),
             device,
             result: None,
+            external: false,
         }
     }
 

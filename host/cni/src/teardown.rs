@@ -73,8 +73,11 @@ impl<'a> Teardown<'a> {
         }
     }
 
-    /// DEL of one attachment's list, with its cached result.
+    /// DEL of one attachment's list, with its cached result. Nothing for one the runtime attached itself.
     pub(crate) fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
+        if att.external {
+            return Ok(());
+        }
         let rt = RuntimeParams {
             container_id: self.container_id,
             netns: self.netns,

@@ -164,6 +164,7 @@ mod tests {
             selection: None,
             device: None,
             result: Some(json!({"cniVersion": "1.0.0"})),
+            external: false,
         });
         for (s, ifname) in attached {
             p.attachments.push(Attachment {
@@ -175,6 +176,7 @@ mod tests {
                 selection: Some(s.clone()),
                 device: None,
                 result: Some(json!({"cniVersion": "1.0.0"})),
+                external: false,
             });
         }
         p
