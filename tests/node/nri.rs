@@ -8,10 +8,11 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use plexus_cni::podnet::IpRoute;
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
 use plexus_tests::containerd::{self, Containerd};
 use plexus_tests::netns::{
-    bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir,
+    bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir, Link,
 };
 
 const NS: &str = "team";
@@ -22,6 +23,9 @@ enum Record {
     Synchronized(Vec<String>),
     /// An event, its pod, and the interfaces in the pod's network namespace when the plugin was called.
     Pod(Event, Box<PodSandbox>, Vec<String>),
+    /// The cluster network's result, as Plexus reads it from the sandbox (`IpRoute::interface_result`), with the
+    /// kernel's eth0 beside it.
+    ClusterResult(serde_json::Value, Box<Link>),
 }
 
 /// A plugin that records what it is told and refuses the sandboxes of pods called `refused`.
@@ -57,12 +61,19 @@ impl plexus_nri::Plugin for Recorder {
         let netns = pod.network_namespace().map(str::to_owned);
         let links = match (event, netns) {
             (Event::RunPodSandbox, Some(path)) => {
-                tokio::task::spawn_blocking(move || links_at(Path::new(&path)))
-                    .await
-                    .map_err(|e| format!("reading the sandbox's interfaces: {e}"))?
-                    .into_iter()
-                    .map(|l| l.ifname)
-                    .collect()
+                let (links, result) = tokio::task::spawn_blocking(move || {
+                    let result = IpRoute.interface_result(&path, "eth0", "1.0.0");
+                    (links_at(Path::new(&path)), result)
+                })
+                .await
+                .map_err(|e| format!("reading the sandbox's interfaces: {e}"))?;
+                if let (Ok(result), Some(eth0)) =
+                    (result, links.iter().find(|l| l.ifname == "eth0"))
+                {
+                    let record = Record::ClusterResult(result, Box::new(eth0.clone()));
+                    self.records.lock().unwrap().push(record);
+                }
+                links.into_iter().map(|l| l.ifname).collect()
             }
             _ => Vec::new(),
         };
@@ -242,6 +253,22 @@ fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_ne
         "{:?}",
         pod.ips
     );
+    // What Plexus will record as the cluster network's result: the runtime's address with its prefix, eth0's MAC.
+    let (result, eth0) = plugin.wait_for("the cluster network's result", |r| match r {
+        Record::ClusterResult(result, eth0) => Some((result.clone(), eth0.clone())),
+        _ => None,
+    });
+    assert_eq!(
+        result["ips"][0]["address"],
+        format!("{}/24", pod.ips[0]),
+        "{result}"
+    );
+    assert_eq!(
+        result["interfaces"][0]["mac"].as_str(),
+        eth0.address.as_deref(),
+        "{result}"
+    );
+    assert_eq!(result["interfaces"][0]["sandbox"], netns);
 
     let cri = node.containerd.cri();
     cri.stop_pod_sandbox(&id).unwrap();

@@ -99,6 +99,81 @@ impl PodNetwork for IpRoute {
     }
 }
 
+impl IpRoute {
+    /// The CNI result (in `cni_version`) of interface `ifname` that someone else attached in `netns`: the
+    /// runtime's own CNI, in the node daemon's NRI mode. Read from the namespace: the interface with its MAC and
+    /// the namespace as its sandbox, its addresses of global scope with their prefix lengths, each with the
+    /// gateway of the interface's default route of its family, if it has one.
+    pub fn interface_result(
+        &self,
+        netns: &str,
+        ifname: &str,
+        cni_version: &str,
+    ) -> Result<Value, PlexusError> {
+        let addr = self.ip(netns, &["-j", "addr", "show", "dev", ifname])?;
+        let mut routes = Vec::new();
+        for family in ["-4", "-6"] {
+            routes.push(self.ip(
+                netns,
+                &[family, "-j", "route", "show", "default", "dev", ifname],
+            )?);
+        }
+        result_of(&addr, &routes, netns, cni_version).map_err(|e| PlexusError::Io {
+            path: netns.into(),
+            source: std::io::Error::other(format!("interface {ifname}: {e}")),
+        })
+    }
+}
+
+/// [`IpRoute::interface_result`] from what `ip -j addr show dev IF` and `ip -j route show default dev IF` (one
+/// output per family) printed.
+fn result_of(
+    addr: &str,
+    routes: &[String],
+    netns: &str,
+    cni_version: &str,
+) -> Result<Value, String> {
+    let links: Vec<Value> =
+        serde_json::from_str(addr.trim()).map_err(|e| format!("`ip addr` printed {e}"))?;
+    let [link] = links.as_slice() else {
+        return Err(format!(
+            "`ip addr` described {} interfaces, not one",
+            links.len()
+        ));
+    };
+    let name = link["ifname"]
+        .as_str()
+        .ok_or("`ip addr` gave no interface name")?;
+    let gateways: Vec<IpAddr> = routes
+        .iter()
+        .filter_map(|r| serde_json::from_str::<Vec<Value>>(r.trim()).ok())
+        .flatten()
+        .filter_map(|r| r["gateway"].as_str()?.parse().ok())
+        .collect();
+    let mut ips = Vec::new();
+    for a in link["addr_info"].as_array().into_iter().flatten() {
+        if a["scope"] != "global" {
+            continue;
+        }
+        let (Some(local), Some(prefix)) = (a["local"].as_str(), a["prefixlen"].as_u64()) else {
+            continue;
+        };
+        let Ok(ip) = local.parse::<IpAddr>() else {
+            continue;
+        };
+        let mut entry = serde_json::json!({"address": format!("{ip}/{prefix}"), "interface": 0});
+        if let Some(gw) = gateways.iter().find(|g| g.is_ipv4() == ip.is_ipv4()) {
+            entry["gateway"] = gw.to_string().into();
+        }
+        ips.push(entry);
+    }
+    let mut interface = serde_json::json!({"name": name, "sandbox": netns});
+    if let Some(mac) = link["address"].as_str() {
+        interface["mac"] = mac.into();
+    }
+    Ok(serde_json::json!({"cniVersion": cni_version, "interfaces": [interface], "ips": ips}))
+}
+
 /// Makes cached ADD results say what [`PodNetwork::set_default_route`] did: the default routes leave the results
 /// of the attachments on the cleared interfaces, and the target's result gains one per gateway. CHECK holds the
 /// namespace against these results (bridge verifies every route a result lists), and the runtime receives the
@@ -147,6 +222,31 @@ pub fn reroute_results<'a>(
 mod tests {
     use super::*;
     use serde_json::json;
+
+    #[test]
+    fn an_interface_the_runtime_attached_reads_as_a_result_of_its_global_addresses_with_their_gateways(
+    ) {
+        let addr = r#"[{"ifindex":2,"ifname":"eth0","address":"0a:58:0a:f4:00:05","addr_info":[
+            {"family":"inet","local":"10.244.0.5","prefixlen":24,"scope":"global"},
+            {"family":"inet6","local":"fd00::5","prefixlen":64,"scope":"global"},
+            {"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"link"}]}]"#;
+        let routes = [
+            r#"[{"dst":"default","gateway":"10.244.0.1","dev":"eth0"}]"#.to_string(),
+            "[]".to_string(),
+        ];
+        let r = result_of(addr, &routes, "/run/netns/p", "1.0.0").unwrap();
+        assert_eq!(
+            r,
+            serde_json::json!({"cniVersion": "1.0.0",
+                "interfaces": [{"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/run/netns/p"}],
+                "ips": [{"address": "10.244.0.5/24", "interface": 0, "gateway": "10.244.0.1"},
+                        {"address": "fd00::5/64", "interface": 0}]})
+        );
+        assert!(result_of("[]", &[], "/p", "1.0.0")
+            .unwrap_err()
+            .contains("0 interfaces"));
+        assert!(result_of("not json", &[], "/p", "1.0.0").is_err());
+    }
 
     #[test]
     fn default_routes_move_to_the_target_result() {
