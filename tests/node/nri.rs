@@ -11,9 +11,13 @@ use std::time::{Duration, Instant};
 use plexus_cni::podnet::IpRoute;
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
 use plexus_tests::containerd::{self, Containerd};
+use plexus_tests::deploy_manifest;
+use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir, Link,
 };
+use plexus_tests::plexus::NodeDaemon;
+use serde_json::json;
 
 const NS: &str = "team";
 
@@ -135,8 +139,8 @@ struct Node {
     /// The session's runtime; sessions run on it while the test drives CRI.
     rt: tokio::runtime::Runtime,
     _bridge: HostBridge,
-    _ipam: IpamDir,
-    _dirs: tempfile::TempDir,
+    ipam: IpamDir,
+    dirs: tempfile::TempDir,
 }
 
 impl Node {
@@ -157,8 +161,8 @@ impl Node {
             .build()
             .unwrap();
         Node {
-            _dirs: dirs,
-            _ipam: ipam,
+            dirs,
+            ipam,
             _bridge: bridge,
             containerd,
             rt,
@@ -387,4 +391,167 @@ fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pod
         _ => None,
     });
     assert_eq!(synced, ["web"]);
+}
+
+const NODE: &str = "node1";
+
+/// `plexus daemon --nri` for `node`, on a real API server with the project's CRDs and RBAC (its identity bound to
+/// the node, as a DaemonSet pod's), the plexus conf of NRI mode naming containerd's cluster network.
+struct NriDaemon {
+    api: KubeApiServer,
+    daemon: NodeDaemon,
+}
+
+impl NriDaemon {
+    fn start(node: &Node) -> NriDaemon {
+        let api = KubeApiServer::start(&[], &[]);
+        api.apply_file(&deploy_manifest("crds.yaml"));
+        api.apply_file(&deploy_manifest("rbac.yaml"));
+        api.namespace(NS);
+        api.apply_node_authority();
+        let token = api.node_bound_token("kube-system", "plexus", NODE);
+        let kubeconfig = node.dirs.path().join("daemon.kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &token);
+        let conf = node.dirs.path().join("nri-plexus.json");
+        let plexus = json!({
+            "cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
+            "clusterNetwork": "cluster", "confDir": node.dirs.path().join("net.d"),
+            "cacheDir": node.dirs.path().join("cache"), "runDir": node.dirs.path().join("run"),
+            "cluster": {"source": "kube", "kubeconfig": kubeconfig},
+            // The daemon runs without its node agent here (--no-hooks): no hook set is published.
+            "clusterHooks": false,
+        });
+        std::fs::write(&conf, plexus.to_string()).unwrap();
+        let socket = node.containerd.nri_socket();
+        let daemon = NodeDaemon::start(
+            NODE,
+            &kubeconfig,
+            &node.dirs.path().join("daemon.sock"),
+            &node.dirs.path().join("cache"),
+            &node.dirs.path().join("daemon.log"),
+            &[
+                "--no-hooks",
+                "--nri",
+                "--nri-socket",
+                socket.to_str().unwrap(),
+                "--nri-conf",
+                conf.to_str().unwrap(),
+                "--nri-cni-path",
+                cni_bin_dir(),
+            ],
+        );
+        daemon.wait("synced", plexus_tests::plexus::settled);
+        let until = Instant::now() + Duration::from_secs(20);
+        while !daemon
+            .log_text()
+            .contains("registered with the runtime's NRI")
+        {
+            assert!(
+                Instant::now() < until,
+                "the daemon did not register with containerd's NRI:\n{}",
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        NriDaemon { api, daemon }
+    }
+
+    /// A pod of the node selecting `networks`; its UID.
+    fn pod(&self, name: &str, networks: &str) -> String {
+        let pod = self.api.pod(
+            NS,
+            name,
+            NODE,
+            json!({"k8s.v1.cni.cncf.io/networks": networks}),
+        );
+        pod["metadata"]["uid"].as_str().unwrap().to_string()
+    }
+}
+
+#[test]
+fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and_detaches_them() {
+    let mut node = Node::new();
+    let side_bridge = HostBridge::reserve("nrs");
+    let side = bridge_host_local("side", &side_bridge, &node.ipam);
+    let d = NriDaemon::start(&node);
+    d.api.nad(NS, "side", &side);
+    let uid = d.pod("web", "side");
+    let id = node
+        .containerd
+        .run_pod_sandbox(NS, "web", &uid)
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\ndaemon: {}", d.daemon.log_text()));
+
+    let reserved = node.ipam.reserved_ips("side");
+    assert_eq!(
+        reserved.len(),
+        1,
+        "one address on the secondary network: {reserved:?}"
+    );
+    let until = Instant::now() + Duration::from_secs(20);
+    loop {
+        let entries = d.api.network_status(NS, "web");
+        if !entries.is_empty() {
+            assert_eq!(
+                entries,
+                [
+                    ("cluster".to_string(), "eth0".to_string()),
+                    (format!("{NS}/side"), "net1".to_string())
+                ],
+                "the default entry from the runtime's cluster network, then the secondary"
+            );
+            break;
+        }
+        assert!(
+            Instant::now() < until,
+            "no network-status; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+
+    let cri = node.containerd.cri();
+    cri.stop_pod_sandbox(&id).unwrap();
+    assert!(
+        node.ipam.reserved_ips("side").is_empty(),
+        "the secondary's address was released at StopPodSandbox"
+    );
+    cri.remove_pod_sandbox(&id).unwrap();
+    assert!(
+        !node
+            .dirs
+            .path()
+            .join(format!("cache/attachments/{id}.json"))
+            .exists(),
+        "the plan is gone after the sandbox"
+    );
+}
+
+#[test]
+fn the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_leaves_nothing() {
+    let mut node = Node::new();
+    let side_bridge = HostBridge::reserve("nrs");
+    let side = bridge_host_local("side", &side_bridge, &node.ipam);
+    let d = NriDaemon::start(&node);
+    d.api.nad(NS, "side", &side);
+    let uid = d.pod("web", "side,missing");
+    let err = node
+        .containerd
+        .run_pod_sandbox(NS, "web", &uid)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("NRI RunPodSandbox failed") && err.contains("missing"),
+        "{err}"
+    );
+    assert!(
+        node.ipam.reserved_ips("side").is_empty(),
+        "nothing of the pod's attachments is left"
+    );
+    let sandboxes = node.containerd.cri().list_pod_sandboxes().unwrap();
+    assert!(
+        sandboxes
+            .iter()
+            .all(|s| s.metadata.as_ref().is_none_or(|m| m.name != "web")),
+        "containerd removed the sandbox: {sandboxes:?}"
+    );
 }

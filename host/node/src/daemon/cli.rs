@@ -9,7 +9,7 @@ use plexus_cni::daemon::proto::{Answer, Request};
 use plexus_cni::daemon::{client, DEFAULT_SOCKET};
 
 use super::metrics;
-use super::{agent, dynamic};
+use super::{agent, dynamic, nri};
 use crate::install::{self, InstallOptions};
 
 /// How long a request waits for a slot when `--max-in-flight` are being served, before it is answered `busy`.
@@ -39,6 +39,8 @@ pub struct DaemonSettings {
     pub metrics_bind: Option<std::net::SocketAddr>,
     /// Networks that follow the annotation (`None`: off).
     pub dynamic: Option<dynamic::DynamicSettings>,
+    /// NRI mode, with its plexus configuration (`None`: off).
+    pub nri: Option<(nri::NriSettings, serde_json::Value)>,
     /// The bound on the daemon's requests to the API server.
     pub kube_rate: plexus_cluster::ratelimit::Rates,
 }
@@ -74,6 +76,8 @@ pub enum DaemonError {
     AlreadyRunning(String),
     #[error("install: {0}")]
     Install(#[from] install::InstallError),
+    #[error("{0}")]
+    Nri(String),
 }
 
 /// `plexus daemon`'s flags.
@@ -162,6 +166,20 @@ pub struct DaemonArgs {
     /// With --dynamic-networks: sandboxes changed at once at most
     #[arg(long, value_name = "N", default_value_t = 4, value_parser = clap::value_parser!(u64).range(1..=64))]
     pub max_network_changes: u64,
+    /// NRI mode: attach the pods' networks through the container runtime's NRI, after its own CNI has set up the
+    /// cluster network, instead of as the runtime's CNI plugin (needs --nri-conf)
+    #[arg(long, requires = "nri_conf")]
+    pub nri: bool,
+    /// With --nri: the runtime's NRI socket
+    #[arg(long, value_name = "PATH", default_value = nri::DEFAULT_SOCKET, value_parser = absolute)]
+    pub nri_socket: PathBuf,
+    /// With --nri: the plexus configuration the attachments are made with (JSON: one plugin's conf, as in a
+    /// conflist)
+    #[arg(long, value_name = "FILE", value_parser = absolute)]
+    pub nri_conf: Option<PathBuf>,
+    /// With --nri: where the delegate plugins are (CNI_PATH)
+    #[arg(long, value_name = "DIRS", default_value = "/opt/cni/bin")]
+    pub nri_cni_path: String,
     /// Requests a second the daemon sends the API server at most, on average (reads its caches miss, watches,
     /// reports, claim writes; status writes and events have budgets of their own); a token bucket, as kubelet's
     #[arg(long, value_name = "QPS", default_value_t = 5.0, value_parser = positive_qps)]
@@ -264,6 +282,17 @@ impl DaemonArgs {
             cache_dir: self.cache_dir.clone(),
             max_changes: usize::try_from(self.max_network_changes).unwrap_or(4),
         });
+        let nri = match (self.nri, &self.nri_conf) {
+            (true, Some(conf)) => Some((
+                nri::NriSettings {
+                    socket: self.nri_socket.clone(),
+                    conf: conf.clone(),
+                    cni_path: self.nri_cni_path.clone(),
+                },
+                nri::read_conf(conf).map_err(DaemonError::Nri)?,
+            )),
+            _ => None,
+        };
         let hooks = (!self.no_hooks).then(|| HookAgentOptions {
             cache_dir: self.cache_dir,
             key_files: self.hook_key,
@@ -298,6 +327,7 @@ impl DaemonArgs {
             queue_wait: QUEUE_WAIT,
             metrics_bind: self.metrics_bind_address.0,
             dynamic,
+            nri,
             kube_rate: plexus_cluster::ratelimit::Rates {
                 background: plexus_cluster::ratelimit::RateLimit {
                     qps: self.kube_api_qps,

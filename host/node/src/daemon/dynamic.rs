@@ -433,9 +433,9 @@ fn detach_failures(sb: &Sandbox, applied: &plexus_cni::change::Applied) -> Optio
 
 /// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
 /// through the daemon's durable queue, events from the daemon.
-struct LocalCluster {
-    shared: Arc<NodeState>,
-    handle: tokio::runtime::Handle,
+pub(super) struct LocalCluster {
+    pub(super) shared: Arc<NodeState>,
+    pub(super) handle: tokio::runtime::Handle,
 }
 
 impl Cluster for LocalCluster {

@@ -9,7 +9,7 @@
 //!
 //! The parts: [`cli`] (flags and settings), [`server`] (the process's life and the socket), [`state`] (what the
 //! parts share: caches, the one pod lookup, the API behind [`state::NodeApi`], the status writer, events),
-//! [`agent`] (its decision is [`hook_plan::plan`]), [`dynamic`], [`metrics`], [`status_queue`].
+//! [`agent`] (its decision is [`hook_plan::plan`]), [`dynamic`], [`nri`] (NRI mode), [`metrics`], [`status_queue`].
 
 pub mod agent;
 pub mod authority;
@@ -19,6 +19,7 @@ pub mod dynamic;
 pub mod files;
 pub mod hook_plan;
 pub mod metrics;
+pub mod nri;
 pub mod server;
 pub mod state;
 pub mod status_queue;

@@ -228,6 +228,9 @@ fn start_tasks(
     if let Some(d) = settings.dynamic.clone() {
         tasks.spawn(dynamic::run(state.clone(), d));
     }
+    if let Some((nri, conf)) = settings.nri.clone() {
+        tasks.spawn(super::nri::run(state.clone(), nri, conf));
+    }
     tasks
 }
 

@@ -1,0 +1,295 @@
+//! NRI mode (`plexus daemon --nri`): the daemon registers with the container runtime's NRI socket as an external
+//! plugin and attaches each pod's networks itself, after the runtime's own CNI has set up the cluster network.
+//! The node's CNI configuration stays the cluster network's alone.
+//!
+//! At `RunPodSandbox` the daemon runs the same ADD as the CNI path (`plexus_cni::orchestrate::add`: planner,
+//! hooks, per-container lock, attachment cache, status), with the cluster network recorded as the runtime's
+//! ([`ClusterBy::Runtime`]: its result read from the sandbox's eth0) and never run or torn down by Plexus. An ADD
+//! that fails fails the sandbox: the runtime reports the error, removes the sandbox, and kubelet tries again. At
+//! `StopPodSandbox` and `RemovePodSandbox` it runs DEL. When a session starts, the pods the runtime reports are
+//! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted.
+//! When the runtime closes the connection (a restart), the daemon connects again, backing off up to 30 s.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use plexus_cni::cache::AttachmentCache;
+use plexus_cni::effects::Effects;
+use plexus_cni::exec::ProcessExec;
+use plexus_cni::invocation::{ClusterBy, Invocation};
+use plexus_cni::podnet::IpRoute;
+use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
+use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
+use serde_json::Value;
+
+use super::dynamic::LocalCluster;
+use super::state::NodeState;
+
+/// The NRI socket containerd and CRI-O listen on unless configured otherwise.
+pub const DEFAULT_SOCKET: &str = "/var/run/nri/nri.sock";
+/// The plugin's name and place among the runtime's plugins.
+const NAME: &str = "plexus";
+const INDEX: &str = "50";
+/// The most bytes of the plexus configuration file read.
+const CONF_CAP: u64 = 1 << 20;
+/// The interface the runtime's CNI gave the cluster network (kubelet's, always).
+const CLUSTER_IFNAME: &str = "eth0";
+const MAX_BACKOFF: Duration = Duration::from_secs(30);
+
+/// NRI mode's settings.
+#[derive(Debug, Clone)]
+pub struct NriSettings {
+    /// The runtime's NRI socket.
+    pub socket: PathBuf,
+    /// The plexus configuration the attachments are made with (JSON: one plugin's conf, as in a conflist).
+    pub conf: PathBuf,
+    /// Where the delegate plugins are (`CNI_PATH`).
+    pub cni_path: String,
+}
+
+/// The plexus configuration of `path`, checked as an ADD would read it.
+pub fn read_conf(path: &Path) -> Result<Value, String> {
+    let what = || format!("the NRI mode's plexus configuration {}", path.display());
+    let mut text = String::new();
+    std::fs::File::open(path)
+        .and_then(|f| f.take(CONF_CAP + 1).read_to_string(&mut text))
+        .map_err(|e| format!("{}: {e}", what()))?;
+    if text.len() as u64 > CONF_CAP {
+        return Err(format!("{}: over {CONF_CAP} bytes", what()));
+    }
+    let conf: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", what()))?;
+    plexus_cni::conf::PlexusConf::from_json(conf.clone(), false)
+        .map_err(|e| format!("{}: {e}", what()))?;
+    Ok(conf)
+}
+
+/// Sessions with the runtime, one after another, for the daemon's life.
+pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
+    let plugin = Arc::new(NriPlugin(Arc::new(Inner {
+        state,
+        settings,
+        conf,
+        handle: tokio::runtime::Handle::current(),
+    })));
+    let registration = Registration {
+        name: NAME.into(),
+        index: INDEX.into(),
+        events: vec![
+            Event::RunPodSandbox,
+            Event::StopPodSandbox,
+            Event::RemovePodSandbox,
+        ],
+    };
+    let socket = plugin.0.settings.socket.clone();
+    let mut backoff = Duration::from_secs(1);
+    loop {
+        let p: Arc<dyn plexus_nri::Plugin> = plugin.clone();
+        match plexus_nri::run(&socket, &registration, p).await {
+            Ok(Ended::Closed) => {
+                tracing::info!(socket = %socket.display(), "the runtime closed the NRI connection; connecting again");
+                backoff = Duration::from_secs(1);
+            }
+            Ok(Ended::Shutdown) => {
+                tracing::info!(socket = %socket.display(), "the runtime asked the NRI plugin to stop; connecting again");
+                backoff = Duration::from_secs(1);
+            }
+            Err(e) => tracing::warn!(socket = %socket.display(), retry_in = ?backoff, "NRI: {e}"),
+        }
+        tokio::time::sleep(backoff).await;
+        backoff = (backoff * 2).min(MAX_BACKOFF);
+    }
+}
+
+struct Inner {
+    state: Arc<NodeState>,
+    settings: NriSettings,
+    conf: Value,
+    handle: tokio::runtime::Handle,
+}
+
+struct NriPlugin(Arc<Inner>);
+
+#[async_trait::async_trait]
+impl plexus_nri::Plugin for NriPlugin {
+    async fn configured(&self, runtime: &Runtime) {
+        tracing::info!(runtime = %runtime.name, version = %runtime.version, nri = %runtime.nri_version,
+            request_timeout = ?runtime.request_timeout, "registered with the runtime's NRI");
+    }
+
+    async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), String> {
+        let inner = self.0.clone();
+        tokio::task::spawn_blocking(move || inner.reconcile(&pods))
+            .await
+            .map_err(|e| format!("plexus: reconciling the runtime's pods: {e}"))
+    }
+
+    async fn pod_event(
+        &self,
+        event: Event,
+        pod: PodSandbox,
+        _deadline: tokio::time::Instant,
+    ) -> Result<(), String> {
+        let inner = self.0.clone();
+        let name = format!("{}/{}", pod.namespace, pod.name);
+        tokio::task::spawn_blocking(move || match event {
+            Event::RunPodSandbox => inner.add(&pod),
+            Event::StopPodSandbox | Event::RemovePodSandbox => inner.del(&pod),
+        })
+        .await
+        .map_err(|e| format!("plexus: {event:?} of {name}: {e}"))?
+    }
+}
+
+impl Inner {
+    /// The invocation the runtime would have made for `command` on `pod`'s sandbox.
+    fn invocation(
+        &self,
+        command: &str,
+        pod: &PodSandbox,
+        netns: Option<&str>,
+    ) -> Result<Invocation, String> {
+        let args = format!(
+            "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
+            pod.namespace, pod.name, pod.id, pod.uid
+        );
+        let mut env: BTreeMap<String, String> = std::env::vars()
+            .filter(|(k, _)| !k.starts_with("CNI_"))
+            .collect();
+        for (k, v) in [
+            ("CNI_COMMAND", command),
+            ("CNI_CONTAINERID", &pod.id),
+            ("CNI_IFNAME", CLUSTER_IFNAME),
+            ("CNI_PATH", &self.settings.cni_path),
+            ("CNI_ARGS", &args),
+        ] {
+            env.insert(k.into(), v.into());
+        }
+        if let Some(netns) = netns {
+            env.insert("CNI_NETNS".into(), netns.into());
+        }
+        Invocation::from_env(&env, Ok(self.conf.clone()))
+            .map_err(|e| format!("plexus: pod {}/{}: {e}", pod.namespace, pod.name))
+    }
+
+    /// What an ADD or DEL runs with: the daemon's caches for the cluster, the delegates as processes.
+    fn with_effects<T>(
+        &self,
+        inv: &Invocation,
+        f: impl FnOnce(&Effects<'_>) -> T,
+    ) -> Result<T, String> {
+        let cluster = LocalCluster {
+            shared: self.state.clone(),
+            handle: self.handle.clone(),
+        };
+        let hooks =
+            plexus_cni::hooks::for_conf(&inv.conf, true, plexus_cni::entry::Compile::WhenNeeded)
+                .map_err(|e| format!("plexus: {}: {e}", inv.pod_label()))?;
+        let devices = KubeletPodResources {
+            socket: inv.conf.pod_resources_socket.clone(),
+            timeout: POD_RESOURCES_TIMEOUT,
+        };
+        Ok(f(&Effects {
+            exec: &ProcessExec,
+            cluster: Some(&cluster),
+            podnet: &IpRoute,
+            hooks: hooks.as_ref(),
+            devices: &devices,
+        }))
+    }
+
+    /// ADD of the pod's networks; nothing for a pod on the host's network (the runtime gives no namespace).
+    fn add(&self, pod: &PodSandbox) -> Result<(), String> {
+        let Some(netns) = pod.network_namespace() else {
+            return Ok(());
+        };
+        let mut inv = self.invocation("ADD", pod, Some(netns))?;
+        let cluster = IpRoute
+            .interface_result(netns, CLUSTER_IFNAME, inv.conf.cni_version.as_str())
+            .map_err(|e| {
+                format!(
+                    "plexus: pod {}/{}: the cluster network's interface: {e}",
+                    pod.namespace, pod.name
+                )
+            })?;
+        inv.cluster_by = ClusterBy::Runtime(Some(cluster));
+        self.with_effects(&inv, |fx| plexus_cni::orchestrate::add(&inv, fx))?
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    /// DEL of the pod's networks (its cached plan, or what still resolves).
+    fn del(&self, pod: &PodSandbox) -> Result<(), String> {
+        let mut inv = self.invocation("DEL", pod, pod.network_namespace())?;
+        inv.cluster_by = ClusterBy::Runtime(None);
+        let deleted = self.with_effects(&inv, |fx| plexus_cni::orchestrate::del(&inv, fx))?;
+        deleted.map_err(|e| {
+            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id, "DEL failed: {e}");
+            e.to_string()
+        })
+    }
+
+    /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, plans
+    /// of sandboxes the runtime no longer has are deleted. Failures are logged: the session goes on.
+    fn reconcile(&self, pods: &[PodSandbox]) {
+        let Some(inv) = pods
+            .first()
+            .and_then(|p| self.invocation("DEL", p, None).ok())
+        else {
+            return self.delete_all_but(&BTreeSet::new());
+        };
+        let planned: BTreeSet<String> = match AttachmentCache::open_existing(&inv.conf.cache_dir) {
+            Ok(Some(cache)) => cache
+                .container_ids()
+                .unwrap_or_default()
+                .into_iter()
+                .collect(),
+            _ => BTreeSet::new(),
+        };
+        for pod in pods
+            .iter()
+            .filter(|p| !planned.contains(&p.id) && p.network_namespace().is_some())
+        {
+            match self.add(pod) {
+                Ok(()) => {
+                    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), "attached a pod the runtime had before this session")
+                }
+                Err(e) => {
+                    tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "attaching a pod the runtime had before this session: {e}")
+                }
+            }
+        }
+        self.delete_all_but(&pods.iter().map(|p| p.id.clone()).collect());
+    }
+
+    /// DEL of every cached plan but those of `live` sandboxes.
+    fn delete_all_but(&self, live: &BTreeSet<String>) {
+        let Ok(conf) = plexus_cni::conf::PlexusConf::from_json(self.conf.clone(), false) else {
+            return;
+        };
+        let Ok(Some(cache)) = AttachmentCache::open_existing(&conf.cache_dir) else {
+            return;
+        };
+        for id in cache.container_ids().unwrap_or_default() {
+            if live.contains(&id) {
+                continue;
+            }
+            let Ok(Some(plan)) = cache.load(&id) else {
+                continue;
+            };
+            let Some(pod) = plan.pod else { continue };
+            let gone = PodSandbox {
+                id: id.clone(),
+                name: pod.name.clone(),
+                namespace: pod.namespace.clone(),
+                uid: pod.uid.clone().unwrap_or_default(),
+                ..Default::default()
+            };
+            if self.del(&gone).is_ok() {
+                tracing::info!(pod = %pod, container = %id, "deleted the networks of a sandbox the runtime no longer has");
+            }
+        }
+    }
+}
