@@ -16,7 +16,7 @@ use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir, Link,
 };
-use plexus_tests::plexus::NodeDaemon;
+use plexus_tests::plexus::{fake_cni_bin, NodeDaemon};
 use serde_json::json;
 
 const NS: &str = "team";
@@ -404,6 +404,11 @@ struct NriDaemon {
 
 impl NriDaemon {
     fn start(node: &Node) -> NriDaemon {
+        NriDaemon::start_with(node, Path::new(cni_bin_dir()))
+    }
+
+    /// [`NriDaemon::start`] with its delegates in `cni_path`.
+    fn start_with(node: &Node, cni_path: &Path) -> NriDaemon {
         let api = KubeApiServer::start(&[], &[]);
         api.apply_file(&deploy_manifest("crds.yaml"));
         api.apply_file(&deploy_manifest("rbac.yaml"));
@@ -437,7 +442,7 @@ impl NriDaemon {
                 "--nri-conf",
                 conf.to_str().unwrap(),
                 "--nri-cni-path",
-                cni_bin_dir(),
+                cni_path.to_str().unwrap(),
             ],
         );
         daemon.wait("synced", plexus_tests::plexus::settled);
@@ -554,4 +559,68 @@ fn the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_lea
             .all(|s| s.metadata.as_ref().is_none_or(|m| m.name != "web")),
         "containerd removed the sandbox: {sandboxes:?}"
     );
+}
+
+#[test]
+fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds() {
+    let mut node = Node::new();
+    // The delegates: the reference plugins and a recording fake, `flaky`, whose DEL fails until told otherwise.
+    let bin = node.dirs.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for plugin in std::fs::read_dir(cni_bin_dir()).unwrap().flatten() {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+    }
+    std::os::unix::fs::symlink(fake_cni_bin(), bin.join("flaky")).unwrap();
+    let fake_config = bin.join("fake-config.json");
+    let failing = json!({"flaky": {"DEL": {"error": {"code": 11, "msg": "flaky: not now"}}}});
+    std::fs::write(&fake_config, failing.to_string()).unwrap();
+    let d = NriDaemon::start_with(&node, &bin);
+    d.api.nad(
+        NS,
+        "flaky",
+        &json!({"cniVersion": "1.0.0", "name": "flaky", "type": "flaky"}),
+    );
+    let uid = d.pod("web", "flaky");
+    let id = node
+        .containerd
+        .run_pod_sandbox(NS, "web", &uid)
+        .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\ndaemon: {}", d.daemon.log_text()));
+    let plan = node
+        .dirs
+        .path()
+        .join(format!("cache/attachments/{id}.json"));
+    assert!(plan.exists(), "the plan of the sandbox");
+
+    let cri = node.containerd.cri();
+    cri.stop_pod_sandbox(&id).unwrap();
+    cri.remove_pod_sandbox(&id).unwrap();
+    let dels = || {
+        std::fs::read_to_string(bin.join("calls.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| l.contains(r#""command":"DEL""#))
+            .count()
+    };
+    assert!(dels() >= 2, "DEL at stop and at removal");
+    assert!(plan.exists(), "a failed DEL keeps the plan");
+
+    // The delegate recovers: the daemon's next try succeeds, with nobody asking.
+    std::fs::write(&fake_config, "{}").unwrap();
+    let until = Instant::now() + Duration::from_secs(20);
+    while plan.exists() {
+        assert!(
+            Instant::now() < until,
+            "the DEL was not tried again; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        d.daemon.log_text().contains("DEL succeeded on a retry"),
+        "{}",
+        d.daemon.log_text()
+    );
+    let settled = dels();
+    std::thread::sleep(Duration::from_secs(3));
+    assert_eq!(dels(), settled, "no DEL after the one that succeeded");
 }

@@ -13,8 +13,8 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use plexus_cni::cache::AttachmentCache;
 use plexus_cni::effects::Effects;
@@ -38,6 +38,12 @@ const CONF_CAP: u64 = 1 << 20;
 /// The interface the runtime's CNI gave the cluster network (kubelet's, always).
 const CLUSTER_IFNAME: &str = "eth0";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
+/// A failed DEL is tried again after this, then after twice as long each time, up to [`MAX_DEL_BACKOFF`].
+const DEL_RETRY: Duration = Duration::from_secs(1);
+const MAX_DEL_BACKOFF: Duration = Duration::from_secs(60);
+/// Sandboxes whose DEL is retried at most (a node runs a few hundred pods); past that the oldest is dropped, and
+/// a new session's reconciliation finds its plan.
+const MAX_RETRIED: usize = 4096;
 
 /// NRI mode's settings.
 #[derive(Debug, Clone)]
@@ -73,7 +79,9 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         settings,
         conf,
         handle: tokio::runtime::Handle::current(),
+        retry: Mutex::new(BTreeMap::new()),
     })));
+    tokio::spawn(retry_dels(plugin.0.clone()));
     let registration = Registration {
         name: NAME.into(),
         index: INDEX.into(),
@@ -108,6 +116,34 @@ struct Inner {
     settings: NriSettings,
     conf: Value,
     handle: tokio::runtime::Handle,
+    /// Sandboxes whose DEL failed, by id: the runtime does not ask again, so the daemon does.
+    retry: Mutex<BTreeMap<String, Retry>>,
+}
+
+struct Retry {
+    pod: PodSandbox,
+    next: Instant,
+    backoff: Duration,
+}
+
+/// Tries each failed DEL again when its time comes, until it succeeds.
+async fn retry_dels(inner: Arc<Inner>) {
+    loop {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let now = Instant::now();
+        let due: Vec<PodSandbox> = {
+            let retry = inner.retry.lock().unwrap();
+            retry
+                .values()
+                .filter(|r| r.next <= now)
+                .map(|r| r.pod.clone())
+                .collect()
+        };
+        for pod in due {
+            let i = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || i.del(&pod)).await;
+        }
+    }
 }
 
 struct NriPlugin(Arc<Inner>);
@@ -220,15 +256,49 @@ impl Inner {
             .map_err(|e| e.to_string())
     }
 
-    /// DEL of the pod's networks (its cached plan, or what still resolves).
+    /// DEL of the pod's networks (its cached plan, or what still resolves). One that fails is tried again later
+    /// ([`retry_dels`]) until it succeeds.
     fn del(&self, pod: &PodSandbox) -> Result<(), String> {
-        let mut inv = self.invocation("DEL", pod, pod.network_namespace())?;
-        inv.cluster_by = ClusterBy::Runtime(None);
-        let deleted = self.with_effects(&inv, |fx| plexus_cni::orchestrate::del(&inv, fx))?;
-        deleted.map_err(|e| {
-            tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id, "DEL failed: {e}");
-            e.to_string()
-        })
+        let deleted = self
+            .invocation("DEL", pod, pod.network_namespace())
+            .and_then(|mut inv| {
+                inv.cluster_by = ClusterBy::Runtime(None);
+                self.with_effects(&inv, |fx| plexus_cni::orchestrate::del(&inv, fx))?
+                    .map_err(|e| e.to_string())
+            });
+        let mut retry = self.retry.lock().unwrap();
+        match &deleted {
+            Ok(()) => {
+                if retry.remove(&pod.id).is_some() {
+                    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id, "DEL succeeded on a retry");
+                }
+            }
+            Err(e) => {
+                let backoff = retry
+                    .get(&pod.id)
+                    .map_or(DEL_RETRY, |r| (r.backoff * 2).min(MAX_DEL_BACKOFF));
+                tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id,
+                    retry_in = ?backoff, "DEL failed: {e}");
+                if retry.len() >= MAX_RETRIED && !retry.contains_key(&pod.id) {
+                    let oldest = retry
+                        .iter()
+                        .min_by_key(|(_, r)| r.next)
+                        .map(|(id, _)| id.clone());
+                    if let Some(id) = oldest {
+                        retry.remove(&id);
+                    }
+                }
+                retry.insert(
+                    pod.id.clone(),
+                    Retry {
+                        pod: pod.clone(),
+                        next: Instant::now() + backoff,
+                        backoff,
+                    },
+                );
+            }
+        }
+        deleted
     }
 
     /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, plans
