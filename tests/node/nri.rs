@@ -1,8 +1,10 @@
-//! The NRI plugin session (plexus-nri) against containerd 2's own NRI, on containerd's private socket, driven over
+//! The NRI plugin session (plexus-nri) and the daemon's NRI mode against each runtime's own NRI (containerd 2.4 and
+//! CRI-O 1.36, each on its private socket; containerd calls the events' own methods, CRI-O's NRI 0.11 the older
+//! StateChange), driven over
 //! CRI as kubelet drives it. The runtime's only CNI configuration is the cluster network (bridge + host-local):
 //! what an NRI plugin finds on a node it does not own. Checks what the NRI mode is built on: registration and the
 //! pods already there, each sandbox's events after its cluster network is up (the network namespace and its
-//! address), a refused sandbox failing and undone by containerd, and a session ending when containerd restarts.
+//! address), a refused sandbox failing and undone by the runtime, and a session ending when the runtime restarts.
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -10,13 +12,13 @@ use std::time::{Duration, Instant};
 
 use plexus_cni::podnet::IpRoute;
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
-use plexus_tests::containerd::{self, Containerd};
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir, Link,
 };
 use plexus_tests::plexus::{fake_cni_bin, NodeDaemon};
+use plexus_tests::runtime::{Runtime as ContainerRuntime, RuntimeKind};
 use serde_json::json;
 
 const NS: &str = "team";
@@ -131,11 +133,11 @@ impl Recorder {
     }
 }
 
-/// containerd with the cluster network as its only CNI configuration.
-/// Fields drop in order: containerd removes the test's sandboxes (a CNI DEL each) while the network's conf, bridge
+/// A runtime with the cluster network as its only CNI configuration.
+/// Fields drop in order: the runtime removes the test's sandboxes (a CNI DEL each) while the network's conf, bridge
 /// and address reservations are still there.
 struct Node {
-    containerd: Containerd,
+    runtime: ContainerRuntime,
     /// The session's runtime; sessions run on it while the test drives CRI.
     rt: tokio::runtime::Runtime,
     _bridge: HostBridge,
@@ -144,9 +146,8 @@ struct Node {
 }
 
 impl Node {
-    fn new() -> Node {
+    fn new(kind: RuntimeKind) -> Node {
         require_root_and_plugins();
-        containerd::available();
         let dirs = tempfile::tempdir().unwrap();
         let conf = dirs.path().join("net.d");
         std::fs::create_dir_all(&conf).unwrap();
@@ -154,7 +155,7 @@ impl Node {
         let bridge = HostBridge::reserve("nri");
         let cluster = bridge_host_local("cluster", &bridge, &ipam);
         std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).unwrap();
-        let containerd = Containerd::start(Path::new(cni_bin_dir()), &conf);
+        let runtime = ContainerRuntime::start(kind, Path::new(cni_bin_dir()), &conf);
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -164,12 +165,12 @@ impl Node {
             dirs,
             ipam,
             _bridge: bridge,
-            containerd,
+            runtime,
             rt,
         }
     }
 
-    /// A session of a fresh recorder on containerd's NRI socket.
+    /// A session of a fresh recorder on the runtime's NRI socket.
     fn register(
         &self,
     ) -> (
@@ -186,7 +187,7 @@ impl Node {
                 Event::RemovePodSandbox,
             ],
         };
-        let socket = self.containerd.nri_socket();
+        let socket = self.runtime.nri_socket();
         let p: Arc<dyn plexus_nri::Plugin> = plugin.clone();
         let session = self
             .rt
@@ -195,20 +196,18 @@ impl Node {
     }
 
     fn run(&mut self, name: &str) -> String {
-        self.containerd
+        self.runtime
             .run_pod_sandbox(NS, name, &format!("uid-{name}"))
             .unwrap_or_else(|e| {
-                panic!(
-                    "RunPodSandbox {name}: {e}\ncontainerd: {}",
-                    self.containerd.log()
-                )
+                panic!("RunPodSandbox {name}: {e}\nruntime: {}", self.runtime.log())
             })
     }
 }
 
-#[test]
-fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_network() {
-    let mut node = Node::new();
+fn a_plugin_registers_with_the_runtime_and_sees_each_sandbox_after_its_cluster_network(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
     let before = node.run("before");
     let (plugin, session) = node.register();
 
@@ -216,11 +215,11 @@ fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_ne
         Record::Configured(rt) => Some(rt.as_ref().clone()),
         _ => None,
     });
-    assert_eq!(runtime.name, "containerd");
+    assert_eq!(runtime.name, kind.name());
     assert_eq!(
         runtime.request_timeout,
         Duration::from_secs(2),
-        "containerd's default plugin_request_timeout"
+        "the runtime's default NRI request timeout"
     );
     let synced = plugin.wait_for("Synchronize", |r| match r {
         Record::Synchronized(names) => Some(names.clone()),
@@ -229,7 +228,7 @@ fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_ne
     assert_eq!(
         synced,
         ["before"],
-        "the pods containerd had at registration"
+        "the pods the runtime had at registration"
     );
 
     let id = node.run("web");
@@ -274,7 +273,7 @@ fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_ne
     );
     assert_eq!(result["interfaces"][0]["sandbox"], netns);
 
-    let cri = node.containerd.cri();
+    let cri = node.runtime.cri();
     cri.stop_pod_sandbox(&id).unwrap();
     plugin.event(Event::StopPodSandbox, "web");
     cri.remove_pod_sandbox(&id).unwrap();
@@ -300,28 +299,26 @@ fn a_plugin_registers_with_containerd_and_sees_each_sandbox_after_its_cluster_ne
     );
 }
 
-#[test]
-fn a_sandbox_the_plugin_refuses_fails_with_its_message_and_containerd_undoes_it() {
-    let mut node = Node::new();
+fn a_sandbox_the_plugin_refuses_fails_with_its_message_and_the_runtime_undoes_it(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
     let (plugin, _session) = node.register();
     plugin.wait_for("Synchronize", |r| {
         matches!(r, Record::Synchronized(_)).then_some(())
     });
 
     let err = node
-        .containerd
+        .runtime
         .run_pod_sandbox(NS, "refused", "uid-refused")
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("NRI RunPodSandbox failed") && err.contains("plexus: no network for refused"),
-        "{err}"
-    );
-    // containerd tells the plugins the sandbox is gone, and keeps nothing of it.
+    assert!(err.contains("plexus: no network for refused"), "{err}");
+    // The runtime tells the plugins the sandbox is gone, and keeps nothing of it.
     plugin.event(Event::StopPodSandbox, "refused");
     plugin.event(Event::RemovePodSandbox, "refused");
     let left: Vec<_> = node
-        .containerd
+        .runtime
         .cri()
         .list_pod_sandboxes()
         .unwrap()
@@ -330,16 +327,17 @@ fn a_sandbox_the_plugin_refuses_fails_with_its_message_and_containerd_undoes_it(
         .collect();
     assert!(
         left.is_empty(),
-        "containerd kept the refused sandbox: {left:?}"
+        "the runtime kept the refused sandbox: {left:?}"
     );
     // The next sandbox is not refused.
     node.run("next");
     plugin.event(Event::RunPodSandbox, "next");
 }
 
-#[test]
-fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pods() {
-    let mut node = Node::new();
+fn a_session_ends_when_the_runtime_restarts_and_the_next_one_synchronizes_its_pods(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
     let (plugin, session) = node.register();
     plugin.wait_for("Synchronize", |r| {
         matches!(r, Record::Synchronized(_)).then_some(())
@@ -347,13 +345,13 @@ fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pod
     node.run("web");
     plugin.event(Event::RunPodSandbox, "web");
 
-    node.containerd.restart();
+    node.runtime.restart();
     let ended = node
         .rt
         .block_on(async { tokio::time::timeout(Duration::from_secs(20), session).await });
     assert_eq!(ended.expect("the session ends").unwrap(), Ok(Ended::Closed));
 
-    // containerd opens its NRI socket a moment after its CRI answers.
+    // The runtime opens its NRI socket a moment after its CRI answers.
     let until = Instant::now() + Duration::from_secs(20);
     let plugin = loop {
         let (plugin, session) = node.register();
@@ -381,8 +379,8 @@ fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pod
             Ok(None) => break plugin,
             _ if Instant::now() < until => std::thread::sleep(Duration::from_millis(200)),
             _ => panic!(
-                "no session after containerd's restart; containerd: {}",
-                node.containerd.log()
+                "no session after the runtime's restart; runtime: {}",
+                node.runtime.log()
             ),
         }
     };
@@ -396,7 +394,7 @@ fn a_session_ends_when_containerd_restarts_and_the_next_one_synchronizes_its_pod
 const NODE: &str = "node1";
 
 /// `plexus daemon --nri` for `node`, on a real API server with the project's CRDs and RBAC (its identity bound to
-/// the node, as a DaemonSet pod's), the plexus conf of NRI mode naming containerd's cluster network.
+/// the node, as a DaemonSet pod's), the plexus conf of NRI mode naming the runtime's cluster network.
 struct NriDaemon {
     api: KubeApiServer,
     daemon: NodeDaemon,
@@ -427,7 +425,7 @@ impl NriDaemon {
             "clusterHooks": false,
         });
         std::fs::write(&conf, plexus.to_string()).unwrap();
-        let socket = node.containerd.nri_socket();
+        let socket = node.runtime.nri_socket();
         let daemon = NodeDaemon::start(
             NODE,
             &kubeconfig,
@@ -453,7 +451,7 @@ impl NriDaemon {
         {
             assert!(
                 Instant::now() < until,
-                "the daemon did not register with containerd's NRI:\n{}",
+                "the daemon did not register with the runtime's NRI:\n{}",
                 daemon.log_text()
             );
             std::thread::sleep(Duration::from_millis(50));
@@ -473,16 +471,17 @@ impl NriDaemon {
     }
 }
 
-#[test]
-fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and_detaches_them() {
-    let mut node = Node::new();
+fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and_detaches_them(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
     let side_bridge = HostBridge::reserve("nrs");
     let side = bridge_host_local("side", &side_bridge, &node.ipam);
     let d = NriDaemon::start(&node);
     d.api.nad(NS, "side", &side);
     let uid = d.pod("web", "side");
     let id = node
-        .containerd
+        .runtime
         .run_pod_sandbox(NS, "web", &uid)
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\ndaemon: {}", d.daemon.log_text()));
 
@@ -514,7 +513,7 @@ fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and
         std::thread::sleep(Duration::from_millis(50));
     }
 
-    let cri = node.containerd.cri();
+    let cri = node.runtime.cri();
     cri.stop_pod_sandbox(&id).unwrap();
     assert!(
         node.ipam.reserved_ips("side").is_empty(),
@@ -531,39 +530,36 @@ fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and
     );
 }
 
-#[test]
-fn the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_leaves_nothing() {
-    let mut node = Node::new();
+fn the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_leaves_nothing(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
     let side_bridge = HostBridge::reserve("nrs");
     let side = bridge_host_local("side", &side_bridge, &node.ipam);
     let d = NriDaemon::start(&node);
     d.api.nad(NS, "side", &side);
     let uid = d.pod("web", "side,missing");
     let err = node
-        .containerd
+        .runtime
         .run_pod_sandbox(NS, "web", &uid)
         .unwrap_err()
         .to_string();
-    assert!(
-        err.contains("NRI RunPodSandbox failed") && err.contains("missing"),
-        "{err}"
-    );
+    assert!(err.contains(&format!("{NS}/missing")), "{err}");
     assert!(
         node.ipam.reserved_ips("side").is_empty(),
         "nothing of the pod's attachments is left"
     );
-    let sandboxes = node.containerd.cri().list_pod_sandboxes().unwrap();
+    let sandboxes = node.runtime.cri().list_pod_sandboxes().unwrap();
     assert!(
         sandboxes
             .iter()
             .all(|s| s.metadata.as_ref().is_none_or(|m| m.name != "web")),
-        "containerd removed the sandbox: {sandboxes:?}"
+        "the runtime removed the sandbox: {sandboxes:?}"
     );
 }
 
-#[test]
-fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds() {
-    let mut node = Node::new();
+fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds(kind: RuntimeKind) {
+    let mut node = Node::new(kind);
     // The delegates: the reference plugins and a recording fake, `flaky`, whose DEL fails until told otherwise.
     let bin = node.dirs.path().join("bin");
     std::fs::create_dir_all(&bin).unwrap();
@@ -582,7 +578,7 @@ fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds() {
     );
     let uid = d.pod("web", "flaky");
     let id = node
-        .containerd
+        .runtime
         .run_pod_sandbox(NS, "web", &uid)
         .unwrap_or_else(|e| panic!("RunPodSandbox: {e}\ndaemon: {}", d.daemon.log_text()));
     let plan = node
@@ -591,7 +587,7 @@ fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds() {
         .join(format!("cache/attachments/{id}.json"));
     assert!(plan.exists(), "the plan of the sandbox");
 
-    let cri = node.containerd.cri();
+    let cri = node.runtime.cri();
     cri.stop_pod_sandbox(&id).unwrap();
     cri.remove_pod_sandbox(&id).unwrap();
     let dels = || {
@@ -624,3 +620,12 @@ fn a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds() {
     std::thread::sleep(Duration::from_secs(3));
     assert_eq!(dels(), settled, "no DEL after the one that succeeded");
 }
+
+plexus_tests::on_each_runtime!(
+    a_plugin_registers_with_the_runtime_and_sees_each_sandbox_after_its_cluster_network,
+    a_sandbox_the_plugin_refuses_fails_with_its_message_and_the_runtime_undoes_it,
+    a_session_ends_when_the_runtime_restarts_and_the_next_one_synchronizes_its_pods,
+    the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and_detaches_them,
+    the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_leaves_nothing,
+    a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds,
+);

@@ -167,8 +167,10 @@ namespaced_auth_dir = "{root}/auth"
 network_dir = "{conf}"
 plugin_dirs = ["{bin}"]
 
+# NRI as on a real node (CRI-O enables it by default), on this CRI-O's own socket.
 [crio.nri]
-enable_nri = false
+enable_nri = true
+nri_listen = "{root}/nri.sock"
 "#,
             root = root.display(),
             pinns = crate::parts::bin("pinns").display(),
@@ -203,6 +205,11 @@ enable_nri = false
     /// CRI-O's pid while it runs.
     pub fn pid(&self) -> Option<u32> {
         self.child.lock().unwrap().as_ref().map(Child::id)
+    }
+
+    /// CRI-O's NRI socket (its own, not the host's), where an external NRI plugin connects.
+    pub fn nri_socket(&self) -> PathBuf {
+        self.dir.path().join("nri.sock")
     }
 
     pub fn socket(&self) -> PathBuf {

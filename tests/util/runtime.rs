@@ -72,6 +72,14 @@ impl Runtime {
         }
     }
 
+    /// The runtime's own NRI socket.
+    pub fn nri_socket(&self) -> PathBuf {
+        match self {
+            Runtime::Containerd(c) => c.nri_socket(),
+            Runtime::CriO(c) => c.nri_socket(),
+        }
+    }
+
     /// The runtime's own log, for failure messages and for what it says about CNI calls.
     pub fn log(&self) -> String {
         match self {

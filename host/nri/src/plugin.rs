@@ -5,9 +5,10 @@
 //! with the events it wants) and `Synchronize` (the pods it has, in one or more parts); then one call per event.
 //! A call runs as a task of its own, at most [`MAX_IN_FLIGHT`] at once; the runtime waits for each answer until
 //! its deadline (the request's own, else the request timeout it configured). Past that deadline the runtime
-//! treats the plugin as broken, drops it and lets the pod go on without it, so a session answers an event with
-//! an error shortly before the deadline ([`answer_by`]) and leaves the handler running: the runtime then fails the
-//! sandbox and sends its stop and remove events, which find the handler's work done or under way.
+//! treats the plugin as broken, drops it and lets the pod go on without it, so a session answers an event shortly
+//! before the deadline ([`answer_by`]) and leaves the handler running: a `RunPodSandbox` with an error (the
+//! runtime then fails the sandbox and sends its stop and remove events, which find the handler's work done or under
+//! way), a stop or removal with success (it is not held up).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -397,10 +398,15 @@ impl Session {
         match tokio::time::timeout_at(answer_by(Instant::now(), deadline), handler).await {
             Ok(Ok(result)) => result,
             Ok(Err(e)) => Err(format!("plexus: the {event:?} handler of {name} failed: {e}")),
-            Err(_) => Err(format!(
+            // A sandbox that is not set up in time fails; its stop and removal are not held up.
+            Err(_) if event == Event::RunPodSandbox => Err(format!(
                 "plexus: {event:?} of {name} was not done before the runtime's deadline (its NRI request timeout); \
                  it goes on, and the runtime's stop of the sandbox undoes it"
             )),
+            Err(_) => {
+                tracing::info!(pod = %name, "{event:?} goes on past the runtime's deadline");
+                Ok(())
+            }
         }
     }
 }

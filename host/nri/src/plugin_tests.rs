@@ -24,6 +24,8 @@ struct Recorder {
     seen: Mutex<Vec<String>>,
     /// How long a `RunPodSandbox` takes.
     run_takes: Duration,
+    /// How long a `StopPodSandbox` takes.
+    stop_takes: Duration,
 }
 
 #[async_trait::async_trait]
@@ -50,8 +52,10 @@ impl Plugin for Recorder {
         pod: PodSandbox,
         _deadline: Instant,
     ) -> Result<(), String> {
-        if event == Event::RunPodSandbox {
-            tokio::time::sleep(self.run_takes).await;
+        match event {
+            Event::RunPodSandbox => tokio::time::sleep(self.run_takes).await,
+            Event::StopPodSandbox => tokio::time::sleep(self.stop_takes).await,
+            Event::RemovePodSandbox => {}
         }
         self.seen.lock().unwrap().push(format!(
             "{event:?} {} {:?}",
@@ -403,6 +407,40 @@ async fn an_event_not_done_by_its_deadline_is_answered_with_an_error_in_time_and
     assert_eq!(
         *plugin.seen.lock().unwrap(),
         [r#"RunPodSandbox slow Some("/run/netns/slow")"#]
+    );
+    drop(rt);
+    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
+}
+
+#[tokio::test]
+async fn a_stop_not_done_by_its_deadline_is_answered_with_success_in_time_and_its_handler_goes_on()
+{
+    let plugin = Arc::new(Recorder {
+        stop_takes: Duration::from_millis(700),
+        ..Default::default()
+    });
+    let (session, mut rt, _dir) = start(plugin.clone()).await;
+    let (stream, _) = rt.registration().await;
+    rt.answer_registration(stream, Response::ok(Vec::new()))
+        .await;
+    let started = std::time::Instant::now();
+    let answer = rt
+        .call(
+            "StopPodSandbox",
+            pod_call("slow"),
+            Duration::from_millis(400),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    assert!(answer.into_result().is_ok(), "a stop is not held up");
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *plugin.seen.lock().unwrap(),
+        [r#"StopPodSandbox slow Some("/run/netns/slow")"#]
     );
     drop(rt);
     assert_eq!(session.await.unwrap(), Ok(Ended::Closed));

@@ -6,7 +6,8 @@
 //! hooks, per-container lock, attachment cache, status), with the cluster network recorded as the runtime's
 //! ([`ClusterBy::Runtime`]: its result read from the sandbox's eth0) and never run or torn down by Plexus. An ADD
 //! that fails fails the sandbox: the runtime reports the error, removes the sandbox, and kubelet tries again. At
-//! `StopPodSandbox` and `RemovePodSandbox` it runs DEL. When a session starts, the pods the runtime reports are
+//! `StopPodSandbox` and `RemovePodSandbox` it runs DEL; one that fails does not hold the runtime up (the stop
+//! succeeds) and is tried again until it succeeds. When a session starts, the pods the runtime reports are
 //! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted.
 //! When the runtime closes the connection (a restart), the daemon connects again, backing off up to 30 s.
 
@@ -172,7 +173,12 @@ impl plexus_nri::Plugin for NriPlugin {
         let name = format!("{}/{}", pod.namespace, pod.name);
         tokio::task::spawn_blocking(move || match event {
             Event::RunPodSandbox => inner.add(&pod),
-            Event::StopPodSandbox | Event::RemovePodSandbox => inner.del(&pod),
+            // A failed DEL is the daemon's to retry ([`retry_dels`]); refusing the stop or removal would only hold
+            // the sandbox (CRI-O fails its StopPodSandbox, and kubelet would try again for as long as it fails).
+            Event::StopPodSandbox | Event::RemovePodSandbox => {
+                let _ = inner.del(&pod);
+                Ok(())
+            }
         })
         .await
         .map_err(|e| format!("plexus: {event:?} of {name}: {e}"))?
