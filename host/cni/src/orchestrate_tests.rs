@@ -1305,3 +1305,34 @@ fn a_failed_attachment_rolls_back_only_plexus_own_when_the_runtime_attached_the_
         [s("b-plugin", "DEL", "net2"), s("a-plugin", "DEL", "net1")]
     );
 }
+
+#[test]
+fn a_pod_cannot_replace_a_cluster_network_the_runtime_attached() {
+    let node = Node::new("1.0.0");
+    let exec = FakeExec::default();
+    let mut cluster = FakeCluster::with_pod("b");
+    let pod = cluster
+        .pods
+        .get_mut(&("ns".to_string(), "web".to_string()))
+        .unwrap();
+    pod.annotations.insert(
+        crate::plan::MULTUS_DEFAULT_NETWORK.to_string(),
+        "ns/a".to_string(),
+    );
+    let mut add = node.invocation("ADD", json!({"compat": "multus"}));
+    add.cluster_by = runtime_attached();
+    let err = orchestrate::add(&add, &effects(&exec, &cluster)).unwrap_err();
+    assert!(err.to_string().contains("a pod cannot replace it"), "{err}");
+    assert!(
+        exec.summary().is_empty(),
+        "nothing attached: {:?}",
+        exec.summary()
+    );
+    // The same pod through the CNI path gets its own default network.
+    orchestrate::add(
+        &node.invocation("ADD", json!({"compat": "multus"})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(exec.summary()[0], s("a-plugin", "ADD", "eth0"));
+}

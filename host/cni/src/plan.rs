@@ -319,8 +319,16 @@ impl<'a> Planner<'a> {
         unplannable: &mut Unplannable<'_>,
     ) -> Result<Option<Attachment>, PlexusError> {
         let inv = self.inv;
-        let cluster = self
-            .pod_default_network(pod)
+        let own_default = self.pod_default_network(pod);
+        // The runtime attached its cluster network already: a pod cannot choose another.
+        if let (Some(_), ClusterBy::Runtime(_)) = (&own_default, &inv.cluster_by) {
+            return Err(PlexusError::config(
+                MULTUS_DEFAULT_NETWORK,
+                "the runtime's own CNI attaches the cluster network on this node (NRI mode): a pod cannot \
+                 replace it",
+            ));
+        }
+        let cluster = own_default
             .unwrap_or_else(|| self.resolve_ref(&inv.conf.cluster_network, pod))
             .map_err(|e| e.context("cluster network"));
         Ok(unplannable.handle(cluster)?.map(|(name, list)| Attachment {
