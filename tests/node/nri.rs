@@ -143,6 +143,8 @@ struct Node {
     _bridge: HostBridge,
     ipam: IpamDir,
     dirs: tempfile::TempDir,
+    /// The cluster network's name (its conflist's).
+    cluster_name: String,
 }
 
 impl Node {
@@ -153,7 +155,10 @@ impl Node {
         std::fs::create_dir_all(&conf).unwrap();
         let ipam = IpamDir::new();
         let bridge = HostBridge::reserve("nri");
-        let cluster = bridge_host_local("cluster", &bridge, &ipam);
+        // A name of this node's own: CRI-O, when it starts, tears down every attachment the host's libcni cache
+        // holds under the names of its lists that is not one of its sandboxes, whichever runtime made it.
+        let cluster_name = format!("cluster-{}", bridge.name());
+        let cluster = bridge_host_local(&cluster_name, &bridge, &ipam);
         std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).unwrap();
         let runtime = ContainerRuntime::start(kind, Path::new(cni_bin_dir()), &conf);
         let rt = tokio::runtime::Builder::new_multi_thread()
@@ -163,6 +168,7 @@ impl Node {
             .unwrap();
         Node {
             dirs,
+            cluster_name,
             ipam,
             _bridge: bridge,
             runtime,
@@ -193,6 +199,15 @@ impl Node {
             .rt
             .spawn(async move { plexus_nri::run(&socket, &registration, p).await });
         (plugin, session)
+    }
+
+    /// A sandbox for pod `name` of the API server, with its UID.
+    fn run_as(&mut self, name: &str, uid: &str) -> String {
+        self.runtime
+            .run_pod_sandbox(NS, name, uid)
+            .unwrap_or_else(|e| {
+                panic!("RunPodSandbox {name}: {e}\nruntime: {}", self.runtime.log())
+            })
     }
 
     fn run(&mut self, name: &str) -> String {
@@ -412,13 +427,22 @@ impl NriDaemon {
         api.apply_file(&deploy_manifest("rbac.yaml"));
         api.namespace(NS);
         api.apply_node_authority();
+        NriDaemon::on(node, api, cni_path)
+    }
+
+    /// A second daemon of the node, on the first one's API server (and attachment cache).
+    fn restart(node: &Node, api: KubeApiServer) -> NriDaemon {
+        NriDaemon::on(node, api, Path::new(cni_bin_dir()))
+    }
+
+    fn on(node: &Node, api: KubeApiServer, cni_path: &Path) -> NriDaemon {
         let token = api.node_bound_token("kube-system", "plexus", NODE);
         let kubeconfig = node.dirs.path().join("daemon.kubeconfig");
         api.write_kubeconfig(&kubeconfig, &token);
         let conf = node.dirs.path().join("nri-plexus.json");
         let plexus = json!({
             "cniVersion": "1.0.0", "name": "plexus", "type": "plexus",
-            "clusterNetwork": "cluster", "confDir": node.dirs.path().join("net.d"),
+            "clusterNetwork": node.cluster_name, "confDir": node.dirs.path().join("net.d"),
             "cacheDir": node.dirs.path().join("cache"), "runDir": node.dirs.path().join("run"),
             "cluster": {"source": "kube", "kubeconfig": kubeconfig},
             // The daemon runs without its node agent here (--no-hooks): no hook set is published.
@@ -498,7 +522,7 @@ fn the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and
             assert_eq!(
                 entries,
                 [
-                    ("cluster".to_string(), "eth0".to_string()),
+                    (node.cluster_name.clone(), "eth0".to_string()),
                     (format!("{NS}/side"), "net1".to_string())
                 ],
                 "the default entry from the runtime's cluster network, then the secondary"
@@ -628,4 +652,74 @@ plexus_tests::on_each_runtime!(
     the_daemon_in_nri_mode_attaches_a_pods_networks_after_the_cluster_network_and_detaches_them,
     the_daemon_in_nri_mode_fails_a_sandbox_whose_network_does_not_resolve_and_leaves_nothing,
     a_del_that_fails_in_nri_mode_is_tried_again_until_it_succeeds,
+);
+
+fn a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
+    let side_bridge = HostBridge::reserve("nrs");
+    let side = bridge_host_local("side", &side_bridge, &node.ipam);
+    // A daemon that registers once and is then killed: the API server and the NAD stay.
+    let d = NriDaemon::start(&node);
+    d.api.nad(NS, "side", &side);
+    let early_uid = d.pod("early", "side");
+    let late_uid = d.pod("late", "side");
+    let early = node.run_as("early", &early_uid);
+    assert_eq!(
+        node.ipam.reserved_ips("side").len(),
+        1,
+        "early's secondary network"
+    );
+    let NriDaemon { api, daemon } = d;
+    drop(daemon);
+
+    // While no plugin is registered: early's sandbox goes, late's comes without its secondary network.
+    let cri = node.runtime.cri();
+    cri.stop_pod_sandbox(&early).unwrap();
+    cri.remove_pod_sandbox(&early).unwrap();
+    let late = node.run_as("late", &late_uid);
+    let early_plan = node
+        .dirs
+        .path()
+        .join(format!("cache/attachments/{early}.json"));
+    let late_plan = node
+        .dirs
+        .path()
+        .join(format!("cache/attachments/{late}.json"));
+    assert!(early_plan.exists() && !late_plan.exists());
+
+    // The next daemon's session puts both right.
+    let d = NriDaemon::restart(&node, api);
+    let until = Instant::now() + Duration::from_secs(20);
+    while early_plan.exists() || !late_plan.exists() {
+        assert!(
+            Instant::now() < until,
+            "not reconciled; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let reserved = node.ipam.reserved_ips("side");
+    assert_eq!(reserved.len(), 1, "late's address only: {reserved:?}");
+    let until = Instant::now() + Duration::from_secs(20);
+    while d.api.network_status(NS, "late").is_empty() {
+        assert!(
+            Instant::now() < until,
+            "no network-status for late; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        d.api.network_status(NS, "late")[1],
+        (format!("{NS}/side"), "net1".to_string())
+    );
+    cri.stop_pod_sandbox(&late).unwrap();
+    cri.remove_pod_sandbox(&late).unwrap();
+    assert!(node.ipam.reserved_ips("side").is_empty());
+}
+
+plexus_tests::on_each_runtime!(
+    a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile
 );

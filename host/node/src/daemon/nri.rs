@@ -9,7 +9,8 @@
 //! `StopPodSandbox` and `RemovePodSandbox` it runs DEL; one that fails does not hold the runtime up (the stop
 //! succeeds) and is tried again until it succeeds. When a session starts, the pods the runtime reports are
 //! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted.
-//! When the runtime closes the connection (a restart), the daemon connects again, backing off up to 30 s.
+//! The daemon registers once its caches have listed; when the runtime closes the connection (a restart), it
+//! connects again, backing off up to 30 s.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -93,6 +94,11 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         ],
     };
     let socket = plugin.0.settings.socket.clone();
+    // Registered only once the caches can answer: a sandbox's ADD (and the new session's reconciliation) reads
+    // the pod, its NADs and its claims from them.
+    while !caches_synced(&plugin.0.state) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let mut backoff = Duration::from_secs(1);
     loop {
         let p: Arc<dyn plexus_nri::Plugin> = plugin.clone();
@@ -110,6 +116,18 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         tokio::time::sleep(backoff).await;
         backoff = (backoff * 2).min(MAX_BACKOFF);
     }
+}
+
+/// The pods, the NADs, and where the API server serves DRA, the claims and slices, listed.
+fn caches_synced(state: &NodeState) -> bool {
+    let h = state.cache.health();
+    h.pods_synced
+        && h.nads_synced
+        && match h.dra {
+            Some(true) => h.dra_synced,
+            Some(false) => true,
+            None => false,
+        }
 }
 
 struct Inner {
