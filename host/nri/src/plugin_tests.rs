@@ -203,6 +203,21 @@ async fn start(
     (session, runtime, dir)
 }
 
+/// [`start`], the registration answered.
+async fn registered(
+    plugin: Arc<Recorder>,
+) -> (
+    tokio::task::JoinHandle<Result<Ended, String>>,
+    FakeRuntime,
+    tempfile::TempDir,
+) {
+    let (session, mut rt, dir) = start(plugin).await;
+    let (stream, _) = rt.registration().await;
+    rt.answer_registration(stream, Response::ok(Vec::new()))
+        .await;
+    (session, rt, dir)
+}
+
 #[tokio::test]
 async fn a_session_registers_then_is_configured_synchronized_and_called_at_each_event() {
     let plugin = Arc::new(Recorder::default());
@@ -379,10 +394,7 @@ async fn an_event_not_done_by_its_deadline_is_answered_with_an_error_in_time_and
         run_takes: Duration::from_millis(700),
         ..Default::default()
     });
-    let (session, mut rt, _dir) = start(plugin.clone()).await;
-    let (stream, _) = rt.registration().await;
-    rt.answer_registration(stream, Response::ok(Vec::new()))
-        .await;
+    let (session, mut rt, _dir) = registered(plugin.clone()).await;
     let started = std::time::Instant::now();
     let answer = rt
         .call(
@@ -419,10 +431,7 @@ async fn a_stop_not_done_by_its_deadline_is_answered_with_success_in_time_and_it
         stop_takes: Duration::from_millis(700),
         ..Default::default()
     });
-    let (session, mut rt, _dir) = start(plugin.clone()).await;
-    let (stream, _) = rt.registration().await;
-    rt.answer_registration(stream, Response::ok(Vec::new()))
-        .await;
+    let (session, mut rt, _dir) = registered(plugin.clone()).await;
     let started = std::time::Instant::now();
     let answer = rt
         .call(

@@ -174,11 +174,13 @@ impl plexus_nri::Plugin for NriPlugin {
             request_timeout = ?runtime.request_timeout, "registered with the runtime's NRI");
     }
 
+    /// Answered at once, the reconciliation going on in the background: it may attach many pods, and the runtime
+    /// drops a plugin that does not answer within its request timeout. An event for one of those pods meanwhile
+    /// waits for the reconciliation's work on it (the per-container lock).
     async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), String> {
         let inner = self.0.clone();
-        tokio::task::spawn_blocking(move || inner.reconcile(&pods))
-            .await
-            .map_err(|e| format!("plexus: reconciling the runtime's pods: {e}"))
+        tokio::task::spawn_blocking(move || inner.reconcile(&pods));
+        Ok(())
     }
 
     async fn pod_event(
@@ -328,19 +330,13 @@ impl Inner {
     /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, plans
     /// of sandboxes the runtime no longer has are deleted. Failures are logged: the session goes on.
     fn reconcile(&self, pods: &[PodSandbox]) {
-        let Some(inv) = pods
-            .first()
-            .and_then(|p| self.invocation("DEL", p, None).ok())
-        else {
-            return self.delete_all_but(&BTreeSet::new());
-        };
-        let planned: BTreeSet<String> = match AttachmentCache::open_existing(&inv.conf.cache_dir) {
-            Ok(Some(cache)) => cache
+        let planned: BTreeSet<String> = match self.cache() {
+            Some(cache) => cache
                 .container_ids()
                 .unwrap_or_default()
                 .into_iter()
                 .collect(),
-            _ => BTreeSet::new(),
+            None => BTreeSet::new(),
         };
         for pod in pods
             .iter()
@@ -358,14 +354,17 @@ impl Inner {
         self.delete_all_but(&pods.iter().map(|p| p.id.clone()).collect());
     }
 
+    /// The attachment cache of the NRI conf's `cacheDir`, if there is one yet.
+    fn cache(&self) -> Option<AttachmentCache> {
+        let conf = plexus_cni::conf::PlexusConf::from_json(self.conf.clone(), false).ok()?;
+        AttachmentCache::open_existing(&conf.cache_dir)
+            .ok()
+            .flatten()
+    }
+
     /// DEL of every cached plan but those of `live` sandboxes.
     fn delete_all_but(&self, live: &BTreeSet<String>) {
-        let Ok(conf) = plexus_cni::conf::PlexusConf::from_json(self.conf.clone(), false) else {
-            return;
-        };
-        let Ok(Some(cache)) = AttachmentCache::open_existing(&conf.cache_dir) else {
-            return;
-        };
+        let Some(cache) = self.cache() else { return };
         for id in cache.container_ids().unwrap_or_default() {
             if live.contains(&id) {
                 continue;
