@@ -100,15 +100,7 @@ pub async fn run(
     registration: &Registration,
     plugin: Arc<dyn Plugin>,
 ) -> Result<Ended, String> {
-    let stream = tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(socket))
-        .await
-        .map_err(|_| {
-            format!(
-                "connecting to the NRI socket {} took over {CONNECT_TIMEOUT:?}",
-                socket.display()
-            )
-        })?
-        .map_err(|e| format!("cannot connect to the NRI socket {}: {e}", socket.display()))?;
+    let stream = connect(socket).await?;
     let (mut rd, mut wr) = stream.into_split();
     let (out, mut outbox) = mpsc::channel::<(u32, Vec<u8>)>(OUTBOX);
     let mut writer = tokio::spawn(async move {
@@ -125,21 +117,7 @@ pub async fn run(
         synced: Mutex::new(Vec::new()),
         slots: Arc::new(Semaphore::new(MAX_IN_FLIGHT)),
     });
-    let register = api::RegisterPluginRequest {
-        plugin_name: registration.name.clone(),
-        plugin_idx: registration.index.clone(),
-        nri_version: api::NRI_VERSION.into(),
-    };
-    let request = Request {
-        service: api::RUNTIME.into(),
-        method: "RegisterPlugin".into(),
-        payload: register.encode_to_vec(),
-        timeout_nano: REGISTRATION_TIMEOUT.as_nanos() as i64,
-        metadata: Vec::new(),
-    };
-    let _ = out
-        .send((RUNTIME_SERVICE, Message::request(1, &request).encode()))
-        .await;
+    let _ = out.send((RUNTIME_SERVICE, register(registration))).await;
     let registered_by = Instant::now() + REGISTRATION_TIMEOUT;
     let mut registered = false;
     let mut calls = Assembler::default();
@@ -200,6 +178,36 @@ pub async fn run(
         writer.abort();
     }
     ended
+}
+
+/// Connects to the runtime's socket, within [`CONNECT_TIMEOUT`].
+async fn connect(socket: &Path) -> Result<UnixStream, String> {
+    tokio::time::timeout(CONNECT_TIMEOUT, UnixStream::connect(socket))
+        .await
+        .map_err(|_| {
+            format!(
+                "connecting to the NRI socket {} took over {CONNECT_TIMEOUT:?}",
+                socket.display()
+            )
+        })?
+        .map_err(|e| format!("cannot connect to the NRI socket {}: {e}", socket.display()))
+}
+
+/// The plugin's `RegisterPlugin` call, on stream 1 of the runtime's service, encoded.
+fn register(registration: &Registration) -> Vec<u8> {
+    let register = api::RegisterPluginRequest {
+        plugin_name: registration.name.clone(),
+        plugin_idx: registration.index.clone(),
+        nri_version: api::NRI_VERSION.into(),
+    };
+    let request = Request {
+        service: api::RUNTIME.into(),
+        method: "RegisterPlugin".into(),
+        payload: register.encode_to_vec(),
+        timeout_nano: REGISTRATION_TIMEOUT.as_nanos() as i64,
+        metadata: Vec::new(),
+    };
+    Message::request(1, &request).encode()
 }
 
 /// The registration's answer, once it has come: `Ok(true)` when the runtime accepted it.
