@@ -505,12 +505,7 @@ pub struct NodeDaemon {
 /// Dynamic Resource Allocation and, where it does, has synced the claims and slices (until then the CNI process
 /// reads a pod's claims, and writes what follows from them, itself).
 pub fn settled(h: &plexus_cni::daemon::proto::DaemonHealth) -> bool {
-    h.synced()
-        && match h.cache.dra {
-            Some(true) => h.cache.dra_synced,
-            Some(false) => true,
-            None => false,
-        }
+    h.cache.settled()
 }
 
 impl NodeDaemon {

@@ -71,6 +71,20 @@ pub struct CacheHealth {
     pub nads_evicted: u64,
 }
 
+impl CacheHealth {
+    /// The caches answer an ADD alone: pods and NADs listed, and whether the API server serves Dynamic Resource
+    /// Allocation known and, where it does, the claims and slices listed.
+    pub fn settled(&self) -> bool {
+        self.pods_synced
+            && self.nads_synced
+            && match self.dra {
+                Some(true) => self.dra_synced,
+                Some(false) => true,
+                None => false,
+            }
+    }
+}
+
 /// The kinds of object a cluster source reads.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ObjectKind {

@@ -152,6 +152,11 @@ pub struct LinuxNamespace {
 }
 
 impl PodSandbox {
+    /// `namespace/name`: how messages name the pod.
+    pub fn label(&self) -> String {
+        format!("{}/{}", self.namespace, self.name)
+    }
+
     /// The path of the sandbox's network namespace, when the runtime gave one (it leaves it out once the namespace
     /// is gone, and for a pod on the host's network).
     pub fn network_namespace(&self) -> Option<&str> {

@@ -400,7 +400,7 @@ impl Session {
         deadline: Instant,
     ) -> Result<(), String> {
         let pod = pod?;
-        let name = format!("{}/{}", pod.namespace, pod.name);
+        let name = pod.label();
         let plugin = self.plugin.clone();
         let handler = tokio::spawn(async move { plugin.pod_event(event, pod, deadline).await });
         match tokio::time::timeout_at(answer_by(Instant::now(), deadline), handler).await {

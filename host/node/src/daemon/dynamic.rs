@@ -330,27 +330,11 @@ fn change(shared: &Arc<NodeState>, cache_dir: &std::path::Path, container_id: &s
         error,
         retry,
     };
-    let cluster = LocalCluster {
-        shared: shared.clone(),
-        handle: tokio::runtime::Handle::current(),
+    let local = match LocalEffects::new(shared, tokio::runtime::Handle::current(), &sb.inv.conf) {
+        Ok(local) => local,
+        Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
     };
-    let conf = &sb.inv.conf;
-    let hooks =
-        match plexus_cni::hooks::for_conf(conf, true, plexus_cni::entry::Compile::WhenNeeded) {
-            Ok(h) => h,
-            Err(e) => return refuse(format!("{}: {e}", sb.inv.pod_label()), true),
-        };
-    let devices = KubeletPodResources {
-        socket: conf.pod_resources_socket.clone(),
-        timeout: POD_RESOURCES_TIMEOUT,
-    };
-    let fx = Effects {
-        exec: &ProcessExec,
-        cluster: Some(&cluster),
-        podnet: &IpRoute,
-        hooks: hooks.as_ref(),
-        devices: &devices,
-    };
+    let fx = local.effects();
     match sb.repair(&fx) {
         Ok(0) => {}
         Ok(n) => {
@@ -431,11 +415,50 @@ fn detach_failures(sb: &Sandbox, applied: &plexus_cni::change::Applied) -> Optio
     ))
 }
 
+/// What an attachment change made inside the daemon runs with (a dynamic network's, an ADD or DEL of NRI mode):
+/// the daemon's caches for the cluster ([`LocalCluster`]), the delegates as processes, the route changes with
+/// `ip`, the conf's hooks, and the kubelet's PodResources API for devices.
+pub(super) struct LocalEffects {
+    cluster: LocalCluster,
+    hooks: Box<dyn plexus_cni::hooks::HookRunner>,
+    devices: KubeletPodResources,
+}
+
+impl LocalEffects {
+    pub(super) fn new(
+        shared: &Arc<NodeState>,
+        handle: tokio::runtime::Handle,
+        conf: &plexus_cni::conf::PlexusConf,
+    ) -> Result<LocalEffects, plexus_cni::error::PlexusError> {
+        Ok(LocalEffects {
+            cluster: LocalCluster {
+                shared: shared.clone(),
+                handle,
+            },
+            hooks: plexus_cni::hooks::for_conf(conf, true, plexus_cni::entry::Compile::WhenNeeded)?,
+            devices: KubeletPodResources {
+                socket: conf.pod_resources_socket.clone(),
+                timeout: POD_RESOURCES_TIMEOUT,
+            },
+        })
+    }
+
+    pub(super) fn effects(&self) -> Effects<'_> {
+        Effects {
+            exec: &ProcessExec,
+            cluster: Some(&self.cluster),
+            podnet: &IpRoute,
+            hooks: self.hooks.as_ref(),
+            devices: &self.devices,
+        }
+    }
+}
+
 /// The cluster as a change sees it: the daemon's watch caches first (the API when they miss), status writes
 /// through the daemon's durable queue, events from the daemon.
-pub(super) struct LocalCluster {
-    pub(super) shared: Arc<NodeState>,
-    pub(super) handle: tokio::runtime::Handle,
+struct LocalCluster {
+    shared: Arc<NodeState>,
+    handle: tokio::runtime::Handle,
 }
 
 impl Cluster for LocalCluster {

@@ -20,14 +20,12 @@ use std::time::{Duration, Instant};
 
 use plexus_cni::cache::AttachmentCache;
 use plexus_cni::effects::Effects;
-use plexus_cni::exec::ProcessExec;
 use plexus_cni::invocation::{ClusterBy, Invocation};
 use plexus_cni::podnet::IpRoute;
-use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
 use serde_json::Value;
 
-use super::dynamic::LocalCluster;
+use super::dynamic::LocalEffects;
 use super::state::NodeState;
 
 /// The NRI socket containerd and CRI-O listen on unless configured otherwise.
@@ -76,10 +74,16 @@ pub fn read_conf(path: &Path) -> Result<Value, String> {
 
 /// Sessions with the runtime, one after another, for the daemon's life.
 pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
+    // Checked when the daemon started (read_conf).
+    let cache_dir = match plexus_cni::conf::PlexusConf::from_json(conf.clone(), false) {
+        Ok(c) => c.cache_dir,
+        Err(e) => return tracing::error!("NRI mode: {e}"),
+    };
     let plugin = Arc::new(NriPlugin(Arc::new(Inner {
         state,
         settings,
         conf,
+        cache_dir,
         handle: tokio::runtime::Handle::current(),
         retry: Mutex::new(BTreeMap::new()),
     })));
@@ -96,7 +100,7 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
     let socket = plugin.0.settings.socket.clone();
     // Registered only once the caches can answer: a sandbox's ADD (and the new session's reconciliation) reads
     // the pod, its NADs and its claims from them.
-    while !caches_synced(&plugin.0.state) {
+    while !plugin.0.state.cache.health().settled() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let mut backoff = Duration::from_secs(1);
@@ -118,22 +122,12 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
     }
 }
 
-/// The pods, the NADs, and where the API server serves DRA, the claims and slices, listed.
-fn caches_synced(state: &NodeState) -> bool {
-    let h = state.cache.health();
-    h.pods_synced
-        && h.nads_synced
-        && match h.dra {
-            Some(true) => h.dra_synced,
-            Some(false) => true,
-            None => false,
-        }
-}
-
 struct Inner {
     state: Arc<NodeState>,
     settings: NriSettings,
     conf: Value,
+    /// The conf's `cacheDir`: where the attachment cache is.
+    cache_dir: PathBuf,
     handle: tokio::runtime::Handle,
     /// Sandboxes whose DEL failed, by id: the runtime does not ask again, so the daemon does.
     retry: Mutex<BTreeMap<String, Retry>>,
@@ -190,7 +184,7 @@ impl plexus_nri::Plugin for NriPlugin {
         _deadline: tokio::time::Instant,
     ) -> Result<(), String> {
         let inner = self.0.clone();
-        let name = format!("{}/{}", pod.namespace, pod.name);
+        let name = pod.label();
         tokio::task::spawn_blocking(move || match event {
             Event::RunPodSandbox => inner.add(&pod),
             // A failed DEL is the daemon's to retry ([`retry_dels`]); refusing the stop or removal would only hold
@@ -233,33 +227,18 @@ impl Inner {
             env.insert("CNI_NETNS".into(), netns.into());
         }
         Invocation::from_env(&env, Ok(self.conf.clone()))
-            .map_err(|e| format!("plexus: pod {}/{}: {e}", pod.namespace, pod.name))
+            .map_err(|e| format!("plexus: pod {}: {e}", pod.label()))
     }
 
-    /// What an ADD or DEL runs with: the daemon's caches for the cluster, the delegates as processes.
+    /// An ADD or DEL run with the daemon's caches and processes ([`LocalEffects`]).
     fn with_effects<T>(
         &self,
         inv: &Invocation,
         f: impl FnOnce(&Effects<'_>) -> T,
     ) -> Result<T, String> {
-        let cluster = LocalCluster {
-            shared: self.state.clone(),
-            handle: self.handle.clone(),
-        };
-        let hooks =
-            plexus_cni::hooks::for_conf(&inv.conf, true, plexus_cni::entry::Compile::WhenNeeded)
-                .map_err(|e| format!("plexus: {}: {e}", inv.pod_label()))?;
-        let devices = KubeletPodResources {
-            socket: inv.conf.pod_resources_socket.clone(),
-            timeout: POD_RESOURCES_TIMEOUT,
-        };
-        Ok(f(&Effects {
-            exec: &ProcessExec,
-            cluster: Some(&cluster),
-            podnet: &IpRoute,
-            hooks: hooks.as_ref(),
-            devices: &devices,
-        }))
+        let local = LocalEffects::new(&self.state, self.handle.clone(), &inv.conf)
+            .map_err(|e| format!("plexus: {}: {e}", inv.pod_label()))?;
+        Ok(f(&local.effects()))
     }
 
     /// ADD of the pod's networks; nothing for a pod on the host's network (the runtime gives no namespace).
@@ -272,8 +251,8 @@ impl Inner {
             .interface_result(netns, CLUSTER_IFNAME, inv.conf.cni_version.as_str())
             .map_err(|e| {
                 format!(
-                    "plexus: pod {}/{}: the cluster network's interface: {e}",
-                    pod.namespace, pod.name
+                    "plexus: pod {}: the cluster network's interface: {e}",
+                    pod.label()
                 )
             })?;
         inv.cluster_by = ClusterBy::Runtime(Some(cluster));
@@ -296,14 +275,14 @@ impl Inner {
         match &deleted {
             Ok(()) => {
                 if retry.remove(&pod.id).is_some() {
-                    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id, "DEL succeeded on a retry");
+                    tracing::info!(pod = %pod.label(), container = %pod.id, "DEL succeeded on a retry");
                 }
             }
             Err(e) => {
                 let backoff = retry
                     .get(&pod.id)
                     .map_or(DEL_RETRY, |r| (r.backoff * 2).min(MAX_DEL_BACKOFF));
-                tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), container = %pod.id,
+                tracing::warn!(pod = %pod.label(), container = %pod.id,
                     retry_in = ?backoff, "DEL failed: {e}");
                 if retry.len() >= MAX_RETRIED && !retry.contains_key(&pod.id) {
                     let oldest = retry
@@ -330,46 +309,32 @@ impl Inner {
     /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, plans
     /// of sandboxes the runtime no longer has are deleted. Failures are logged: the session goes on.
     fn reconcile(&self, pods: &[PodSandbox]) {
-        let planned: BTreeSet<String> = match self.cache() {
-            Some(cache) => cache
-                .container_ids()
-                .unwrap_or_default()
-                .into_iter()
-                .collect(),
-            None => BTreeSet::new(),
-        };
+        let cache = AttachmentCache::open_existing(&self.cache_dir)
+            .ok()
+            .flatten();
+        let planned: BTreeSet<String> = cache
+            .as_ref()
+            .and_then(|c| c.container_ids().ok())
+            .unwrap_or_default()
+            .into_iter()
+            .collect();
         for pod in pods
             .iter()
             .filter(|p| !planned.contains(&p.id) && p.network_namespace().is_some())
         {
             match self.add(pod) {
                 Ok(()) => {
-                    tracing::info!(pod = %format!("{}/{}", pod.namespace, pod.name), "attached a pod the runtime had before this session")
+                    tracing::info!(pod = %pod.label(), "attached a pod the runtime had before this session")
                 }
                 Err(e) => {
-                    tracing::warn!(pod = %format!("{}/{}", pod.namespace, pod.name), "attaching a pod the runtime had before this session: {e}")
+                    tracing::warn!(pod = %pod.label(), "attaching a pod the runtime had before this session: {e}")
                 }
             }
         }
-        self.delete_all_but(&pods.iter().map(|p| p.id.clone()).collect());
-    }
-
-    /// The attachment cache of the NRI conf's `cacheDir`, if there is one yet.
-    fn cache(&self) -> Option<AttachmentCache> {
-        let conf = plexus_cni::conf::PlexusConf::from_json(self.conf.clone(), false).ok()?;
-        AttachmentCache::open_existing(&conf.cache_dir)
-            .ok()
-            .flatten()
-    }
-
-    /// DEL of every cached plan but those of `live` sandboxes.
-    fn delete_all_but(&self, live: &BTreeSet<String>) {
-        let Some(cache) = self.cache() else { return };
-        for id in cache.container_ids().unwrap_or_default() {
-            if live.contains(&id) {
-                continue;
-            }
-            let Ok(Some(plan)) = cache.load(&id) else {
+        let Some(cache) = cache else { return };
+        let live: BTreeSet<&str> = pods.iter().map(|p| p.id.as_str()).collect();
+        for id in planned.iter().filter(|id| !live.contains(id.as_str())) {
+            let Ok(Some(plan)) = cache.load(id) else {
                 continue;
             };
             let Some(pod) = plan.pod else { continue };
