@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use plexus_tests::containerd::cni_dirs;
+use plexus_tests::containerd::{cluster_cni_dirs, cni_dirs};
 use plexus_tests::control_plane::Component;
 use plexus_tests::dra_driver::{allocated, DraDriver, DRIVER_OWNED_REQUEST, SHARED_DEVICE};
 use plexus_tests::kubeapi::{KubeApiServer, PLEXUS_USER};
@@ -35,16 +35,30 @@ const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 /// releases what they hold), the daemon, the API server.
 struct Node {
     _control: Vec<Component>,
+    /// The cluster network's name (its conflist's, and the network-status's default entry): one of this node's
+    /// own, since in NRI mode its list is the runtime's, and CRI-O, when it starts, tears down every attachment the
+    /// host's libcni cache holds under the names of its lists that is not one of its sandboxes.
+    cluster: String,
     kubelet: Kubelet,
     driver: Option<DraDriver>,
     runtime: Runtime,
     daemon: NodeDaemon,
     api: KubeApiServer,
-    bridges: Vec<(&'static str, HostBridge)>,
+    bridges: Vec<(String, HostBridge)>,
     /// Each network's host-local subnet.
-    subnets: Vec<(&'static str, String)>,
+    subnets: Vec<(String, String)>,
     ipam: IpamDir,
     sb: Sandbox,
+}
+
+/// How the node's runtime reaches Plexus.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    /// Plexus is the runtime's CNI configuration and delegates the cluster network (the standard's model).
+    Cni,
+    /// The runtime's only CNI configuration is the cluster network; the daemon, an NRI plugin of the runtime
+    /// (`plexus daemon --nri`), attaches the rest.
+    Nri,
 }
 
 /// The DRA driver of the test's devices.
@@ -52,8 +66,8 @@ const DRIVER: &str = "sriov.example.com";
 const RESOURCE: &str = "example.com/sriov";
 
 impl Node {
-    fn start(kind: RuntimeKind) -> Node {
-        Node::start_with(kind, false)
+    fn start(kind: RuntimeKind, mode: Mode) -> Node {
+        Node::start_with(kind, false, mode)
     }
 
     /// With `dra`: the cluster allocates devices as a current one does: the DeviceClass of the driver, the
@@ -61,7 +75,7 @@ impl Node {
     /// publishes this node's ResourceSlice (vf0-vf5 with both network attributes) and prepares claims; NAD
     /// `sriov-net` (net-b's bridge and a recording chained plugin, `resourceName` example.com/sriov), and the
     /// daemon waits for its DRA caches too.
-    fn start_with(kind: RuntimeKind, dra: bool) -> Node {
+    fn start_with(kind: RuntimeKind, dra: bool, mode: Mode) -> Node {
         require_root_and_plugins();
         let api = KubeApiServer::start(&[], &[]);
         api.apply_file(&deploy_manifest("crds.yaml"));
@@ -78,20 +92,22 @@ impl Node {
         api.namespace("other");
         let sb = Sandbox::new();
         let ipam = IpamDir::new();
-        let bridges: Vec<(&'static str, HostBridge)> = ["cluster-net", "net-a", "net-b", "net-c"]
+        let mut bridges: Vec<(String, HostBridge)> = ["cluster", "net-a", "net-b", "net-c"]
             .into_iter()
             .zip(["kcl", "kna", "knb", "knc"])
-            .map(|(net, tag)| (net, HostBridge::reserve(tag)))
+            .map(|(net, tag)| (net.to_string(), HostBridge::reserve(tag)))
             .collect();
-        let confs: Vec<(&'static str, Value)> = bridges
+        let cluster = format!("cluster-{}", bridges[0].1.name());
+        bridges[0].0 = cluster.clone();
+        let confs: Vec<(String, Value)> = bridges
             .iter()
-            .map(|(name, bridge)| (*name, bridge_host_local(name, bridge, &ipam)))
+            .map(|(name, bridge)| (name.clone(), bridge_host_local(name, bridge, &ipam)))
             .collect();
         let subnets = confs
             .iter()
             .map(|(name, conf)| {
                 let subnet = conf["plugins"][0]["ipam"]["ranges"][0][0]["subnet"].as_str();
-                (*name, subnet.unwrap().to_string())
+                (name.clone(), subnet.unwrap().to_string())
             })
             .collect();
         sb.conf_file("00-cluster.conflist", &confs[0].1);
@@ -117,9 +133,10 @@ impl Node {
         api.write_kubeconfig(&sb.path("plexus.kubeconfig"), &token);
         api.write_kubeconfig(&sb.path("admin.kubeconfig"), "admin-token");
 
-        // The runtime's CNI dirs: the CNI binary as `plexus` beside the reference plugins, and plexus's conflist
-        // with a policy hook that keeps pods to their own namespace's NADs.
+        // Plexus's conf, with a policy hook that keeps pods to their own namespace's NADs: the runtime's CNI
+        // conflist in CNI mode, the daemon's `--nri-conf` in NRI mode.
         let plexus = sb.conf(json!({
+            "clusterNetwork": cluster,
             // The test driver's claims may carry CNI configurations (a node conf allows none by default).
             "claimCniDrivers": [DRIVER],
             "logFile": sb.path("plexus.log"),
@@ -130,7 +147,12 @@ impl Node {
             "hooks": [{"name": "isolation", "kind": "policy",
                        "module": guest_wasm("namespace-isolation")}],
         }));
-        let (bin, conf_dir) = cni_dirs(&sb, &plexus_cni_bin(), plexus);
+        // The runtime's CNI dirs: in CNI mode the CNI binary as `plexus` beside the reference plugins and plexus's
+        // conflist; in NRI mode the reference plugins and the cluster network's conflist alone.
+        let (bin, conf_dir) = match mode {
+            Mode::Cni => cni_dirs(&sb, &plexus_cni_bin(), plexus.clone()),
+            Mode::Nri => cluster_cni_dirs(&sb, &confs[0].1),
+        };
         // The recording fake, chained after a real plugin: it passes the result on and keeps what it was given.
         std::os::unix::fs::symlink(fake_cni_bin(), bin.join("recorder"))
             .expect("link the recorder");
@@ -149,18 +171,55 @@ impl Node {
             "plexus hook compile: {}",
             String::from_utf8_lossy(&compiled.stderr)
         );
-        let daemon = NodeDaemon::start(
-            NODE,
-            &sb.path("plexus.kubeconfig"),
-            &sb.path("run/daemon.sock"),
-            &sb.path("cache"),
-            &sb.path("daemon.log"),
-            &["--dynamic-networks"],
-        );
-        daemon.wait("synced", |h| {
-            plexus_tests::plexus::settled(h) && (!dra || h.cache.dra_synced)
-        });
-        let runtime = Runtime::start(kind, &bin, &conf_dir);
+        let start_daemon = |extra: &[&str]| {
+            let daemon = NodeDaemon::start(
+                NODE,
+                &sb.path("plexus.kubeconfig"),
+                &sb.path("run/daemon.sock"),
+                &sb.path("cache"),
+                &sb.path("daemon.log"),
+                extra,
+            );
+            daemon.wait("synced", |h| {
+                plexus_tests::plexus::settled(h) && (!dra || h.cache.dra_synced)
+            });
+            daemon
+        };
+        let (daemon, runtime) = match mode {
+            Mode::Cni => {
+                let daemon = start_daemon(&["--dynamic-networks"]);
+                (daemon, Runtime::start(kind, &bin, &conf_dir))
+            }
+            // The runtime first: the daemon registers with its NRI socket once its caches have synced.
+            Mode::Nri => {
+                let runtime = Runtime::start(kind, &bin, &conf_dir);
+                let conf = sb.path("nri-plexus.json");
+                std::fs::write(&conf, plexus.to_string()).expect("the NRI mode's conf");
+                let daemon = start_daemon(&[
+                    "--dynamic-networks",
+                    "--nri",
+                    "--nri-socket",
+                    runtime.nri_socket().to_str().unwrap(),
+                    "--nri-conf",
+                    conf.to_str().unwrap(),
+                    "--nri-cni-path",
+                    bin.to_str().unwrap(),
+                ]);
+                let until = Instant::now() + Duration::from_secs(20);
+                while !daemon
+                    .log_text()
+                    .contains("registered with the runtime's NRI")
+                {
+                    assert!(
+                        Instant::now() < until,
+                        "the daemon did not register with the runtime's NRI:\n{}",
+                        daemon.log_text()
+                    );
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                (daemon, runtime)
+            }
+        };
         let kubelet = Kubelet::start(&api, &runtime.socket());
         let (control, driver) = match dra {
             true => {
@@ -192,6 +251,7 @@ impl Node {
         };
         Node {
             _control: control,
+            cluster,
             kubelet,
             driver,
             runtime,
@@ -270,7 +330,7 @@ impl Node {
 
     /// The subnet prefix (`a.b.c.`) of a network's range.
     fn prefix(&self, network: &str) -> String {
-        let (_, subnet) = self.subnets.iter().find(|(n, _)| *n == network).unwrap();
+        let (_, subnet) = self.subnets.iter().find(|(n, _)| n == network).unwrap();
         format!("{}.", subnet.rsplit_once('.').unwrap().0)
     }
 
@@ -341,20 +401,36 @@ fn has_addr_in(ifs: &[(String, Vec<String>)], ifname: &str, prefix: &str) -> boo
 
 plexus_tests::on_each_runtime!(
     kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod,
+    in_nri_mode_a_pods_networks_are_attached_changed_refused_and_released_as_in_cni_mode,
     a_pods_resource_claims_give_its_networks_their_devices,
 );
 
 fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: RuntimeKind) {
-    let node = Node::start(kind);
+    a_pods_networks_over_its_life(kind, Mode::Cni)
+}
+
+/// The same life in NRI mode: the runtime's CNI sets up the cluster network, the daemon the rest.
+fn in_nri_mode_a_pods_networks_are_attached_changed_refused_and_released_as_in_cni_mode(
+    kind: RuntimeKind,
+) {
+    a_pods_networks_over_its_life(kind, Mode::Nri)
+}
+
+/// A pod's networks from its creation to its deletion: the sandbox's ADD, a missing NAD and a network the policy
+/// denies failing their sandboxes and leaving nothing, `kubectl annotate` adding and removing a network of the
+/// running pod (and a denied one changing nothing), and nothing left on the node once it is deleted.
+fn a_pods_networks_over_its_life(kind: RuntimeKind, mode: Mode) {
+    let node = Node::start(kind, mode);
     node.kubectl_create(&pod_on_node(NS, "web", "net-a"));
     node.within(90, "the pod Running", || {
         node.pod()
             .is_some_and(|p| p["status"]["phase"] == "Running")
     });
 
-    // The sandbox the runtime made, from the plan plexus cached for it.
+    // The sandbox the runtime made, from the plan plexus cached for it (the node's own plexus pod runs on the
+    // host's network: no plan for it, in either mode).
     let ids = node.sb.cached();
-    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}\n{}", node.logs());
     let plan = node
         .sb
         .cached_plan(ids[0].trim_end_matches(".json"))
@@ -362,27 +438,53 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: Runtim
     let netns = PathBuf::from(plan["netns"].as_str().unwrap());
     let ifs = interfaces(&netns);
     assert!(
-        has_addr_in(&ifs, "eth0", &node.prefix("cluster-net")),
+        has_addr_in(&ifs, "eth0", &node.prefix(&node.cluster)),
         "{ifs:?}"
     );
     assert!(has_addr_in(&ifs, "net1", &node.prefix("net-a")), "{ifs:?}");
-    node.within(20, "the ADD's network-status", || node.status().len() == 2);
-
-    // A pod selecting a NAD that does not exist: its sandbox fails, the kubelet's event names the NAD, and the
-    // failed attempt leaves no address behind.
-    node.kubectl_create(&pod_on_node(NS, "lost", "net-missing"));
-    node.within(60, "the kubelet's event naming the missing NAD", || {
-        node.api
-            .events_of(NS, "lost", "FailedCreatePodSandBox")
-            .iter()
-            .any(|(kind, m)| kind == "Warning" && m.contains("net-missing"))
+    node.within(20, "the ADD's network-status", || {
+        node.status()
+            == [
+                (node.cluster.clone(), "eth0".to_string()),
+                (format!("{NS}/net-a"), "net1".to_string()),
+            ]
     });
-    assert_eq!(
-        node.reserved("cluster-net").len(),
-        1,
-        "only web's address: the failed sandboxes released theirs"
+    // The default entry carries the cluster network's address as the pod's eth0 has it (in NRI mode read from
+    // the sandbox, the runtime's CNI having made it).
+    let default = node.pod().and_then(|p| {
+        let status = p["metadata"]["annotations"]["k8s.v1.cni.cncf.io/network-status"].as_str()?;
+        serde_json::from_str::<Vec<Value>>(status)
+            .ok()?
+            .into_iter()
+            .next()
+    });
+    let default = default.expect("the network-status's first entry");
+    assert_eq!(default["default"], true, "{default}");
+    let eth0 = ifs.iter().find(|(n, _)| n == "eth0").unwrap();
+    assert_eq!(default["ips"], json!(eth0.1), "{default} against {eth0:?}");
+
+    // Pods whose sandbox cannot have its networks fail it, the kubelet's event saying why, and the failed attempts
+    // leave no address behind: one selecting a NAD that does not exist, one a NAD of another namespace (the policy
+    // hook denies it).
+    node.kubectl_create(&pod_on_node(NS, "lost", "net-missing"));
+    node.kubectl_create(&pod_on_node(NS, "denied", "other/net-c"));
+    for (pod, names) in [("lost", "net-missing"), ("denied", "other/net-c")] {
+        node.within(60, &format!("the kubelet's event naming {names}"), || {
+            node.api
+                .events_of(NS, pod, "FailedCreatePodSandBox")
+                .iter()
+                .any(|(kind, m)| kind == "Warning" && m.contains(names))
+        });
+    }
+    // (Awaited: in NRI mode each of the kubelet's attempts has the runtime's CNI reserve an address before the
+    // daemon refuses the sandbox and the runtime releases it; one leaked would stay.)
+    node.within(
+        20,
+        "only web's address: the failed sandboxes released theirs",
+        || node.reserved(&node.cluster).len() == 1,
     );
-    node.kubectl(&["-n", NS, "delete", "pod", "lost", "--wait=false"]);
+    assert!(node.reserved("net-c").is_empty());
+    node.kubectl(&["-n", NS, "delete", "pod", "lost", "denied", "--wait=false"]);
 
     // Added: the interface is in the pod's namespace with a host-local address, and the status lists it.
     node.annotate("net-a,net-b");
@@ -436,7 +538,7 @@ fn kubectl_annotate_attaches_and_detaches_networks_of_a_running_pod(kind: Runtim
     node.kubectl(&["-n", NS, "delete", "pod", "web", "--wait=false"]);
     node.within(90, "the pod gone from the API", || node.pod().is_none());
     node.within(60, "every address released and the plan gone", || {
-        ["cluster-net", "net-a", "net-b", "net-c"]
+        [node.cluster.as_str(), "net-a", "net-b", "net-c"]
             .iter()
             .all(|n| node.reserved(n).is_empty())
             && node.sb.cached().is_empty()
@@ -555,7 +657,7 @@ fn claims_as_the_drivers_write_them(node: &Node) -> [String; 3] {
     node.within(20, "drivers' network-status", || {
         node.api.network_status(NS, "drivers")
             == [
-                ("cluster-net".to_string(), "eth0".to_string()),
+                (node.cluster.clone(), "eth0".to_string()),
                 (format!("{NS}/sriov-net"), "ref1".to_string()),
                 (format!("{NS}/carried"), "cni0".to_string()),
                 (format!("{NS}/net-a"), "sh1".to_string()),
@@ -719,7 +821,7 @@ impl Node {
 /// address behind; once the pods are gone the network data is taken back, the driver unprepares the claims and the
 /// controller deallocates them.
 fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
-    let node = Node::start_with(kind, true);
+    let node = Node::start_with(kind, true, Mode::Cni);
     let driver = node.driver.as_ref().unwrap();
     let attachment = |name: &str, interface: &str| {
         json!([{"requests": ["extra"], "opaque": {"driver": DRIVER, "parameters": {
@@ -764,7 +866,7 @@ fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
     );
 
     let ids = node.sb.cached();
-    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}\n{}", node.logs());
     let plan = node
         .sb
         .cached_plan(ids[0].trim_end_matches(".json"))
@@ -785,7 +887,7 @@ fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
     node.within(20, "the network-status of three", || {
         node.status()
             == [
-                ("cluster-net".to_string(), "eth0".to_string()),
+                (node.cluster.clone(), "eth0".to_string()),
                 (format!("{NS}/sriov-net"), "net1".to_string()),
                 (format!("{NS}/net-a"), "dra0".to_string()),
             ]
@@ -854,7 +956,7 @@ fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
         driver.calls()
     );
     assert_eq!(
-        node.reserved("cluster-net").len(),
+        node.reserved(&node.cluster).len(),
         2,
         "only the addresses of web and drivers"
     );
@@ -920,7 +1022,7 @@ fn a_pods_resource_claims_give_its_networks_their_devices(kind: RuntimeKind) {
         );
     }
     node.within(30, "every address released", || {
-        ["cluster-net", "net-a", "net-b"]
+        [node.cluster.as_str(), "net-a", "net-b"]
             .iter()
             .all(|n| node.reserved(n).is_empty())
     });

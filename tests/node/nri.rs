@@ -719,6 +719,126 @@ fn a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_mean
     assert!(node.ipam.reserved_ips("side").is_empty());
 }
 
+fn a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it(kind: RuntimeKind) {
+    let mut node = Node::new(kind);
+    // The delegates: the reference plugins and `slow`, a recording fake whose ADD takes 1.5 s.
+    let bin = node.dirs.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for plugin in std::fs::read_dir(cni_bin_dir()).unwrap().flatten() {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+    }
+    std::os::unix::fs::symlink(fake_cni_bin(), bin.join("slow")).unwrap();
+    let fake_config = bin.join("fake-config.json");
+    std::fs::write(
+        &fake_config,
+        json!({"slow": {"ADD": {"sleepMs": 1500}}}).to_string(),
+    )
+    .unwrap();
+    let side_bridge = HostBridge::reserve("nrk");
+    let d = NriDaemon::start_with(&node, &bin);
+    d.api.nad(
+        NS,
+        "side",
+        &bridge_host_local("side", &side_bridge, &node.ipam),
+    );
+    d.api.nad(
+        NS,
+        "slow",
+        &json!({"cniVersion": "1.0.0", "name": "slow", "type": "slow"}),
+    );
+    let uid = d.pod("web", "side,slow");
+    let adds = {
+        let calls = bin.join("calls.jsonl");
+        move || {
+            std::fs::read_to_string(&calls)
+                .unwrap_or_default()
+                .lines()
+                .filter(|l| l.contains(r#""command":"ADD""#))
+                .count()
+        }
+    };
+
+    // Killed while `slow` attaches, `side` attached before it: the runtime drops the plugin and starts the
+    // sandbox without it.
+    let NriDaemon { api, mut daemon } = d;
+    let id = std::thread::scope(|s| {
+        let run = s.spawn(|| node.runtime.run_pod_sandbox(NS, "web", &uid));
+        let until = Instant::now() + Duration::from_secs(20);
+        while adds() == 0 {
+            assert!(
+                Instant::now() < until,
+                "slow's ADD never started; daemon:\n{}",
+                daemon.log_text()
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        daemon.child.kill().unwrap();
+        daemon.child.wait().unwrap();
+        run.join().unwrap()
+    });
+    let id = id.unwrap_or_else(|e| panic!("the runtime failed the sandbox: {e}"));
+    let plan = node
+        .dirs
+        .path()
+        .join(format!("cache/attachments/{id}.json"));
+    assert!(plan.exists(), "the unfinished ADD's plan");
+    assert_eq!(
+        node.ipam.reserved_ips("side").len(),
+        1,
+        "side attached before the kill"
+    );
+    drop(daemon);
+
+    // The next daemon's session finishes the pod's ADD: what the unfinished one attached is torn down and
+    // attached again, `slow` this time too.
+    std::fs::write(&fake_config, "{}").unwrap();
+    let d = NriDaemon::on(&node, api, &bin);
+    let until = Instant::now() + Duration::from_secs(20);
+    while d.api.network_status(NS, "web").len() < 3 {
+        assert!(
+            Instant::now() < until,
+            "the ADD was not finished; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert_eq!(
+        d.api.network_status(NS, "web"),
+        [
+            (node.cluster_name.clone(), "eth0".to_string()),
+            (format!("{NS}/side"), "net1".to_string()),
+            (format!("{NS}/slow"), "net2".to_string()),
+        ]
+    );
+    assert!(
+        d.daemon.log_text().contains("left unfinished"),
+        "{}",
+        d.daemon.log_text()
+    );
+    assert_eq!(adds(), 2, "slow's ADD, killed and then finished");
+    let reserved = node.ipam.reserved_ips("side");
+    assert_eq!(
+        reserved.len(),
+        1,
+        "one address of side's, not two: {reserved:?}"
+    );
+
+    // The sandbox goes: nothing of it is left, nor of the killed daemon (its lock, a delegate it ran).
+    let cri = node.runtime.cri();
+    cri.stop_pod_sandbox(&id).unwrap();
+    cri.remove_pod_sandbox(&id).unwrap();
+    assert!(node.ipam.reserved_ips("side").is_empty());
+    assert!(!plan.exists(), "the plan is gone after the sandbox");
+    let locks: Vec<_> = std::fs::read_dir(node.dirs.path().join("run/locks"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(locks.is_empty(), "lock files left: {locks:?}");
+}
+
 plexus_tests::on_each_runtime!(
-    a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile
+    a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile,
+    a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it,
 );

@@ -329,18 +329,8 @@ pub fn cni_dirs(
     plexus: &Path,
     mut plexus_conf: serde_json::Value,
 ) -> (PathBuf, PathBuf) {
-    let bin = sb.path("cni-bin");
-    std::fs::create_dir_all(&bin).expect("cni-bin");
+    let (bin, conf) = reference_cni_dirs(sb);
     std::os::unix::fs::symlink(plexus, bin.join("plexus")).expect("link plexus");
-    for plugin in std::fs::read_dir(crate::netns::cni_bin_dir())
-        .expect("the reference plugins")
-        .flatten()
-    {
-        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name()))
-            .expect("link a reference plugin");
-    }
-    let conf = sb.path("cni-conf");
-    std::fs::create_dir_all(&conf).expect("cni-conf");
     let obj = plexus_conf.as_object_mut().expect("a plexus conf object");
     obj.remove("cniVersion");
     obj.remove("name");
@@ -357,6 +347,33 @@ pub fn cni_dirs(
     );
     let list = json!({"cniVersion": "1.0.0", "name": name, "plugins": [plexus_conf]});
     std::fs::write(conf.join("00-plexus.conflist"), list.to_string()).expect("the conflist");
+    (bin, conf)
+}
+
+/// A runtime's CNI dirs for a node whose CNI configuration is the cluster network's alone (Plexus in NRI mode):
+/// the reference plugins in `cni-bin`, and `cluster` (a conflist, named uniquely: see [`cni_dirs`]) in `cni-conf`.
+pub fn cluster_cni_dirs(
+    sb: &crate::plexus::Sandbox,
+    cluster: &serde_json::Value,
+) -> (PathBuf, PathBuf) {
+    let (bin, conf) = reference_cni_dirs(sb);
+    std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).expect("the conflist");
+    (bin, conf)
+}
+
+/// `cni-bin` with links to the reference plugins, and an empty `cni-conf`, in `sb`.
+fn reference_cni_dirs(sb: &crate::plexus::Sandbox) -> (PathBuf, PathBuf) {
+    let bin = sb.path("cni-bin");
+    std::fs::create_dir_all(&bin).expect("cni-bin");
+    for plugin in std::fs::read_dir(crate::netns::cni_bin_dir())
+        .expect("the reference plugins")
+        .flatten()
+    {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name()))
+            .expect("link a reference plugin");
+    }
+    let conf = sb.path("cni-conf");
+    std::fs::create_dir_all(&conf).expect("cni-conf");
     (bin, conf)
 }
 

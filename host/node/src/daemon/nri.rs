@@ -159,6 +159,20 @@ async fn retry_dels(inner: Arc<Inner>) {
     }
 }
 
+/// Whether `netns` is the network namespace the daemon runs in: the host's (the daemon runs on the host's
+/// network). A pod with `hostNetwork: true` has no networks of its own to attach or detach, as kubelet runs no
+/// CNI for it; containerd names no network namespace for its sandbox, CRI-O names the host's.
+fn on_host_network(netns: &str) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (
+        std::fs::metadata(netns),
+        std::fs::metadata("/proc/self/ns/net"),
+    ) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
 struct NriPlugin(Arc<Inner>);
 
 #[async_trait::async_trait]
@@ -241,9 +255,9 @@ impl Inner {
         Ok(f(&local.effects()))
     }
 
-    /// ADD of the pod's networks; nothing for a pod on the host's network (the runtime gives no namespace).
+    /// ADD of the pod's networks; nothing for a pod on the host's network ([`on_host_network`]).
     fn add(&self, pod: &PodSandbox) -> Result<(), String> {
-        let Some(netns) = pod.network_namespace() else {
+        let Some(netns) = pod.network_namespace().filter(|n| !on_host_network(n)) else {
             return Ok(());
         };
         let mut inv = self.invocation("ADD", pod, Some(netns))?;
@@ -264,6 +278,9 @@ impl Inner {
     /// DEL of the pod's networks (its cached plan, or what still resolves). One that fails is tried again later
     /// ([`retry_dels`]) until it succeeds.
     fn del(&self, pod: &PodSandbox) -> Result<(), String> {
+        if pod.network_namespace().is_some_and(on_host_network) {
+            return Ok(());
+        }
         let deleted = self
             .invocation("DEL", pod, pod.network_namespace())
             .and_then(|mut inv| {
@@ -306,8 +323,11 @@ impl Inner {
         deleted
     }
 
-    /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, plans
-    /// of sandboxes the runtime no longer has are deleted. Failures are logged: the session goes on.
+    /// A new session's pods against the attachment cache: pods with a namespace and no plan are attached, and so
+    /// are pods whose plan an ADD left unfinished (the daemon killed during a `RunPodSandbox`: the runtime drops
+    /// a plugin that goes away mid-request and starts the sandbox without it; the ADD tears down what the
+    /// unfinished one attached first). Plans of sandboxes the runtime no longer has are deleted. Failures are
+    /// logged: the session goes on.
     fn reconcile(&self, pods: &[PodSandbox]) {
         let cache = AttachmentCache::open_existing(&self.cache_dir)
             .ok()
@@ -318,17 +338,25 @@ impl Inner {
             .unwrap_or_default()
             .into_iter()
             .collect();
-        for pod in pods
-            .iter()
-            .filter(|p| !planned.contains(&p.id) && p.network_namespace().is_some())
-        {
+        let unfinished = |id: &str| {
+            cache
+                .as_ref()
+                .and_then(|c| c.load(id).ok().flatten())
+                .is_some_and(|plan| {
+                    plan.attachments
+                        .iter()
+                        .any(|a| !a.external && a.result.is_none())
+                })
+        };
+        for pod in pods.iter().filter(|p| p.network_namespace().is_some()) {
+            let what = match planned.contains(&pod.id) {
+                false => "a pod the runtime had before this session",
+                true if unfinished(&pod.id) => "a pod whose ADD an earlier session left unfinished",
+                true => continue,
+            };
             match self.add(pod) {
-                Ok(()) => {
-                    tracing::info!(pod = %pod.label(), "attached a pod the runtime had before this session")
-                }
-                Err(e) => {
-                    tracing::warn!(pod = %pod.label(), "attaching a pod the runtime had before this session: {e}")
-                }
+                Ok(()) => tracing::info!(pod = %pod.label(), "attached {what}"),
+                Err(e) => tracing::warn!(pod = %pod.label(), "attaching {what}: {e}"),
             }
         }
         let Some(cache) = cache else { return };
