@@ -722,18 +722,8 @@ fn a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_mean
 fn a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it(kind: RuntimeKind) {
     let mut node = Node::new(kind);
     // The delegates: the reference plugins and `slow`, a recording fake whose ADD takes 1.5 s.
-    let bin = node.dirs.path().join("bin");
-    std::fs::create_dir_all(&bin).unwrap();
-    for plugin in std::fs::read_dir(cni_bin_dir()).unwrap().flatten() {
-        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
-    }
-    std::os::unix::fs::symlink(fake_cni_bin(), bin.join("slow")).unwrap();
+    let bin = slow_delegates(&node, 1500);
     let fake_config = bin.join("fake-config.json");
-    std::fs::write(
-        &fake_config,
-        json!({"slow": {"ADD": {"sleepMs": 1500}}}).to_string(),
-    )
-    .unwrap();
     let side_bridge = HostBridge::reserve("nrk");
     let d = NriDaemon::start_with(&node, &bin);
     d.api.nad(
@@ -838,7 +828,79 @@ fn a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it(kind: Runtim
     assert!(locks.is_empty(), "lock files left: {locks:?}");
 }
 
+fn a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then_deleted(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
+    // The delegates: the reference plugins and `slow`, a recording fake whose ADD outlasts the runtime's 2 s.
+    let bin = slow_delegates(&node, 2600);
+    let side_bridge = HostBridge::reserve("nrl");
+    let d = NriDaemon::start_with(&node, &bin);
+    d.api.nad(
+        NS,
+        "side",
+        &bridge_host_local("side", &side_bridge, &node.ipam),
+    );
+    d.api.nad(
+        NS,
+        "slow",
+        &json!({"cniVersion": "1.0.0", "name": "slow", "type": "slow"}),
+    );
+    let uid = d.pod("web", "side,slow");
+    let err = node
+        .runtime
+        .run_pod_sandbox(NS, "web", &uid)
+        .expect_err("a sandbox not attached in time fails")
+        .to_string();
+    assert!(
+        err.contains("not done before the runtime's deadline"),
+        "{err}"
+    );
+
+    // The ADD goes on and succeeds after the runtime gave up; the runtime sends no stop for the sandbox it
+    // failed, so the daemon deletes what the ADD attached itself.
+    let until = Instant::now() + Duration::from_secs(20);
+    while !d
+        .daemon
+        .log_text()
+        .contains("attached past the runtime's deadline")
+    {
+        assert!(
+            Instant::now() < until,
+            "the late ADD was not undone; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    assert!(
+        node.ipam.reserved_ips("side").is_empty(),
+        "side's address released"
+    );
+    let plans: Vec<_> = std::fs::read_dir(node.dirs.path().join("cache/attachments"))
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert!(plans.is_empty(), "plans left: {plans:?}");
+}
+
+/// A bin dir of the reference plugins and `slow`, a recording fake whose ADD takes `ms`; its config file is
+/// `fake-config.json` in it.
+fn slow_delegates(node: &Node, ms: u64) -> std::path::PathBuf {
+    let bin = node.dirs.path().join("bin");
+    std::fs::create_dir_all(&bin).unwrap();
+    for plugin in std::fs::read_dir(cni_bin_dir()).unwrap().flatten() {
+        std::os::unix::fs::symlink(plugin.path(), bin.join(plugin.file_name())).unwrap();
+    }
+    std::os::unix::fs::symlink(fake_cni_bin(), bin.join("slow")).unwrap();
+    let config = json!({"slow": {"ADD": {"sleepMs": ms}}});
+    std::fs::write(bin.join("fake-config.json"), config.to_string()).unwrap();
+    bin
+}
+
 plexus_tests::on_each_runtime!(
+    a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then_deleted,
     a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile,
     a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it,
 );

@@ -75,6 +75,11 @@ pub trait Plugin: Send + Sync + 'static {
         pod: PodSandbox,
         deadline: Instant,
     ) -> Result<(), String>;
+
+    /// A `RunPodSandbox` the session answered with an error at its deadline, whose handler then succeeded: the
+    /// runtime failed the sandbox and removed it without a stop or removal event (neither containerd nor CRI-O
+    /// sends one for a sandbox a plugin failed), so the plugin undoes what its handler did.
+    async fn run_abandoned(&self, _pod: PodSandbox) {}
 }
 
 /// How a session ended without an error.
@@ -402,15 +407,26 @@ impl Session {
         let pod = pod?;
         let name = pod.label();
         let plugin = self.plugin.clone();
-        let handler = tokio::spawn(async move { plugin.pod_event(event, pod, deadline).await });
-        match tokio::time::timeout_at(answer_by(Instant::now(), deadline), handler).await {
+        let kept = pod.clone();
+        let mut handler = tokio::spawn(async move { plugin.pod_event(event, pod, deadline).await });
+        match tokio::time::timeout_at(answer_by(Instant::now(), deadline), &mut handler).await {
             Ok(Ok(result)) => result,
-            Ok(Err(e)) => Err(format!("plexus: the {event:?} handler of {name} failed: {e}")),
-            // A sandbox that is not set up in time fails; its stop and removal are not held up.
-            Err(_) if event == Event::RunPodSandbox => Err(format!(
-                "plexus: {event:?} of {name} was not done before the runtime's deadline (its NRI request timeout); \
-                 it goes on, and the runtime's stop of the sandbox undoes it"
+            Ok(Err(e)) => Err(format!(
+                "plexus: the {event:?} handler of {name} failed: {e}"
             )),
+            // A sandbox that is not set up in time fails; its stop and removal are not held up.
+            Err(_) if event == Event::RunPodSandbox => {
+                let plugin = self.plugin.clone();
+                tokio::spawn(async move {
+                    if let Ok(Ok(())) = handler.await {
+                        plugin.run_abandoned(kept).await;
+                    }
+                });
+                Err(format!(
+                    "plexus: {event:?} of {name} was not done before the runtime's deadline (its NRI request \
+                     timeout); it goes on and is then undone"
+                ))
+            }
             Err(_) => {
                 tracing::info!(pod = %name, "{event:?} goes on past the runtime's deadline");
                 Ok(())

@@ -46,6 +46,13 @@ impl Plugin for Recorder {
         Ok(())
     }
 
+    async fn run_abandoned(&self, pod: PodSandbox) {
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("abandoned {}", pod.name));
+    }
+
     async fn pod_event(
         &self,
         event: Event,
@@ -414,11 +421,40 @@ async fn an_event_not_done_by_its_deadline_is_answered_with_an_error_in_time_and
         took < Duration::from_millis(400),
         "answered after {took:?}, past the deadline"
     );
-    // The handler was not cancelled: it finishes on its own.
+    // The handler was not cancelled: it finishes on its own, and the plugin is told to undo it (the runtime
+    // failed the sandbox and sends no stop for it).
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
         *plugin.seen.lock().unwrap(),
-        [r#"RunPodSandbox slow Some("/run/netns/slow")"#]
+        [
+            r#"RunPodSandbox slow Some("/run/netns/slow")"#,
+            "abandoned slow"
+        ]
+    );
+    drop(rt);
+    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
+}
+
+#[tokio::test]
+async fn a_late_sandbox_whose_handler_then_fails_has_nothing_to_undo() {
+    let plugin = Arc::new(Recorder {
+        run_takes: Duration::from_millis(700),
+        ..Default::default()
+    });
+    let (session, mut rt, _dir) = registered(plugin.clone()).await;
+    let answer = rt
+        .call(
+            "RunPodSandbox",
+            pod_call("refused"),
+            Duration::from_millis(400),
+        )
+        .await;
+    assert!(answer.into_result().is_err());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *plugin.seen.lock().unwrap(),
+        [r#"RunPodSandbox refused Some("/run/netns/refused")"#],
+        "a handler that failed undid itself"
     );
     drop(rt);
     assert_eq!(session.await.unwrap(), Ok(Ended::Closed));

@@ -191,6 +191,18 @@ impl plexus_nri::Plugin for NriPlugin {
         Ok(())
     }
 
+    /// The runtime failed the sandbox and sends no stop for it: its DEL, retried as any other until it succeeds.
+    async fn run_abandoned(&self, pod: PodSandbox) {
+        let inner = self.0.clone();
+        let _ = tokio::task::spawn_blocking(move || {
+            if inner.del(&pod).is_ok() {
+                tracing::info!(pod = %pod.label(), container = %pod.id,
+                    "deleted the networks of a sandbox attached past the runtime's deadline (it failed the sandbox)");
+            }
+        })
+        .await;
+    }
+
     async fn pod_event(
         &self,
         event: Event,
