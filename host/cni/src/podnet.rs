@@ -1,7 +1,9 @@
 //! Changes inside the pod's network namespace that no delegate makes: default-route selection (spec 4.1.2.1.9).
 
+use std::io::Read;
 use std::net::IpAddr;
-use std::process::Command;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use plexus_core::cni::{CniResult, IpNet, Route};
 use serde_json::Value;
@@ -21,32 +23,79 @@ pub trait PodNetwork {
     ) -> Result<(), PlexusError>;
 }
 
+/// How long one `ip` command may take.
+const IP_TIMEOUT: Duration = Duration::from_secs(10);
+/// The most bytes of output one `ip` command may print (a pod's addresses and routes take a few KiB).
+const IP_OUTPUT_CAP: u64 = 1 << 20;
+
 /// Uses `nsenter --net=<netns> ip ...`, which works for named namespaces and `/proc/<pid>/ns/net` alike.
 #[derive(Debug, Default)]
 pub struct IpRoute;
 
 impl IpRoute {
+    /// `ip ARGS` in `netns`: its stdout, within [`IP_TIMEOUT`] and [`IP_OUTPUT_CAP`] bytes of output (a hung
+    /// `ip` is killed, and one that prints more fails).
     fn ip(&self, netns: &str, args: &[&str]) -> Result<String, PlexusError> {
-        let out = Command::new("nsenter")
+        let what = || format!("ip {}", args.join(" "));
+        let fail = |why: String| PlexusError::Io {
+            path: netns.into(),
+            source: std::io::Error::other(why),
+        };
+        let mut child = Command::new("nsenter")
             .arg(format!("--net={netns}"))
             .arg("ip")
             .args(args)
-            .output()
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .map_err(|source| PlexusError::Io {
                 path: "nsenter".into(),
                 source,
             })?;
-        if !out.status.success() {
-            return Err(PlexusError::Io {
-                path: netns.into(),
-                source: std::io::Error::other(format!(
-                    "ip {}: {}",
-                    args.join(" "),
-                    String::from_utf8_lossy(&out.stderr).trim()
-                )),
-            });
+        let capped = |pipe: Option<Box<dyn Read + Send>>| {
+            std::thread::spawn(move || {
+                let mut kept = Vec::new();
+                if let Some(pipe) = pipe {
+                    let _ = pipe.take(IP_OUTPUT_CAP + 1).read_to_end(&mut kept);
+                }
+                kept
+            })
+        };
+        let stdout = capped(child.stdout.take().map(|p| Box::new(p) as _));
+        let stderr = capped(child.stderr.take().map(|p| Box::new(p) as _));
+        let deadline = Instant::now() + IP_TIMEOUT;
+        let status = loop {
+            match child.try_wait() {
+                Ok(Some(status)) => break status,
+                Ok(None) if Instant::now() < deadline => {
+                    std::thread::sleep(Duration::from_millis(1))
+                }
+                Ok(None) => {
+                    let _ = child.kill();
+                    let _ = child.wait();
+                    return Err(fail(format!("{}: no answer within {IP_TIMEOUT:?}", what())));
+                }
+                Err(e) => return Err(fail(format!("{}: {e}", what()))),
+            }
+        };
+        // The pipes close as `ip` exits (it starts nothing that could keep them open).
+        let out = stdout.join().unwrap_or_default();
+        let err = stderr.join().unwrap_or_default();
+        if out.len() as u64 > IP_OUTPUT_CAP {
+            return Err(fail(format!(
+                "{}: over {IP_OUTPUT_CAP} bytes of output",
+                what()
+            )));
         }
-        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+        if !status.success() {
+            return Err(fail(format!(
+                "{}: {}",
+                what(),
+                String::from_utf8_lossy(&err).trim()
+            )));
+        }
+        Ok(String::from_utf8_lossy(&out).into_owned())
     }
 }
 
