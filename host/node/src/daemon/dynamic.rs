@@ -27,9 +27,10 @@ use plexus_cni::effects::Effects;
 use plexus_cni::exec::ProcessExec;
 use plexus_cni::podnet::IpRoute;
 use plexus_cni::podresources::{KubeletPodResources, POD_RESOURCES_TIMEOUT};
+use plexus_core::spec::dra::{ClaimName, DeviceNetworkData};
 use plexus_core::spec::{NetworkAttachmentDefinition, Pod, PodRef};
 
-use super::state::{enqueue_status, send_event, NodeState};
+use super::state::{enqueue_claim_status, enqueue_status, send_event, NodeState};
 use crate::controller::{self, Controller};
 use crate::hotplug::{diff, Change};
 
@@ -497,6 +498,22 @@ impl Cluster for LocalCluster {
             // The queue (full, or its disk failing) did not keep it: one attempt, as the queue's writer makes.
             self.handle
                 .block_on(self.shared.api.write_status(pod, network_status))
+        }
+    }
+
+    /// Through the daemon's durable queue, as a CNI process's claim write is.
+    fn write_claim_status(
+        &self,
+        pod: &PodRef,
+        claim: &ClaimName,
+        devices: &[DeviceNetworkData],
+    ) -> Result<(), ClusterError> {
+        if enqueue_claim_status(&self.shared, pod.clone(), claim.clone(), devices.to_vec()) {
+            Ok(())
+        } else {
+            // The queue did not keep it: one attempt.
+            self.handle
+                .block_on(self.shared.api.apply_claim_status(claim, devices))
         }
     }
 
