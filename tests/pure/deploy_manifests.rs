@@ -10,7 +10,7 @@ use k8s_openapi::api::admissionregistration::v1::{
     ValidatingAdmissionPolicy, ValidatingAdmissionPolicyBinding,
 };
 use k8s_openapi::api::apps::v1::DaemonSet;
-use k8s_openapi::api::core::v1::ServiceAccount;
+use k8s_openapi::api::core::v1::{ConfigMap, ServiceAccount};
 use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding};
 use k8s_openapi::apiextensions_apiserver::pkg::apis::apiextensions::v1::CustomResourceDefinition;
 use serde::de::DeserializeOwned;
@@ -88,6 +88,7 @@ struct Manifests {
     bindings: Vec<ClusterRoleBinding>,
     accounts: Vec<ServiceAccount>,
     daemonsets: Vec<DaemonSet>,
+    config_maps: Vec<ConfigMap>,
     policies: Vec<ValidatingAdmissionPolicy>,
     policy_bindings: Vec<ValidatingAdmissionPolicyBinding>,
     /// PrometheusRule objects (prometheus-operator's CRD; no typed model here).
@@ -104,6 +105,7 @@ fn manifests() -> Manifests {
             "ClusterRoleBinding" => strict(&file, &doc).map(|o| m.bindings.push(o)),
             "ServiceAccount" => strict(&file, &doc).map(|o| m.accounts.push(o)),
             "DaemonSet" => strict(&file, &doc).map(|o| m.daemonsets.push(o)),
+            "ConfigMap" => strict(&file, &doc).map(|o| m.config_maps.push(o)),
             "ValidatingAdmissionPolicy" => strict(&file, &doc).map(|o| m.policies.push(o)),
             "ValidatingAdmissionPolicyBinding" => {
                 strict(&file, &doc).map(|o| m.policy_bindings.push(o))
@@ -119,6 +121,16 @@ fn manifests() -> Manifests {
     m
 }
 
+impl Manifests {
+    /// The DaemonSet `name`: `plexus` (daemonset.yaml, CNI mode) or `plexus-nri` (nri-daemonset.yaml).
+    fn daemonset(&self, name: &str) -> &DaemonSet {
+        self.daemonsets
+            .iter()
+            .find(|d| d.metadata.name.as_deref() == Some(name))
+            .unwrap_or_else(|| panic!("no DaemonSet {name}"))
+    }
+}
+
 #[test]
 fn every_manifest_is_a_typed_object_without_stray_keys() {
     let m = manifests();
@@ -132,8 +144,9 @@ fn every_manifest_is_a_typed_object_without_stray_keys() {
             m.alerts.len(),
             m.policies.len(),
             m.policy_bindings.len(),
+            m.config_maps.len(),
         ),
-        (4, 1, 1, 1, 1, 1, 1, 1)
+        (4, 1, 1, 1, 2, 1, 1, 1, 1)
     );
     // The binding enforces the policy shipped beside it.
     let binding = &m.policy_bindings[0].spec;
@@ -278,12 +291,7 @@ fn rbac_grants_exactly_what_plexus_uses() {
 #[test]
 fn binding_ties_the_role_to_the_daemonsets_service_account() {
     let m = manifests();
-    let (role, binding, account, ds) = (
-        &m.roles[0],
-        &m.bindings[0],
-        &m.accounts[0],
-        &m.daemonsets[0],
-    );
+    let (role, binding, account) = (&m.roles[0], &m.bindings[0], &m.accounts[0]);
     assert_eq!(binding.role_ref.kind, "ClusterRole");
     assert_eq!(
         binding.role_ref.api_group.as_deref(),
@@ -295,9 +303,13 @@ fn binding_ties_the_role_to_the_daemonsets_service_account() {
     assert_eq!(subjects[0].kind, "ServiceAccount");
     assert_eq!(Some(&subjects[0].name), account.metadata.name.as_ref());
     assert_eq!(subjects[0].namespace, account.metadata.namespace);
-    let pod = ds.spec.template.spec.as_ref().unwrap();
-    assert_eq!(pod.service_account_name, account.metadata.name);
-    assert_eq!(ds.metadata.namespace, account.metadata.namespace);
+    // Both DaemonSets (CNI mode and NRI mode) run as the account.
+    assert_eq!(m.daemonsets.len(), 2);
+    for ds in &m.daemonsets {
+        let pod = ds.spec.template.spec.as_ref().unwrap();
+        assert_eq!(pod.service_account_name, account.metadata.name);
+        assert_eq!(ds.metadata.namespace, account.metadata.namespace);
+    }
 }
 
 /// `$(NAME)` in an argument, as kubelet expands it from the container's environment: each variable must be
@@ -373,7 +385,7 @@ fn no_host_path_with_mount_propagation_goes_through_var_run() {
 #[test]
 fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
     let m = manifests();
-    let ds = &m.daemonsets[0];
+    let ds = m.daemonset("plexus");
     let spec = &ds.spec;
     let pod = spec.template.spec.as_ref().unwrap();
     assert_eq!(
@@ -549,6 +561,137 @@ fn daemonset_installs_plexus_with_flags_the_installer_accepts() {
             .and_then(|v| v.field_ref.as_ref())
             .map(|f| f.field_path.as_str()),
         Some("spec.nodeName")
+    );
+}
+
+/// The NRI variant: the daemon alone (nothing installed into the node's CNI dirs, which it mounts read only),
+/// `plexus daemon --nri` with flags it accepts and the conf of its ConfigMap, and every path the conf and the flags
+/// name mounted from the host at the same path: the NRI socket's directory, the delegates, the pods' namespaces,
+/// host-local's store, the attachment cache (where the node agent publishes the hook set), the run dir, the kubelet's
+/// pod resources and the device-info files.
+#[test]
+fn the_nri_daemonset_runs_the_daemon_in_nri_mode_with_its_configmaps_conf() {
+    let m = manifests();
+    let ds = m.daemonset("plexus-nri");
+    let pod = ds.spec.template.spec.as_ref().unwrap();
+    assert_eq!(
+        pod.host_network,
+        Some(true),
+        "the daemon tells host-network pods by its own namespace"
+    );
+    assert!(pod.init_containers.is_none(), "nothing is installed");
+    assert_eq!(pod.containers.len(), 1);
+    let daemon = &pod.containers[0];
+    let cni = m.daemonset("plexus").spec.template.spec.as_ref().unwrap();
+    assert_eq!(daemon.image, cni.containers[0].image, "the same image");
+    let host_paths = host_paths(pod);
+    let mounts = daemon.volume_mounts.as_deref().unwrap_or_default();
+    // The path inside the container of `dir`, checked to be the host's same path.
+    let mounted = |dir: &Path| {
+        let mount = mounts
+            .iter()
+            .find(|vm| dir.starts_with(&vm.mount_path))
+            .unwrap_or_else(|| panic!("nothing mounted at {}", dir.display()));
+        let host = host_paths
+            .get(mount.name.as_str())
+            .unwrap_or_else(|| panic!("{} is not a host path", mount.mount_path));
+        // The same path, or /var/run/X from the host's /run/X (/var/run is /run on a node).
+        assert!(
+            *host == mount.mount_path || mount.mount_path.strip_prefix("/var") == Some(*host),
+            "{} is mounted from {host}",
+            mount.mount_path
+        );
+        mount
+    };
+
+    // The conf: the ConfigMap's entry, mounted where --nri-conf names it.
+    let command = daemon.command.clone().unwrap_or_default();
+    assert_eq!(command.get(1).map(String::as_str), Some("daemon"));
+    let conf_path = command
+        .iter()
+        .find_map(|a| a.strip_prefix("--nri-conf="))
+        .map(PathBuf::from)
+        .expect("--nri-conf");
+    let conf_mount = mounts
+        .iter()
+        .find(|vm| conf_path.parent() == Some(Path::new(&vm.mount_path)))
+        .expect("the conf's directory is mounted");
+    let volume = pod
+        .volumes
+        .as_deref()
+        .unwrap_or_default()
+        .iter()
+        .find(|v| v.name == conf_mount.name)
+        .unwrap();
+    let map_name = volume
+        .config_map
+        .as_ref()
+        .expect("a ConfigMap")
+        .name
+        .clone();
+    let map = m
+        .config_maps
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some(map_name.as_str()))
+        .expect("the ConfigMap is in the manifest");
+    assert_eq!(map.metadata.namespace, ds.metadata.namespace);
+    let key = conf_path.file_name().unwrap().to_str().unwrap();
+    let text = map
+        .data
+        .as_ref()
+        .and_then(|d| d.get(key))
+        .expect("the conf's entry");
+    let dir = tempfile::tempdir().unwrap();
+    let local = dir.path().join(key);
+    std::fs::write(&local, text).unwrap();
+
+    let args: Vec<String> = command[2..]
+        .iter()
+        .map(|a| expand_env(a, daemon, "192.0.2.7"))
+        .map(|a| match a.starts_with("--nri-conf=") {
+            true => format!("--nri-conf={}", local.display()),
+            false => a,
+        })
+        .collect();
+    let settings = plexus_node::daemon::parse_args(&args, Some("node".into()))
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert!(settings.install.is_none(), "NRI mode installs nothing");
+    let (nri, conf) = settings.nri.clone().expect("NRI mode");
+    let conf = plexus_cni::conf::PlexusConf::from_json(conf, false).unwrap();
+    mounted(nri.socket.parent().unwrap());
+    for dir in [
+        Path::new(&nri.cni_path),
+        conf.conf_dir.as_path(),
+        conf.cache_dir.as_path(),
+        conf.run_dir.as_path(),
+        conf.pod_resources_socket.parent().unwrap(),
+        conf.device_info_dir.as_path(),
+        conf.device_plugin_info_dir.as_path(),
+        Path::new("/var/lib/cni"),
+    ] {
+        mounted(dir);
+    }
+    for dir in [Path::new(&nri.cni_path), conf.conf_dir.as_path()] {
+        assert_eq!(mounted(dir).read_only, Some(true), "{}", dir.display());
+    }
+    for path in ["/run/netns", "/var/run/netns"] {
+        let netns = mounted(Path::new(path));
+        assert_eq!(netns.mount_propagation.as_deref(), Some("HostToContainer"));
+    }
+    // The daemon's socket where the health probe asks, the hook set published where the conf's hooks are read,
+    // and dynamic networks on the same attachment cache.
+    assert_eq!(settings.socket, Path::new("/run/plexus/daemon.sock"));
+    let agent = settings.hooks.clone().expect("the daemon delivers hooks");
+    assert_eq!(agent.cache_dir, conf.cache_dir);
+    assert!(
+        conf.cluster_hooks,
+        "the node's hook set applies (NRI mode's default)"
+    );
+    let dynamic = settings.dynamic.clone().expect("dynamic networks are on");
+    assert_eq!(dynamic.cache_dir, conf.cache_dir);
+    assert_eq!(
+        daemon.security_context.as_ref().and_then(|s| s.privileged),
+        Some(true)
     );
 }
 

@@ -56,7 +56,8 @@ pub struct NriSettings {
     pub cni_path: String,
 }
 
-/// The plexus configuration of `path`, checked as an ADD would read it.
+/// The plexus configuration of `path`, checked as an ADD would read it; `clusterHooks` is true unless it says
+/// otherwise.
 pub fn read_conf(path: &Path) -> Result<Value, String> {
     let what = || format!("the NRI mode's plexus configuration {}", path.display());
     let mut text = String::new();
@@ -66,7 +67,12 @@ pub fn read_conf(path: &Path) -> Result<Value, String> {
     if text.len() as u64 > CONF_CAP {
         return Err(format!("{}: over {CONF_CAP} bytes", what()));
     }
-    let conf: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", what()))?;
+    let mut conf: Value = serde_json::from_str(&text).map_err(|e| format!("{}: {e}", what()))?;
+    // The daemon reads the cluster from the API, whatever the conf's `cluster` says: the node's hook set (its
+    // agent's) applies unless the conf turns it off.
+    if let Some(fields) = conf.as_object_mut() {
+        fields.entry("clusterHooks").or_insert(Value::Bool(true));
+    }
     plexus_cni::conf::PlexusConf::from_json(conf.clone(), false)
         .map_err(|e| format!("{}: {e}", what()))?;
     Ok(conf)
