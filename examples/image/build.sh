@@ -2,7 +2,8 @@
 # Builds Plexus's container image as an OCI image layout tar, with Debian's tools only (tar, coreutils, jq):
 # no container engine is needed. The image holds /usr/local/bin/plexus (`plexus daemon`, `plexus install`,
 # `plexus hook`: the node's long-running process), /usr/local/bin/plexus-cni (the CNI plugin alone, without
-# the wasm compiler: what the DaemonSet installs onto the node as `plexus`), the shared libraries they link,
+# the wasm compiler: what the DaemonSet installs onto the node as `plexus`), nsenter and ip, the shared libraries
+# they link,
 # and the system's CA bundle (for registries and API servers over TLS). It runs as root; the DaemonSet gives
 # the command.
 #
@@ -63,8 +64,20 @@ if command -v strip >/dev/null; then
   strip --strip-all "$rootfs/usr/local/bin/plexus" "$rootfs/usr/local/bin/plexus-cni"
 fi
 
-# The shared libraries the binary links (glibc's loader, libc, libm, libgcc_s), at the paths it asks for.
-cat <(ldd "$binary") <(ldd "$cni_binary") | grep -o '/[^ ]*' | sort -u | while read -r lib; do
+# The tools a change inside a pod's network namespace runs (`nsenter --net=NETNS ip ...`): the daemon's NRI mode
+# reads the cluster network's interface with them, and a pod's default-route selection sets its routes. Debian's
+# (util-linux, iproute2), from the building machine.
+tools=()
+for tool in nsenter ip; do
+  path=$(command -v "$tool") || { echo "build.sh: $tool is not installed" >&2; exit 1; }
+  install -D -m 0755 "$path" "$rootfs/usr/bin/$tool"
+  tools+=("$path")
+done
+
+# The shared libraries the binaries link (glibc's loader, libc, libm, libgcc_s; ip's libbpf, libelf, libmnl...), at
+# the paths they ask for.
+cat <(ldd "$binary") <(ldd "$cni_binary") <(for t in "${tools[@]}"; do ldd "$t"; done) |
+  grep -o '/[^ ]*' | sort -u | while read -r lib; do
   mkdir -p "$rootfs$(dirname "$lib")"
   cp -L "$lib" "$rootfs$lib"
 done

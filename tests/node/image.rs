@@ -122,6 +122,32 @@ fn the_image_runs_in_containerd_and_installs_plexus_on_the_node() {
             < std::fs::metadata(plexus_cni_bin()).unwrap().len()
     );
 
+    // The tools the daemon runs in a pod's namespace are in the image with what they link: `nsenter --net=NETNS ip
+    // -j addr` (how NRI mode reads the cluster network's interface), here on the container's own namespace.
+    let ip = ctr_run(
+        &containerd,
+        &[
+            "--privileged",
+            IMAGE,
+            &format!("plexus-ip-{}", std::process::id()),
+            "nsenter",
+            "--net=/proc/1/ns/net",
+            "ip",
+            "-j",
+            "addr",
+            "show",
+            "dev",
+            "lo",
+        ],
+    );
+    assert!(
+        ip.status.success(),
+        "nsenter and ip in the image: {}",
+        String::from_utf8_lossy(&ip.stderr)
+    );
+    let links: Value = serde_json::from_slice(&ip.stdout).expect("ip's JSON");
+    assert_eq!(links[0]["ifname"], "lo", "{links}");
+
     // The full binary in the image runs too: the node's long-running process answers for itself.
     let help = ctr_run(
         &containerd,
