@@ -19,7 +19,7 @@
 //!   loopback; the networks' host-local store is one more host directory.
 use std::path::PathBuf;
 
-use plexus_tests::daemonset::{get, interfaces, ready, DsNode, NS};
+use plexus_tests::daemonset::{get, interfaces, ready, DsNode, DENIAL, FORBIDDEN_NAD, NS};
 use plexus_tests::image;
 use plexus_tests::kubelet::{pod_on_node, NODE};
 use plexus_tests::plexus::{list_cache, read_cached_plan};
@@ -30,7 +30,110 @@ const NETWORKS: &str = "k8s.v1.cni.cncf.io/networks";
 
 plexus_tests::on_each_runtime!(
     the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private,
+    the_nri_daemonsets_pod_attaches_a_pods_networks_beside_the_runtimes_cluster_network,
 );
+
+/// examples/deploy/nri-daemonset.yaml on a node whose CNI configuration is the cluster network's alone: the
+/// daemon's pod goes Ready and registers with the runtime's NRI; a pod with two NADs gets them beside the cluster
+/// network the runtime attached, and its network-status; the node's policy hook (delivered by the daemon's agent)
+/// fails a pod selecting a NAD of another namespace; a third network is attached to the running pod; once the pod
+/// is deleted nothing is left. Nothing of Plexus is installed into the node's CNI dirs.
+fn the_nri_daemonsets_pod_attaches_a_pods_networks_beside_the_runtimes_cluster_network(
+    kind: RuntimeKind,
+) {
+    let ds = DsNode::start_nri(kind);
+    let (api, ipam) = (&ds.api, &ds.ipam);
+    let node = |p: &str| ds.node(p);
+    let prefix = |i: usize| ds.prefixes[i].clone();
+    let daemon = format!("plexus-nri-{NODE}");
+    ds.run_daemon_pod(&daemon, image::IMAGE);
+    let within = |secs: u64, what: &str, ok: &dyn Fn() -> bool| ds.within(secs, what, &daemon, ok);
+    let daemon_pod = format!("/api/v1/namespaces/kube-system/pods/{daemon}");
+    within(60, "the DaemonSet's pod Ready and registered", &|| {
+        get(api, &daemon_pod).is_some_and(|p| ready(&p))
+            && ds
+                .logs(&daemon)
+                .contains("registered with the runtime's NRI")
+    });
+    within(60, "the node's policy hook in force", &|| {
+        ds.policy_active()
+    });
+    let installed: Vec<_> = std::fs::read_dir(node("/etc/cni/net.d"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name())
+        .collect();
+    assert_eq!(
+        installed,
+        ["10-cluster.conflist"],
+        "the node's CNI conf untouched"
+    );
+    assert!(!node("/opt/cni/bin/plexus").exists());
+
+    let web = pod_on_node(NS, "web", "net-a,net-b");
+    api.create(&web);
+    let web_path = format!("/api/v1/namespaces/{NS}/pods/web");
+    within(90, "the pod with two NADs Running", &|| {
+        get(api, &web_path).is_some_and(|p| p["status"]["phase"] == "Running")
+    });
+    let attachments = node("/var/lib/plexus").join("attachments");
+    let ids = list_cache(&attachments);
+    assert_eq!(ids.len(), 1, "one sandbox: {ids:?}");
+    let plan = read_cached_plan(&attachments, ids[0].trim_end_matches(".json")).unwrap();
+    let netns = PathBuf::from(plan["netns"].as_str().unwrap());
+    let has = |ifname: &str, prefix: &str| {
+        interfaces(&netns)
+            .iter()
+            .any(|(n, cidrs)| n == ifname && cidrs.iter().any(|c| c.starts_with(prefix)))
+    };
+    for (ifname, i) in [("eth0", 0), ("net1", 1), ("net2", 2)] {
+        assert!(
+            has(ifname, &prefix(i)),
+            "{ifname}: {:?}",
+            interfaces(&netns)
+        );
+    }
+    within(30, "the network-status of three networks", &|| {
+        api.network_status(NS, "web")
+            == [
+                ("cluster-net".to_string(), "eth0".to_string()),
+                (format!("{NS}/net-a"), "net1".to_string()),
+                (format!("{NS}/net-b"), "net2".to_string()),
+            ]
+    });
+
+    // The policy hook the daemon's agent delivered denies a NAD of another namespace: the sandbox fails.
+    api.create(&pod_on_node(NS, "denied", FORBIDDEN_NAD));
+    within(60, "the denied pod's sandbox failing", &|| {
+        api.events_of(NS, "denied", "FailedCreatePodSandBox")
+            .iter()
+            .any(|(_, m)| m.contains(DENIAL))
+    });
+
+    let patch = json!({"metadata": {"annotations": {NETWORKS: "net-a,net-b,net-c"}}});
+    let (code, body) = api.request("PATCH", &web_path, Some(&patch)).unwrap();
+    assert_eq!(code, 200, "{body}");
+    within(60, "net-c attached by the daemon", &|| {
+        has("net3", &prefix(3))
+    });
+
+    for pod in [&web_path, &format!("/api/v1/namespaces/{NS}/pods/denied")] {
+        let (code, body) = api.request("DELETE", pod, None).unwrap();
+        assert_eq!(code, 200, "{body}");
+    }
+    within(90, "the pods gone and their addresses released", &|| {
+        get(api, &web_path).is_none()
+            && ["cluster-net", "net-a", "net-b", "net-c"]
+                .iter()
+                .all(|n| ipam.reserved_ips(n).is_empty())
+            && list_cache(&attachments).is_empty()
+    });
+    let (code, body) = api.request("DELETE", &daemon_pod, None).unwrap();
+    assert_eq!(code, 200, "{body}");
+    within(60, "the DaemonSet's pod gone", &|| {
+        get(api, &daemon_pod).is_none()
+    });
+}
 
 fn the_daemonsets_pod_is_ready_and_runs_pods_on_a_node_whose_root_mount_is_private(
     kind: RuntimeKind,

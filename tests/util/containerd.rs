@@ -148,7 +148,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 
 # NRI is on by default in containerd 2: its socket is this containerd's own, not the host's.
 [plugins.'io.containerd.nri.v1.nri']
-  socket_path = "{root}/nri.sock"
+  socket_path = "{root}/nri/nri.sock"
 "#,
             root = root.display(),
             hosts = hosts.display(),
@@ -191,9 +191,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         self.dir.path().join("containerd.sock")
     }
 
-    /// containerd's NRI socket (its own, not the host's), where an external NRI plugin connects.
+    /// containerd's NRI socket (its own, not the host's), where an external NRI plugin connects; alone in its directory,
+    /// which a plugin's pod mounts.
     pub fn nri_socket(&self) -> PathBuf {
-        self.dir.path().join("nri.sock")
+        self.dir.path().join("nri/nri.sock")
     }
 
     /// containerd's root directory (its content store and snapshots).

@@ -170,7 +170,7 @@ plugin_dirs = ["{bin}"]
 # NRI as on a real node (CRI-O enables it by default), on this CRI-O's own socket.
 [crio.nri]
 enable_nri = true
-nri_listen = "{root}/nri.sock"
+nri_listen = "{root}/nri/nri.sock"
 "#,
             root = root.display(),
             pinns = crate::parts::bin("pinns").display(),
@@ -207,9 +207,10 @@ nri_listen = "{root}/nri.sock"
         self.child.lock().unwrap().as_ref().map(Child::id)
     }
 
-    /// CRI-O's NRI socket (its own, not the host's), where an external NRI plugin connects.
+    /// CRI-O's NRI socket (its own, not the host's), where an external NRI plugin connects; alone in its directory,
+    /// which a plugin's pod mounts.
     pub fn nri_socket(&self) -> PathBuf {
-        self.dir.path().join("nri.sock")
+        self.dir.path().join("nri/nri.sock")
     }
 
     pub fn socket(&self) -> PathBuf {

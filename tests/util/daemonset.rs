@@ -65,14 +65,27 @@ pub const POLICY_HOOK: &str = "isolation";
 pub const FORBIDDEN_NAD: &str = "other/net-c";
 /// What the policy hook's denial says (in the failed ADD's error, hence the kubelet's FailedCreatePodSandBox).
 pub const DENIAL: &str = "may not select network other/net-c";
-/// The node directories the DaemonSet mounts that the test gives its own directory.
-const NODE_DIRS: [&str; 5] = [
+/// The node directories the DaemonSets mount that the test gives its own directory (a path under `/var/run/` is
+/// the same as under `/run/`, as on a node).
+const NODE_DIRS: [&str; 7] = [
     "/opt/cni/bin",
     "/etc/cni/net.d",
     "/var/lib/cni",
     "/run/plexus",
     "/var/lib/plexus",
+    "/var/lib/kubelet/pod-resources",
+    "/run/k8s.cni.cncf.io",
 ];
+
+/// How Plexus is installed on the node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// examples/deploy/daemonset.yaml: the CNI plugin installed as the node's CNI configuration, and the daemon.
+    Cni,
+    /// examples/deploy/nri-daemonset.yaml: the daemon alone, an NRI plugin of the runtime, whose CNI
+    /// configuration is the cluster network's alone.
+    Nri,
+}
 
 /// The mount's propagation (`shared`, `private`, ...) of the mount point that holds `path`.
 pub fn propagation(path: &str) -> String {
@@ -92,6 +105,10 @@ fn move_node_dirs(v: &mut Value, root: &Path) {
                 Some((f, p)) if f.starts_with("--") => (format!("{f}="), p.to_string()),
                 _ => (String::new(), s.clone()),
             };
+            let path = match path.strip_prefix("/var/run/") {
+                Some(rest) => format!("/run/{rest}"),
+                None => path,
+            };
             let under = |d: &str| path == d || path.starts_with(&format!("{d}/"));
             if NODE_DIRS.iter().any(|d| under(d)) {
                 let moved = root.join(path.trim_start_matches('/'));
@@ -106,6 +123,7 @@ fn move_node_dirs(v: &mut Value, root: &Path) {
 
 /// The DaemonSet's pod template as pod `name` bound to [`NODE`] running `image`, its token from secret `token`,
 /// with the stand-ins of the module's header.
+#[allow(clippy::too_many_arguments)]
 fn daemonset_pod(
     root: &Path,
     api: &KubeApiServer,
@@ -114,11 +132,26 @@ fn daemonset_pod(
     name: &str,
     image: &str,
     token: &str,
+    nri_socket: Option<&Path>,
 ) -> Value {
-    let text = std::fs::read_to_string(deploy_manifest("daemonset.yaml")).unwrap();
-    let ds: Value = serde_saphyr::from_str(&text).unwrap();
+    let ds = manifest_object(nri_socket.is_some(), "DaemonSet");
     let mut spec = ds["spec"]["template"]["spec"].clone();
     move_node_dirs(&mut spec, root);
+    // NRI mode: the runtime's NRI socket is the test's own, its directory mounted where the manifest mounts the
+    // node's.
+    if let Some(socket) = nri_socket {
+        for volume in spec["volumes"].as_array_mut().unwrap() {
+            if volume["name"] == "nri" {
+                volume["hostPath"]["path"] = json!(socket.parent().unwrap());
+            }
+        }
+        for arg in spec["containers"][0]["command"].as_array_mut().unwrap() {
+            if arg.as_str().is_some_and(|a| a.starts_with("--nri-socket=")) {
+                let file = socket.file_name().unwrap().to_string_lossy();
+                *arg = json!(format!("--nri-socket=/run/nri/{file}"));
+            }
+        }
+    }
     spec["nodeName"] = json!(NODE);
     spec["automountServiceAccountToken"] = json!(false);
     spec["volumes"].as_array_mut().unwrap().extend([
@@ -130,7 +163,10 @@ fn daemonset_pod(
         json!({"name": "KUBERNETES_SERVICE_PORT", "value": api.port().to_string()}),
     ];
     for list in ["initContainers", "containers"] {
-        for c in spec[list].as_array_mut().unwrap() {
+        let Some(containers) = spec[list].as_array_mut() else {
+            continue;
+        };
+        for c in containers {
             c["image"] = json!(image);
             c["imagePullPolicy"] = json!("Never");
             let env = c["env"]
@@ -170,6 +206,20 @@ fn daemonset_pod(
     })
 }
 
+/// The object of `kind` in the DaemonSet's manifest: daemonset.yaml's, or with `nri` nri-daemonset.yaml's.
+fn manifest_object(nri: bool, kind: &str) -> Value {
+    let file = if nri {
+        "nri-daemonset.yaml"
+    } else {
+        "daemonset.yaml"
+    };
+    let text = std::fs::read_to_string(deploy_manifest(file)).unwrap();
+    let docs: Vec<Value> = serde_saphyr::from_multiple(&text).unwrap();
+    docs.into_iter()
+        .find(|d| d["kind"] == kind)
+        .unwrap_or_else(|| panic!("no {kind} in {file}"))
+}
+
 /// The object at `path`, if the API server answers 200.
 pub fn get(api: &KubeApiServer, path: &str) -> Option<Value> {
     match api.request("GET", path, None) {
@@ -204,6 +254,7 @@ pub fn interfaces(netns: &Path) -> Vec<(String, Vec<String>)> {
 /// server, the host's bridges and store, and last the node's directories.
 pub struct DsNode {
     pub kind: RuntimeKind,
+    pub mode: Mode,
     pub kubelet: Kubelet,
     pub runtime: Runtime,
     /// Dropped after the runtime: the namespaces it made and left.
@@ -392,6 +443,15 @@ impl DsNode {
     /// [`DsNode::start_with_cache_mib`], and with `devices`, the devices of the module's header and what allocates
     /// them.
     pub fn start_with(kind: RuntimeKind, mib: Option<u32>, devices: bool) -> DsNode {
+        DsNode::start_in(kind, mib, devices, Mode::Cni)
+    }
+
+    /// A node to install Plexus on in NRI mode ([`Mode::Nri`]); no DaemonSet pod yet.
+    pub fn start_nri(kind: RuntimeKind) -> DsNode {
+        DsNode::start_in(kind, None, false, Mode::Nri)
+    }
+
+    fn start_in(kind: RuntimeKind, mib: Option<u32>, devices: bool, mode: Mode) -> DsNode {
         require_root_and_plugins();
         let runtime_netns = RuntimeNetns::from_now();
         // What this run covers: the manifest once failed where the root mount is private.
@@ -544,6 +604,7 @@ impl DsNode {
         });
         DsNode {
             kind,
+            mode,
             kubelet,
             runtime,
             runtime_netns,
@@ -589,6 +650,10 @@ impl DsNode {
     /// service-account token would be, in a secret of the pod's own. The kubelet waits for the secret to mount it.
     pub fn run_daemon_pod(&self, name: &str, image: &str) {
         let token_secret = format!("{name}-token");
+        let nri_socket = (self.mode == Mode::Nri).then(|| self.runtime.nri_socket());
+        if nri_socket.is_some() {
+            self.nri_conf();
+        }
         let spec = daemonset_pod(
             &self.root,
             &self.api,
@@ -597,6 +662,7 @@ impl DsNode {
             name,
             image,
             &token_secret,
+            nri_socket.as_deref(),
         );
         let pod = self.api.create(&spec);
         let answer = self.api.must(
@@ -618,6 +684,23 @@ impl DsNode {
             "data": {"token": base64(token.as_bytes()), "ca.crt": base64(&ca),
                      "namespace": base64(b"kube-system")},
         }));
+    }
+
+    /// NRI mode's ConfigMap, as the manifest has it with the node's directories moved and the node's cluster
+    /// network named; created once.
+    fn nri_conf(&self) {
+        let mut map = manifest_object(true, "ConfigMap");
+        let name = map["metadata"]["name"].as_str().unwrap().to_string();
+        let path = format!("/api/v1/namespaces/kube-system/configmaps/{name}");
+        if get(&self.api, &path).is_some() {
+            return;
+        }
+        let mut conf: Value =
+            serde_json::from_str(map["data"]["plexus.json"].as_str().unwrap()).unwrap();
+        move_node_dirs(&mut conf, &self.root);
+        conf["clusterNetwork"] = json!("cluster-net");
+        map["data"]["plexus.json"] = json!(conf.to_string());
+        self.api.create(&map);
     }
 
     pub fn logs(&self, daemon_pod: &str) -> String {
