@@ -12,6 +12,7 @@
 use std::time::Duration;
 
 use plexus_tests::churn::ChurnSpec;
+use plexus_tests::daemonset::Mode;
 use plexus_tests::node_events::{hammered, NodeEvent};
 use plexus_tests::runtime::RuntimeKind;
 
@@ -23,7 +24,10 @@ plexus_tests::on_each_runtime!(
 // On containerd only in the suite, for its time (each with a kubelet, the control plane and a DRA driver is about
 // 40 s): the outage and the reboot run on CRI-O too, longer, in the reliability report (`bash tests/soak.sh`,
 // docs/reliability.md), and so does the full cache disk (what it checks is Plexus's own).
+// In NRI mode on containerd only: CRI-O killed while it attaches its own cluster network leaks that attachment (two
+// addresses and their bridge ports in a run, none of Plexus's), which the churn's accounting counts as lost.
 plexus_tests::on_containerd!(
+    in_nri_mode_a_runtime_restart_then_a_kubelet_restart_lose_no_pod,
     an_api_server_outage_loses_no_pod_and_no_status,
     a_node_reboot_releases_every_sandbox_from_before_and_attaches_none_twice,
     a_full_cache_disk_fails_adds_cleanly_and_no_del,
@@ -58,6 +62,20 @@ fn a_runtime_restart_then_a_kubelet_restart_lose_no_pod(kind: RuntimeKind) {
         &ChurnSpec::new("restart"),
         Duration::from_secs(5),
     );
+    report.assert_nothing_lost(&ds);
+}
+
+/// The same in NRI mode (nri-daemonset.yaml): the runtime's restart ends the daemon's NRI session, the runtime starts
+/// the pods of the gap without it, and the daemon's next session attaches them; each pod ends with its whole
+/// network-status and one address per network, and nothing is left (containerd, restarted, sends no stop for the
+/// sandboxes from before: the daemon deletes a plan whose sandbox's namespace is gone). The churn has no claims and no pod the policy
+/// denies: a pod started while no plugin is registered runs, whatever the policy says (docs/conformance.md).
+fn in_nri_mode_a_runtime_restart_then_a_kubelet_restart_lose_no_pod(kind: RuntimeKind) {
+    let mut spec = ChurnSpec::new("nri-restart");
+    spec.claim_template = None;
+    spec.forbidden_every = 0;
+    let (ds, report, _) =
+        NodeEvent::RuntimeAndKubeletRestart.run_in(kind, Mode::Nri, &spec, Duration::from_secs(5));
     report.assert_nothing_lost(&ds);
 }
 

@@ -451,7 +451,8 @@ impl DsNode {
         DsNode::start_in(kind, None, false, Mode::Nri)
     }
 
-    fn start_in(kind: RuntimeKind, mib: Option<u32>, devices: bool, mode: Mode) -> DsNode {
+    /// [`DsNode::start_with`], Plexus to be installed in `mode`.
+    pub fn start_in(kind: RuntimeKind, mib: Option<u32>, devices: bool, mode: Mode) -> DsNode {
         require_root_and_plugins();
         let runtime_netns = RuntimeNetns::from_now();
         // What this run covers: the manifest once failed where the root mount is private.
@@ -825,7 +826,7 @@ pub fn container_logs(prefix: &str) -> String {
                 out.push_str(&format!(
                     "{}:\n{}\n",
                     log.path().display(),
-                    tail(&log.path(), 15)
+                    tail(&log.path(), 600)
                 ));
             }
         }

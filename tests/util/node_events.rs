@@ -6,7 +6,7 @@
 use std::time::{Duration, SystemTime};
 
 use crate::churn::{self, ChurnReport, ChurnSpec};
-use crate::daemonset::{ready, DsNode, IMAGE_2};
+use crate::daemonset::{ready, DsNode, Mode, IMAGE_2};
 use crate::image;
 use crate::kubeapi::PLEXUS_USER;
 use crate::kubelet::NODE;
@@ -71,8 +71,19 @@ impl NodeEvent {
         spec: &ChurnSpec,
         after: Duration,
     ) -> (DsNode, ChurnReport, EventFigures) {
+        self.run_in(kind, Mode::Cni, spec, after)
+    }
+
+    /// [`NodeEvent::run`] with Plexus installed in `mode`.
+    pub fn run_in(
+        self,
+        kind: RuntimeKind,
+        mode: Mode,
+        spec: &ChurnSpec,
+        after: Duration,
+    ) -> (DsNode, ChurnReport, EventFigures) {
         let cache_mib = matches!(self, NodeEvent::CacheFull(_)).then_some(16);
-        let ds = DsNode::start_with(kind, cache_mib, spec.claim_template.is_some());
+        let ds = DsNode::start_in(kind, cache_mib, spec.claim_template.is_some(), mode);
         let daemon = format!("plexus-{NODE}");
         ds.run_daemon_pod(&daemon, image::IMAGE);
         ds.within(60, "the DaemonSet's pod Ready", &daemon, &|| {

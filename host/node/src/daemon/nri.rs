@@ -44,6 +44,8 @@ const MAX_DEL_BACKOFF: Duration = Duration::from_secs(60);
 /// Sandboxes whose DEL is retried at most (a node runs a few hundred pods); past that the oldest is dropped, and
 /// a new session's reconciliation finds its plan.
 const MAX_RETRIED: usize = 4096;
+/// How often the plans are checked for sandboxes whose network namespace is gone.
+const SWEEP_EVERY: Duration = Duration::from_secs(10);
 
 /// NRI mode's settings.
 #[derive(Debug, Clone)]
@@ -145,10 +147,17 @@ struct Retry {
     backoff: Duration,
 }
 
-/// Tries each failed DEL again when its time comes, until it succeeds.
+/// Tries each failed DEL again when its time comes, until it succeeds; and every [`SWEEP_EVERY`] deletes the plans
+/// of sandboxes gone without an event ([`Inner::sweep`]).
 async fn retry_dels(inner: Arc<Inner>) {
+    let mut swept = Instant::now();
     loop {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        if swept.elapsed() >= SWEEP_EVERY {
+            swept = Instant::now();
+            let i = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || i.sweep()).await;
+        }
         let now = Instant::now();
         let due: Vec<PodSandbox> = {
             let retry = inner.retry.lock().unwrap();
@@ -192,6 +201,7 @@ impl plexus_nri::Plugin for NriPlugin {
     /// drops a plugin that does not answer within its request timeout. An event for one of those pods meanwhile
     /// waits for the reconciliation's work on it (the per-container lock).
     async fn synchronize(&self, pods: Vec<PodSandbox>) -> Result<(), String> {
+        tracing::debug!(pods = pods.len(), "NRI Synchronize");
         let inner = self.0.clone();
         tokio::task::spawn_blocking(move || inner.reconcile(&pods));
         Ok(())
@@ -217,6 +227,7 @@ impl plexus_nri::Plugin for NriPlugin {
     ) -> Result<(), String> {
         let inner = self.0.clone();
         let name = pod.label();
+        tracing::debug!(pod = %name, container = %pod.id, netns = ?pod.network_namespace(), "NRI {event:?}");
         tokio::task::spawn_blocking(move || match event {
             Event::RunPodSandbox => inner.add(&pod),
             // A failed DEL is the daemon's to retry ([`retry_dels`]); refusing the stop or removal would only hold
@@ -383,17 +394,55 @@ impl Inner {
             let Ok(Some(plan)) = cache.load(id) else {
                 continue;
             };
-            let Some(pod) = plan.pod else { continue };
-            let gone = PodSandbox {
-                id: id.clone(),
-                name: pod.name.clone(),
-                namespace: pod.namespace.clone(),
-                uid: pod.uid.clone().unwrap_or_default(),
-                ..Default::default()
+            let Some(gone) = sandbox_of(plan) else {
+                continue;
             };
             if self.del(&gone).is_ok() {
-                tracing::info!(pod = %pod, container = %id, "deleted the networks of a sandbox the runtime no longer has");
+                tracing::info!(pod = %gone.label(), container = %id, "deleted the networks of a sandbox the runtime no longer has");
             }
         }
     }
+}
+
+impl Inner {
+    /// DEL of each plan made in NRI mode (its cluster network the runtime's) whose sandbox's network namespace is
+    /// gone: the runtime stopped the sandbox without telling the plugin. containerd 2.4 forgets across its own
+    /// restart which sandboxes it told plugins about, and sends no stop or removal for those.
+    fn sweep(&self) {
+        let Some(cache) = AttachmentCache::open_existing(&self.cache_dir)
+            .ok()
+            .flatten()
+        else {
+            return;
+        };
+        for id in cache.container_ids().unwrap_or_default() {
+            let Ok(Some(plan)) = cache.load(&id) else {
+                continue;
+            };
+            let gone = plan.attachments.iter().any(|a| a.external)
+                && plan
+                    .netns
+                    .as_deref()
+                    .is_some_and(|n| !Path::new(n).exists());
+            let Some(sandbox) = sandbox_of(plan).filter(|_| gone) else {
+                continue;
+            };
+            if self.del(&sandbox).is_ok() {
+                tracing::info!(pod = %sandbox.label(), container = %id,
+                    "deleted the networks of a sandbox whose network namespace is gone (the runtime sent no stop)");
+            }
+        }
+    }
+}
+
+/// The sandbox a plan was made for, as a DEL without its namespace needs it.
+fn sandbox_of(plan: plexus_cni::cache::AttachmentPlan) -> Option<PodSandbox> {
+    let pod = plan.pod?;
+    Some(PodSandbox {
+        id: plan.container_id,
+        name: pod.name,
+        namespace: pod.namespace,
+        uid: pod.uid.unwrap_or_default(),
+        ..Default::default()
+    })
 }
