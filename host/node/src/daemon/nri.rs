@@ -377,7 +377,12 @@ impl Inner {
                         .any(|a| !a.external && a.result.is_none())
                 })
         };
-        for pod in pods.iter().filter(|p| p.network_namespace().is_some()) {
+        // Sandboxes with a namespace of their own that still exists (a stopped one's is gone).
+        let attachable = |p: &&PodSandbox| {
+            p.network_namespace()
+                .is_some_and(|n| !on_host_network(n) && Path::new(n).exists())
+        };
+        for pod in pods.iter().filter(attachable) {
             let what = match planned.contains(&pod.id) {
                 false => "a pod the runtime had before this session",
                 true if unfinished(&pod.id) => "a pod whose ADD an earlier session left unfinished",
