@@ -395,21 +395,13 @@ impl Inner {
         }
         let Some(cache) = cache else { return };
         let live: BTreeSet<&str> = pods.iter().map(|p| p.id.as_str()).collect();
-        for id in planned.iter().filter(|id| !live.contains(id.as_str())) {
-            let Ok(Some(plan)) = cache.load(id) else {
-                continue;
-            };
-            let Some(gone) = sandbox_of(plan) else {
-                continue;
-            };
-            if self.del(&gone).is_ok() {
-                tracing::info!(pod = %gone.label(), container = %id, "deleted the networks of a sandbox the runtime no longer has");
-            }
-        }
+        self.del_plans(
+            &cache,
+            |plan| !live.contains(plan.container_id.as_str()),
+            "deleted the networks of a sandbox the runtime no longer has",
+        );
     }
-}
 
-impl Inner {
     /// DEL of each plan made in NRI mode (its cluster network the runtime's) whose sandbox's network namespace is
     /// gone: the runtime stopped the sandbox without telling the plugin. containerd 2.4 forgets across its own
     /// restart which sandboxes it told plugins about, and sends no stop or removal for those.
@@ -420,21 +412,35 @@ impl Inner {
         else {
             return;
         };
+        self.del_plans(
+            &cache,
+            |plan| {
+                plan.attachments.iter().any(|a| a.external)
+                    && plan
+                        .netns
+                        .as_deref()
+                        .is_some_and(|n| !Path::new(n).exists())
+            },
+            "deleted the networks of a sandbox whose network namespace is gone (the runtime sent no stop)",
+        );
+    }
+
+    /// DEL of the sandbox of each plan in `cache` that `gone` picks, logging `done` for each that succeeds.
+    fn del_plans(
+        &self,
+        cache: &AttachmentCache,
+        gone: impl Fn(&plexus_cni::cache::AttachmentPlan) -> bool,
+        done: &str,
+    ) {
         for id in cache.container_ids().unwrap_or_default() {
             let Ok(Some(plan)) = cache.load(&id) else {
                 continue;
             };
-            let gone = plan.attachments.iter().any(|a| a.external)
-                && plan
-                    .netns
-                    .as_deref()
-                    .is_some_and(|n| !Path::new(n).exists());
-            let Some(sandbox) = sandbox_of(plan).filter(|_| gone) else {
+            let Some(sandbox) = Some(plan).filter(&gone).and_then(sandbox_of) else {
                 continue;
             };
             if self.del(&sandbox).is_ok() {
-                tracing::info!(pod = %sandbox.label(), container = %id,
-                    "deleted the networks of a sandbox whose network namespace is gone (the runtime sent no stop)");
+                tracing::info!(pod = %sandbox.label(), container = %id, "{done}");
             }
         }
     }
