@@ -148,7 +148,17 @@ struct Node {
 }
 
 impl Node {
+    /// A node whose runtime waits for its NRI plugins for [`plexus_tests::runtime::TEST_NRI_TIMEOUT`].
     fn new(kind: RuntimeKind) -> Node {
+        Node::start(kind, false)
+    }
+
+    /// A node whose runtime waits for its NRI plugins for its own default time (2 s).
+    fn with_default_nri_timeout(kind: RuntimeKind) -> Node {
+        Node::start(kind, true)
+    }
+
+    fn start(kind: RuntimeKind, default_nri_timeout: bool) -> Node {
         require_root_and_plugins();
         let dirs = tempfile::tempdir().unwrap();
         let conf = dirs.path().join("net.d");
@@ -160,7 +170,11 @@ impl Node {
         let cluster_name = format!("cluster-{}", bridge.name());
         let cluster = bridge_host_local(&cluster_name, &bridge, &ipam);
         std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).unwrap();
-        let runtime = ContainerRuntime::start(kind, Path::new(cni_bin_dir()), &conf);
+        let runtime = if default_nri_timeout {
+            ContainerRuntime::start_with_default_nri_timeout(kind, Path::new(cni_bin_dir()), &conf)
+        } else {
+            ContainerRuntime::start(kind, Path::new(cni_bin_dir()), &conf)
+        };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
             .enable_all()
@@ -222,7 +236,7 @@ impl Node {
 fn a_plugin_registers_with_the_runtime_and_sees_each_sandbox_after_its_cluster_network(
     kind: RuntimeKind,
 ) {
-    let mut node = Node::new(kind);
+    let mut node = Node::with_default_nri_timeout(kind);
     let before = node.run("before");
     let (plugin, session) = node.register();
 
@@ -831,7 +845,7 @@ fn a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it(kind: Runtim
 fn a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then_deleted(
     kind: RuntimeKind,
 ) {
-    let mut node = Node::new(kind);
+    let mut node = Node::with_default_nri_timeout(kind);
     // The delegates: the reference plugins and `slow`, a recording fake whose ADD outlasts the runtime's 2 s.
     let bin = slow_delegates(&node, 2600);
     let side_bridge = HostBridge::reserve("nrl");

@@ -61,14 +61,25 @@ impl Containerd {
 
     /// [`Containerd::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) when one is given.
     pub fn start_with(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> Containerd {
-        Containerd::start_config(cni_bin, cni_conf, registry, 1, false)
+        Containerd::start_nri(cni_bin, cni_conf, registry, Some(crate::runtime::TEST_NRI_TIMEOUT))
+    }
+
+    /// [`Containerd::start_with`], waiting for an NRI plugin's answer for `nri_timeout` (`None`: containerd's own
+    /// default, 2 s).
+    pub fn start_nri(
+        cni_bin: &Path,
+        cni_conf: &Path,
+        registry: Option<&str>,
+        nri_timeout: Option<Duration>,
+    ) -> Containerd {
+        Containerd::start_config(cni_bin, cni_conf, registry, 1, false, nri_timeout)
     }
 
     /// [`Containerd::start`] serving its metrics on a loopback port ([`Containerd::metrics`]) and attaching the
     /// first `networks` CNI configurations of `cni_conf` (by file name) to every sandbox itself, one after another
     /// (`max_conf_num`, `setup_serially`): eth0, eth1, ...
     pub fn start_measured(cni_bin: &Path, cni_conf: &Path, networks: usize) -> Containerd {
-        Containerd::start_config(cni_bin, cni_conf, None, networks, true)
+        Containerd::start_config(cni_bin, cni_conf, None, networks, true, None)
     }
 
     fn start_config(
@@ -77,6 +88,7 @@ impl Containerd {
         registry: Option<&str>,
         networks: usize,
         metrics: bool,
+        nri_timeout: Option<Duration>,
     ) -> Containerd {
         available();
         let dir = tempfile::Builder::new()
@@ -105,6 +117,9 @@ impl Containerd {
         let metrics_section = metrics
             .as_ref()
             .map(|a| format!("\n[metrics]\n  address = \"{a}\"\n"))
+            .unwrap_or_default();
+        let nri_timeout = nri_timeout
+            .map(|t| format!("  plugin_request_timeout = \"{}ms\"\n", t.as_millis()))
             .unwrap_or_default();
         let config = format!(
             r#"version = 3
@@ -149,7 +164,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 # NRI is on by default in containerd 2: its socket is this containerd's own, not the host's.
 [plugins.'io.containerd.nri.v1.nri']
   socket_path = "{root}/nri/nri.sock"
-"#,
+{nri_timeout}"#,
             root = root.display(),
             hosts = hosts.display(),
             bin = cni_bin.display(),

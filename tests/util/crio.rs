@@ -88,7 +88,13 @@ impl CriO {
     /// Starts CRI-O with `cni_bin` (plexus and the reference plugins) and `cni_conf` as its CNI directories, pulls
     /// the sandbox image and waits until its CRI answers. Images are also pulled from `registry` (`127.0.0.1:PORT`,
     /// plain HTTP) when one is given.
-    pub fn start(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> CriO {
+    /// It waits for an NRI plugin's answer for `nri_timeout` (`None`: CRI-O's own default, 2 s).
+    pub fn start(
+        cni_bin: &Path,
+        cni_conf: &Path,
+        registry: Option<&str>,
+        nri_timeout: Option<Duration>,
+    ) -> CriO {
         available();
         let dir = tempfile::Builder::new()
             .prefix("plx-crio-")
@@ -125,6 +131,9 @@ impl CriO {
             std::os::unix::fs::PermissionsExt::from_mode(0o755),
         )
         .expect("chmod runc-wrapper");
+        let nri_timeout = nri_timeout
+            .map(|t| format!("nri_plugin_request_timeout = \"{}ms\"\n", t.as_millis()))
+            .unwrap_or_default();
         let config = format!(
             r#"[crio]
 root = "{root}/storage"
@@ -171,7 +180,7 @@ plugin_dirs = ["{bin}"]
 [crio.nri]
 enable_nri = true
 nri_listen = "{root}/nri/nri.sock"
-"#,
+{nri_timeout}"#,
             root = root.display(),
             pinns = crate::parts::bin("pinns").display(),
             bin = cni_bin.display(),

@@ -22,6 +22,13 @@ impl RuntimeKind {
     }
 }
 
+/// How long a test's runtime waits for an NRI plugin's answer (both default to 2 s). The tests share two cores with
+/// API servers, kubelets and builds, where a plugin's ADD can pass 2 s; the plugin then fails the sandbox as late
+/// (which is right on a node, and not what those tests are about). The tests of that
+/// deadline start their runtime with its default ([`Runtime::start_with_default_nri_timeout`]); the benchmarks
+/// use the defaults too.
+pub const TEST_NRI_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 pub enum Runtime {
     Containerd(Containerd),
     CriO(CriO),
@@ -45,7 +52,27 @@ impl Runtime {
             RuntimeKind::Containerd => {
                 Runtime::Containerd(Containerd::start_with(cni_bin, cni_conf, registry))
             }
-            RuntimeKind::CriO => Runtime::CriO(CriO::start(cni_bin, cni_conf, registry)),
+            RuntimeKind::CriO => Runtime::CriO(CriO::start(
+                cni_bin,
+                cni_conf,
+                registry,
+                Some(TEST_NRI_TIMEOUT),
+            )),
+        }
+    }
+
+    /// [`Runtime::start`] with the runtime's own NRI request timeout (2 s in both), for the tests of what happens
+    /// at it.
+    pub fn start_with_default_nri_timeout(
+        kind: RuntimeKind,
+        cni_bin: &Path,
+        cni_conf: &Path,
+    ) -> Runtime {
+        match kind {
+            RuntimeKind::Containerd => {
+                Runtime::Containerd(Containerd::start_nri(cni_bin, cni_conf, None, None))
+            }
+            RuntimeKind::CriO => Runtime::CriO(CriO::start(cni_bin, cni_conf, None, None)),
         }
     }
 

@@ -324,7 +324,7 @@ fn burst(
         RuntimeKind::Containerd => {
             Runtime::Containerd(Containerd::start_measured(bin, conf_dir, networks))
         }
-        RuntimeKind::CriO => Runtime::CriO(CriO::start(bin, conf_dir, None)),
+        RuntimeKind::CriO => Runtime::CriO(CriO::start(bin, conf_dir, None, None)),
     };
     let since = Timestamp::now();
     let kubelet = Kubelet::start(api, &runtime.socket());
