@@ -24,6 +24,8 @@ pub const STDERR_CAP: usize = 64 << 10;
 #[derive(Debug, Clone)]
 pub struct ExecRequest<'a> {
     pub plugin: &'a Path,
+    /// The arguments after the program's name (a CNI plugin gets none).
+    pub args: &'a [String],
     /// The complete environment of the child (nothing else is inherited).
     pub env: &'a [(String, String)],
     pub stdin: &'a [u8],
@@ -144,7 +146,7 @@ impl Exec for ProcessExec {
             mut stdin,
             stdout,
             stderr,
-        } = crate::spawn::spawn(req.plugin, req.env)?;
+        } = crate::spawn::spawn(req.plugin, req.args, req.env)?;
         // Every hand-off between threads waits for a core on a busy node, so the common path has none: small
         // input is written here (an empty pipe takes PIPE_BUF bytes without blocking), and stdout and stderr
         // are read here under the deadline.
@@ -338,6 +340,7 @@ mod tests {
         ProcessExec
             .run(&ExecRequest {
                 plugin: p,
+                args: &[],
                 env,
                 stdin,
                 timeout,
@@ -367,6 +370,25 @@ mod tests {
         assert_eq!(String::from_utf8_lossy(&out.stderr), "cmd=ADD home=\n");
         assert_eq!(out.code, Some(3));
         assert!(!out.timed_out);
+    }
+
+    #[test]
+    fn arguments_follow_the_programs_name_in_order() {
+        let tmp = tempfile::tempdir().unwrap();
+        let p = script(tmp.path(), "args", "printf '%s|' \"$0\" \"$@\"");
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &p,
+                args: &["a b".into(), String::new(), "--net=/x".into()],
+                env: &[],
+                stdin: &[],
+                timeout: Duration::from_secs(10),
+            })
+            .unwrap();
+        assert_eq!(
+            String::from_utf8_lossy(&out.stdout),
+            format!("{}|a b||--net=/x|", p.display())
+        );
     }
 
     #[test]

@@ -1,9 +1,7 @@
 //! Changes inside the pod's network namespace that no delegate makes: default-route selection (spec 4.1.2.1.9).
 
-use std::io::Read;
 use std::net::IpAddr;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use plexus_core::cni::{CniResult, IpNet, Route};
 use serde_json::Value;
@@ -23,79 +21,68 @@ pub trait PodNetwork {
     ) -> Result<(), PlexusError>;
 }
 
-/// How long one `ip` command may take.
+/// How long one `ip` command may take. Its output is bounded as a delegate's is ([`crate::exec::STDOUT_CAP`]; a
+/// pod's addresses and routes take a few KiB).
 const IP_TIMEOUT: Duration = Duration::from_secs(10);
-/// The most bytes of output one `ip` command may print (a pod's addresses and routes take a few KiB).
-const IP_OUTPUT_CAP: u64 = 1 << 20;
+/// The search path for `nsenter` and `ip` when the process has none.
+const DEFAULT_PATH: &str = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin";
 
 /// Uses `nsenter --net=<netns> ip ...`, which works for named namespaces and `/proc/<pid>/ns/net` alike.
 #[derive(Debug, Default)]
 pub struct IpRoute;
 
 impl IpRoute {
-    /// `ip ARGS` in `netns`: its stdout, within [`IP_TIMEOUT`] and [`IP_OUTPUT_CAP`] bytes of output (a hung
-    /// `ip` is killed, and one that prints more fails).
+    /// `ip ARGS` in `netns`: its stdout, within [`IP_TIMEOUT`] and [`crate::exec::STDOUT_CAP`] bytes of output
+    /// (a hung `ip` is killed with its process group, and one that prints more fails), run as a delegate is.
     fn ip(&self, netns: &str, args: &[&str]) -> Result<String, PlexusError> {
-        let what = || format!("ip {}", args.join(" "));
+        use crate::exec::{Exec as _, ExecRequest, ProcessExec};
         let fail = |why: String| PlexusError::Io {
             path: netns.into(),
-            source: std::io::Error::other(why),
+            source: std::io::Error::other(format!("ip {}: {why}", args.join(" "))),
         };
-        let mut child = Command::new("nsenter")
-            .arg(format!("--net={netns}"))
-            .arg("ip")
-            .args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .map_err(|source| PlexusError::Io {
+        // `nsenter` runs `ip` by its name, from the PATH it is given: the daemon's own.
+        let path = std::env::var("PATH").unwrap_or_else(|_| DEFAULT_PATH.into());
+        let dirs: Vec<_> = std::env::split_paths(&path).collect();
+        let nsenter = ProcessExec
+            .find("nsenter", &dirs)
+            .ok_or_else(|| PlexusError::Io {
                 path: "nsenter".into(),
+                source: std::io::Error::new(
+                    std::io::ErrorKind::NotFound,
+                    format!("no executable nsenter in {path}"),
+                ),
+            })?;
+        let argv: Vec<String> = [format!("--net={netns}"), "ip".into()]
+            .into_iter()
+            .chain(args.iter().map(|a| a.to_string()))
+            .collect();
+        let out = ProcessExec
+            .run(&ExecRequest {
+                plugin: &nsenter,
+                args: &argv,
+                env: &[("PATH".into(), path)],
+                stdin: &[],
+                timeout: IP_TIMEOUT,
+            })
+            .map_err(|source| PlexusError::Io {
+                path: nsenter.display().to_string(),
                 source,
             })?;
-        let capped = |pipe: Option<Box<dyn Read + Send>>| {
-            std::thread::spawn(move || {
-                let mut kept = Vec::new();
-                if let Some(pipe) = pipe {
-                    let _ = pipe.take(IP_OUTPUT_CAP + 1).read_to_end(&mut kept);
-                }
-                kept
-            })
-        };
-        let stdout = capped(child.stdout.take().map(|p| Box::new(p) as _));
-        let stderr = capped(child.stderr.take().map(|p| Box::new(p) as _));
-        let deadline = Instant::now() + IP_TIMEOUT;
-        let status = loop {
-            match child.try_wait() {
-                Ok(Some(status)) => break status,
-                Ok(None) if Instant::now() < deadline => {
-                    std::thread::sleep(Duration::from_millis(1))
-                }
-                Ok(None) => {
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    return Err(fail(format!("{}: no answer within {IP_TIMEOUT:?}", what())));
-                }
-                Err(e) => return Err(fail(format!("{}: {e}", what()))),
-            }
-        };
-        // The pipes close as `ip` exits (it starts nothing that could keep them open).
-        let out = stdout.join().unwrap_or_default();
-        let err = stderr.join().unwrap_or_default();
-        if out.len() as u64 > IP_OUTPUT_CAP {
+        if out.timed_out {
+            return Err(fail(format!("no answer within {IP_TIMEOUT:?}")));
+        }
+        if out.overflowed {
             return Err(fail(format!(
-                "{}: over {IP_OUTPUT_CAP} bytes of output",
-                what()
+                "over {} bytes of output",
+                crate::exec::STDOUT_CAP
             )));
         }
-        if !status.success() {
-            return Err(fail(format!(
-                "{}: {}",
-                what(),
-                String::from_utf8_lossy(&err).trim()
-            )));
+        if out.code != Some(0) {
+            return Err(fail(
+                String::from_utf8_lossy(&out.stderr).trim().to_string(),
+            ));
         }
-        Ok(String::from_utf8_lossy(&out).into_owned())
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
     }
 }
 

@@ -46,17 +46,25 @@ struct ChildPlan {
     error: AtomicI32,
 }
 
-/// Starts `program` with exactly `env` as its environment, its own process group, stdio on pipes, and
-/// SIGKILL as its parent-death signal.
-pub fn spawn(program: &Path, env: &[(String, String)]) -> io::Result<Spawned> {
+/// Starts `program` with `args` after its name, exactly `env` as its environment, its own process group, stdio on
+/// pipes, and SIGKILL as its parent-death signal.
+pub fn spawn(program: &Path, args: &[String], env: &[(String, String)]) -> io::Result<Spawned> {
     let path = CString::new(program.as_os_str().as_bytes())
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "plugin path holds a NUL byte"))?;
+    let args: Vec<CString> = args
+        .iter()
+        .map(|a| CString::new(a.as_str()))
+        .collect::<Result<_, _>>()
+        .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "an argument holds a NUL byte"))?;
     let env: Vec<CString> = env
         .iter()
         .map(|(k, v)| CString::new(format!("{k}={v}")))
         .collect::<Result<_, _>>()
         .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "environment holds a NUL byte"))?;
-    let argv = [path.as_ptr(), std::ptr::null()];
+    let argv: Vec<*const libc::c_char> = std::iter::once(path.as_ptr())
+        .chain(args.iter().map(|a| a.as_ptr()))
+        .chain(std::iter::once(std::ptr::null()))
+        .collect();
     let envp: Vec<*const libc::c_char> = env
         .iter()
         .map(|e| e.as_ptr())
@@ -267,7 +275,7 @@ mod tests {
              while read -r key mask; do case $key in SigBlk:|SigIgn:) echo \"$key $mask\" >&2;; esac; \
              done < /proc/$$/status",
         );
-        let mut s = spawn(&p, &[("ONLY".into(), "this".into())]).unwrap();
+        let mut s = spawn(&p, &[], &[("ONLY".into(), "this".into())]).unwrap();
         s.stdin.write_all(b"hello\n").unwrap();
         drop(s.stdin);
         let mut out = String::new();
@@ -299,11 +307,11 @@ mod tests {
     #[test]
     fn a_missing_or_unexecutable_program_is_an_error_naming_why() {
         let tmp = tempfile::tempdir().unwrap();
-        let e = spawn(&tmp.path().join("missing"), &[]).unwrap_err();
+        let e = spawn(&tmp.path().join("missing"), &[], &[]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::NotFound);
         let p = tmp.path().join("data");
         std::fs::write(&p, "not a program").unwrap();
-        let e = spawn(&p, &[]).unwrap_err();
+        let e = spawn(&p, &[], &[]).unwrap_err();
         assert_eq!(e.kind(), io::ErrorKind::PermissionDenied, "{e}");
     }
 }
