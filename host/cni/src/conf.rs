@@ -55,7 +55,8 @@ struct RawConf {
 }
 
 /// How inputs written for Multus are read (`"compat"`; docs/migrating-from-multus.md).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
 pub enum Compat {
     /// The standard's reading, and Plexus's own choices where it is silent.
     #[default]
@@ -292,29 +293,184 @@ pub fn stdin_json(stdin: &[u8]) -> Result<Value, PlexusError> {
     Ok(value)
 }
 
+/// `invalidSelections`: what an ADD does with a selection element it cannot read.
+#[derive(Debug, Clone, Copy, Default, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum InvalidSelections {
+    #[default]
+    Fail,
+    Ignore,
+}
+
+/// `cluster.source`.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(rename_all = "lowercase")]
+enum SourceKind {
+    Files,
+    Kube,
+}
+
+/// The value of `key`, one of the names of the enum `T` (its serde names): absent is `T`'s default.
+fn choice<T: serde::de::DeserializeOwned + Default>(
+    key: &str,
+    value: Option<String>,
+) -> Result<T, PlexusError> {
+    value.map_or(Ok(T::default()), |v| named(key, v))
+}
+
+/// `value`, the value of `key`, as the variant of the enum `T` it names; another name is an error naming the key
+/// and the names it may take.
+fn named<T: serde::de::DeserializeOwned>(key: &str, value: String) -> Result<T, PlexusError> {
+    use serde::de::IntoDeserializer as _;
+    T::deserialize(value.into_deserializer())
+        .map_err(|e: serde::de::value::Error| PlexusError::config(key, e))
+}
+
+/// A duration in milliseconds at `key`: `default` when absent, an error naming the key outside `range`.
+fn millis(
+    key: &str,
+    value: Option<u64>,
+    default: u64,
+    range: std::ops::RangeInclusive<u64>,
+) -> Result<Duration, PlexusError> {
+    let ms = value.unwrap_or(default);
+    if !range.contains(&ms) {
+        return Err(PlexusError::config(
+            key,
+            format!(
+                "must be between {} and {}, got {ms}",
+                range.start(),
+                range.end()
+            ),
+        ));
+    }
+    Ok(Duration::from_millis(ms))
+}
+
+/// The absolute path at `key`, or `default` when absent.
+fn path_or(key: &str, value: Option<PathBuf>, default: &str) -> Result<PathBuf, PlexusError> {
+    absolute(key, value.unwrap_or_else(|| default.into()))
+}
+
+/// The absolute path at `key`, if set.
+fn optional_path(key: &str, value: Option<PathBuf>) -> Result<Option<PathBuf>, PlexusError> {
+    value.map(|p| absolute(key, p)).transpose()
+}
+
+/// Refuses a whole conflist on stdin, with how to get the one conf from it.
+fn refuse_conflist(value: &Value) -> Result<(), PlexusError> {
+    if value.get("plugins").is_some_and(Value::is_array) && value.get("type").is_none() {
+        return Err(PlexusError::config(
+            "plugins",
+            "stdin holds a whole conflist, but a CNI plugin reads one plugin's conf: the runtime hands plexus \
+             its entry of the list (plugins[0] with the list's cniVersion and name added; by hand: \
+             jq '.plugins[0] + {cniVersion, name}' LIST)",
+        ));
+    }
+    Ok(())
+}
+
+/// `cniVersion`: required, and one plexus speaks.
+fn cni_version(value: Option<String>) -> Result<CniVersion, PlexusError> {
+    value
+        .ok_or_else(|| PlexusError::config("cniVersion", "is missing"))?
+        .parse()
+        .map_err(|e: plexus_core::cni::UnsupportedVersion| PlexusError::Version(e.to_string()))
+}
+
+/// The `cluster` key: absent is the Kubernetes API inside a cluster and no source outside one; an object names its
+/// `source` and that source's settings, typed here so that a misspelt key is named when the conf is read, whatever
+/// the verb.
+fn cluster_source(raw: Option<Value>, in_kubernetes: bool) -> Result<ClusterSource, PlexusError> {
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Files {
+        dir: Option<PathBuf>,
+    }
+    let mut m = match raw {
+        None if in_kubernetes => return Ok(ClusterSource::Kube(KubeSettings::default())),
+        None => return Ok(ClusterSource::None),
+        Some(Value::Object(m)) => m,
+        Some(other) => {
+            return Err(PlexusError::config(
+                "cluster",
+                format!("must be an object, got {other}"),
+            ))
+        }
+    };
+    let kind = match m.remove("source") {
+        Some(Value::String(s)) => Some(named::<SourceKind>("cluster.source", s)?),
+        None => None,
+        Some(other) => {
+            return Err(PlexusError::config(
+                "cluster.source",
+                format!("must be \"files\" or \"kube\", got {other}"),
+            ))
+        }
+    };
+    let settings = |source: &str, e: serde_json::Error| {
+        PlexusError::config("cluster", format!("source \"{source}\": {e}"))
+    };
+    match kind {
+        Some(SourceKind::Files) => {
+            let files: Files =
+                serde_json::from_value(Value::Object(m)).map_err(|e| settings("files", e))?;
+            let dir = files.dir.ok_or_else(|| {
+                PlexusError::config("cluster.dir", "is required for source \"files\"")
+            })?;
+            Ok(ClusterSource::Files {
+                dir: absolute("cluster.dir", dir)?,
+            })
+        }
+        Some(SourceKind::Kube) => {
+            let mut settings: KubeSettings =
+                serde_json::from_value(Value::Object(m)).map_err(|e| settings("kube", e))?;
+            settings.node_credentials = true;
+            Ok(ClusterSource::Kube(settings))
+        }
+        None => Err(PlexusError::config(
+            "cluster.source",
+            "must be \"files\" or \"kube\", got nothing",
+        )),
+    }
+}
+
+/// `systemNamespaces`: a Multus setting, `kube-system` by default under [`Compat::Multus`].
+fn system_namespaces(compat: Compat, raw: Option<Vec<String>>) -> Result<Vec<String>, PlexusError> {
+    match (compat, raw) {
+        (Compat::Multus, None) => Ok(vec!["kube-system".to_string()]),
+        (Compat::Multus, Some(list)) => Ok(list),
+        (Compat::Strict, None) => Ok(Vec::new()),
+        (Compat::Strict, Some(_)) => Err(PlexusError::config(
+            "systemNamespaces",
+            "is a Multus setting: it needs \"compat\": \"multus\"",
+        )),
+    }
+}
+
+/// `logLevel`: one of [`crate::logging::LEVELS`], `info` by default.
+fn log_level(raw: Option<String>) -> Result<String, PlexusError> {
+    let level = raw.unwrap_or_else(|| "info".into());
+    if !crate::logging::is_level(&level) {
+        return Err(PlexusError::config(
+            "logLevel",
+            format!(
+                "{level:?} is not one of {}",
+                crate::logging::LEVELS.join(", ")
+            ),
+        ));
+    }
+    Ok(level)
+}
+
 impl PlexusConf {
     /// The validated conf from stdin parsed by [`stdin_json`]. `in_kubernetes` says whether
     /// `KUBERNETES_SERVICE_HOST` was set (the default source).
     pub fn from_json(value: Value, in_kubernetes: bool) -> Result<Self, PlexusError> {
-        if value.get("plugins").is_some_and(Value::is_array) && value.get("type").is_none() {
-            return Err(PlexusError::config(
-                "plugins",
-                "stdin holds a whole conflist, but a CNI plugin reads one plugin's conf: the runtime hands plexus \
-                 its entry of the list (plugins[0] with the list's cniVersion and name added; by hand: \
-                 jq '.plugins[0] + {cniVersion, name}' LIST)",
-            ));
-        }
+        refuse_conflist(&value)?;
         let raw: RawConf = serde_json::from_value(value)
             .map_err(|e| PlexusError::config("plexus configuration", e))?;
-        let version_str = raw
-            .cni_version
-            .ok_or_else(|| PlexusError::config("cniVersion", "is missing"))?;
-        let cni_version: CniVersion =
-            version_str
-                .parse()
-                .map_err(|e: plexus_core::cni::UnsupportedVersion| {
-                    PlexusError::Version(e.to_string())
-                })?;
+        let cni_version = cni_version(raw.cni_version)?;
         if let Some(name) = raw.name.as_ref().filter(|n| !n.is_string()) {
             return Err(PlexusError::config(
                 "name",
@@ -325,117 +481,9 @@ impl PlexusConf {
             .cluster_network
             .filter(|s| !s.trim().is_empty())
             .ok_or_else(|| PlexusError::config("clusterNetwork", "is required"))?;
-        let cluster = match raw.cluster {
-            None if in_kubernetes => ClusterSource::Kube(KubeSettings::default()),
-            None => ClusterSource::None,
-            Some(Value::Object(mut m)) => match m.remove("source").as_ref().and_then(Value::as_str)
-            {
-                Some("files") => {
-                    #[derive(Deserialize)]
-                    #[serde(deny_unknown_fields)]
-                    struct Files {
-                        dir: Option<PathBuf>,
-                    }
-                    let files: Files = serde_json::from_value(Value::Object(m)).map_err(|e| {
-                        PlexusError::config("cluster", format!("source \"files\": {e}"))
-                    })?;
-                    let dir = files.dir.ok_or_else(|| {
-                        PlexusError::config("cluster.dir", "is required for source \"files\"")
-                    })?;
-                    ClusterSource::Files {
-                        dir: absolute("cluster.dir", dir)?,
-                    }
-                }
-                // Typed here, so that a misspelt key is named when the conf is read, whatever the verb.
-                Some("kube") => {
-                    let mut settings: KubeSettings = serde_json::from_value(Value::Object(m))
-                        .map_err(|e| {
-                            PlexusError::config("cluster", format!("source \"kube\": {e}"))
-                        })?;
-                    settings.node_credentials = true;
-                    ClusterSource::Kube(settings)
-                }
-                other => {
-                    return Err(PlexusError::config(
-                        "cluster.source",
-                        format!(
-                            "must be \"files\" or \"kube\", got {}",
-                            other.map_or("nothing".to_string(), |s| format!("{s:?}"))
-                        ),
-                    ))
-                }
-            },
-            Some(other) => {
-                return Err(PlexusError::config(
-                    "cluster",
-                    format!("must be an object, got {other}"),
-                ))
-            }
-        };
-        let run_dir = absolute(
-            "runDir",
-            raw.run_dir.unwrap_or_else(|| DEFAULT_RUN_DIR.into()),
-        )?;
-        let daemon = daemon_ref(raw.daemon, &run_dir)?;
-        let ignore_invalid_selections = match raw.invalid_selections.as_deref() {
-            None | Some("fail") => false,
-            Some("ignore") => true,
-            Some(other) => {
-                return Err(PlexusError::config(
-                    "invalidSelections",
-                    format!("must be \"fail\" or \"ignore\", got {other:?}"),
-                ))
-            }
-        };
-        let log_level = raw.log_level.unwrap_or_else(|| "info".into());
-        if !crate::logging::is_level(&log_level) {
-            return Err(PlexusError::config(
-                "logLevel",
-                format!(
-                    "{log_level:?} is not one of {}",
-                    crate::logging::LEVELS.join(", ")
-                ),
-            ));
-        }
-        let readiness_timeout_ms = raw.readiness_timeout_ms.unwrap_or(30_000);
-        if readiness_timeout_ms > MAX_READINESS_TIMEOUT_MS {
-            return Err(PlexusError::config(
-                "readinessTimeoutMs",
-                format!("must be at most {MAX_READINESS_TIMEOUT_MS}, got {readiness_timeout_ms}"),
-            ));
-        }
-        let compat = match raw.compat.as_deref() {
-            None | Some("strict") => Compat::Strict,
-            Some("multus") => Compat::Multus,
-            Some(other) => {
-                return Err(PlexusError::config(
-                    "compat",
-                    format!("must be \"multus\" (or \"strict\", the default), got {other:?}"),
-                ))
-            }
-        };
-        let system_namespaces = match (compat, raw.system_namespaces) {
-            (Compat::Multus, None) => vec!["kube-system".to_string()],
-            (Compat::Multus, Some(list)) => list,
-            (Compat::Strict, None) => Vec::new(),
-            (Compat::Strict, Some(_)) => {
-                return Err(PlexusError::config(
-                    "systemNamespaces",
-                    "is a Multus setting: it needs \"compat\": \"multus\"",
-                ))
-            }
-        };
-        let delegate_timeout_ms = raw.delegate_timeout_ms.unwrap_or(120_000);
-        if !DELEGATE_TIMEOUT_MS.contains(&delegate_timeout_ms) {
-            return Err(PlexusError::config(
-                "delegateTimeoutMs",
-                format!(
-                    "must be between {} and {}, got {delegate_timeout_ms}",
-                    DELEGATE_TIMEOUT_MS.start(),
-                    DELEGATE_TIMEOUT_MS.end()
-                ),
-            ));
-        }
+        let cluster = cluster_source(raw.cluster, in_kubernetes)?;
+        let run_dir = path_or("runDir", raw.run_dir, DEFAULT_RUN_DIR)?;
+        let compat: Compat = choice("compat", raw.compat)?;
         // The node agent delivers hooks from the Kubernetes API: a node reading its cluster from there runs the
         // set it publishes (and waits for it); one reading files or nothing has no agent to wait for.
         let cluster_hooks = raw
@@ -443,46 +491,52 @@ impl PlexusConf {
             .unwrap_or(matches!(cluster, ClusterSource::Kube(_)));
         Ok(Self {
             compat,
-            system_namespaces,
+            system_namespaces: system_namespaces(compat, raw.system_namespaces)?,
             cni_version,
             cluster_network,
             default_networks: raw.default_networks,
             plexus_namespace: raw.plexus_namespace.unwrap_or_else(|| "kube-system".into()),
-            conf_dir: absolute(
-                "confDir",
-                raw.conf_dir
-                    .unwrap_or_else(|| "/etc/cni/plexus/net.d".into()),
-            )?,
-            bin_dir: raw.bin_dir.map(|p| absolute("binDir", p)).transpose()?,
-            cache_dir: absolute(
-                "cacheDir",
-                raw.cache_dir.unwrap_or_else(|| DEFAULT_CACHE_DIR.into()),
-            )?,
+            conf_dir: path_or("confDir", raw.conf_dir, "/etc/cni/plexus/net.d")?,
+            bin_dir: optional_path("binDir", raw.bin_dir)?,
+            cache_dir: path_or("cacheDir", raw.cache_dir, DEFAULT_CACHE_DIR)?,
+            daemon: daemon_ref(raw.daemon, &run_dir)?,
             run_dir,
             cluster,
-            daemon,
-            readiness_indicator_file: raw
-                .readiness_indicator_file
-                .map(|p| absolute("readinessIndicatorFile", p))
-                .transpose()?,
-            readiness_timeout: Duration::from_millis(readiness_timeout_ms),
-            device_info_dir: absolute(
+            readiness_indicator_file: optional_path(
+                "readinessIndicatorFile",
+                raw.readiness_indicator_file,
+            )?,
+            readiness_timeout: millis(
+                "readinessTimeoutMs",
+                raw.readiness_timeout_ms,
+                30_000,
+                0..=MAX_READINESS_TIMEOUT_MS,
+            )?,
+            device_info_dir: path_or(
                 "deviceInfoDir",
-                raw.device_info_dir
-                    .unwrap_or_else(|| "/var/run/k8s.cni.cncf.io/devinfo/cni".into()),
+                raw.device_info_dir,
+                "/var/run/k8s.cni.cncf.io/devinfo/cni",
             )?,
-            device_plugin_info_dir: absolute(
+            device_plugin_info_dir: path_or(
                 "devicePluginInfoDir",
-                raw.device_plugin_info_dir
-                    .unwrap_or_else(|| crate::podresources::DEVICE_PLUGIN_INFO_DIR.into()),
+                raw.device_plugin_info_dir,
+                crate::podresources::DEVICE_PLUGIN_INFO_DIR,
             )?,
-            pod_resources_socket: absolute(
+            pod_resources_socket: path_or(
                 "podResourcesSocket",
-                raw.pod_resources_socket
-                    .unwrap_or_else(|| crate::podresources::DEFAULT_SOCKET.into()),
+                raw.pod_resources_socket,
+                crate::podresources::DEFAULT_SOCKET,
             )?,
-            delegate_timeout: Duration::from_millis(delegate_timeout_ms),
-            ignore_invalid_selections,
+            delegate_timeout: millis(
+                "delegateTimeoutMs",
+                raw.delegate_timeout_ms,
+                120_000,
+                DELEGATE_TIMEOUT_MS,
+            )?,
+            ignore_invalid_selections: matches!(
+                choice("invalidSelections", raw.invalid_selections)?,
+                InvalidSelections::Ignore
+            ),
             hooks: raw.hooks,
             cluster_hooks,
             dra: raw.dynamic_resource_allocation.unwrap_or(true),
@@ -490,8 +544,8 @@ impl PlexusConf {
                 claim: raw.claim_cni_drivers,
                 class: raw.class_cni_drivers,
             },
-            log_level,
-            log_file: raw.log_file.map(|p| absolute("logFile", p)).transpose()?,
+            log_level: log_level(raw.log_level)?,
+            log_file: optional_path("logFile", raw.log_file)?,
             runtime_config: raw.runtime_config,
             valid_attachments: raw.valid_attachments,
         })
@@ -626,6 +680,11 @@ mod tests {
             (r#""delegateTimeoutMs":1"#, "delegateTimeoutMs"),
             (r#""delegateTimeoutMs":86400000"#, "delegateTimeoutMs"),
             (r#""readinessTimeoutMs":86400000"#, "readinessTimeoutMs"),
+            (r#""invalidSelections":"maybe""#, "invalidSelections"),
+            (r#""compat":"calico""#, "compat"),
+            (r#""logLevel":"loud""#, "logLevel"),
+            (r#""cluster":{"dir":"/d"}"#, "cluster.source"),
+            (r#""cluster":{"source":7}"#, "cluster.source"),
         ] {
             let text = format!(r#"{{"cniVersion":"1.0.0","clusterNetwork":"x",{extra}}}"#);
             let e = parse(text.as_bytes(), false).unwrap_err();

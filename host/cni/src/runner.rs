@@ -200,23 +200,14 @@ impl Delegator<'_> {
         let _p =
             tracing::debug_span!("phase", name = "exec", plugin = %ty, command = command.as_str())
                 .entered();
-        let mut env: Vec<(String, String)> = rt.base_env.to_vec();
-        env.push(("CNI_COMMAND".into(), command.as_str().into()));
-        let path = std::env::join_paths(rt.path)
-            .map_err(|e| PlexusError::Env(format!("CNI_PATH: {e}")))?;
-        env.push(("CNI_PATH".into(), path.to_string_lossy().into_owned()));
-        if !matches!(command, Command::Status | Command::Gc) {
-            env.push(("CNI_CONTAINERID".into(), rt.container_id.into()));
-            env.push(("CNI_IFNAME".into(), rt.ifname.into()));
-            env.push(("CNI_NETNS".into(), rt.netns.unwrap_or_default().into()));
-            env.push(("CNI_ARGS".into(), delegate_args(rt.args)));
-        }
+        let env = delegate_env(command, rt)?;
         let stdin = serde_json::to_vec(conf).map_err(PlexusError::from)?;
         tracing::debug!(plugin = %plugin.display(), command = command.as_str(), network = %list.name, ifname = rt.ifname, "exec delegate");
         let out = self
             .exec
             .run(&ExecRequest {
                 plugin,
+                args: &[],
                 env: &env,
                 stdin: &stdin,
                 timeout: rt.timeout,
@@ -230,71 +221,102 @@ impl Delegator<'_> {
             tracing::info!(plugin = %ty, command = command.as_str(), network = %list.name, "delegate stderr: {}", text.trim_end());
         }
         tracing::debug!(plugin = %ty, elapsed_ms = out.elapsed.as_secs_f64() * 1e3, "delegate done");
-        if out.timed_out {
-            return Err(PlexusError::Delegate {
-                code: PlexusCode::DelegateTimeout.code(),
-                msg: format!(
-                    "plugin {ty:?} ({}) did not finish within {:?} and was killed",
-                    command.as_str(),
-                    rt.timeout
-                ),
-                details: String::new(),
-            });
-        }
-        if out.overflowed {
-            return Err(PlexusError::Delegate {
-                code: PlexusCode::DelegateFailed.code(),
-                msg: format!(
-                    "plugin {ty:?} ({}) printed more than {} bytes on stdout and was killed",
-                    command.as_str(),
-                    crate::exec::STDOUT_CAP
-                ),
-                details: String::new(),
-            });
-        }
-        if out.code != Some(0) {
-            if let Ok(err) = CniError::parse_bytes(&out.stdout) {
-                return Err(PlexusError::Delegate {
-                    code: err.code,
-                    // Bounded here, where the delegate's text enters: every log line and error built from
-                    // it stays small.
-                    msg: format!(
-                        "plugin {ty:?} failed {}: {}",
-                        command.as_str(),
-                        bounded(err.msg)
-                    ),
-                    details: bounded(err.details),
-                });
-            }
-            let status = out.code.map_or("killed by a signal".to_string(), |c| {
-                format!("exit status {c}")
-            });
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            let stdout = String::from_utf8_lossy(&out.stdout);
-            let hint = [stderr.trim(), stdout.trim()]
-                .into_iter()
-                .find(|s| !s.is_empty())
-                .unwrap_or("no output");
-            return Err(PlexusError::Delegate {
-                code: PlexusCode::DelegateFailed.code(),
-                msg: format!(
-                    "plugin {ty:?} failed {} ({status}) without a CNI error: {}",
-                    command.as_str(),
-                    truncate(hint, 512)
-                ),
-                details: String::new(),
-            });
-        }
-        if out.stdout.iter().all(u8::is_ascii_whitespace) {
-            return Ok(None);
-        }
-        serde_json::from_slice(&out.stdout).map(Some).map_err(|e| {
-            PlexusError::Decode(format!(
-                "plugin {ty:?} printed invalid JSON for {}: {e}",
-                command.as_str()
-            ))
-        })
+        delegate_outcome(&ty, command, rt.timeout, &out)
     }
+}
+
+/// The environment of a delegate run for `command`: the runtime's, with the CNI variables of this call.
+fn delegate_env(
+    command: Command,
+    rt: &RuntimeParams<'_>,
+) -> Result<Vec<(String, String)>, PlexusError> {
+    let mut env: Vec<(String, String)> = rt.base_env.to_vec();
+    env.push(("CNI_COMMAND".into(), command.as_str().into()));
+    let path =
+        std::env::join_paths(rt.path).map_err(|e| PlexusError::Env(format!("CNI_PATH: {e}")))?;
+    env.push(("CNI_PATH".into(), path.to_string_lossy().into_owned()));
+    if !matches!(command, Command::Status | Command::Gc) {
+        env.push(("CNI_CONTAINERID".into(), rt.container_id.into()));
+        env.push(("CNI_IFNAME".into(), rt.ifname.into()));
+        env.push(("CNI_NETNS".into(), rt.netns.unwrap_or_default().into()));
+        env.push(("CNI_ARGS".into(), delegate_args(rt.args)));
+    }
+    Ok(env)
+}
+
+/// What a delegate's run of `command` (type `ty`, given `timeout`) amounts to: its result (`None` when it printed
+/// nothing), or its CNI error, or an error saying how it failed without one.
+fn delegate_outcome(
+    ty: &str,
+    command: Command,
+    timeout: Duration,
+    out: &crate::exec::ExecOutput,
+) -> Result<Option<Value>, PlexusError> {
+    let failed = |code: PlexusCode, msg: String| PlexusError::Delegate {
+        code: code.code(),
+        msg,
+        details: String::new(),
+    };
+    if out.timed_out {
+        return Err(failed(
+            PlexusCode::DelegateTimeout,
+            format!(
+                "plugin {ty:?} ({}) did not finish within {timeout:?} and was killed",
+                command.as_str(),
+            ),
+        ));
+    }
+    if out.overflowed {
+        return Err(failed(
+            PlexusCode::DelegateFailed,
+            format!(
+                "plugin {ty:?} ({}) printed more than {} bytes on stdout and was killed",
+                command.as_str(),
+                crate::exec::STDOUT_CAP
+            ),
+        ));
+    }
+    if out.code != Some(0) {
+        if let Ok(err) = CniError::parse_bytes(&out.stdout) {
+            return Err(PlexusError::Delegate {
+                code: err.code,
+                // Bounded here, where the delegate's text enters: every log line and error built from it stays
+                // small.
+                msg: format!(
+                    "plugin {ty:?} failed {}: {}",
+                    command.as_str(),
+                    bounded(err.msg)
+                ),
+                details: bounded(err.details),
+            });
+        }
+        let status = out.code.map_or("killed by a signal".to_string(), |c| {
+            format!("exit status {c}")
+        });
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let hint = [stderr.trim(), stdout.trim()]
+            .into_iter()
+            .find(|s| !s.is_empty())
+            .unwrap_or("no output");
+        return Err(failed(
+            PlexusCode::DelegateFailed,
+            format!(
+                "plugin {ty:?} failed {} ({status}) without a CNI error: {}",
+                command.as_str(),
+                truncate(hint, 512)
+            ),
+        ));
+    }
+    if out.stdout.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(&out.stdout).map(Some).map_err(|e| {
+        PlexusError::Decode(format!(
+            "plugin {ty:?} printed invalid JSON for {}: {e}",
+            command.as_str()
+        ))
+    })
 }
 
 /// `CNI_ARGS` for a delegate: the runtime's, with `IgnoreUnknown=1` first unless the runtime gave one. Plugins

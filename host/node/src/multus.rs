@@ -70,63 +70,13 @@ pub fn from_multus(conf: &Value) -> Result<Converted, String> {
     let mut plugin = Map::new();
     plugin.insert("type".into(), json!("plexus"));
     plugin.insert("compat".into(), json!("multus"));
-    let mut notes = Vec::new();
-    let mut note = |key: &str, why: &str| notes.push(format!("{key}: {why}"));
-    for (key, value) in conf {
-        let text = value.as_str().unwrap_or_default();
-        match key.as_str() {
-            "type" | "name" | "cniVersion" => {}
-            "clusterNetwork" => {
-                plugin.insert("clusterNetwork".into(), value.clone());
-            }
-            "defaultNetworks" | "systemNamespaces" | "confDir" | "binDir" | "logFile" | "capabilities" => {
-                plugin.insert(key.clone(), value.clone());
-            }
-            "multusNamespace" => {
-                plugin.insert("plexusNamespace".into(), value.clone());
-            }
-            "readinessindicatorfile" | "readinessIndicatorFile" if !text.is_empty() => {
-                plugin.insert("readinessIndicatorFile".into(), value.clone());
-            }
-            "readinessindicatorfile" | "readinessIndicatorFile" => {}
-            "kubeconfig" if !text.is_empty() => {
-                plugin.insert("cluster".into(), json!({"source": "kube", "kubeconfig": value}));
-            }
-            "logLevel" => match log_level(text) {
-                Some(level) => {
-                    plugin.insert("logLevel".into(), json!(level));
-                }
-                None => note(key, &format!("{value} is not a level; Plexus logs at info")),
-            },
-            "logToStderr" | "logOptions" => {
-                note(key, "Plexus logs to stderr unless logFile is set, and does not rotate logFile (leave that to logrotate)")
-            }
-            "cniDir" => note(key, "Plexus keeps its attachment cache in cacheDir (/var/lib/plexus), in its own format; Multus's is not read"),
-            "namespaceIsolation" | "globalNamespaces" => note(
-                key,
-                "no built-in equivalent: the namespace-isolation policy hook (guests/namespace-isolation) keeps pods to their \
-                 own namespace's NADs and the global namespaces its settings list",
-            ),
-            "delegates" => note(
-                key,
-                "inline delegates are not read: put the cluster network's conf in the conf dir and name it in clusterNetwork",
-            ),
-            "socketDir" | "daemonSocketDir" => note(
-                key,
-                "the thick plugin's socket: Plexus's node daemon has its own (daemon.socket, default /run/plexus/daemon.sock)",
-            ),
-            "multusConfigFile" if text == "auto" => note(
-                key,
-                "\"auto\": plexus install picks the cluster network's conf the same way (the first conf in --conf-dir that \
-                 is not its own): install with the DaemonSet instead of this file",
-            ),
-            "cniConfigDir" | "multusAutoconfigDir" | "chrootDir" | "multusConfigFile" => {
-                note(key, "the thick daemon's own setting: the DaemonSet's install does this job")
-            }
-            "retryDeleteOnError" => note(key, "Plexus retries nothing on DEL: a failed delegate DEL is reported and the next DEL tries again"),
-            other => note(other, "no equivalent in Plexus"),
-        }
-    }
+    let mut notes: Vec<String> = conf
+        .iter()
+        .filter_map(|(key, value)| {
+            let why = convert_key(&mut plugin, key, value)?;
+            Some(format!("{key}: {why}"))
+        })
+        .collect();
     if !plugin.contains_key("clusterNetwork") {
         // Multus then generates its conf from the first conf of the node's CNI conf dir; under compat a directory
         // as clusterNetwork means just that.
@@ -144,6 +94,66 @@ pub fn from_multus(conf: &Value) -> Result<Converted, String> {
         conflist: json!({"cniVersion": version, "name": "plexus", "plugins": [Value::Object(plugin)]}),
         notes,
     })
+}
+
+/// Carries one key of a Multus conf over to the plexus conf `plugin`, or says why not: the note for the operator.
+fn convert_key(plugin: &mut Map<String, Value>, key: &str, value: &Value) -> Option<String> {
+    let text = value.as_str().unwrap_or_default();
+    let why = match key {
+        "type" | "name" | "cniVersion" => return None,
+        "defaultNetworks" | "systemNamespaces" | "confDir" | "binDir" | "logFile" | "capabilities"
+        | "clusterNetwork" => {
+            plugin.insert(key.into(), value.clone());
+            return None;
+        }
+        "multusNamespace" => {
+            plugin.insert("plexusNamespace".into(), value.clone());
+            return None;
+        }
+        "readinessindicatorfile" | "readinessIndicatorFile" => {
+            if !text.is_empty() {
+                plugin.insert("readinessIndicatorFile".into(), value.clone());
+            }
+            return None;
+        }
+        "kubeconfig" if !text.is_empty() => {
+            plugin.insert("cluster".into(), json!({"source": "kube", "kubeconfig": value}));
+            return None;
+        }
+        "logLevel" => {
+            let Some(level) = log_level(text) else {
+                return Some(format!("{value} is not a level; Plexus logs at info"));
+            };
+            plugin.insert("logLevel".into(), json!(level));
+            return None;
+        }
+        "logToStderr" | "logOptions" => {
+            "Plexus logs to stderr unless logFile is set, and does not rotate logFile (leave that to logrotate)"
+        }
+        "cniDir" => "Plexus keeps its attachment cache in cacheDir (/var/lib/plexus), in its own format; Multus's is not read",
+        "namespaceIsolation" | "globalNamespaces" => {
+            "no built-in equivalent: the namespace-isolation policy hook (guests/namespace-isolation) keeps pods to their \
+             own namespace's NADs and the global namespaces its settings list"
+        }
+        "delegates" => {
+            "inline delegates are not read: put the cluster network's conf in the conf dir and name it in clusterNetwork"
+        }
+        "socketDir" | "daemonSocketDir" => {
+            "the thick plugin's socket: Plexus's node daemon has its own (daemon.socket, default /run/plexus/daemon.sock)"
+        }
+        "multusConfigFile" if text == "auto" => {
+            "\"auto\": plexus install picks the cluster network's conf the same way (the first conf in --conf-dir that \
+             is not its own): install with the DaemonSet instead of this file"
+        }
+        "cniConfigDir" | "multusAutoconfigDir" | "chrootDir" | "multusConfigFile" => {
+            "the thick daemon's own setting: the DaemonSet's install does this job"
+        }
+        "retryDeleteOnError" => {
+            "Plexus retries nothing on DEL: a failed delegate DEL is reported and the next DEL tries again"
+        }
+        _ => "no equivalent in Plexus",
+    };
+    Some(why.to_string())
 }
 
 /// What one object would meet under Plexus, in each mode.

@@ -435,6 +435,58 @@ fn is_hex_groups(s: &str, sep: char, width: usize, count: usize) -> bool {
             .all(|g| g.len() == width && g.bytes().all(|b| b.is_ascii_hexdigit()))
 }
 
+/// A string value, or what it is instead.
+fn string(v: &Value) -> Result<String, String> {
+    match v {
+        Value::String(s) => Ok(s.clone()),
+        other => Err(wrong_type(other, "a string")),
+    }
+}
+
+/// A string value that `valid` accepts; else the value quoted and `not_valid`.
+fn checked(v: &Value, valid: fn(&str) -> bool, not_valid: &str) -> Result<String, String> {
+    let s = string(v)?;
+    if !valid(&s) {
+        return Err(format!("{} {not_valid}", quote(&s)));
+    }
+    Ok(s)
+}
+
+/// `ips` (4.1.2.1.3): a non-empty list of addresses, each with an optional prefix length.
+fn ips(v: &Value) -> Result<Vec<String>, String> {
+    let Value::Array(items) = v else {
+        return Err(wrong_type(v, "a list of IP addresses"));
+    };
+    if items.is_empty() {
+        return Err("must contain at least one IP address".into());
+    }
+    items
+        .iter()
+        .map(|item| {
+            checked(
+                item,
+                is_ip_with_optional_prefix,
+                "is not an IPv4 or IPv6 address with an optional prefix length",
+            )
+        })
+        .collect()
+}
+
+/// `default-route` (4.1.2.1.9): a list of gateway addresses.
+fn gateways(v: &Value) -> Result<Vec<IpAddr>, String> {
+    let Value::Array(items) = v else {
+        return Err(wrong_type(v, "a list of gateway IP addresses"));
+    };
+    items
+        .iter()
+        .map(|item| {
+            let s = string(item)?;
+            IpAddr::from_str(&s)
+                .map_err(|_| format!("{} is not an IPv4 or IPv6 address", quote(&s)))
+        })
+        .collect()
+}
+
 impl Selection {
     /// A selection of `namespace/name` with no other keys.
     pub fn new(namespace: impl Into<String>, name: impl Into<String>) -> Selection {
@@ -480,119 +532,8 @@ impl Selection {
             Some(v) => return Err(ctx.err(Some("name"), wrong_type(v, "a string"))),
         };
         let mut sel = Selection::new(pod_namespace, name);
-        for (key, v) in obj {
-            let k = Some(key.as_str());
-            let string = |v: &Value| match v {
-                Value::String(s) => Ok(s.clone()),
-                other => Err(ctx.err(k, wrong_type(other, "a string"))),
-            };
-            match key.as_str() {
-                "name" => {}
-                "namespace" => {
-                    let ns = string(v)?;
-                    if !ns.is_empty() {
-                        if !is_dns1123_label(&ns) {
-                            return Err(ctx.err(k, not_label(&ns)));
-                        }
-                        sel.namespace = ns;
-                    }
-                }
-                "ips" => {
-                    let Value::Array(items) = v else {
-                        return Err(ctx.err(k, wrong_type(v, "a list of IP addresses")));
-                    };
-                    if items.is_empty() {
-                        return Err(ctx.err(k, "must contain at least one IP address".into()));
-                    }
-                    for item in items {
-                        match item {
-                            Value::String(s) if is_ip_with_optional_prefix(s) => sel.ips.push(s.clone()),
-                            Value::String(s) => {
-                                return Err(ctx.err(
-                                    k,
-                                    format!(
-                                        "{} is not an IPv4 or IPv6 address with an optional prefix length",
-                                        quote(s)
-                                    ),
-                                ))
-                            }
-                            other => return Err(ctx.err(k, wrong_type(other, "a string"))),
-                        }
-                    }
-                }
-                "mac" => {
-                    let s = string(v)?;
-                    if !is_mac48(&s) {
-                        return Err(ctx.err(k, format!("{} is not a 6-byte MAC address", quote(&s))));
-                    }
-                    sel.mac = Some(s);
-                }
-                "interface" => {
-                    let s = string(v)?;
-                    if let Err(e) = validate_ifname(&s) {
-                        return Err(ctx.err(k, ifname_message(&e)));
-                    }
-                    sel.interface = Some(s);
-                }
-                "cni-args" => match v {
-                    Value::Object(m) => sel.cni_args = Some(m.clone()),
-                    other => return Err(ctx.err(k, wrong_type(other, "an object"))),
-                },
-                "portMappings" => sel.port_mappings = Some(parse_port_mappings(v).map_err(|m| ctx.err(k, m))?),
-                "bandwidth" => sel.bandwidth = Some(parse_bandwidth(v).map_err(|m| ctx.err(k, m))?),
-                "default-route" => {
-                    let Value::Array(items) = v else {
-                        return Err(ctx.err(k, wrong_type(v, "a list of gateway IP addresses")));
-                    };
-                    let mut gws = Vec::with_capacity(items.len());
-                    for item in items {
-                        match item {
-                            Value::String(s) => match IpAddr::from_str(s) {
-                                Ok(ip) => gws.push(ip),
-                                Err(_) => {
-                                    return Err(ctx.err(k, format!("{} is not an IPv4 or IPv6 address", quote(s))))
-                                }
-                            },
-                            other => return Err(ctx.err(k, wrong_type(other, "a string"))),
-                        }
-                    }
-                    sel.default_route = Some(gws);
-                }
-                "infiniband-guid" => {
-                    let s = string(v)?;
-                    if !is_infiniband_guid(&s) {
-                        return Err(ctx.err(
-                            k,
-                            format!("{} is not an 8-byte InfiniBand GUID (eight colon-separated hex bytes)", quote(&s)),
-                        ));
-                    }
-                    sel.infiniband_guid = Some(s);
-                }
-                "ipam-claim-reference" => {
-                    let s = string(v)?;
-                    if !is_dns1123_subdomain(&s) {
-                        return Err(ctx.err(
-                            k,
-                            format!("{} is not a Kubernetes object name (DNS-1123 subdomain)", quote(&s)),
-                        ));
-                    }
-                    sel.ipam_claim_reference = Some(s);
-                }
-                other if is_extension_key(other) => {
-                    sel.extras.insert(other.to_owned(), v.clone());
-                }
-                other => {
-                    return Err(ctx.err(
-                        k,
-                        format!(
-                            "is not a key the multi-net spec defines; {} is reserved (keys without a period are \
-                             the spec's), and implementation-specific keys must use reverse domain name notation \
-                             (e.g. \"org.example.key\")",
-                            quote(other)
-                        ),
-                    ))
-                }
-            }
+        for (key, v) in obj.iter().filter(|(key, _)| *key != "name") {
+            sel.set(key, v).map_err(|m| ctx.err(Some(key), m))?;
         }
         if sel.ipam_claim_reference.is_some() && !sel.ips.is_empty() {
             return Err(ctx.err(
@@ -601,6 +542,63 @@ impl Selection {
             ));
         }
         Ok(sel)
+    }
+
+    /// Sets the element's key `key` (not `name`) to `v`, or says what is wrong with the value.
+    fn set(&mut self, key: &str, v: &Value) -> Result<(), String> {
+        match key {
+            "namespace" => {
+                let ns = string(v)?;
+                if !ns.is_empty() {
+                    if !is_dns1123_label(&ns) {
+                        return Err(not_label(&ns));
+                    }
+                    self.namespace = ns;
+                }
+            }
+            "ips" => self.ips = ips(v)?,
+            "mac" => {
+                self.mac = Some(checked(v, is_mac48, "is not a 6-byte MAC address")?);
+            }
+            "interface" => {
+                let s = string(v)?;
+                validate_ifname(&s).map_err(|e| ifname_message(&e))?;
+                self.interface = Some(s);
+            }
+            "cni-args" => match v {
+                Value::Object(m) => self.cni_args = Some(m.clone()),
+                other => return Err(wrong_type(other, "an object")),
+            },
+            "portMappings" => self.port_mappings = Some(parse_port_mappings(v)?),
+            "bandwidth" => self.bandwidth = Some(parse_bandwidth(v)?),
+            "default-route" => self.default_route = Some(gateways(v)?),
+            "infiniband-guid" => {
+                self.infiniband_guid = Some(checked(
+                    v,
+                    is_infiniband_guid,
+                    "is not an 8-byte InfiniBand GUID (eight colon-separated hex bytes)",
+                )?);
+            }
+            "ipam-claim-reference" => {
+                self.ipam_claim_reference = Some(checked(
+                    v,
+                    is_dns1123_subdomain,
+                    "is not a Kubernetes object name (DNS-1123 subdomain)",
+                )?);
+            }
+            other if is_extension_key(other) => {
+                self.extras.insert(other.to_owned(), v.clone());
+            }
+            other => {
+                return Err(format!(
+                    "is not a key the multi-net spec defines; {} is reserved (keys without a period are the \
+                     spec's), and implementation-specific keys must use reverse domain name notation (e.g. \
+                     \"org.example.key\")",
+                    quote(other)
+                ))
+            }
+        }
+        Ok(())
     }
 
     /// The spec's JSON element form of this selection; [`Selection::from_json`] reads it back unchanged.

@@ -356,100 +356,12 @@ pub struct StatusError {
 pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
     let mut defaults = Vec::new();
     for (i, e) in entries.iter().enumerate() {
-        let err = |message: String| StatusError {
+        let is_default = status_entry(e).map_err(|message| StatusError {
             index: Some(i),
             message,
-        };
-        let Value::Object(obj) = e else {
-            return Err(err(format!("is {}, not an object", super::json_type(e))));
-        };
-        for (k, v) in obj {
-            let bad = |want: &str| {
-                err(format!(
-                    "{k:?}: {} is {}, not {want}",
-                    short(v),
-                    super::json_type(v)
-                ))
-            };
-            match k.as_str() {
-                "name" => match v {
-                    Value::String(s) if !s.is_empty() => {}
-                    Value::String(_) => return Err(err("\"name\" is empty".into())),
-                    _ => return Err(bad("a string")),
-                },
-                "interface" | "mac" => {
-                    if !v.is_string() {
-                        return Err(bad("a string"));
-                    }
-                }
-                "ips" | "default-route" => {
-                    let Value::Array(items) = v else {
-                        return Err(bad("a list of IP addresses"));
-                    };
-                    for item in items {
-                        match item.as_str() {
-                            Some(s) if is_ip_with_optional_prefix(s) => {}
-                            _ => return Err(err(format!("{k:?}: {} is not an IP address", short(item)))),
-                        }
-                    }
-                }
-                "mtu" => {
-                    if v.as_u64().is_none_or(|m| m > u64::from(u32::MAX)) {
-                        return Err(bad("an unsigned integer"));
-                    }
-                }
-                "default" => match v {
-                    Value::Bool(true) => defaults.push(i),
-                    Value::Bool(false) => {}
-                    _ => return Err(bad("a boolean")),
-                },
-                "dns" => {
-                    let Value::Object(d) = v else {
-                        return Err(bad("an object"));
-                    };
-                    for key in ["nameservers", "search"] {
-                        if let Some(l) = d.get(key) {
-                            if !l.as_array().is_some_and(|a| a.iter().all(Value::is_string)) {
-                                return Err(err(format!("\"dns\".{key:?} is not a list of strings")));
-                            }
-                        }
-                    }
-                    if d.get("domain").is_some_and(|x| !x.is_string()) {
-                        return Err(err("\"dns\".\"domain\" is not a string".into()));
-                    }
-                }
-                "device-info" => {
-                    let Value::Object(d) = v else {
-                        return Err(bad("an object"));
-                    };
-                    for key in ["type", "version"] {
-                        if !d.get(key).is_some_and(Value::is_string) {
-                            return Err(err(format!("\"device-info\" has no string {key:?}")));
-                        }
-                    }
-                }
-                "infiniband-guid" => {
-                    if !v.is_string() {
-                        return Err(bad("a string"));
-                    }
-                }
-                other if super::is_extension_key(other) => {}
-                other => {
-                    return Err(err(format!(
-                        "{other:?} is not a status key the multi-net spec defines; keys without a period are \
-                         reserved, and implementation-specific keys must use reverse domain name notation"
-                    )))
-                }
-            }
-        }
-        if !obj.contains_key("name") {
-            return Err(err("\"name\" is required".into()));
-        }
-        if !obj.contains_key("default") {
-            return Err(err("\"default\" is required".into()));
-        }
-        if obj.contains_key("mac") && !obj.contains_key("interface") {
-            return Err(err("\"mac\" is present but \"interface\" is not".into()));
+        })?;
+        if is_default {
+            defaults.push(i);
         }
     }
     match defaults.as_slice() {
@@ -466,6 +378,97 @@ pub fn validate_status_entries(entries: &[Value]) -> Result<(), StatusError> {
             ),
         }),
     }
+}
+
+/// Checks one status entry (see [`validate_status_entries`]); whether it is the default network's.
+fn status_entry(e: &Value) -> Result<bool, String> {
+    let Value::Object(obj) = e else {
+        return Err(format!("is {}, not an object", super::json_type(e)));
+    };
+    for (k, v) in obj {
+        status_key(k, v)?;
+    }
+    if !obj.contains_key("name") {
+        return Err("\"name\" is required".into());
+    }
+    if !obj.contains_key("default") {
+        return Err("\"default\" is required".into());
+    }
+    if obj.contains_key("mac") && !obj.contains_key("interface") {
+        return Err("\"mac\" is present but \"interface\" is not".into());
+    }
+    Ok(obj.get("default") == Some(&Value::Bool(true)))
+}
+
+/// Checks one key of a status entry and its value.
+fn status_key(k: &str, v: &Value) -> Result<(), String> {
+    let bad = |want: &str| format!("{k:?}: {} is {}, not {want}", short(v), super::json_type(v));
+    match k {
+        "name" => match v {
+            Value::String(s) if !s.is_empty() => {}
+            Value::String(_) => return Err("\"name\" is empty".into()),
+            _ => return Err(bad("a string")),
+        },
+        "interface" | "mac" | "infiniband-guid" => {
+            if !v.is_string() {
+                return Err(bad("a string"));
+            }
+        }
+        "ips" | "default-route" => {
+            let Value::Array(items) = v else {
+                return Err(bad("a list of IP addresses"));
+            };
+            if let Some(item) = items
+                .iter()
+                .find(|item| !item.as_str().is_some_and(is_ip_with_optional_prefix))
+            {
+                return Err(format!("{k:?}: {} is not an IP address", short(item)));
+            }
+        }
+        "mtu" => {
+            if v.as_u64().is_none_or(|m| m > u64::from(u32::MAX)) {
+                return Err(bad("an unsigned integer"));
+            }
+        }
+        "default" => {
+            if !v.is_boolean() {
+                return Err(bad("a boolean"));
+            }
+        }
+        "dns" => {
+            let Value::Object(d) = v else {
+                return Err(bad("an object"));
+            };
+            for key in ["nameservers", "search"] {
+                if let Some(l) = d.get(key) {
+                    if !l.as_array().is_some_and(|a| a.iter().all(Value::is_string)) {
+                        return Err(format!("\"dns\".{key:?} is not a list of strings"));
+                    }
+                }
+            }
+            if d.get("domain").is_some_and(|x| !x.is_string()) {
+                return Err("\"dns\".\"domain\" is not a string".into());
+            }
+        }
+        "device-info" => {
+            let Value::Object(d) = v else {
+                return Err(bad("an object"));
+            };
+            for key in ["type", "version"] {
+                if !d.get(key).is_some_and(Value::is_string) {
+                    return Err(format!("\"device-info\" has no string {key:?}"));
+                }
+            }
+        }
+        other if super::is_extension_key(other) => {}
+        other => {
+            return Err(format!(
+                "{other:?} is not a status key the multi-net spec defines; keys without a period are reserved, \
+                 and implementation-specific keys must use reverse domain name notation"
+            ))
+        }
+    }
+    Ok(())
 }
 
 fn short(v: &Value) -> String {
