@@ -172,6 +172,8 @@ impl PlexusError {
             }
             PlexusError::Hook(HookError::Fault { .. } | HookError::Engine(_))
             | PlexusError::HookFault(_) => PlexusCode::HookFault.code(),
+            // Selections the spec's reader refuses: as an annotation's would be.
+            PlexusError::Hook(HookError::Input(_)) => ErrorCode::InvalidConfig.code(),
             PlexusError::Delegate { code, .. } => *code,
             PlexusError::PolicyDenied(_) => PlexusCode::PolicyDenied.code(),
             PlexusError::Context { source, .. } | PlexusError::Cleanup { source, .. } => {

@@ -229,18 +229,7 @@ impl HookRunner for Hooks {
         selections: Vec<Selection>,
         devices: SelectionDevices,
     ) -> Result<PolicyOutcome<Selection>, PlexusError> {
-        let input = selections.iter().map(Selection::to_json).collect();
-        Ok(match Hooks::policy_seeing(self, pod, input, devices)? {
-            PolicyOutcome::Deny { hook, reason } => PolicyOutcome::Deny { hook, reason },
-            // Checked by the hook chain against the same rules; parsing cannot fail on what passed them.
-            PolicyOutcome::Admit(list) => PolicyOutcome::Admit(
-                list.iter()
-                    .enumerate()
-                    .map(|(i, v)| Selection::from_json(v, &pod.namespace, i))
-                    .collect::<Result<_, _>>()
-                    .map_err(|e| PlexusError::HookFault(format!("policy hook output: {e}")))?,
-            ),
-        })
+        Ok(Hooks::policy_selections(self, pod, selections, devices)?)
     }
 
     fn resolve(
@@ -258,10 +247,10 @@ impl HookRunner for Hooks {
             "metadata": {"name": nad.name, "namespace": nad.namespace, "annotations": nad.annotations},
             "spec": nad.config.as_ref().map_or(serde_json::json!({}), |c| serde_json::json!({"config": c})),
         });
-        Ok(Hooks::resolve_seeing(
+        Ok(Hooks::resolve_selection(
             self,
             pod,
-            &selection.to_json(),
+            selection,
             Some(&nad),
             config,
             device.cloned(),

@@ -84,99 +84,65 @@ fn extras_from_wire(
     Ok(())
 }
 
-/// `pod_namespace` fills a missing or empty "namespace" (spec 4.1.2.1.2), so hooks always see one.
-pub(crate) fn selection_to_wire(v: &Value, pod_namespace: &str) -> R<w::Selection> {
-    let m = object(v, "selection element")?;
-    let name = string(
-        m.get("name").ok_or("selection element has no \"name\"")?,
-        "name",
-    )?;
-    let mut s = w::Selection {
-        name,
-        namespace: String::new(),
-        ips: None,
-        mac: None,
-        interface: None,
-        cni_args: None,
-        port_mappings: None,
-        bandwidth: None,
-        default_route: None,
-        infiniband_guid: None,
-        ipam_claim_reference: None,
-        extras: Vec::new(),
-    };
-    for (key, value) in m {
-        match key.as_str() {
-            "name" => {}
-            "namespace" => s.namespace = string(value, key)?,
-            "ips" => s.ips = Some(strings(value, key)?),
-            "mac" => s.mac = Some(string(value, key)?),
-            "interface" => s.interface = Some(string(value, key)?),
-            "cni-args" => {
-                object(value, "\"cni-args\"")?;
-                s.cni_args = Some(value.to_string());
-            }
-            "portMappings" => {
-                let list = value.as_array().ok_or("\"portMappings\" is not a list")?;
-                let mut pms = Vec::new();
-                for pm in list {
-                    let pm = object(pm, "a portMappings element")?;
-                    pms.push(w::PortMapping {
-                        host_port: u32_of(
-                            pm.get("hostPort")
-                                .ok_or("a port mapping has no \"hostPort\"")?,
-                            "hostPort",
-                        )?,
-                        container_port: u32_of(
-                            pm.get("containerPort")
-                                .ok_or("a port mapping has no \"containerPort\"")?,
-                            "containerPort",
-                        )?,
-                        protocol: pm
-                            .get("protocol")
-                            .map(|p| string(p, "protocol"))
-                            .transpose()?,
-                    });
-                }
-                s.port_mappings = Some(pms);
-            }
-            "bandwidth" => {
-                let b = object(value, "\"bandwidth\"")?;
-                let get = |k: &str| b.get(k).map(|v| uint(v, k)).transpose();
-                s.bandwidth = Some(w::Bandwidth {
-                    ingress_rate: get("ingressRate")?,
-                    ingress_burst: get("ingressBurst")?,
-                    egress_rate: get("egressRate")?,
-                    egress_burst: get("egressBurst")?,
-                });
-            }
-            "default-route" => s.default_route = Some(strings(value, key)?),
-            "infiniband-guid" => s.infiniband_guid = Some(string(value, key)?),
-            "ipam-claim-reference" => s.ipam_claim_reference = Some(string(value, key)?),
-            _ => extras_to_wire(key, value, &mut s.extras),
-        }
+/// A selection as its WIT record. The namespace is always there: a parsed selection has the pod's when the
+/// annotation had none (spec 4.1.2.1.2).
+pub(crate) fn selection_to_wire(s: &Selection) -> w::Selection {
+    w::Selection {
+        name: s.name.clone(),
+        namespace: s.namespace.clone(),
+        ips: (!s.ips.is_empty()).then(|| s.ips.clone()),
+        mac: s.mac.clone(),
+        interface: s.interface.clone(),
+        cni_args: s
+            .cni_args
+            .as_ref()
+            .map(|m| Value::Object(m.clone()).to_string()),
+        port_mappings: s.port_mappings.as_ref().map(|pms| {
+            pms.iter()
+                .map(|pm| w::PortMapping {
+                    host_port: pm.host_port.into(),
+                    container_port: pm.container_port.into(),
+                    protocol: Some(pm.protocol.as_lowercase().to_string()),
+                })
+                .collect()
+        }),
+        bandwidth: s.bandwidth.map(|b| w::Bandwidth {
+            ingress_rate: b.ingress_rate,
+            ingress_burst: b.ingress_burst,
+            egress_rate: b.egress_rate,
+            egress_burst: b.egress_burst,
+        }),
+        default_route: s
+            .default_route
+            .as_ref()
+            .map(|gws| gws.iter().map(ToString::to_string).collect()),
+        infiniband_guid: s.infiniband_guid.clone(),
+        ipam_claim_reference: s.ipam_claim_reference.clone(),
+        extras: s
+            .extras
+            .iter()
+            .map(|(k, v)| (k.clone(), v.to_string()))
+            .collect(),
     }
-    if s.namespace.is_empty() {
-        s.namespace = pod_namespace.to_string();
-    }
-    Ok(s)
 }
 
-/// A policy hook's rewrite, checked by the spec's rules in plexus-core: each element as 4.1.2.1 says
-/// (a missing or empty namespace is the pod's), then the list as a whole.
-pub(crate) fn selections_from_wire(list: Vec<w::Selection>, pod_namespace: &str) -> R<Vec<Value>> {
-    let values = list
+/// A policy hook's rewrite, read and checked by plexus-core's reader of the spec's element
+/// ([`Selection::from_json`]: each element as 4.1.2.1 says, a missing or empty namespace the pod's), then the
+/// list as a whole.
+pub(crate) fn selections_from_wire(
+    list: Vec<w::Selection>,
+    pod_namespace: &str,
+) -> R<Vec<Selection>> {
+    let typed = list
         .into_iter()
-        .map(selection_from_wire)
-        .collect::<R<Vec<_>>>()?;
-    let typed = values
-        .iter()
         .enumerate()
-        .map(|(i, v)| Selection::from_json(v, pod_namespace, i))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| e.to_string())?;
+        .map(|(i, s)| {
+            let v = selection_from_wire(s)?;
+            Selection::from_json(&v, pod_namespace, i).map_err(|e| e.to_string())
+        })
+        .collect::<R<Vec<_>>>()?;
     validate_selections(&typed).map_err(|e| e.to_string())?;
-    Ok(values)
+    Ok(typed)
 }
 
 /// One selection record as spec JSON, unchecked (plexus-core's element form names the keys).
@@ -360,8 +326,15 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    fn parsed(v: &Value) -> Selection {
+        Selection::from_json(v, "pod-ns", 0).unwrap()
+    }
+
     fn roundtrip_selection(v: Value) -> R<Value> {
-        Ok(selections_from_wire(vec![selection_to_wire(&v, "pod-ns")?], "pod-ns")?.remove(0))
+        let wire = selection_to_wire(&parsed(&v));
+        Ok(selections_from_wire(vec![wire], "pod-ns")?
+            .remove(0)
+            .to_json())
     }
 
     #[test]
@@ -381,19 +354,19 @@ mod tests {
     }
 
     #[test]
-    fn missing_namespace_is_the_pods() {
-        let s = selection_to_wire(&json!({"name": "a"}), "pod-ns").unwrap();
+    fn hooks_always_see_a_namespace() {
+        let s = selection_to_wire(&parsed(&json!({"name": "a"})));
         assert_eq!(s.namespace, "pod-ns");
-        let s = selection_to_wire(&json!({"name": "a", "namespace": ""}), "pod-ns").unwrap();
+        let s = selection_to_wire(&parsed(&json!({"name": "a", "namespace": ""})));
         assert_eq!(s.namespace, "pod-ns");
-        let s = selection_to_wire(&json!({"name": "a", "namespace": "x"}), "pod-ns").unwrap();
+        let s = selection_to_wire(&parsed(&json!({"name": "a", "namespace": "x"})));
         assert_eq!(s.namespace, "x");
     }
 
     /// The rules are plexus-core's (tested there in full); these pin that the hook chain applies them.
     #[test]
     fn selection_output_follows_the_spec_rules_of_core() {
-        let base = selection_to_wire(&json!({"name": "a", "namespace": "n"}), "pod-ns").unwrap();
+        let base = selection_to_wire(&parsed(&json!({"name": "a", "namespace": "n"})));
         let out = |s: w::Selection| selections_from_wire(vec![s], "pod-ns");
         let mut s = base.clone();
         s.extras.push(("color".into(), "\"blue\"".into()));

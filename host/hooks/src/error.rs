@@ -28,6 +28,9 @@ pub enum HookError {
     /// The wasm engine could not be set up.
     #[error("cannot set up the wasm engine: {0}")]
     Engine(String),
+    /// What the caller gave the hooks breaks the spec (a selection element the spec's reader refuses).
+    #[error("invalid hook input: {0}")]
+    Input(String),
 }
 
 impl HookError {
@@ -35,7 +38,7 @@ impl HookError {
     pub fn hook(&self) -> Option<&str> {
         match self {
             HookError::Fault { hook, .. } | HookError::Load { hook, .. } => Some(hook),
-            HookError::Config(_) | HookError::Engine(_) => None,
+            HookError::Config(_) | HookError::Engine(_) | HookError::Input(_) => None,
         }
     }
 }

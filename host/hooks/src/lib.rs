@@ -18,7 +18,7 @@ pub use error::{Fault, HookError, LoadError};
 pub use spec::{FailurePolicy, HookKind, HookSpec, DEFAULT_MEMORY_LIMIT_MIB, DEFAULT_TIMEOUT_MS};
 
 use bindings::exports::plexus::hooks::{policy, resolver, status};
-use plexus_core::spec::Pod;
+use plexus_core::spec::{Pod, Selection};
 use sandbox::{HookInfo, State};
 use serde_json::Value;
 use std::collections::HashMap;
@@ -201,6 +201,176 @@ fn unready_hook(spec: &HookSpec, why: String) -> LoadedHook {
     }
 }
 
+/// Selection elements given as JSON, read by plexus-core's reader (4.1.2.1; a missing namespace is
+/// `pod_namespace`): an element that breaks the spec is the caller's mistake, named with its position.
+fn parse_selections(elements: &[Value], pod_namespace: &str) -> Result<Vec<Selection>, HookError> {
+    elements
+        .iter()
+        .enumerate()
+        .map(|(i, v)| Selection::from_json(v, pod_namespace, i))
+        .collect::<Result<_, _>>()
+        .map_err(|e| HookError::Input(e.to_string()))
+}
+
+/// The error of loading `spec`'s component.
+fn load_error(spec: &HookSpec, error: LoadError) -> HookError {
+    HookError::Load {
+        hook: spec.name.clone(),
+        kind: spec.kind,
+        error,
+    }
+}
+
+/// Compiles (or takes from the cache) each distinct component of a load once, and records how each came.
+struct Loader<'a> {
+    engine: &'a Engine,
+    cache_use: cache::CacheUse<'a>,
+    compile: Compile,
+    /// By sha256: the components compiled so far and the kinds they declare.
+    components: HashMap<String, (Component, declared::Declared)>,
+    artifacts: Vec<Artifact>,
+}
+
+impl Loader<'_> {
+    /// `spec`'s component and the kinds it declares.
+    fn component(&mut self, spec: &HookSpec) -> Result<(Component, declared::Declared), HookError> {
+        let start = Instant::now();
+        let (sha, mut bytes) = self.digest(spec)?;
+        if let Some(c) = self.components.get(&sha) {
+            return Ok(c.clone());
+        }
+        // The bytes are needed only to compile; when the digest came from the index they are read now, and must
+        // still be what the index said.
+        let compile = self.compile;
+        let mut wasm = || -> Result<Vec<u8>, String> {
+            if spec.precompiled {
+                return Err(format!(
+                    "no precompiled artifact for component sha256 {sha} in the cache (hooks published by the node \
+                     agent are compiled before they are published)"
+                ));
+            }
+            if compile == Compile::Never {
+                return Err(cache::NO_COMPILER.into());
+            }
+            if let Some(b) = bytes.take() {
+                return Ok(b);
+            }
+            let (b, now) = read_module(&spec.module).map_err(|e| e.to_string())?;
+            if now != sha {
+                return Err(format!(
+                    "the file changed while loading (sha256 {sha}, now {now})"
+                ));
+            }
+            Ok(b)
+        };
+        let (c, declared, source) = cache::load(self.engine, &sha, &mut wasm, self.cache_use)
+            .map_err(|reason| {
+                load_error(
+                    spec,
+                    LoadError::Compile {
+                        path: spec.module.clone(),
+                        reason,
+                    },
+                )
+            })?;
+        tracing::debug!(hook = %spec.name, ?source, elapsed = ?start.elapsed(), "hook component ready");
+        self.artifacts.push(Artifact {
+            hook: spec.name.clone(),
+            module: spec.module.clone(),
+            sha256: sha.clone(),
+            source,
+            elapsed: start.elapsed(),
+        });
+        self.components.insert(sha, (c.clone(), declared));
+        Ok((c, declared))
+    }
+
+    /// The sha256 of `spec`'s component, with its bytes when they were read to get it. A precompiled entry is
+    /// loaded by its pinned digest alone: its component file is not read, and a missing artifact is an error, never
+    /// a compilation. Another entry's pin must be its file's digest.
+    fn digest(&self, spec: &HookSpec) -> Result<(String, Option<Vec<u8>>), HookError> {
+        if spec.precompiled {
+            let pin = spec.sha256.as_deref().ok_or_else(|| {
+                HookError::Config(format!(
+                    "hook {:?}: a precompiled hook needs its sha256",
+                    spec.name
+                ))
+            })?;
+            return Ok((normal_pin(pin), None));
+        }
+        let (sha, bytes) =
+            module_digest(&spec.module, self.cache_use).map_err(|e| load_error(spec, e))?;
+        if let Some(pin) = spec.sha256.as_deref().map(normal_pin) {
+            if pin != sha {
+                return Err(load_error(
+                    spec,
+                    LoadError::Sha256Mismatch {
+                        path: spec.module.clone(),
+                        expected: pin,
+                        actual: sha,
+                    },
+                ));
+            }
+        }
+        Ok((sha, bytes))
+    }
+}
+
+/// `spec`'s hook, of its `component` (which declares `declared`), linked and ready to call.
+fn ready_hook(
+    spec: &HookSpec,
+    component: &Component,
+    declared: declared::Declared,
+    linker: &Linker<State>,
+) -> Result<LoadedHook, HookError> {
+    let load_err = |error| load_error(spec, error);
+    if !declared.allows(spec.kind) {
+        return Err(load_err(LoadError::KindNotImplemented {
+            path: spec.module.clone(),
+            kind: spec.kind,
+            declared: declared.kinds().unwrap_or_default(),
+        }));
+    }
+    let pre = linker.instantiate_pre(component).map_err(|e| {
+        load_err(LoadError::Link {
+            path: spec.module.clone(),
+            reason: format!("{e:#}"),
+        })
+    })?;
+    let missing = |_| {
+        load_err(LoadError::MissingExport {
+            path: spec.module.clone(),
+            interface: spec.kind.interface(),
+        })
+    };
+    let exports = match spec.kind {
+        HookKind::Policy => Exports::Policy(policy::GuestIndices::new(&pre).map_err(missing)?),
+        HookKind::Resolver => {
+            Exports::Resolver(resolver::GuestIndices::new(&pre).map_err(missing)?)
+        }
+        HookKind::Status => Exports::Status(status::GuestIndices::new(&pre).map_err(missing)?),
+    };
+    let memory_mib = spec.memory_limit_mib();
+    Ok(LoadedHook {
+        name: spec.name.clone(),
+        kind: spec.kind,
+        namespaces: spec.namespaces.clone(),
+        failure_policy: spec.failure_policy,
+        timeout_ms: spec.timeout_ms(),
+        memory_mib,
+        info: Arc::new(HookInfo {
+            name: spec.name.clone(),
+            settings: spec
+                .settings
+                .as_ref()
+                .map_or_else(|| "null".to_string(), Value::to_string),
+            memory_bytes: (memory_mib as usize) << 20,
+        }),
+        pre: Some(pre),
+        exports,
+    })
+}
+
 fn normal_pin(pin: &str) -> String {
     pin.trim()
         .trim_start_matches("sha256:")
@@ -300,138 +470,20 @@ impl Hooks {
         if let Some(Err(why)) = &dir {
             tracing::warn!("not using the hook cache: {why}");
         }
-        let cache_use = match &dir {
-            None => cache::CacheUse::Off,
-            Some(Err(why)) => cache::CacheUse::Unusable(why),
-            Some(Ok(d)) => cache::CacheUse::Dir(d),
+        let mut loader = Loader {
+            engine: &engine,
+            cache_use: match &dir {
+                None => cache::CacheUse::Off,
+                Some(Err(why)) => cache::CacheUse::Unusable(why),
+                Some(Ok(d)) => cache::CacheUse::Dir(d),
+            },
+            compile,
+            components: HashMap::new(),
+            artifacts: Vec::new(),
         };
-        let mut components: HashMap<String, (Component, declared::Declared)> = HashMap::new();
-        let mut artifacts = Vec::new();
         for spec in specs.iter().filter(|s| s.unready.is_none()) {
-            let load_err = |error| HookError::Load {
-                hook: spec.name.clone(),
-                kind: spec.kind,
-                error,
-            };
-            let start = Instant::now();
-            // A precompiled entry is loaded by its pinned digest alone: its component file is not read, and
-            // a missing artifact is an error, never a compilation.
-            let (sha, mut bytes) = if spec.precompiled {
-                let pin = spec.sha256.as_deref().ok_or_else(|| {
-                    HookError::Config(format!(
-                        "hook {:?}: a precompiled hook needs its sha256",
-                        spec.name
-                    ))
-                })?;
-                (normal_pin(pin), None)
-            } else {
-                module_digest(&spec.module, cache_use).map_err(load_err)?
-            };
-            if let (false, Some(pin)) = (spec.precompiled, &spec.sha256) {
-                let pin = normal_pin(pin);
-                if pin != sha {
-                    return Err(load_err(LoadError::Sha256Mismatch {
-                        path: spec.module.clone(),
-                        expected: pin,
-                        actual: sha,
-                    }));
-                }
-            }
-            let (component, declared) = match components.get(&sha) {
-                Some(c) => c.clone(),
-                None => {
-                    // The bytes are needed only to compile; when the digest came from the index they are read
-                    // now, and must still be what the index said.
-                    let mut wasm = || -> Result<Vec<u8>, String> {
-                        if spec.precompiled {
-                            return Err(format!(
-                                "no precompiled artifact for component sha256 {sha} in the cache (hooks \
-                                 published by the node agent are compiled before they are published)"
-                            ));
-                        }
-                        // The bytes are read only to compile them.
-                        if compile == Compile::Never {
-                            return Err(cache::NO_COMPILER.into());
-                        }
-                        if let Some(b) = bytes.take() {
-                            return Ok(b);
-                        }
-                        let (b, now) = read_module(&spec.module).map_err(|e| e.to_string())?;
-                        if now != sha {
-                            return Err(format!(
-                                "the file changed while loading (sha256 {sha}, now {now})"
-                            ));
-                        }
-                        Ok(b)
-                    };
-                    let (c, declared, source) = cache::load(&engine, &sha, &mut wasm, cache_use)
-                        .map_err(|reason| {
-                            load_err(LoadError::Compile {
-                                path: spec.module.clone(),
-                                reason,
-                            })
-                        })?;
-                    tracing::debug!(hook = %spec.name, ?source, elapsed = ?start.elapsed(), "hook component ready");
-                    artifacts.push(Artifact {
-                        hook: spec.name.clone(),
-                        module: spec.module.clone(),
-                        sha256: sha.clone(),
-                        source,
-                        elapsed: start.elapsed(),
-                    });
-                    components.insert(sha.clone(), (c.clone(), declared));
-                    (c, declared)
-                }
-            };
-            if !declared.allows(spec.kind) {
-                return Err(load_err(LoadError::KindNotImplemented {
-                    path: spec.module.clone(),
-                    kind: spec.kind,
-                    declared: declared.kinds().unwrap_or_default(),
-                }));
-            }
-            let pre = linker.instantiate_pre(&component).map_err(|e| {
-                load_err(LoadError::Link {
-                    path: spec.module.clone(),
-                    reason: format!("{e:#}"),
-                })
-            })?;
-            let missing = |_| {
-                load_err(LoadError::MissingExport {
-                    path: spec.module.clone(),
-                    interface: spec.kind.interface(),
-                })
-            };
-            let exports = match spec.kind {
-                HookKind::Policy => {
-                    Exports::Policy(policy::GuestIndices::new(&pre).map_err(missing)?)
-                }
-                HookKind::Resolver => {
-                    Exports::Resolver(resolver::GuestIndices::new(&pre).map_err(missing)?)
-                }
-                HookKind::Status => {
-                    Exports::Status(status::GuestIndices::new(&pre).map_err(missing)?)
-                }
-            };
-            let memory_mib = spec.memory_limit_mib();
-            hooks.push(LoadedHook {
-                name: spec.name.clone(),
-                kind: spec.kind,
-                namespaces: spec.namespaces.clone(),
-                failure_policy: spec.failure_policy,
-                timeout_ms: spec.timeout_ms(),
-                memory_mib,
-                info: Arc::new(HookInfo {
-                    name: spec.name.clone(),
-                    settings: spec
-                        .settings
-                        .as_ref()
-                        .map_or_else(|| "null".to_string(), Value::to_string),
-                    memory_bytes: (memory_mib as usize) << 20,
-                }),
-                pre: Some(pre),
-                exports,
-            });
+            let (component, declared) = loader.component(spec)?;
+            hooks.push(ready_hook(spec, &component, declared, &linker)?);
         }
         // In the configured order, the unready entries where they were.
         let position = |name: &str, kind: HookKind| {
@@ -441,6 +493,7 @@ impl Hooks {
                 .unwrap_or(usize::MAX)
         };
         hooks.sort_by_key(|h| position(&h.name, h.kind));
+        let artifacts = loader.artifacts;
         let ticker = engine::Ticker::start(engine.clone()).map_err(HookError::Engine)?;
         Ok(Hooks {
             calls: Default::default(),
@@ -496,19 +549,29 @@ impl Hooks {
         &self.artifacts
     }
 
-    /// Runs the policy hooks in order. `selections` are spec selection elements (validated, namespace
-    /// filled); each hook sees the previous one's rewrite. The first deny ends the chain.
+    /// Runs the policy hooks in order over spec selection elements, read by plexus-core's reader (a missing
+    /// namespace is the pod's); each hook sees the previous one's rewrite. The first deny ends the chain. The
+    /// selections admitted are in the spec's element form as [`Selection::to_json`] writes it.
     pub fn policy(&self, pod: &Pod, selections: Vec<Value>) -> Result<PolicyOutcome, HookError> {
-        self.policy_seeing(pod, selections, SelectionDevices::new())
+        let typed = parse_selections(&selections, &pod.namespace)?;
+        Ok(
+            match self.policy_selections(pod, typed, SelectionDevices::new())? {
+                PolicyOutcome::Admit(list) => {
+                    PolicyOutcome::Admit(list.iter().map(Selection::to_json).collect())
+                }
+                PolicyOutcome::Deny { hook, reason } => PolicyOutcome::Deny { hook, reason },
+            },
+        )
     }
 
-    /// [`Hooks::policy`], the hooks seeing `devices` (what `host.selection-device` answers, WIT 0.1.2).
-    pub fn policy_seeing(
+    /// [`Hooks::policy`] over parsed selections, the hooks seeing `devices` (what `host.selection-device`
+    /// answers, WIT 0.1.2).
+    pub fn policy_selections(
         &self,
         pod: &Pod,
-        selections: Vec<Value>,
+        selections: Vec<Selection>,
         devices: SelectionDevices,
-    ) -> Result<PolicyOutcome, HookError> {
+    ) -> Result<PolicyOutcome<Selection>, HookError> {
         let devices = Arc::new(devices);
         let wpod = convert::pod(pod);
         let mut current = selections;
@@ -520,11 +583,7 @@ impl Hooks {
                 continue;
             };
             let step = (|| {
-                let wire = current
-                    .iter()
-                    .map(|s| convert::selection_to_wire(s, &pod.namespace))
-                    .collect::<Result<Vec<_>, _>>()
-                    .map_err(Fault::Input)?;
+                let wire: Vec<_> = current.iter().map(convert::selection_to_wire).collect();
                 let decision = self.call(hook, &devices, |store, inst| {
                     idx.load(&mut *store, inst)?
                         .call_check(&mut *store, &wpod, &wire)
@@ -558,9 +617,9 @@ impl Hooks {
         Ok(PolicyOutcome::Admit(current))
     }
 
-    /// Runs the resolver hooks in order for one selection. `nad` is the NetworkAttachmentDefinition
-    /// object, `config` the delegate configuration found so far. Each hook sees the previous one's
-    /// output; `None` means no hook supplied or changed anything.
+    /// Runs the resolver hooks in order for one selection, a spec selection element read by plexus-core's
+    /// reader. `nad` is the NetworkAttachmentDefinition object, `config` the delegate configuration found so
+    /// far. Each hook sees the previous one's output; `None` means no hook supplied or changed anything.
     pub fn resolve(
         &self,
         pod: &Pod,
@@ -568,23 +627,23 @@ impl Hooks {
         nad: Option<&Value>,
         config: Option<&Value>,
     ) -> Result<Option<Value>, HookError> {
-        self.resolve_seeing(pod, selection, nad, config, None)
+        let selection = parse_selections(std::slice::from_ref(selection), &pod.namespace)?;
+        self.resolve_selection(pod, &selection[0], nad, config, None)
     }
 
-    /// [`Hooks::resolve`], the hooks seeing `device` as the selection's (`host.selection-device`, WIT 0.1.2).
-    pub fn resolve_seeing(
+    /// [`Hooks::resolve`] for a parsed selection, the hooks seeing `device` as its device
+    /// (`host.selection-device`, WIT 0.1.2).
+    pub fn resolve_selection(
         &self,
         pod: &Pod,
-        selection: &Value,
+        selection: &Selection,
         nad: Option<&Value>,
         config: Option<&Value>,
         device: Option<plexus_core::spec::dra::ClaimDevice>,
     ) -> Result<Option<Value>, HookError> {
         let mut devices = SelectionDevices::new();
         if let Some(d) = device {
-            let namespace = selection["namespace"].as_str().unwrap_or(&pod.namespace);
-            let name = selection["name"].as_str().unwrap_or_default();
-            devices.insert((namespace.to_string(), name.to_string()), d);
+            devices.insert((selection.namespace.clone(), selection.name.clone()), d);
         }
         let devices = Arc::new(devices);
         let mut resolvers = self.of_kind(HookKind::Resolver, &pod.namespace).peekable();
@@ -592,6 +651,7 @@ impl Hooks {
             return Ok(None);
         }
         let wpod = convert::pod(pod);
+        let sel = convert::selection_to_wire(selection);
         let nad_text = nad.map(Value::to_string);
         let mut current = config.cloned();
         let mut changed = false;
@@ -603,8 +663,6 @@ impl Hooks {
                 continue;
             };
             let step = (|| {
-                let sel =
-                    convert::selection_to_wire(selection, &pod.namespace).map_err(Fault::Input)?;
                 let cfg_text = current.as_ref().map(Value::to_string);
                 let out = self.call(hook, &devices, |store, inst| {
                     idx.load(&mut *store, inst)?.call_resolve(

@@ -687,6 +687,25 @@ fn inspect_reports_exports_and_wit_version() {
 }
 
 #[test]
+fn selections_are_read_by_the_specs_reader_before_any_hook_runs() {
+    let hooks = load(&[spec("ns-iso", HookKind::Policy, "namespace-isolation")]);
+    let bad = vec![
+        json!({"name": "a", "namespace": "team-a"}),
+        json!({"name": "a", "color": "blue"}),
+    ];
+    match hooks.policy(&pod(), bad).unwrap_err() {
+        HookError::Input(m) => assert!(m.contains("element 1") && m.contains("color"), "{m}"),
+        other => panic!("expected the caller's mistake, got {other}"),
+    }
+    assert!(hooks.calls().is_empty(), "no hook ran: {:?}", hooks.calls());
+    // A missing namespace is the pod's, as in the annotation, and the admitted element says so.
+    assert_eq!(
+        hooks.policy(&pod(), vec![json!({"name": "lab"})]).unwrap(),
+        PolicyOutcome::Admit(vec![json!({"name": "lab", "namespace": "team-a"})])
+    );
+}
+
+#[test]
 fn no_hooks_pass_everything_through() {
     let hooks = Hooks::load_uncached(&[]).unwrap();
     assert!(hooks.is_empty());
