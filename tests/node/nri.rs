@@ -17,11 +17,15 @@ use plexus_tests::kubeapi::KubeApiServer;
 use plexus_tests::netns::{
     bridge_host_local, cni_bin_dir, links_at, require_root_and_plugins, HostBridge, IpamDir, Link,
 };
-use plexus_tests::plexus::{fake_cni_bin, NodeDaemon};
+use plexus_tests::plexus::{fake_cni_bin, plexus_bin, NodeDaemon};
 use plexus_tests::runtime::{Runtime as ContainerRuntime, RuntimeKind};
 use serde_json::json;
 
 const NS: &str = "team";
+/// The cluster network's conflist, in Plexus's conf dir and (NRI mode) in the runtime's.
+const CLUSTER_CONFLIST: &str = "10-cluster.conflist";
+/// Plexus's conflist in the runtime's conf dir (CNI mode).
+const PLEXUS_CONFLIST: &str = "00-plexus.conflist";
 
 #[derive(Debug, Clone)]
 enum Record {
@@ -158,22 +162,35 @@ impl Node {
         Node::start(kind, true)
     }
 
+    /// The runtime's CNI: `cri-net.d` holds the cluster network's conflist (Plexus's own conf dir, `net.d`, has
+    /// it too), and `cri-bin` the reference plugins and plexus, so that a test can also make it a node in CNI
+    /// mode ([`Node::cni_mode`]).
     fn start(kind: RuntimeKind, default_nri_timeout: bool) -> Node {
         require_root_and_plugins();
         let dirs = tempfile::tempdir().unwrap();
         let conf = dirs.path().join("net.d");
-        std::fs::create_dir_all(&conf).unwrap();
+        let cri_conf = dirs.path().join("cri-net.d");
+        let cri_bin = dirs.path().join("cri-bin");
+        for dir in [&conf, &cri_conf, &cri_bin] {
+            std::fs::create_dir_all(dir).unwrap();
+        }
+        for plugin in std::fs::read_dir(cni_bin_dir()).unwrap().flatten() {
+            std::os::unix::fs::symlink(plugin.path(), cri_bin.join(plugin.file_name())).unwrap();
+        }
+        std::os::unix::fs::symlink(plexus_bin(), cri_bin.join("plexus")).unwrap();
         let ipam = IpamDir::new();
         let bridge = HostBridge::reserve("nri");
         // A name of this node's own: CRI-O, when it starts, tears down every attachment the host's libcni cache
         // holds under the names of its lists that is not one of its sandboxes, whichever runtime made it.
         let cluster_name = format!("cluster-{}", bridge.name());
         let cluster = bridge_host_local(&cluster_name, &bridge, &ipam);
-        std::fs::write(conf.join("10-cluster.conflist"), cluster.to_string()).unwrap();
+        for dir in [&conf, &cri_conf] {
+            std::fs::write(dir.join(CLUSTER_CONFLIST), cluster.to_string()).unwrap();
+        }
         let runtime = if default_nri_timeout {
-            ContainerRuntime::start_with_default_nri_timeout(kind, Path::new(cni_bin_dir()), &conf)
+            ContainerRuntime::start_with_default_nri_timeout(kind, &cri_bin, &cri_conf)
         } else {
-            ContainerRuntime::start(kind, Path::new(cni_bin_dir()), &conf)
+            ContainerRuntime::start(kind, &cri_bin, &cri_conf)
         };
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(2)
@@ -187,6 +204,81 @@ impl Node {
             _bridge: bridge,
             runtime,
             rt,
+        }
+    }
+
+    /// The plan of the sandbox `id` in Plexus's attachment cache, if any.
+    fn plan(&self, id: &str) -> Option<serde_json::Value> {
+        let path = self
+            .dirs
+            .path()
+            .join(format!("cache/attachments/{id}.json"));
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(serde_json::from_str(&text).unwrap())
+    }
+
+    /// Makes the runtime's CNI Plexus's conflist (the cluster network its delegate, read from the API of `api`
+    /// with the node's credentials), as a node in CNI mode has it, and waits until the runtime uses it.
+    fn cni_mode(&mut self, api: &KubeApiServer) {
+        let token = api.node_bound_token("kube-system", "plexus", NODE);
+        let kubeconfig = self.dirs.path().join("cni.kubeconfig");
+        api.write_kubeconfig(&kubeconfig, &token);
+        let plexus = json!({
+            "type": "plexus", "clusterNetwork": self.cluster_name,
+            "confDir": self.dirs.path().join("net.d"), "cacheDir": self.dirs.path().join("cache"),
+            "runDir": self.dirs.path().join("run"), "logFile": self.dirs.path().join("plexus.log"),
+            "cluster": {"source": "kube", "kubeconfig": kubeconfig},
+            "daemon": false, "clusterHooks": false,
+        });
+        let list = json!({"cniVersion": "1.0.0", "name": format!("plexus-{}", self.cluster_name),
+                          "plugins": [plexus]});
+        let cri_conf = self.dirs.path().join("cri-net.d");
+        // Before the cluster network's file in name order, so the runtime takes it at once.
+        std::fs::write(cri_conf.join(PLEXUS_CONFLIST), list.to_string()).unwrap();
+        std::fs::remove_file(cri_conf.join(CLUSTER_CONFLIST)).unwrap();
+        self.await_runtime_cni(api, true);
+    }
+
+    /// Makes the runtime's CNI the cluster network's conflist again, as a node in NRI mode has it, and waits until
+    /// the runtime uses it. No NRI plugin may be registered yet.
+    fn nri_mode(&mut self, api: &KubeApiServer) {
+        let cri_conf = self.dirs.path().join("cri-net.d");
+        std::fs::copy(
+            self.dirs.path().join("net.d").join(CLUSTER_CONFLIST),
+            cri_conf.join(CLUSTER_CONFLIST),
+        )
+        .unwrap();
+        std::fs::remove_file(cri_conf.join(PLEXUS_CONFLIST)).unwrap();
+        self.await_runtime_cni(api, false);
+    }
+
+    /// Waits until the runtime has read its changed CNI configuration: a probe sandbox gets a plan of Plexus's
+    /// exactly when Plexus is the runtime's CNI (`plexus`). The runtimes read the directory again when it changes.
+    fn await_runtime_cni(&mut self, api: &KubeApiServer, plexus: bool) {
+        let until = Instant::now() + Duration::from_secs(30);
+        for attempt in 0.. {
+            let name = format!("probe-{}-{attempt}", u8::from(plexus));
+            let pod = api.pod(NS, &name, NODE, json!({}));
+            let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
+            let taken = match self.runtime.run_pod_sandbox(NS, &name, &uid) {
+                Ok(id) => {
+                    let taken = self.plan(&id).is_some() == plexus;
+                    let cri = self.runtime.cri();
+                    cri.stop_pod_sandbox(&id).unwrap();
+                    cri.remove_pod_sandbox(&id).unwrap();
+                    taken
+                }
+                Err(_) => false,
+            };
+            if taken {
+                return;
+            }
+            assert!(
+                Instant::now() < until,
+                "the runtime did not take its new CNI configuration; runtime:\n{}",
+                self.runtime.log()
+            );
+            std::thread::sleep(Duration::from_millis(200));
         }
     }
 
@@ -426,6 +518,16 @@ fn a_session_ends_when_the_runtime_restarts_and_the_next_one_synchronizes_its_po
 
 const NODE: &str = "node1";
 
+/// A real API server with the project's CRDs and RBAC, the namespace of the tests' pods, and the node authority.
+fn api_server() -> KubeApiServer {
+    let api = KubeApiServer::start(&[], &[]);
+    api.apply_file(&deploy_manifest("crds.yaml"));
+    api.apply_file(&deploy_manifest("rbac.yaml"));
+    api.namespace(NS);
+    api.apply_node_authority();
+    api
+}
+
 /// `plexus daemon --nri` for `node`, on a real API server with the project's CRDs and RBAC (its identity bound to
 /// the node, as a DaemonSet pod's), the plexus conf of NRI mode naming the runtime's cluster network.
 struct NriDaemon {
@@ -440,12 +542,7 @@ impl NriDaemon {
 
     /// [`NriDaemon::start`] with its delegates in `cni_path`.
     fn start_with(node: &Node, cni_path: &Path) -> NriDaemon {
-        let api = KubeApiServer::start(&[], &[]);
-        api.apply_file(&deploy_manifest("crds.yaml"));
-        api.apply_file(&deploy_manifest("rbac.yaml"));
-        api.namespace(NS);
-        api.apply_node_authority();
-        NriDaemon::on(node, api, cni_path)
+        NriDaemon::on(node, api_server(), cni_path)
     }
 
     /// A second daemon of the node, on the first one's API server (and attachment cache).
@@ -503,14 +600,19 @@ impl NriDaemon {
 
     /// A pod of the node selecting `networks`; its UID.
     fn pod(&self, name: &str, networks: &str) -> String {
-        let pod = self.api.pod(
-            NS,
-            name,
-            NODE,
-            json!({"k8s.v1.cni.cncf.io/networks": networks}),
-        );
-        pod["metadata"]["uid"].as_str().unwrap().to_string()
+        pod_of(&self.api, name, networks)
     }
+}
+
+/// A pod of the node on `api` selecting `networks`; its UID.
+fn pod_of(api: &KubeApiServer, name: &str, networks: &str) -> String {
+    let pod = api.pod(
+        NS,
+        name,
+        NODE,
+        json!({"k8s.v1.cni.cncf.io/networks": networks}),
+    );
+    pod["metadata"]["uid"].as_str().unwrap().to_string()
 }
 
 /// A node of `kind`, its daemon in NRI mode, and the NAD `side` (bridge and host-local on a bridge of its own,
@@ -898,6 +1000,111 @@ fn a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then
         .collect();
     assert!(plans.is_empty(), "plans left: {plans:?}");
 }
+
+fn a_node_moves_between_cni_and_nri_mode_and_each_pods_networks_are_deleted_whole(
+    kind: RuntimeKind,
+) {
+    let mut node = Node::new(kind);
+    let api = api_server();
+    let side_bridge = HostBridge::reserve("nrm");
+    api.nad(
+        NS,
+        "side",
+        &bridge_host_local("side", &side_bridge, &node.ipam),
+    );
+    let reserved = |node: &Node, id: &str| {
+        [node.cluster_name.as_str(), "side"].map(|net| {
+            node.ipam
+                .reservations(net)
+                .iter()
+                .filter(|r| r.container_id == id)
+                .count()
+        })
+    };
+    let networks = |node: &Node, id: &str| -> Vec<(String, bool)> {
+        let plan = node.plan(id).expect("the sandbox's plan");
+        plan["attachments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| {
+                (
+                    a["ifname"].as_str().unwrap().to_string(),
+                    a["external"].as_bool().unwrap_or(false),
+                )
+            })
+            .collect()
+    };
+
+    // CNI mode: Plexus is the runtime's CNI and attaches the cluster network too.
+    node.cni_mode(&api);
+    let a = node.run_as("a", &pod_of(&api, "a", "side"));
+    assert_eq!(
+        networks(&node, &a),
+        [("eth0".into(), false), ("net1".into(), false)]
+    );
+    assert_eq!(reserved(&node, &a), [1, 1]);
+
+    // NRI mode: the runtime attaches the cluster network, the daemon the rest. `a` keeps what it has.
+    node.nri_mode(&api);
+    let d = NriDaemon::on(&node, api, Path::new(cni_bin_dir()));
+    let b = node.run_as("b", &d.pod("b", "side"));
+    assert_eq!(
+        networks(&node, &b),
+        [("eth0".into(), true), ("net1".into(), false)]
+    );
+    assert_eq!(reserved(&node, &b), [1, 1]);
+    assert_eq!(
+        reserved(&node, &a),
+        [1, 1],
+        "a pod of CNI mode keeps its networks"
+    );
+
+    // `a`, made in CNI mode, deleted in NRI mode: the runtime deletes the cluster network, the daemon the rest.
+    let cri = node.runtime.cri();
+    cri.stop_pod_sandbox(&a).unwrap();
+    cri.remove_pod_sandbox(&a).unwrap();
+    assert_eq!(
+        reserved(&node, &a),
+        [0, 0],
+        "daemon:\n{}",
+        d.daemon.log_text()
+    );
+    assert!(node.plan(&a).is_none());
+
+    // Back to CNI mode: `b`, made in NRI mode, is deleted by Plexus alone, its cluster network included.
+    let NriDaemon { api, daemon } = d;
+    drop(daemon);
+    node.cni_mode(&api);
+    let c = node.run_as("c", &pod_of(&api, "c", "side"));
+    assert_eq!(
+        networks(&node, &c),
+        [("eth0".into(), false), ("net1".into(), false)]
+    );
+    assert_eq!(
+        reserved(&node, &b),
+        [1, 1],
+        "a pod of NRI mode keeps its networks"
+    );
+    for id in [&b, &c] {
+        cri.stop_pod_sandbox(id).unwrap();
+        cri.remove_pod_sandbox(id).unwrap();
+    }
+    let log = std::fs::read_to_string(node.dirs.path().join("plexus.log")).unwrap_or_default();
+    for id in [&b, &c] {
+        assert_eq!(reserved(&node, id), [0, 0], "{id}; plexus:\n{log}");
+        assert!(node.plan(id).is_none(), "{id}");
+    }
+    let left: Vec<_> = [node.cluster_name.as_str(), "side"]
+        .iter()
+        .flat_map(|net| node.ipam.reservations(net))
+        .collect();
+    assert!(left.is_empty(), "no address is left: {left:?}");
+}
+
+plexus_tests::on_each_runtime!(
+    a_node_moves_between_cni_and_nri_mode_and_each_pods_networks_are_deleted_whole
+);
 
 /// A bin dir of the reference plugins and `slow`, a recording fake whose ADD takes `ms`; its config file is
 /// `fake-config.json` in it.

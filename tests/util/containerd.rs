@@ -61,7 +61,12 @@ impl Containerd {
 
     /// [`Containerd::start`], pulling images from `registry` (`127.0.0.1:PORT`, plain HTTP) when one is given.
     pub fn start_with(cni_bin: &Path, cni_conf: &Path, registry: Option<&str>) -> Containerd {
-        Containerd::start_nri(cni_bin, cni_conf, registry, Some(crate::runtime::TEST_NRI_TIMEOUT))
+        Containerd::start_nri(
+            cni_bin,
+            cni_conf,
+            registry,
+            Some(crate::runtime::TEST_NRI_TIMEOUT),
+        )
     }
 
     /// [`Containerd::start_with`], waiting for an NRI plugin's answer for `nri_timeout` (`None`: containerd's own

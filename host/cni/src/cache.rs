@@ -117,7 +117,9 @@ pub struct Attachment {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub result: Option<Value>,
     /// Attached by the runtime itself, not by Plexus (the cluster network in the node daemon's NRI mode): its
-    /// result is recorded for the status, and Plexus never runs its delegates, for ADD, CHECK or DEL.
+    /// result is recorded for the status, and Plexus runs none of its delegates, for ADD or CHECK, nor for DEL
+    /// while the runtime's own CNI runs the cluster network (a DEL in CNI mode, on a node moved back from NRI
+    /// mode, deletes it: the runtime calls only Plexus then).
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub external: bool,
 }

@@ -1251,17 +1251,15 @@ fn a_cluster_network_the_runtime_attached_is_recorded_for_the_status_and_never_r
     assert_eq!(entries[0]["default"], true);
     drop(statuses);
 
-    // CHECK and DEL (the runtime's own calls carry no result) run Plexus's attachments only.
+    // CHECK and the daemon's DEL (NRI mode's calls carry no result) run Plexus's attachments only.
     orchestrate::check(
         &node.invocation("CHECK", json!({})),
         &effects(&exec, &cluster),
     )
     .unwrap();
-    orchestrate::del(
-        &node.invocation("DEL", json!({})),
-        &effects(&exec, &cluster),
-    )
-    .unwrap();
+    let mut del = node.invocation("DEL", json!({}));
+    del.cluster_by = ClusterBy::Runtime(None);
+    orchestrate::del(&del, &effects(&exec, &cluster)).unwrap();
     assert_eq!(
         exec.summary()[2..],
         [
@@ -1269,6 +1267,30 @@ fn a_cluster_network_the_runtime_attached_is_recorded_for_the_status_and_never_r
             s("b-plugin", "CHECK", "net2"),
             s("b-plugin", "DEL", "net2"),
             s("a-plugin", "DEL", "net1")
+        ]
+    );
+    assert!(!node.cached());
+}
+
+#[test]
+fn a_del_in_cni_mode_deletes_the_cluster_network_the_runtime_had_attached_in_nri_mode() {
+    // The node moved back from NRI mode: the runtime calls Plexus alone, whose DEL is then the only one the
+    // cluster network gets.
+    let node = Node::new("1.0.0");
+    let (exec, cluster) = (FakeExec::default(), FakeCluster::with_pod("a"));
+    let mut add = node.invocation("ADD", json!({}));
+    add.cluster_by = runtime_attached();
+    orchestrate::add(&add, &effects(&exec, &cluster)).unwrap();
+    orchestrate::del(
+        &node.invocation("DEL", json!({})),
+        &effects(&exec, &cluster),
+    )
+    .unwrap();
+    assert_eq!(
+        exec.summary()[1..],
+        [
+            s("a-plugin", "DEL", "net1"),
+            s("cluster-plugin", "DEL", "eth0")
         ]
     );
     assert!(!node.cached());

@@ -4,7 +4,7 @@
 use crate::cache::{Attachment, AttachmentPlan};
 use crate::effects::Effects;
 use crate::error::PlexusError;
-use crate::invocation::Invocation;
+use crate::invocation::{ClusterBy, Invocation};
 use crate::runner::{Delegator, RuntimeParams};
 
 /// Tears down the attachments of one container.
@@ -73,9 +73,11 @@ impl<'a> Teardown<'a> {
         }
     }
 
-    /// DEL of one attachment's list, with its cached result. Nothing for one the runtime attached itself.
+    /// DEL of one attachment's list, with its cached result. Nothing for one the runtime attached itself while
+    /// the runtime's own CNI still runs (NRI mode): only when Plexus is the runtime's CNI plugin again (the node
+    /// moved back to CNI mode) is that attachment Plexus's to delete, since the runtime now calls Plexus alone.
     pub(crate) fn detach(&self, att: &Attachment) -> Result<(), PlexusError> {
-        if att.external {
+        if att.external && self.inv.cluster_by != ClusterBy::Plexus {
             return Ok(());
         }
         let rt = RuntimeParams {
