@@ -255,9 +255,11 @@ impl Node {
     /// Waits until the runtime has read its changed CNI configuration: a probe sandbox gets a plan of Plexus's
     /// exactly when Plexus is the runtime's CNI (`plexus`). The runtimes read the directory again when it changes.
     fn await_runtime_cni(&mut self, api: &KubeApiServer, plexus: bool) {
+        static PROBES: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
         let until = Instant::now() + Duration::from_secs(30);
-        for attempt in 0.. {
-            let name = format!("probe-{}-{attempt}", u8::from(plexus));
+        loop {
+            let n = PROBES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let name = format!("probe-{n}");
             let pod = api.pod(NS, &name, NODE, json!({}));
             let uid = pod["metadata"]["uid"].as_str().unwrap().to_string();
             let taken = match self.runtime.run_pod_sandbox(NS, &name, &uid) {
@@ -1072,10 +1074,21 @@ fn a_node_moves_between_cni_and_nri_mode_and_each_pods_networks_are_deleted_whol
     );
     assert!(node.plan(&a).is_none());
 
-    // Back to CNI mode: `b`, made in NRI mode, is deleted by Plexus alone, its cluster network included.
+    // Back to CNI mode, the daemon too: `b`, made in NRI mode, is deleted by Plexus alone, its cluster network
+    // included (containerd calls Plexus; CRI-O deletes the cluster network with the conflist it cached for `b`,
+    // and the daemon then deletes the rest).
     let NriDaemon { api, daemon } = d;
     drop(daemon);
     node.cni_mode(&api);
+    let daemon = NodeDaemon::start(
+        NODE,
+        &node.dirs.path().join("daemon.kubeconfig"),
+        &node.dirs.path().join("daemon.sock"),
+        &node.dirs.path().join("cache"),
+        &node.dirs.path().join("daemon-cni.log"),
+        &["--no-hooks"],
+    );
+    daemon.wait("synced", plexus_tests::plexus::settled);
     let c = node.run_as("c", &pod_of(&api, "c", "side"));
     assert_eq!(
         networks(&node, &c),
@@ -1090,10 +1103,22 @@ fn a_node_moves_between_cni_and_nri_mode_and_each_pods_networks_are_deleted_whol
         cri.stop_pod_sandbox(id).unwrap();
         cri.remove_pod_sandbox(id).unwrap();
     }
-    let log = std::fs::read_to_string(node.dirs.path().join("plexus.log")).unwrap_or_default();
+    let until = Instant::now() + Duration::from_secs(30);
+    while [&b, &c].iter().any(|id| node.plan(id).is_some()) {
+        assert!(
+            Instant::now() < until,
+            "a plan is left; daemon:\n{}",
+            daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
     for id in [&b, &c] {
-        assert_eq!(reserved(&node, id), [0, 0], "{id}; plexus:\n{log}");
-        assert!(node.plan(id).is_none(), "{id}");
+        assert_eq!(
+            reserved(&node, id),
+            [0, 0],
+            "{id}; daemon:\n{}",
+            daemon.log_text()
+        );
     }
     let left: Vec<_> = [node.cluster_name.as_str(), "side"]
         .iter()

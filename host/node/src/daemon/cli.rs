@@ -41,6 +41,9 @@ pub struct DaemonSettings {
     pub dynamic: Option<dynamic::DynamicSettings>,
     /// NRI mode, with its plexus configuration (`None`: off).
     pub nri: Option<(nri::NriSettings, serde_json::Value)>,
+    /// The attachment cache (`--cache-dir`): in CNI mode the daemon deletes there the plans of sandboxes made in
+    /// NRI mode that went without Plexus ([`nri::sweep_after_nri_mode`]).
+    pub cache_dir: PathBuf,
     /// The bound on the daemon's requests to the API server.
     pub kube_rate: plexus_cluster::ratelimit::Rates,
 }
@@ -293,6 +296,7 @@ impl DaemonArgs {
             )),
             _ => None,
         };
+        let cache_dir = self.cache_dir.clone();
         let hooks = (!self.no_hooks).then(|| HookAgentOptions {
             cache_dir: self.cache_dir,
             key_files: self.hook_key,
@@ -328,6 +332,7 @@ impl DaemonArgs {
             metrics_bind: self.metrics_bind_address.0,
             dynamic,
             nri,
+            cache_dir,
             kube_rate: plexus_cluster::ratelimit::Rates {
                 background: plexus_cluster::ratelimit::RateLimit {
                     qps: self.kube_api_qps,

@@ -4,13 +4,14 @@
 //!
 //! At `RunPodSandbox` the daemon runs the same ADD as the CNI path (`plexus_cni::orchestrate::add`: planner,
 //! hooks, per-container lock, attachment cache, status), with the cluster network recorded as the runtime's
-//! ([`ClusterBy::Runtime`]: its result read from the sandbox's eth0) and never run or torn down by Plexus. An ADD
-//! that fails fails the sandbox: the runtime reports the error, removes the sandbox, and kubelet tries again. At
-//! `StopPodSandbox` and `RemovePodSandbox` it runs DEL; one that fails does not hold the runtime up (the stop
-//! succeeds) and is tried again until it succeeds. When a session starts, the pods the runtime reports are
+//! ([`ClusterBy::Runtime`]: its result read from the sandbox's eth0) and never run or torn down by Plexus in this
+//! mode. An ADD that fails fails the sandbox: the runtime reports the error, removes the sandbox, and kubelet
+//! tries again. At `StopPodSandbox` and `RemovePodSandbox` it runs DEL; one that fails does not hold the runtime
+//! up (the stop succeeds) and is tried again until it succeeds. When a session starts, the pods the runtime reports are
 //! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted.
 //! The daemon registers once its caches have listed; when the runtime closes the connection (a restart), it
-//! connects again, backing off up to 30 s.
+//! connects again, backing off up to 30 s. A daemon in CNI mode deletes what NRI mode left on a node moved back
+//! ([`sweep_after_nri_mode`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
@@ -18,7 +19,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use plexus_cni::cache::AttachmentCache;
+use plexus_cni::cache::{AttachmentCache, AttachmentPlan};
 use plexus_cni::effects::Effects;
 use plexus_cni::invocation::{ClusterBy, Invocation};
 use plexus_cni::podnet::IpRoute;
@@ -414,13 +415,7 @@ impl Inner {
         };
         self.del_plans(
             &cache,
-            |plan| {
-                plan.attachments.iter().any(|a| a.external)
-                    && plan
-                        .netns
-                        .as_deref()
-                        .is_some_and(|n| !Path::new(n).exists())
-            },
+            made_in_nri_mode_and_gone,
             "deleted the networks of a sandbox whose network namespace is gone (the runtime sent no stop)",
         );
     }
@@ -429,7 +424,7 @@ impl Inner {
     fn del_plans(
         &self,
         cache: &AttachmentCache,
-        gone: impl Fn(&plexus_cni::cache::AttachmentPlan) -> bool,
+        gone: impl Fn(&AttachmentPlan) -> bool,
         done: &str,
     ) {
         for id in cache.container_ids().unwrap_or_default() {
@@ -444,6 +439,64 @@ impl Inner {
             }
         }
     }
+}
+
+/// Whether `plan` was made in NRI mode (its cluster network the runtime's) and its sandbox's network namespace is
+/// gone.
+fn made_in_nri_mode_and_gone(plan: &AttachmentPlan) -> bool {
+    plan.attachments.iter().any(|a| a.external)
+        && plan
+            .netns
+            .as_deref()
+            .is_some_and(|n| !Path::new(n).exists())
+}
+
+/// In CNI mode, every [`SWEEP_EVERY`]: DEL of each plan made in NRI mode whose sandbox's network namespace is gone.
+/// On a node moved back from NRI mode, CRI-O tears such a sandbox down with the CNI configuration it set it up with
+/// (the cluster network's, from its cache), without calling Plexus: what Plexus attached is Plexus's to delete
+/// (its DEL deletes the cluster network again, harmlessly). containerd calls Plexus, whose DEL leaves no plan.
+pub async fn sweep_after_nri_mode(state: Arc<NodeState>, cache_dir: PathBuf) {
+    loop {
+        tokio::time::sleep(SWEEP_EVERY).await;
+        let (state, cache_dir) = (state.clone(), cache_dir.clone());
+        let handle = tokio::runtime::Handle::current();
+        let _ = tokio::task::spawn_blocking(move || {
+            let Some(cache) = AttachmentCache::open_existing(&cache_dir).ok().flatten() else {
+                return;
+            };
+            for id in cache.container_ids().unwrap_or_default() {
+                let Ok(Some(plan)) = cache.load(&id) else {
+                    continue;
+                };
+                if !made_in_nri_mode_and_gone(&plan) {
+                    continue;
+                }
+                match del_in_cni_mode(&state, &handle, &plan) {
+                    Ok(()) => tracing::info!(container = %id,
+                        "deleted the networks of a sandbox made in NRI mode, gone without Plexus"),
+                    Err(e) => tracing::warn!(container = %id,
+                        "DEL of a sandbox made in NRI mode, gone without Plexus: {e}"),
+                }
+            }
+        })
+        .await;
+    }
+}
+
+/// DEL of `plan`'s sandbox as the runtime's CNI plugin would make it (its namespace gone), with the daemon's caches
+/// and processes.
+fn del_in_cni_mode(
+    state: &Arc<NodeState>,
+    handle: &tokio::runtime::Handle,
+    plan: &AttachmentPlan,
+) -> Result<(), String> {
+    let base_env: Vec<(String, String)> = std::env::vars()
+        .filter(|(k, _)| !k.starts_with("CNI_"))
+        .collect();
+    let mut inv = Invocation::of_plan(plan, &base_env).map_err(|e| e.to_string())?;
+    inv.netns = None;
+    let local = LocalEffects::new(state, handle.clone(), &inv.conf).map_err(|e| e.to_string())?;
+    plexus_cni::orchestrate::del(&inv, &local.effects()).map_err(|e| e.to_string())
 }
 
 /// The sandbox a plan was made for, as a DEL without its namespace needs it.

@@ -228,9 +228,13 @@ fn start_tasks(
     if let Some(d) = settings.dynamic.clone() {
         tasks.spawn(dynamic::run(state.clone(), d));
     }
-    if let Some((nri, conf)) = settings.nri.clone() {
-        tasks.spawn(super::nri::run(state.clone(), nri, conf));
-    }
+    match settings.nri.clone() {
+        Some((nri, conf)) => tasks.spawn(super::nri::run(state.clone(), nri, conf)),
+        None => tasks.spawn(super::nri::sweep_after_nri_mode(
+            state.clone(),
+            settings.cache_dir.clone(),
+        )),
+    };
     tasks
 }
 
