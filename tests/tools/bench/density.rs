@@ -10,6 +10,9 @@
 //!   `setup_serially`), as Plexus runs its delegates. Plexus over it is what Plexus adds to the networks' own work;
 //! - `plexus-daemon`: the plexus CNI plugin with the node daemon (the pod and NADs from its caches);
 //! - `plexus-thin`: the plexus CNI plugin reading the API server itself on every ADD;
+//! - `plexus-nri`: the cluster network's conflist alone is the runtime's CNI configuration, as for the floor, and
+//!   the node daemon in NRI mode attaches the two secondary networks at each sandbox's `RunPodSandbox` (the
+//!   runtime's own NRI request timeout, 2 s);
 //! - `multus-thick`: Multus's shim and daemon (tests/parts/multus), configured as its DaemonSet is.
 //!
 //! Per subject and round: each pod's startup latency (created to Ready, and to `PodReadyToStartContainers`, the
@@ -45,11 +48,12 @@ const MULTUS_USER: &str = "system:serviceaccount:kube-system:multus";
 /// Busy cores below which the machine counts as quiet before a burst: the control plane, kubelet and containerd at
 /// rest use a fraction of one.
 const QUIET_CORES: f64 = 0.5;
-const SUBJECTS: [&str; 5] = [
+pub(crate) const SUBJECTS: [&str; 6] = [
     "floor",
     "runtime-3",
     "plexus-daemon",
     "plexus-thin",
+    "plexus-nri",
     "multus-thick",
 ];
 
@@ -143,14 +147,17 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             .skip(round % SUBJECTS.len())
             .take(SUBJECTS.len());
         for &subject in order {
-            if subject == "runtime-3" && o.runtime == RuntimeKind::CriO {
+            let chosen =
+                o.density_subjects.is_empty() || o.density_subjects.iter().any(|s| s == subject);
+            if !chosen || (subject == "runtime-3" && o.runtime == RuntimeKind::CriO) {
                 continue;
             }
             let conf_dir = w.root.join(format!("conf-{subject}"));
             let _ = std::fs::remove_dir_all(&conf_dir);
             std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
             let agent = match subject {
-                "floor" => {
+                // NRI mode's daemon registers with the runtime, which each burst starts afresh: started there.
+                "floor" | "plexus-nri" => {
                     write_conf(&conf_dir.join("10-cluster.conflist"), &w.nets[0].list)?;
                     Agent::None
                 }
@@ -197,6 +204,17 @@ pub fn density(o: &Opts) -> Result<Value, String> {
                     None => continue,
                 },
             };
+            let nri = (subject == "plexus-nri").then(|| NriStart {
+                plexus: o.plexus.clone(),
+                kubeconfig: daemon_kubeconfig.clone(),
+                conf: w.root.join("nri-plexus.json"),
+                socket: w.run.join("daemon.sock"),
+                log: w.root.join(format!("daemon-nri-{round}.log")),
+                cni_path: bin.clone(),
+            });
+            if let Some(n) = &nri {
+                write_conf(&n.conf, &w.kube_conf(&daemon_kubeconfig, json!(false)))?;
+            }
             log(&format!("density: round {round}, {subject}: {pods} pods"));
             let burst = burst(
                 o.runtime,
@@ -204,7 +222,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
                 &w,
                 &bin,
                 &conf_dir,
-                &agent,
+                (&agent, nri.as_ref()),
                 subject,
                 pods,
                 &selection,
@@ -300,7 +318,62 @@ fn write_conf(path: &Path, conf: &Value) -> Result<(), String> {
     std::fs::write(path, conf.to_string()).map_err(|e| format!("{}: {e}", path.display()))
 }
 
-/// One burst of `pods` pods on a fresh runtime and kubelet with `conf_dir` as the runtime's CNI configuration.
+/// How NRI mode's daemon is started, once its burst's runtime is up.
+struct NriStart {
+    plexus: PathBuf,
+    kubeconfig: PathBuf,
+    /// The NRI conf (a plexus conf).
+    conf: PathBuf,
+    /// The daemon's own socket.
+    socket: PathBuf,
+    log: PathBuf,
+    /// The delegates' directory.
+    cni_path: PathBuf,
+}
+
+impl NriStart {
+    /// The daemon in NRI mode on `runtime`'s NRI socket, once its caches have listed and it has registered.
+    fn start(&self, runtime: &Runtime) -> Result<Agent, String> {
+        let nri_socket = runtime.nri_socket();
+        let extra: [&std::ffi::OsStr; 7] = [
+            "--nri".as_ref(),
+            "--nri-socket".as_ref(),
+            nri_socket.as_os_str(),
+            "--nri-conf".as_ref(),
+            self.conf.as_os_str(),
+            "--nri-cni-path".as_ref(),
+            self.cni_path.as_os_str(),
+        ];
+        let d = Daemon::start_on(
+            &self.plexus,
+            NODE,
+            &self.kubeconfig,
+            &self.socket,
+            &self.log,
+            &extra,
+        )?;
+        d.wait("synced", Duration::from_secs(60), |h| {
+            plexus_tests::plexus::settled(h)
+        })?;
+        let until = Instant::now() + Duration::from_secs(60);
+        while !std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .contains("registered with the runtime's NRI")
+        {
+            if Instant::now() > until {
+                return Err(format!(
+                    "the NRI daemon did not register with the runtime within 60 s (log: {})",
+                    self.log.display()
+                ));
+            }
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        Ok(Agent::Plexus(d))
+    }
+}
+
+/// One burst of `pods` pods on a fresh runtime and kubelet with `conf_dir` as the runtime's CNI configuration. The
+/// subject's node agent is `agent`, or NRI mode's daemon, started once the runtime is.
 #[allow(clippy::too_many_arguments)]
 fn burst(
     kind: RuntimeKind,
@@ -308,7 +381,7 @@ fn burst(
     w: &World,
     bin: &Path,
     conf_dir: &Path,
-    agent: &Agent,
+    (agent, nri): (&Agent, Option<&NriStart>),
     subject: &str,
     pods: usize,
     selection: &[String],
@@ -326,6 +399,8 @@ fn burst(
         }
         RuntimeKind::CriO => Runtime::CriO(CriO::start(bin, conf_dir, None, None)),
     };
+    let nri_agent = nri.map(|n| n.start(&runtime)).transpose()?;
+    let agent = nri_agent.as_ref().unwrap_or(agent);
     let since = Timestamp::now();
     let kubelet = Kubelet::start(api, &runtime.socket());
     // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
@@ -354,6 +429,7 @@ fn burst(
     let users: &[&str] = match subject {
         "plexus-daemon" => &[PLEXUS_USER, CNI_USER],
         "plexus-thin" => &[CNI_USER],
+        "plexus-nri" => &[PLEXUS_USER],
         "multus-thick" => &[MULTUS_USER],
         _ => &[],
     };
@@ -393,7 +469,9 @@ fn burst(
         Runtime::Containerd(c) => c.metrics().ok().and_then(|m| cni_mean_ms(&m, operation)),
         Runtime::CriO(_) => None,
     };
-    let setup_ms = cni_timer("set_up_pod");
+    // NRI mode's secondary networks are attached outside the runtime's CNI calls: its timer would show the floor's.
+    let timed = subject != "plexus-nri";
+    let setup_ms = cni_timer("set_up_pod").filter(|_| timed);
     let api_requests = requests_of(api, users).saturating_sub(requests_before);
     let first = created.values().min().copied().unwrap_or(done);
     let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
@@ -414,7 +492,7 @@ fn burst(
         rss_kib(pid)
     });
     delete_all(api, pods)?;
-    let teardown_ms = cni_timer("tear_down_pod");
+    let teardown_ms = cni_timer("tear_down_pod").filter(|_| timed);
     let addresses = addresses_left(w);
     drop(kubelet);
     drop(runtime);

@@ -82,6 +82,10 @@ struct Args {
     #[arg(long, value_name = "N", default_value_t = 5,
           value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
     density_rounds: usize,
+    /// Only these subjects of the density section (comma-separated; every subject when absent): floor,
+    /// runtime-3, plexus-daemon, plexus-thin, plexus-nri, multus-thick.
+    #[arg(long, value_name = "SUBJECTS", value_delimiter = ',')]
+    density_subjects: Vec<String>,
     /// The container runtime of the density section's node.
     #[arg(long, value_enum, default_value_t = Runtime::Containerd)]
     runtime: Runtime,
@@ -129,6 +133,8 @@ struct Opts {
     /// Node density: pods per burst, and rounds of the four subjects.
     density_pods: usize,
     density_rounds: usize,
+    /// The density section's subjects (all when empty).
+    density_subjects: Vec<String>,
     /// The density section's container runtime.
     runtime: plexus_tests::runtime::RuntimeKind,
     /// Sections to run (all when empty).
@@ -151,6 +157,16 @@ fn opts(args: Args) -> Result<Opts, String> {
             .ok_or("the bench binary is not under target/")?
             .to_path_buf(),
     };
+    if let Some(unknown) = args
+        .density_subjects
+        .iter()
+        .find(|s| !density::SUBJECTS.contains(&s.as_str()))
+    {
+        return Err(format!(
+            "--density-subjects: {unknown:?} is not one of {}",
+            density::SUBJECTS.join(", ")
+        ));
+    }
     let o = Opts {
         runs: args.runs,
         out: args
@@ -165,6 +181,7 @@ fn opts(args: Args) -> Result<Opts, String> {
         quick: args.quick,
         density_pods: args.density_pods,
         density_rounds: args.density_rounds,
+        density_subjects: args.density_subjects,
         runtime: match args.runtime {
             Runtime::Containerd => plexus_tests::runtime::RuntimeKind::Containerd,
             Runtime::CriO => plexus_tests::runtime::RuntimeKind::CriO,

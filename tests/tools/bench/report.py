@@ -67,7 +67,8 @@ def top_lines(text, n, skip_prefix=()):
 DENSITY_LABELS = (("floor", "cluster network alone (the floor)"),
                   ("runtime-3", "the same three networks, attached by containerd itself"),
                   ("plexus-daemon", "Plexus, daemon mode"),
-                  ("plexus-thin", "Plexus, thin mode"), ("multus-thick", "Multus thick"))
+                  ("plexus-thin", "Plexus, thin mode"), ("plexus-nri", "Plexus, NRI mode"),
+                  ("multus-thick", "Multus thick"))
 
 
 CPU_PARTS = [
