@@ -10,7 +10,7 @@ use std::path::Path;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use plexus_cni::podnet::IpRoute;
+use plexus_cni::podnet::interface_result;
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
 use plexus_tests::deploy_manifest;
 use plexus_tests::kubeapi::KubeApiServer;
@@ -33,7 +33,7 @@ enum Record {
     Synchronized(Vec<String>),
     /// An event, its pod, and the interfaces in the pod's network namespace when the plugin was called.
     Pod(Event, Box<PodSandbox>, Vec<String>),
-    /// The cluster network's result, as Plexus reads it from the sandbox (`IpRoute::interface_result`), with the
+    /// The cluster network's result, as Plexus reads it from the sandbox (`podnet::interface_result`), with the
     /// kernel's eth0 beside it.
     ClusterResult(serde_json::Value, Box<Link>),
 }
@@ -72,7 +72,7 @@ impl plexus_nri::Plugin for Recorder {
         let links = match (event, netns) {
             (Event::RunPodSandbox, Some(path)) => {
                 let (links, result) = tokio::task::spawn_blocking(move || {
-                    let result = IpRoute.interface_result(&path, "eth0", "1.0.0");
+                    let result = interface_result(&path, "eth0", "1.0.0");
                     (links_at(Path::new(&path)), result)
                 })
                 .await

@@ -1212,3 +1212,69 @@ fn del_without_a_cache_releases_what_still_resolves_when_a_nad_is_gone() {
     assert!(left.contains(&"net1".to_string()), "{left:?}");
     assert_eq!(pod.ipam.reservations("doomed").len(), 1);
 }
+
+/// NRI mode reads the cluster network's result from the sandbox the runtime's CNI set up, in-process: the interface
+/// read in a real namespace has its MAC, its global addresses of both families with their prefix lengths and the
+/// gateways of its own default routes; its link-local address, another interface's addresses and routes, and the
+/// daemon's own namespace (where the test runs) do not leak in.
+#[test]
+fn the_cluster_networks_interface_reads_from_its_namespace_as_a_result() {
+    require_root_and_plugins();
+    let ns = NetNs::new("ifread");
+    let net = unique_subnet24();
+    ns.ip(&[
+        "link", "add", "eth0", "type", "veth", "peer", "name", "net1",
+    ]);
+    for args in [
+        vec!["link", "set", "eth0", "address", "0a:58:0a:01:02:03"],
+        vec!["link", "set", "eth0", "up"],
+        vec!["link", "set", "net1", "up"],
+        vec!["addr", "add", &format!("{}/24", net.host(5)), "dev", "eth0"],
+        vec!["addr", "add", "fd00:5::5/64", "dev", "eth0", "nodad"],
+        vec!["addr", "add", "192.168.77.2/24", "dev", "net1"],
+        vec![
+            "route",
+            "add",
+            "default",
+            "via",
+            &net.host(1),
+            "dev",
+            "eth0",
+        ],
+        vec![
+            "-6",
+            "route",
+            "add",
+            "default",
+            "via",
+            "fd00:5::1",
+            "dev",
+            "eth0",
+        ],
+    ] {
+        ns.ip(&args);
+    }
+    let netns = ns.path().to_str().unwrap();
+    let result = plexus_cni::podnet::interface_result(netns, "eth0", "1.1.0").unwrap();
+    assert_eq!(
+        result,
+        json!({"cniVersion": "1.1.0",
+            "interfaces": [{"name": "eth0", "mac": "0a:58:0a:01:02:03", "sandbox": netns}],
+            "ips": [{"address": format!("{}/24", net.host(5)), "interface": 0, "gateway": net.host(1)},
+                    {"address": "fd00:5::5/64", "interface": 0, "gateway": "fd00:5::1"}]})
+    );
+    // net1 has an address and no default route.
+    let other = plexus_cni::podnet::interface_result(netns, "net1", "1.1.0").unwrap();
+    assert_eq!(
+        other["ips"],
+        json!([{"address": "192.168.77.2/24", "interface": 0}])
+    );
+    // The reader's thread left the daemon's namespace alone: the host has no eth0 of the pod's.
+    assert!(plexus_cni::podnet::interface_result("/proc/self/ns/net", "net1", "1.1.0").is_err());
+    let missing = plexus_cni::podnet::interface_result(netns, "eth9", "1.1.0").unwrap_err();
+    assert!(missing.to_string().contains("eth9"), "{missing}");
+    let gone =
+        plexus_cni::podnet::interface_result("/run/netns/plexus-no-such-ns", "eth0", "1.1.0")
+            .unwrap_err();
+    assert!(gone.to_string().contains("plexus-no-such-ns"), "{gone}");
+}

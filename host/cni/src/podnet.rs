@@ -1,9 +1,11 @@
 //! Changes inside the pod's network namespace that no delegate makes: default-route selection (spec 4.1.2.1.9).
 
+use std::io::Read as _;
 use std::net::IpAddr;
 use std::time::Duration;
 
 use plexus_core::cni::{CniResult, IpNet, Route};
+
 use serde_json::Value;
 
 use crate::error::PlexusError;
@@ -135,79 +137,166 @@ impl PodNetwork for IpRoute {
     }
 }
 
-impl IpRoute {
-    /// The CNI result (in `cni_version`) of interface `ifname` that someone else attached in `netns`: the
-    /// runtime's own CNI, in the node daemon's NRI mode. Read from the namespace: the interface with its MAC and
-    /// the namespace as its sandbox, its addresses of global scope with their prefix lengths, each with the
-    /// gateway of the interface's default route of its family, if it has one.
-    pub fn interface_result(
-        &self,
-        netns: &str,
-        ifname: &str,
-        cni_version: &str,
-    ) -> Result<Value, PlexusError> {
-        let addr = self.ip(netns, &["-j", "addr", "show", "dev", ifname])?;
-        let mut routes = Vec::new();
-        for family in ["-4", "-6"] {
-            routes.push(self.ip(
-                netns,
-                &[family, "-j", "route", "show", "default", "dev", ifname],
-            )?);
-        }
-        result_of(&addr, &routes, netns, cni_version).map_err(|e| PlexusError::Io {
-            path: netns.into(),
-            source: std::io::Error::other(format!("interface {ifname}: {e}")),
+/// The most bytes of a routing table read from `/proc` (a pod's tables hold a few routes).
+const ROUTES_CAP: u64 = 1 << 20;
+
+/// The CNI result (in `cni_version`) of interface `ifname` that someone else attached in `netns`: the runtime's own
+/// CNI, in the node daemon's NRI mode. The interface with its MAC and the namespace as its sandbox; its addresses
+/// with their prefix lengths, but for loopback and IPv6 link-local ones (those of link or host scope); each with
+/// the gateway of the interface's default route of its family, if it has one.
+///
+/// Read in-process, on a thread of its own that enters the namespace and ends with the read: the interface and its
+/// addresses from `getifaddrs` (netlink, in the thread's namespace), its default routes from the thread's
+/// `/proc/thread-self/net/route` and `ipv6_route`. No process is started: this runs once per pod, while the runtime
+/// waits.
+pub fn interface_result(
+    netns: &str,
+    ifname: &str,
+    cni_version: &str,
+) -> Result<Value, PlexusError> {
+    use std::os::fd::AsFd as _;
+    let fail = |e: String| PlexusError::Io {
+        path: netns.into(),
+        source: std::io::Error::other(format!("interface {ifname}: {e}")),
+    };
+    let ns = std::fs::File::open(netns).map_err(|source| PlexusError::Io {
+        path: netns.into(),
+        source,
+    })?;
+    let name = ifname.to_string();
+    let reader = std::thread::Builder::new()
+        .name("plexus-netns".into())
+        .spawn(move || {
+            rustix::thread::move_into_link_name_space(
+                ns.as_fd(),
+                Some(rustix::thread::LinkNameSpaceType::Network),
+            )
+            .map_err(|e| format!("entering the network namespace: {e}"))?;
+            read_interface(&name)
         })
+        .map_err(|e| fail(format!("starting the reader thread: {e}")))?;
+    let interface = reader
+        .join()
+        .map_err(|_| fail("the reader thread panicked".into()))?
+        .map_err(fail)?;
+    Ok(interface.result(ifname, netns, cni_version))
+}
+
+/// What the kernel says of one interface: what [`interface_result`] reports.
+#[derive(Debug, Default, PartialEq)]
+struct Interface {
+    mac: Option<[u8; 6]>,
+    /// Its addresses with their prefix lengths, in the kernel's order.
+    addrs: Vec<(IpAddr, u8)>,
+    /// The gateways of its default routes, IPv4's first.
+    gateways: Vec<IpAddr>,
+}
+
+impl Interface {
+    fn result(&self, name: &str, netns: &str, cni_version: &str) -> Value {
+        let local = |ip: &IpAddr| match ip {
+            IpAddr::V4(v4) => v4.is_loopback(),
+            IpAddr::V6(v6) => v6.is_loopback() || v6.is_unicast_link_local(),
+        };
+        let ips: Vec<Value> = self
+            .addrs
+            .iter()
+            .filter(|(ip, _)| !local(ip))
+            .map(|(ip, prefix)| {
+                let mut entry =
+                    serde_json::json!({"address": format!("{ip}/{prefix}"), "interface": 0});
+                if let Some(gw) = self.gateways.iter().find(|g| g.is_ipv4() == ip.is_ipv4()) {
+                    entry["gateway"] = gw.to_string().into();
+                }
+                entry
+            })
+            .collect();
+        let mut interface = serde_json::json!({"name": name, "sandbox": netns});
+        if let Some(mac) = self.mac {
+            let hex: Vec<String> = mac.iter().map(|b| format!("{b:02x}")).collect();
+            interface["mac"] = hex.join(":").into();
+        }
+        serde_json::json!({"cniVersion": cni_version, "interfaces": [interface], "ips": ips})
     }
 }
 
-/// [`IpRoute::interface_result`] from what `ip -j addr show dev IF` and `ip -j route show default dev IF` (one
-/// output per family) printed.
-fn result_of(
-    addr: &str,
-    routes: &[String],
-    netns: &str,
-    cni_version: &str,
-) -> Result<Value, String> {
-    let links: Vec<Value> =
-        serde_json::from_str(addr.trim()).map_err(|e| format!("`ip addr` printed {e}"))?;
-    let [link] = links.as_slice() else {
-        return Err(format!(
-            "`ip addr` described {} interfaces, not one",
-            links.len()
-        ));
+/// [`Interface`] `ifname` of the calling thread's network namespace.
+fn read_interface(ifname: &str) -> Result<Interface, String> {
+    let mut found = false;
+    let mut interface = Interface::default();
+    let all = nix::ifaddrs::getifaddrs().map_err(|e| format!("getifaddrs: {e}"))?;
+    for a in all.filter(|a| a.interface_name == ifname) {
+        found = true;
+        let Some(addr) = a.address else { continue };
+        if let Some(link) = addr.as_link_addr() {
+            interface.mac = link.addr().filter(|m| m != &[0; 6]);
+            continue;
+        }
+        let mask = a.netmask.as_ref();
+        let (ip, prefix) = match (addr.as_sockaddr_in(), addr.as_sockaddr_in6()) {
+            (Some(v4), _) => (
+                IpAddr::V4(v4.ip()),
+                mask.and_then(|m| m.as_sockaddr_in())
+                    .map_or(32, |m| u32::from(m.ip()).count_ones()),
+            ),
+            (_, Some(v6)) => (
+                IpAddr::V6(v6.ip()),
+                mask.and_then(|m| m.as_sockaddr_in6())
+                    .map_or(128, |m| u128::from(m.ip()).count_ones()),
+            ),
+            _ => continue,
+        };
+        interface.addrs.push((ip, prefix as u8));
+    }
+    if !found {
+        return Err("no such interface in the network namespace".into());
+    }
+    let table = |file: &str| {
+        let path = format!("/proc/thread-self/net/{file}");
+        let mut text = String::new();
+        std::fs::File::open(&path)
+            .and_then(|f| f.take(ROUTES_CAP).read_to_string(&mut text))
+            .map(|_| text)
+            .map_err(|e| format!("{path}: {e}"))
     };
-    let name = link["ifname"]
-        .as_str()
-        .ok_or("`ip addr` gave no interface name")?;
-    let gateways: Vec<IpAddr> = routes
-        .iter()
-        .filter_map(|r| serde_json::from_str::<Vec<Value>>(r.trim()).ok())
-        .flatten()
-        .filter_map(|r| r["gateway"].as_str()?.parse().ok())
-        .collect();
-    let mut ips = Vec::new();
-    for a in link["addr_info"].as_array().into_iter().flatten() {
-        if a["scope"] != "global" {
-            continue;
-        }
-        let (Some(local), Some(prefix)) = (a["local"].as_str(), a["prefixlen"].as_u64()) else {
-            continue;
-        };
-        let Ok(ip) = local.parse::<IpAddr>() else {
-            continue;
-        };
-        let mut entry = serde_json::json!({"address": format!("{ip}/{prefix}"), "interface": 0});
-        if let Some(gw) = gateways.iter().find(|g| g.is_ipv4() == ip.is_ipv4()) {
-            entry["gateway"] = gw.to_string().into();
-        }
-        ips.push(entry);
-    }
-    let mut interface = serde_json::json!({"name": name, "sandbox": netns});
-    if let Some(mac) = link["address"].as_str() {
-        interface["mac"] = mac.into();
-    }
-    Ok(serde_json::json!({"cniVersion": cni_version, "interfaces": [interface], "ips": ips}))
+    interface.gateways = default_gateways_v4(&table("route")?, ifname);
+    // A kernel without IPv6 has no ipv6_route.
+    interface.gateways.extend(default_gateways_v6(
+        &table("ipv6_route").unwrap_or_default(),
+        ifname,
+    ));
+    Ok(interface)
+}
+
+/// The gateways of `ifname`'s IPv4 default routes, from `/proc/net/route` (a header line, then `Iface Destination
+/// Gateway Flags RefCnt Use Metric Mask ...`, the addresses as the kernel's 32-bit words in hex).
+fn default_gateways_v4(table: &str, ifname: &str) -> Vec<IpAddr> {
+    table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (iface, dst, gw, mask) = (f.first()?, f.get(1)?, f.get(2)?, f.get(7)?);
+            let word = u32::from_str_radix(gw, 16).ok()?;
+            (*iface == ifname && *dst == "00000000" && *mask == "00000000" && word != 0)
+                .then(|| IpAddr::from(word.to_ne_bytes()))
+        })
+        .collect()
+}
+
+/// The gateways of `ifname`'s IPv6 default routes, from `/proc/net/ipv6_route` (`dest dest_len src src_len
+/// next_hop metric refcnt use flags device`, the addresses in hex).
+fn default_gateways_v6(table: &str, ifname: &str) -> Vec<IpAddr> {
+    table
+        .lines()
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let (dst, dst_len, hop, dev) = (f.first()?, f.get(1)?, f.get(4)?, f.get(9)?);
+            let hop = u128::from_str_radix(hop, 16).ok()?;
+            let default = u128::from_str_radix(dst, 16).ok()? == 0 && *dst_len == "00";
+            (*dev == ifname && default && hop != 0).then(|| IpAddr::from(hop.to_be_bytes()))
+        })
+        .collect()
 }
 
 /// Makes cached ADD results say what [`PodNetwork::set_default_route`] did: the default routes leave the results
@@ -262,26 +351,56 @@ mod tests {
     #[test]
     fn an_interface_the_runtime_attached_reads_as_a_result_of_its_global_addresses_with_their_gateways(
     ) {
-        let addr = r#"[{"ifindex":2,"ifname":"eth0","address":"0a:58:0a:f4:00:05","addr_info":[
-            {"family":"inet","local":"10.244.0.5","prefixlen":24,"scope":"global"},
-            {"family":"inet6","local":"fd00::5","prefixlen":64,"scope":"global"},
-            {"family":"inet6","local":"fe80::1","prefixlen":64,"scope":"link"}]}]"#;
-        let routes = [
-            r#"[{"dst":"default","gateway":"10.244.0.1","dev":"eth0"}]"#.to_string(),
-            "[]".to_string(),
-        ];
-        let r = result_of(addr, &routes, "/run/netns/p", "1.0.0").unwrap();
+        let interface = Interface {
+            mac: Some([0x0a, 0x58, 0x0a, 0xf4, 0x00, 0x05]),
+            addrs: vec![
+                ("10.244.0.5".parse().unwrap(), 24),
+                ("fd00::5".parse().unwrap(), 64),
+                ("fe80::1".parse().unwrap(), 64),
+                ("127.0.0.2".parse().unwrap(), 8),
+            ],
+            gateways: vec!["10.244.0.1".parse().unwrap()],
+        };
         assert_eq!(
-            r,
-            serde_json::json!({"cniVersion": "1.0.0",
+            interface.result("eth0", "/run/netns/p", "1.0.0"),
+            json!({"cniVersion": "1.0.0",
                 "interfaces": [{"name": "eth0", "mac": "0a:58:0a:f4:00:05", "sandbox": "/run/netns/p"}],
                 "ips": [{"address": "10.244.0.5/24", "interface": 0, "gateway": "10.244.0.1"},
                         {"address": "fd00::5/64", "interface": 0}]})
         );
-        assert!(result_of("[]", &[], "/p", "1.0.0")
-            .unwrap_err()
-            .contains("0 interfaces"));
-        assert!(result_of("not json", &[], "/p", "1.0.0").is_err());
+        let bare = Interface::default().result("eth0", "/p", "0.4.0");
+        assert_eq!(
+            bare["interfaces"],
+            json!([{"name": "eth0", "sandbox": "/p"}])
+        );
+        assert_eq!(bare["ips"], json!([]));
+    }
+
+    #[test]
+    fn default_routes_are_read_from_the_kernels_tables_for_the_interface_alone() {
+        let v4 =
+            "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+            eth0\t00000000\t0100F40A\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+            eth0\t0000F40A\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n\
+            net1\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n";
+        let gw = u32::from_ne_bytes([10, 244, 0, 1]);
+        let v4 = v4.replace("0100F40A", &format!("{gw:08X}"));
+        assert_eq!(
+            default_gateways_v4(&v4, "eth0"),
+            vec!["10.244.0.1".parse::<IpAddr>().unwrap()]
+        );
+        assert!(default_gateways_v4(&v4, "net2").is_empty());
+        let v6 = "00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+            fd000000000000000000000000000001 00000400 00000001 00000000 00000003     eth0\n\
+            fd000000000000000000000000000000 40 00000000000000000000000000000000 00 \
+            00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n\
+            00000000000000000000000000000000 00 00000000000000000000000000000000 00 \
+            00000000000000000000000000000000 ffffffff 00000001 00000000 00200200       lo\n";
+        assert_eq!(
+            default_gateways_v6(v6, "eth0"),
+            vec!["fd00::1".parse::<IpAddr>().unwrap()]
+        );
+        assert!(default_gateways_v6(v6, "lo").is_empty());
     }
 
     #[test]

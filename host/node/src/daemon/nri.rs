@@ -22,7 +22,6 @@ use std::time::{Duration, Instant};
 use plexus_cni::cache::{AttachmentCache, AttachmentPlan};
 use plexus_cni::effects::Effects;
 use plexus_cni::invocation::{ClusterBy, Invocation};
-use plexus_cni::podnet::IpRoute;
 use plexus_nri::{Ended, Event, PodSandbox, Registration, Runtime};
 use serde_json::Value;
 
@@ -291,14 +290,17 @@ impl Inner {
             return Ok(());
         };
         let mut inv = self.invocation("ADD", pod, Some(netns))?;
-        let cluster = IpRoute
-            .interface_result(netns, CLUSTER_IFNAME, inv.conf.cni_version.as_str())
-            .map_err(|e| {
-                format!(
-                    "plexus: pod {}: the cluster network's interface: {e}",
-                    pod.label()
-                )
-            })?;
+        let cluster = plexus_cni::podnet::interface_result(
+            netns,
+            CLUSTER_IFNAME,
+            inv.conf.cni_version.as_str(),
+        )
+        .map_err(|e| {
+            format!(
+                "plexus: pod {}: the cluster network's interface: {e}",
+                pod.label()
+            )
+        })?;
         inv.cluster_by = ClusterBy::Runtime(Some(cluster));
         self.with_effects(&inv, |fx| plexus_cni::orchestrate::add(&inv, fx))?
             .map(drop)
