@@ -254,9 +254,7 @@ impl Inner {
             "IgnoreUnknown=1;K8S_POD_NAMESPACE={};K8S_POD_NAME={};K8S_POD_INFRA_CONTAINER_ID={};K8S_POD_UID={}",
             pod.namespace, pod.name, pod.id, pod.uid
         );
-        let mut env: BTreeMap<String, String> = std::env::vars()
-            .filter(|(k, _)| !k.starts_with("CNI_"))
-            .collect();
+        let mut env: BTreeMap<String, String> = delegates_env().collect();
         for (k, v) in [
             ("CNI_COMMAND", command),
             ("CNI_CONTAINERID", &pod.id),
@@ -417,71 +415,104 @@ impl Inner {
         };
         self.del_plans(
             &cache,
-            made_in_nri_mode_and_gone,
+            |plan| made_in_nri_mode(plan) && namespace_gone(plan),
             "deleted the networks of a sandbox whose network namespace is gone (the runtime sent no stop)",
         );
     }
 
-    /// DEL of the sandbox of each plan in `cache` that `gone` picks, logging `done` for each that succeeds.
+    /// [`del_plans`] with this mode's DEL (retried until it succeeds).
     fn del_plans(
         &self,
         cache: &AttachmentCache,
         gone: impl Fn(&AttachmentPlan) -> bool,
         done: &str,
     ) {
-        for id in cache.container_ids().unwrap_or_default() {
-            let Ok(Some(plan)) = cache.load(&id) else {
-                continue;
-            };
-            let Some(sandbox) = Some(plan).filter(&gone).and_then(sandbox_of) else {
-                continue;
-            };
-            if self.del(&sandbox).is_ok() {
-                tracing::info!(pod = %sandbox.label(), container = %id, "{done}");
-            }
+        del_plans(cache, gone, |plan| self.del(&sandbox_of(plan)?).ok(), done);
+    }
+}
+
+/// DEL (`del`) of the sandbox of each plan in `cache` that `gone` picks, logging `done` for each that succeeds
+/// (`del` gives `None` for one that fails, having said why).
+fn del_plans(
+    cache: &AttachmentCache,
+    gone: impl Fn(&AttachmentPlan) -> bool,
+    del: impl Fn(AttachmentPlan) -> Option<()>,
+    done: &str,
+) {
+    for id in cache.container_ids().unwrap_or_default() {
+        let Ok(Some(plan)) = cache.load(&id) else {
+            continue;
+        };
+        let label = plan
+            .pod
+            .as_ref()
+            .map(|p| format!("{}/{}", p.namespace, p.name));
+        if gone(&plan) && del(plan).is_some() {
+            tracing::info!(pod = label.as_deref().unwrap_or("?"), container = %id, "{done}");
         }
     }
 }
 
-/// Whether `plan` was made in NRI mode (its cluster network the runtime's) and its sandbox's network namespace is
-/// gone.
-fn made_in_nri_mode_and_gone(plan: &AttachmentPlan) -> bool {
+/// Whether `plan` was made in NRI mode: its cluster network the runtime's.
+fn made_in_nri_mode(plan: &AttachmentPlan) -> bool {
     plan.attachments.iter().any(|a| a.external)
-        && plan
-            .netns
-            .as_deref()
-            .is_some_and(|n| !Path::new(n).exists())
+}
+
+/// Whether the network namespace of `plan`'s sandbox is gone.
+fn namespace_gone(plan: &AttachmentPlan) -> bool {
+    plan.netns
+        .as_deref()
+        .is_some_and(|n| !Path::new(n).exists())
+}
+
+/// The daemon's environment without the CNI variables: what a delegate inherits besides its invocation's.
+fn delegates_env() -> impl Iterator<Item = (String, String)> {
+    std::env::vars().filter(|(k, _)| !k.starts_with("CNI_"))
 }
 
 /// In CNI mode, every [`SWEEP_EVERY`]: DEL of each plan made in NRI mode whose sandbox's network namespace is gone.
 /// On a node moved back from NRI mode, CRI-O tears such a sandbox down with the CNI configuration it set it up with
 /// (the cluster network's, from its cache), without calling Plexus: what Plexus attached is Plexus's to delete
 /// (its DEL deletes the cluster network again, harmlessly). containerd calls Plexus, whose DEL leaves no plan.
+/// The sweep ends after a pass that finds no plan made in NRI mode: a daemon in CNI mode makes none.
 pub async fn sweep_after_nri_mode(state: Arc<NodeState>, cache_dir: PathBuf) {
     loop {
         tokio::time::sleep(SWEEP_EVERY).await;
         let (state, cache_dir) = (state.clone(), cache_dir.clone());
         let handle = tokio::runtime::Handle::current();
-        let _ = tokio::task::spawn_blocking(move || {
+        let left = tokio::task::spawn_blocking(move || {
             let Some(cache) = AttachmentCache::open_existing(&cache_dir).ok().flatten() else {
-                return;
+                return false;
             };
-            for id in cache.container_ids().unwrap_or_default() {
-                let Ok(Some(plan)) = cache.load(&id) else {
-                    continue;
-                };
-                if !made_in_nri_mode_and_gone(&plan) {
-                    continue;
-                }
-                match del_in_cni_mode(&state, &handle, &plan) {
-                    Ok(()) => tracing::info!(container = %id,
-                        "deleted the networks of a sandbox made in NRI mode, gone without Plexus"),
-                    Err(e) => tracing::warn!(container = %id,
-                        "DEL of a sandbox made in NRI mode, gone without Plexus: {e}"),
-                }
-            }
+            let found = std::sync::atomic::AtomicBool::new(false);
+            let pick = |plan: &AttachmentPlan| {
+                let nri = made_in_nri_mode(plan);
+                found.fetch_or(nri, std::sync::atomic::Ordering::Relaxed);
+                nri && namespace_gone(plan)
+            };
+            let del = |plan: AttachmentPlan| {
+                let id = plan.container_id.clone();
+                del_in_cni_mode(&state, &handle, &plan)
+                    .map_err(|e| {
+                        tracing::warn!(container = %id,
+                        "DEL of a sandbox made in NRI mode, gone without Plexus: {e}")
+                    })
+                    .ok()
+            };
+            del_plans(
+                &cache,
+                pick,
+                del,
+                "deleted the networks of a sandbox made in NRI mode, gone without Plexus",
+            );
+            found.into_inner()
         })
         .await;
+        if matches!(left, Ok(false)) {
+            return tracing::debug!(
+                "no plan made in NRI mode is left: the sweep after NRI mode ends"
+            );
+        }
     }
 }
 
@@ -492,9 +523,7 @@ fn del_in_cni_mode(
     handle: &tokio::runtime::Handle,
     plan: &AttachmentPlan,
 ) -> Result<(), String> {
-    let base_env: Vec<(String, String)> = std::env::vars()
-        .filter(|(k, _)| !k.starts_with("CNI_"))
-        .collect();
+    let base_env: Vec<(String, String)> = delegates_env().collect();
     let mut inv = Invocation::of_plan(plan, &base_env).map_err(|e| e.to_string())?;
     inv.netns = None;
     let local = LocalEffects::new(state, handle.clone(), &inv.conf).map_err(|e| e.to_string())?;
@@ -502,7 +531,7 @@ fn del_in_cni_mode(
 }
 
 /// The sandbox a plan was made for, as a DEL without its namespace needs it.
-fn sandbox_of(plan: plexus_cni::cache::AttachmentPlan) -> Option<PodSandbox> {
+fn sandbox_of(plan: AttachmentPlan) -> Option<PodSandbox> {
     let pod = plan.pod?;
     Some(PodSandbox {
         id: plan.container_id,
