@@ -103,7 +103,14 @@ impl Agent {
     }
 }
 
-pub fn density(o: &Opts) -> Result<Value, String> {
+/// A density section's bursts: pods in each, rounds, and the subjects (every one when empty).
+pub struct Shape {
+    pub pods: usize,
+    pub rounds: usize,
+    pub subjects: Vec<String>,
+}
+
+pub fn density(o: &Opts, shape: &Shape) -> Result<Value, String> {
     let available = match o.runtime {
         RuntimeKind::Containerd => containerd::available(),
         RuntimeKind::CriO => crio::available(),
@@ -111,8 +118,8 @@ pub fn density(o: &Opts) -> Result<Value, String> {
     if !available {
         return Ok(json!({"skipped": "the runtime or the cluster parts are not available"}));
     }
-    let pods = o.density_pods;
-    let rounds = if o.quick { 1 } else { o.density_rounds };
+    let pods = shape.pods;
+    let rounds = if o.quick { 1 } else { shape.rounds };
     let multus_bins = multus::provided();
     let api = crate::daemon::bench_api(multus_bins.is_some());
     api.apply_node_authority();
@@ -147,8 +154,7 @@ pub fn density(o: &Opts) -> Result<Value, String> {
             .skip(round % SUBJECTS.len())
             .take(SUBJECTS.len());
         for &subject in order {
-            let chosen =
-                o.density_subjects.is_empty() || o.density_subjects.iter().any(|s| s == subject);
+            let chosen = shape.subjects.is_empty() || shape.subjects.iter().any(|s| s == subject);
             if !chosen || (subject == "runtime-3" && o.runtime == RuntimeKind::CriO) {
                 continue;
             }
@@ -818,7 +824,8 @@ fn delete_all(api: &KubeApiServer, pods: usize) -> Result<(), String> {
     let path = format!("/api/v1/namespaces/{NS}/pods?gracePeriodSeconds=1");
     api.request("DELETE", &path, None)
         .map_err(|e| format!("delete the pods: {e}"))?;
-    let deadline = Instant::now() + Duration::from_secs(60 + pods as u64);
+    // The kubelet stops a few sandboxes a second on two cores (240 pods took over 5 minutes).
+    let deadline = Instant::now() + Duration::from_secs(60 + 3 * pods as u64);
     loop {
         let left = listed_pods(api).map(|l| l.len());
         if left == Some(0) {

@@ -86,6 +86,22 @@ struct Args {
     /// runtime-3, plexus-daemon, plexus-thin, plexus-nri, multus-thick.
     #[arg(long, value_name = "SUBJECTS", value_delimiter = ',')]
     density_subjects: Vec<String>,
+    /// Pods per burst of the large density section: the kubelet's usual maximum of pods per node.
+    #[arg(long, value_name = "N", default_value_t = 240,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..=240))]
+    density_large_pods: usize,
+    /// Rounds of the large density section.
+    #[arg(long, value_name = "N", default_value_t = 1,
+          value_parser = RangedU64ValueParser::<usize>::new().range(1..))]
+    density_large_rounds: usize,
+    /// The large density section's subjects (comma-separated).
+    #[arg(
+        long,
+        value_name = "SUBJECTS",
+        value_delimiter = ',',
+        default_value = "floor,runtime-3,plexus-daemon,plexus-nri"
+    )]
+    density_large_subjects: Vec<String>,
     /// The container runtime of the density section's node.
     #[arg(long, value_enum, default_value_t = Runtime::Containerd)]
     runtime: Runtime,
@@ -110,6 +126,8 @@ enum Section {
     Hammer,
     Daemon,
     Density,
+    /// The density section at the kubelet's usual maximum of pods per node (`--density-large-*`).
+    DensityLarge,
     HookMemory,
     Languages,
     Profile,
@@ -130,11 +148,10 @@ struct Opts {
     plexus_cni: PathBuf,
     work: PathBuf,
     quick: bool,
-    /// Node density: pods per burst, and rounds of the four subjects.
-    density_pods: usize,
-    density_rounds: usize,
-    /// The density section's subjects (all when empty).
-    density_subjects: Vec<String>,
+    /// Node density: pods per burst, rounds and subjects (all when empty).
+    density: density::Shape,
+    /// The same at the kubelet's usual maximum of pods per node.
+    density_large: density::Shape,
     /// The density section's container runtime.
     runtime: plexus_tests::runtime::RuntimeKind,
     /// Sections to run (all when empty).
@@ -157,15 +174,19 @@ fn opts(args: Args) -> Result<Opts, String> {
             .ok_or("the bench binary is not under target/")?
             .to_path_buf(),
     };
-    if let Some(unknown) = args
-        .density_subjects
-        .iter()
-        .find(|s| !density::SUBJECTS.contains(&s.as_str()))
-    {
-        return Err(format!(
-            "--density-subjects: {unknown:?} is not one of {}",
-            density::SUBJECTS.join(", ")
-        ));
+    for (flag, subjects) in [
+        ("--density-subjects", &args.density_subjects),
+        ("--density-large-subjects", &args.density_large_subjects),
+    ] {
+        if let Some(unknown) = subjects
+            .iter()
+            .find(|s| !density::SUBJECTS.contains(&s.as_str()))
+        {
+            return Err(format!(
+                "{flag}: {unknown:?} is not one of {}",
+                density::SUBJECTS.join(", ")
+            ));
+        }
     }
     let o = Opts {
         runs: args.runs,
@@ -179,9 +200,16 @@ fn opts(args: Args) -> Result<Opts, String> {
         work: target.join("bench/work"),
         target,
         quick: args.quick,
-        density_pods: args.density_pods,
-        density_rounds: args.density_rounds,
-        density_subjects: args.density_subjects,
+        density: density::Shape {
+            pods: args.density_pods,
+            rounds: args.density_rounds,
+            subjects: args.density_subjects,
+        },
+        density_large: density::Shape {
+            pods: args.density_large_pods,
+            rounds: args.density_large_rounds,
+            subjects: args.density_large_subjects,
+        },
         runtime: match args.runtime {
             Runtime::Containerd => plexus_tests::runtime::RuntimeKind::Containerd,
             Runtime::CriO => plexus_tests::runtime::RuntimeKind::CriO,
@@ -962,7 +990,16 @@ fn run(o: &Opts) -> Result<(), String> {
         Value::Null
     };
     let density = if on(Section::Density) {
-        density::density(o)?
+        density::density(o, &o.density)?
+    } else {
+        Value::Null
+    };
+    // A failure here is reported, not fatal: the run's other sections stand.
+    let density_large = if on(Section::DensityLarge) {
+        density::density(o, &o.density_large).unwrap_or_else(|e| {
+            log(&format!("density-large: {e}"));
+            json!({"failed": e})
+        })
     } else {
         Value::Null
     };
@@ -995,6 +1032,7 @@ fn run(o: &Opts) -> Result<(), String> {
         "hammer": hammer,
         "daemon": daemon,
         "density": density,
+        "densityLarge": density_large,
         "hookMemory": hook_memory,
         "languages": languages,
         "profile": profile,
