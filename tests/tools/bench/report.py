@@ -122,47 +122,20 @@ def cpu_section(ds, w):
     w("")
 
 
-def density_section(dn, w, plot, m):
+def density_table(dn, w, large):
+    """A density section's table of subjects, its CPU table and its notes."""
     ds = dn["subjects"]
-    mu = dn.get("multus") or {}
-    w("## Node density: many pods with secondary networks on one node")
-    w("")
-    w(f"![Pod startup latency, node density](density.png)")
-    w("")
-    runtime = {"containerd": "containerd 2", "cri-o": "CRI-O 1.36"}.get(dn.get("runtime", "containerd"))
-    w(f"Runtime: **{runtime}** (`plexus-bench --runtime`; containerd unless it says otherwise). On CRI-O, which attaches "
-      "one CNI network per pod and serves no timer of its CNI calls, the subject of the three networks attached by "
-      "the runtime itself and the network set-up column are not measured.")
-    w("")
-    w(f"As kube-burner's node-density-cni measures it, on one real node: kubelet over {runtime} (from "
-      f"tests/parts), pods placed by the real kube-scheduler. {dn['pods']} pods are created at once (four threads of "
-      f"creates), each with the cluster network and {dn['networks'] - 1} secondary networks (NADs of the reference "
-      "bridge + host-local, each its own bridge and subnet); when every pod is Ready they are all deleted. Each subject "
-      "gets a fresh runtime and kubelet whose CNI configuration is the subject's; the subjects run one after the "
-      f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
-      "each subject's burst. Each burst starts from the same machine: the kernel's clean caches dropped (the memory "
-      "cgroups of the pods before, kept until the page cache charged to them goes, pile up by the thousand over a run, "
-      "and the whole node's CPU per pod grew with them, round after round), the binaries the burst execs read back "
-      "in, and the machine quiet (under half a core busy over a second). *Startup*: from the create request to the pod's Ready condition as the bench sees "
-      "it (a watch of the pods, from before the first create); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
-      "created and its network set up\"; *network set-up*: containerd's own timer of the CNI ADD of each sandbox (its "
-      "`network_plugin_operations_duration_seconds` metric, sum over count), the plugin's part of a pod's start without "
-      "the rest. Latencies are over every pod of every round; pods/s, API requests and the "
-      "node agent's figures are medians over rounds. *Floor*: the cluster network's conflist alone is the runtime's "
-      "configuration (no secondary networks: the two extra networks' delegates are part of every other subject's "
-      "cost). *The same three networks, attached by containerd itself*: no multi-network plugin; containerd loads the "
-      "cluster network's and the two NADs' conflists (`max_conf_num` 3) and runs them one after another "
-      "(`setup_serially`), as Plexus runs its delegates: the networks' own work, so that a subject over it is what "
-      "the subject adds. *Multus thick*: " + (f"{mu['version']}, multus-shim and multus-daemon built from the Go module proxy "
-      "(tests/parts/multus), its daemon configured as its DaemonSet is (`multusConfigFile: auto`, the cluster network "
-      "its default)." if "version" in mu else f"not measured ({mu.get('skipped', 'no Multus given')})."))
-    w("")
+    if large:
+        w(f"### The same at {dn['pods']} pods at once")
+        w("")
+        w(f"As above, with {dn['pods']} pods per burst (the kubelet's usual maximum of pods per node is 110 to 250), "
+          f"{dn['rounds']} round(s), subjects {', '.join(k for k, _ in DENSITY_LABELS if k in ds)}.")
+        w("")
     w("| subject | startup p50 | p99 | max | sandbox p50 | p99 | pods/s | p99 / floor's, per round (median) | "
       "p99 / containerd's three networks', per round (median) | network set-up per sandbox, mean (containerd's "
       "timer) | its / containerd's three networks' | teardown | node agent RSS: resting → peak → after | agent CPU | "
       "API requests | addresses left |")
     w("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
-    f99 = ds["floor"]["ready"]["p99"] if "floor" in ds else None
     for key, label in DENSITY_LABELS:
         v = ds.get(key)
         if not v:
@@ -202,6 +175,47 @@ def density_section(dn, w, plot, m):
             w(f"{label}: addresses still held after its pods were gone: {nets} (its DEL of those networks did not "
               "release them; containerd's teardown at the end of the burst tries again).")
             w("")
+
+
+def density_section(dn, w, plot, m):
+    ds = dn["subjects"]
+    mu = dn.get("multus") or {}
+    w("## Node density: many pods with secondary networks on one node")
+    w("")
+    w(f"![Pod startup latency, node density](density.png)")
+    w("")
+    runtime = {"containerd": "containerd 2", "cri-o": "CRI-O 1.36"}.get(dn.get("runtime", "containerd"))
+    w(f"Runtime: **{runtime}** (`plexus-bench --runtime`; containerd unless it says otherwise). On CRI-O, which attaches "
+      "one CNI network per pod and serves no timer of its CNI calls, the subject of the three networks attached by "
+      "the runtime itself and the network set-up column are not measured.")
+    w("")
+    w(f"As kube-burner's node-density-cni measures it, on one real node: kubelet over {runtime} (from "
+      f"tests/parts), pods placed by the real kube-scheduler. {dn['pods']} pods are created at once (four threads of "
+      f"creates), each with the cluster network and {dn['networks'] - 1} secondary networks (NADs of the reference "
+      "bridge + host-local, each its own bridge and subnet); when every pod is Ready they are all deleted. Each subject "
+      "gets a fresh runtime and kubelet whose CNI configuration is the subject's; the subjects run one after the "
+      f"other, {dn['rounds']} round(s), each round starting with the next subject, and the IPAM state reset after "
+      "each subject's burst. Each burst starts from the same machine: the kernel's clean caches dropped (the memory "
+      "cgroups of the pods before, kept until the page cache charged to them goes, pile up by the thousand over a run, "
+      "and the whole node's CPU per pod grew with them, round after round), the binaries the burst execs read back "
+      "in, and the machine quiet (under half a core busy over a second). *Startup*: from the create request to the pod's Ready condition as the bench sees "
+      "it (a watch of the pods, from before the first create); *sandbox*: to `PodReadyToStartContainers`, the kubelet's \"sandbox "
+      "created and its network set up\"; *network set-up*: containerd's own timer of the CNI ADD of each sandbox (its "
+      "`network_plugin_operations_duration_seconds` metric, sum over count), the plugin's part of a pod's start without "
+      "the rest. Latencies are over every pod of every round; pods/s, API requests and the "
+      "node agent's figures are medians over rounds. *Floor*: the cluster network's conflist alone is the runtime's "
+      "configuration (no secondary networks: the two extra networks' delegates are part of every other subject's "
+      "cost). *The same three networks, attached by containerd itself*: no multi-network plugin; containerd loads the "
+      "cluster network's and the two NADs' conflists (`max_conf_num` 3) and runs them one after another "
+      "(`setup_serially`), as Plexus runs its delegates: the networks' own work, so that a subject over it is what "
+      "the subject adds. *Plexus, NRI mode*: the cluster network's conflist alone is the runtime's configuration, as "
+      "for the floor, and the node daemon in NRI mode (`plexus daemon --nri`) attaches the two secondary networks at "
+      "each sandbox's `RunPodSandbox`, with the runtime's default NRI request timeout; its network set-up column is "
+      "the cluster network's alone, as the runtime times only its own CNI. *Multus thick*: " + (f"{mu['version']}, multus-shim and multus-daemon built from the Go module proxy "
+      "(tests/parts/multus), its daemon configured as its DaemonSet is (`multusConfigFile: auto`, the cluster network "
+      "its default)." if "version" in mu else f"not measured ({mu.get('skipped', 'no Multus given')})."))
+    w("")
+    density_table(dn, w, False)
     fig, ax = plt.subplots(figsize=(7.5, 4.5), dpi=110)
     for key, label in DENSITY_LABELS:
         v = ds.get(key)
@@ -504,6 +518,34 @@ def main():
                          f"{f(grow, 1)} MiB ({f(ag['restKiB'] / 1024, 1)} → {f(ag['peakKiB'] / 1024, 1)} MiB)",
                          grow <= 10))
 
+    machine = lambda d, k: ((d.get(k) or {}).get("cpuMsPerPod") or {}).get("machine", {}).get("median")
+    if "plexus-nri" in ds and "plexus-daemon" in ds:
+        nri, dd = ds["plexus-nri"], ds["plexus-daemon"]
+        rn, rd = nri["readyP99OverFloor"]["median"], dd["readyP99OverFloor"]["median"]
+        cn, cd = machine(ds, "plexus-nri"), machine(ds, "plexus-daemon")
+        ok = rn <= rd and (cn is None or cd is None or cn <= cd)
+        rows.append((f"Node density, {dn['pods']} pods: Plexus NRI mode's startup p99 / the floor's and the node's CPU "
+                     "per pod, against daemon mode's (medians over rounds)", "no more than daemon mode's",
+                     f"p99 {f(rn)} (daemon mode {f(rd)}); CPU {f(cn, 0)} ms a pod (daemon mode {f(cd, 0)} ms)", ok))
+    large = r.get("densityLarge") or {}
+    large_s = large.get("subjects") or {}
+    for key, label in (("plexus-daemon", "daemon mode"), ("plexus-nri", "NRI mode")):
+        v = large_s.get(key)
+        if not v or "floor" not in large_s:
+            continue
+        ratio = v["readyP99OverFloor"]["median"]
+        rows.append((f"Node density, {large['pods']} pods at once: Plexus {label}'s startup p99 / the cluster network "
+                     "alone's (same round)", "≤ 1.05",
+                     f"{f(ratio)} ({f(v['ready']['p99'] / 1e3, 1)} / {f(large_s['floor']['ready']['p99'] / 1e3, 1)} s)",
+                     ratio <= 1.05))
+        own, three = machine(large_s, key), machine(large_s, "runtime-3")
+        if own is not None and three is not None:
+            rows.append((f"… Plexus {label}: the node's CPU per pod over containerd attaching the same three networks "
+                         "itself", "≤ +5 ms", f"{own - three:+.1f} ms ({f(own, 0)} / {f(three, 0)} ms)",
+                         own - three <= 5))
+    if "failed" in large:
+        rows.append(("Node density at the kubelet's usual maximum of pods", "measured", f"failed: {large['failed']}", False))
+
     hmem = r.get("hookMemory")
     if hmem:
         d = hmem["deltaKiB"] / 1024
@@ -801,6 +843,11 @@ def main():
     # ---------------------------------------------------------------- density
     if ds:
         density_section(dn, w, args.density_plot, m)
+    if large.get("subjects"):
+        density_table(large, w, True)
+    elif "failed" in large:
+        w(f"The density section at the kubelet's usual maximum of pods failed: {large['failed']}")
+        w("")
 
     # ---------------------------------------------------------------- hook memory
     if hmem:
