@@ -31,8 +31,11 @@ pub const REGISTRATION_TIMEOUT: Duration = Duration::from_secs(5);
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(2);
 /// Calls of the runtime handled at once; one more is refused at once (the runtimes send one at a time).
 pub const MAX_IN_FLIGHT: usize = 64;
-/// Answers waiting for the socket.
-const OUTBOX: usize = 64;
+/// Answers waiting for the socket: one for every call in flight, and room for refusals.
+const OUTBOX: usize = MAX_IN_FLIGHT + 16;
+/// How long one write to the socket may take. A runtime that reads no answer for this long is stuck: the session
+/// ends (the next one registers afresh).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// How the plugin names itself to the runtime.
 #[derive(Debug, Clone)]
@@ -110,7 +113,14 @@ pub async fn run(
     let (out, mut outbox) = mpsc::channel::<(u32, Vec<u8>)>(OUTBOX);
     let mut writer = tokio::spawn(async move {
         while let Some((conn, bytes)) = outbox.recv().await {
-            mux::write_frames(&mut wr, conn, &bytes).await?;
+            tokio::time::timeout(WRITE_TIMEOUT, mux::write_frames(&mut wr, conn, &bytes))
+                .await
+                .map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::TimedOut,
+                        format!("the runtime read no answer for {WRITE_TIMEOUT:?}"),
+                    )
+                })??;
         }
         Ok::<_, std::io::Error>(())
     });
@@ -259,35 +269,47 @@ impl Session {
             let request = Request::decode(m.data.as_slice())
                 .map_err(|e| format!("a call of the runtime: {e}"))?;
             if request.service == api::PLUGIN && request.method == "Shutdown" {
-                self.answer(m.stream, Response::ok(api::Empty {}.encode_to_vec()));
+                self.answer_now(m.stream, Response::ok(api::Empty {}.encode_to_vec()))?;
                 return Ok(Some(Ended::Shutdown));
             }
             let Ok(slot) = self.slots.clone().try_acquire_owned() else {
-                self.answer(
+                self.answer_now(
                     m.stream,
                     Response::error(
                         code::RESOURCE_EXHAUSTED,
                         format!("plexus: over {MAX_IN_FLIGHT} calls at once"),
                     ),
-                );
+                )?;
                 continue;
             };
             let session = self.clone();
             tokio::spawn(async move {
                 let response = session.call(request).await;
-                session.answer(m.stream, response);
+                session.answer(m.stream, response).await;
                 drop(slot);
             });
         }
         Ok(None)
     }
 
-    fn answer(&self, stream: u32, response: Response) {
-        // A full outbox means the socket is stuck; the session ends on its own then.
-        let _ = self.out.try_send((
-            PLUGIN_SERVICE,
-            Message::response(stream, &response).encode(),
-        ));
+    /// A call's answer, queued for the socket once there is room. The outbox has room for an answer of every call
+    /// in flight, and a stuck socket ends the session ([`WRITE_TIMEOUT`]), which closes it: the wait is bounded.
+    async fn answer(&self, stream: u32, response: Response) {
+        let bytes = Message::response(stream, &response).encode();
+        // Closed: the session ended, and the runtime's connection with it.
+        let _ = self.out.send((PLUGIN_SERVICE, bytes)).await;
+    }
+
+    /// An answer given by the reader itself (a refusal, a shutdown's), which must not wait: the outbox full means
+    /// the runtime sends calls and reads no answers, and the session ends with an error.
+    fn answer_now(&self, stream: u32, response: Response) -> Result<(), String> {
+        let bytes = Message::response(stream, &response).encode();
+        match self.out.try_send((PLUGIN_SERVICE, bytes)) {
+            Err(mpsc::error::TrySendError::Full(_)) => Err(format!(
+                "the runtime sends calls and reads no answers ({OUTBOX} wait for the socket)"
+            )),
+            _ => Ok(()),
+        }
     }
 
     async fn call(&self, request: Request) -> Response {

@@ -490,3 +490,34 @@ async fn a_stop_not_done_by_its_deadline_is_answered_with_success_in_time_and_it
     drop(rt);
     assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
 }
+
+/// A runtime that sends calls and reads none of the answers: the answers fill the socket and then the outbox, and
+/// the session ends with an error that says so, instead of dropping answers the runtime would wait for.
+#[tokio::test]
+async fn a_runtime_that_reads_no_answers_ends_the_session_with_an_error() {
+    let plugin = Arc::new(Recorder::default());
+    let (mut session, mut rt, _dir) = registered(plugin).await;
+    let request = Request {
+        service: api::PLUGIN.into(),
+        method: "RunPodSandbox".into(),
+        payload: pod_call("p"),
+        timeout_nano: Duration::from_secs(2).as_nanos() as i64,
+        metadata: Vec::new(),
+    };
+    for i in 0..200_000u32 {
+        let bytes = Message::request(2 * i + 1, &request).encode();
+        if session.is_finished()
+            || mux::write_frames(&mut rt.stream, PLUGIN_SERVICE, &bytes)
+                .await
+                .is_err()
+        {
+            break;
+        }
+    }
+    let ended = tokio::time::timeout(WRITE_TIMEOUT * 2, &mut session)
+        .await
+        .expect("the session went on though the runtime read no answer")
+        .unwrap();
+    let err = ended.unwrap_err();
+    assert!(err.contains("no answer"), "{err}");
+}
