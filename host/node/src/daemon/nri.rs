@@ -93,7 +93,7 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         conf,
         cache_dir,
         handle: tokio::runtime::Handle::current(),
-        retry: Mutex::new(BTreeMap::new()),
+        retry: Mutex::new(Retries::default()),
     })));
     tokio::spawn(retry_dels(plugin.0.clone()));
     let registration = Registration {
@@ -137,14 +137,61 @@ struct Inner {
     /// The conf's `cacheDir`: where the attachment cache is.
     cache_dir: PathBuf,
     handle: tokio::runtime::Handle,
-    /// Sandboxes whose DEL failed, by id: the runtime does not ask again, so the daemon does.
-    retry: Mutex<BTreeMap<String, Retry>>,
+    /// Sandboxes whose DEL failed.
+    retry: Mutex<Retries>,
 }
+
+/// Sandboxes whose DEL failed, by id, with when each is tried next: the runtime does not ask again, so the daemon
+/// does.
+#[derive(Default)]
+struct Retries(BTreeMap<String, Retry>);
 
 struct Retry {
     pod: PodSandbox,
     next: Instant,
     backoff: Duration,
+}
+
+impl Retries {
+    /// `pod`'s DEL failed at `now`: tried again after [`DEL_RETRY`], then twice as long after each failure, up to
+    /// [`MAX_DEL_BACKOFF`]. Past [`MAX_RETRIED`] sandboxes, the one due first is dropped. Returns the wait.
+    fn failed(&mut self, pod: &PodSandbox, now: Instant) -> Duration {
+        let backoff = self
+            .0
+            .get(&pod.id)
+            .map_or(DEL_RETRY, |r| (r.backoff * 2).min(MAX_DEL_BACKOFF));
+        if self.0.len() >= MAX_RETRIED && !self.0.contains_key(&pod.id) {
+            let first = self
+                .0
+                .iter()
+                .min_by_key(|(_, r)| r.next)
+                .map(|(id, _)| id.clone());
+            if let Some(id) = first {
+                self.0.remove(&id);
+            }
+        }
+        let retry = Retry {
+            pod: pod.clone(),
+            next: now + backoff,
+            backoff,
+        };
+        self.0.insert(pod.id.clone(), retry);
+        backoff
+    }
+
+    /// `id`'s DEL succeeded: whether it had failed before.
+    fn succeeded(&mut self, id: &str) -> bool {
+        self.0.remove(id).is_some()
+    }
+
+    /// The sandboxes whose DEL is due at `now`.
+    fn due(&self, now: Instant) -> Vec<PodSandbox> {
+        self.0
+            .values()
+            .filter(|r| r.next <= now)
+            .map(|r| r.pod.clone())
+            .collect()
+    }
 }
 
 /// Tries each failed DEL again when its time comes, until it succeeds; and every [`SWEEP_EVERY`] deletes the plans
@@ -158,15 +205,7 @@ async fn retry_dels(inner: Arc<Inner>) {
             let i = inner.clone();
             let _ = tokio::task::spawn_blocking(move || i.sweep()).await;
         }
-        let now = Instant::now();
-        let due: Vec<PodSandbox> = {
-            let retry = inner.retry.lock().unwrap();
-            retry
-                .values()
-                .filter(|r| r.next <= now)
-                .map(|r| r.pod.clone())
-                .collect()
-        };
+        let due = inner.retry.lock().unwrap().due(Instant::now());
         for pod in due {
             let i = inner.clone();
             let _ = tokio::task::spawn_blocking(move || i.del(&pod)).await;
@@ -320,34 +359,14 @@ impl Inner {
             });
         let mut retry = self.retry.lock().unwrap();
         match &deleted {
-            Ok(()) => {
-                if retry.remove(&pod.id).is_some() {
-                    tracing::info!(pod = %pod.label(), container = %pod.id, "DEL succeeded on a retry");
-                }
+            Ok(()) if retry.succeeded(&pod.id) => {
+                tracing::info!(pod = %pod.label(), container = %pod.id, "DEL succeeded on a retry");
             }
+            Ok(()) => {}
             Err(e) => {
-                let backoff = retry
-                    .get(&pod.id)
-                    .map_or(DEL_RETRY, |r| (r.backoff * 2).min(MAX_DEL_BACKOFF));
+                let backoff = retry.failed(pod, Instant::now());
                 tracing::warn!(pod = %pod.label(), container = %pod.id,
                     retry_in = ?backoff, "DEL failed: {e}");
-                if retry.len() >= MAX_RETRIED && !retry.contains_key(&pod.id) {
-                    let oldest = retry
-                        .iter()
-                        .min_by_key(|(_, r)| r.next)
-                        .map(|(id, _)| id.clone());
-                    if let Some(id) = oldest {
-                        retry.remove(&id);
-                    }
-                }
-                retry.insert(
-                    pod.id.clone(),
-                    Retry {
-                        pod: pod.clone(),
-                        next: Instant::now() + backoff,
-                        backoff,
-                    },
-                );
             }
         }
         deleted
@@ -540,4 +559,78 @@ fn sandbox_of(plan: AttachmentPlan) -> Option<PodSandbox> {
         uid: pod.uid.unwrap_or_default(),
         ..Default::default()
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(id: &str) -> PodSandbox {
+        PodSandbox {
+            id: id.into(),
+            name: format!("pod-{id}"),
+            namespace: "team-a".into(),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn a_failed_del_is_due_after_a_second_then_twice_as_long_each_time_up_to_a_minute() {
+        let mut retries = Retries::default();
+        let t0 = Instant::now();
+        assert_eq!(retries.failed(&pod("a"), t0), DEL_RETRY);
+        assert!(retries.due(t0).is_empty());
+        assert_eq!(retries.due(t0 + DEL_RETRY)[0].id, "a");
+        let waits: Vec<Duration> = (0..8).map(|_| retries.failed(&pod("a"), t0)).collect();
+        let secs: Vec<u64> = waits.iter().map(Duration::as_secs).collect();
+        assert_eq!(secs, [2, 4, 8, 16, 32, 60, 60, 60]);
+        assert!(retries.due(t0 + Duration::from_secs(59)).is_empty());
+        // One retried sandbox's backoff is its own.
+        assert_eq!(retries.failed(&pod("b"), t0), DEL_RETRY);
+        assert_eq!(retries.due(t0 + DEL_RETRY).len(), 1);
+        assert!(retries.succeeded("a"));
+        assert!(!retries.succeeded("a"));
+        // After a success, a new failure starts over.
+        assert_eq!(retries.failed(&pod("a"), t0), DEL_RETRY);
+    }
+
+    #[test]
+    fn past_the_most_sandboxes_retried_the_one_due_first_is_dropped() {
+        let mut retries = Retries::default();
+        let t0 = Instant::now();
+        for i in 0..MAX_RETRIED {
+            retries.failed(&pod(&format!("p{i}")), t0 + Duration::from_millis(i as u64));
+        }
+        // p1 fails again: it is already there, nothing is dropped.
+        retries.failed(&pod("p1"), t0 + Duration::from_secs(5));
+        assert_eq!(retries.0.len(), MAX_RETRIED);
+        retries.failed(&pod("new"), t0 + Duration::from_secs(5));
+        assert_eq!(retries.0.len(), MAX_RETRIED);
+        assert!(!retries.0.contains_key("p0"), "the one due first goes");
+        assert!(retries.0.contains_key("p1") && retries.0.contains_key("new"));
+    }
+
+    #[test]
+    fn a_plan_is_swept_when_it_was_made_in_nri_mode_and_its_namespace_is_gone() {
+        let live = tempfile::NamedTempFile::new().unwrap();
+        let live = live.path().to_str().unwrap();
+        let plan = |external: bool, netns: &str| -> AttachmentPlan {
+            serde_json::from_value(serde_json::json!({
+                "format": 1, "containerId": "c1", "netns": netns, "cniVersion": "1.0.0",
+                "attachments": [{
+                    "network": "cluster", "ifname": "eth0", "isDefault": true,
+                    "config": {"cniVersion": "1.0.0", "name": "cluster", "plugins": [{"type": "bridge"}]},
+                    "capabilityArgs": {}, "external": external,
+                }],
+            }))
+            .unwrap()
+        };
+        let swept = |p: &AttachmentPlan| made_in_nri_mode(p) && namespace_gone(p);
+        assert!(swept(&plan(true, "/run/netns/plexus-gone-for-good")));
+        assert!(!swept(&plan(true, live)), "its namespace is there");
+        assert!(
+            !swept(&plan(false, "/run/netns/plexus-gone-for-good")),
+            "made in CNI mode: the runtime's DEL is coming"
+        );
+    }
 }
