@@ -8,6 +8,9 @@
 # Needs root: the real-plugin cases create network namespaces and bridges (and remove them). Not part of
 # tests/run.sh. Extra arguments go to plexus-bench (tests/tools/bench; `target/release/plexus-bench --help`).
 #
+# A section can be measured again alone and put in the same report: `plexus-bench ... --only SECTION --out F`,
+# then report.py with the run's results and `--extra F`; the report says when that section was measured.
+#
 # Multus thick (multus-shim and multus-daemon, v4.3.0) comes with the cluster parts (tests/parts/multus, built
 # by tests/parts.sh; the project does not ship it): the daemon section runs the same pods, NADs and delegates
 # through Multus in the same run (tests/tools/bench/multus.rs). PLEXUS_BENCH_MULTUS=DIR takes the two binaries

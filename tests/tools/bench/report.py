@@ -64,6 +64,10 @@ def top_lines(text, n, skip_prefix=()):
     return out
 
 
+# The results' sections a run of some alone may replace (--extra).
+SECTIONS = ("startup", "cases", "scaling", "concurrency", "hammer", "daemon", "density", "densityLarge",
+            "hookMemory", "languages", "profile")
+
 DENSITY_LABELS = (("floor", "cluster network alone (the floor)"),
                   ("runtime-3", "the same three networks, attached by containerd itself"),
                   ("plexus-daemon", "Plexus, daemon mode"),
@@ -122,14 +126,20 @@ def cpu_section(ds, w):
     w("")
 
 
-def density_table(dn, w, large):
-    """A density section's table of subjects, its CPU table and its notes."""
+def density_table(dn, w, large, separately=None):
+    """A density section's table of subjects, its CPU table and its notes; `separately`, the time of the run of
+    its own it was measured in, if it was."""
     ds = dn["subjects"]
     if large:
         w(f"### The same at {dn['pods']} pods at once")
         w("")
+        alone = ""
+        if separately:
+            when = datetime.datetime.fromtimestamp(separately, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            alone = (f" Measured {when} in a run of this section alone (`plexus-bench --only density-large`, "
+                     "its results given to the report with `--extra`), on the same machine.")
         w(f"As above, with {dn['pods']} pods per burst (the kubelet's usual maximum of pods per node is 110 to 250), "
-          f"{dn['rounds']} round(s), subjects {', '.join(k for k, _ in DENSITY_LABELS if k in ds)}.")
+          f"{dn['rounds']} round(s), subjects {', '.join(k for k, _ in DENSITY_LABELS if k in ds)}.{alone}")
         w("")
     w("| subject | startup p50 | p99 | max | sandbox p50 | p99 | pods/s | p99 / floor's, per round (median) | "
       "p99 / containerd's three networks', per round (median) | network set-up per sandbox, mean (containerd's "
@@ -241,8 +251,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--plot", required=True)
     ap.add_argument("--density-plot", required=True)
+    ap.add_argument("--extra", action="append", default=[],
+                    help="results of a run of some sections alone (plexus-bench --only ...): each section measured "
+                         "there replaces the main run's, and the report says when it was measured")
     args = ap.parse_args()
     r = json.load(open(args.results))
+    for extra in args.extra:
+        e = json.load(open(extra))
+        for key, value in e.items():
+            if key in SECTIONS and value:
+                r[key] = value
+                r.setdefault("separately", {})[key] = e["generatedAt"]
     hb = json.load(open(args.hooks))
     m = r["machine"]
     runs = r["runs"]
@@ -844,7 +863,7 @@ def main():
     if ds:
         density_section(dn, w, args.density_plot, m)
     if large.get("subjects"):
-        density_table(large, w, True)
+        density_table(large, w, True, r.get("separately", {}).get("densityLarge"))
     elif "failed" in large:
         w(f"The density section at the kubelet's usual maximum of pods failed: {large['failed']}")
         w("")
