@@ -167,8 +167,12 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
         .process_group(0)
         .spawn()
         .unwrap();
-    // Killed while the delegate runs (the plan is cached just before it).
-    wait_until(|| !sb.cached().is_empty());
+    // Killed while the delegate runs (the plan is cached just before it), once the shell has written plexus's pid
+    // (on a loaded machine plexus can plan before the shell's echo).
+    wait_until(|| {
+        !sb.cached().is_empty()
+            && std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+    });
     assert_eq!(sb.cached(), vec!["c1.json".to_string()], "the ADD planned");
     runtime.kill().unwrap();
     runtime.wait().unwrap();
