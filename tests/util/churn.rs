@@ -264,6 +264,8 @@ pub struct Churner<'a> {
     spec: &'a ChurnSpec,
     report: Mutex<ChurnReport>,
     next: AtomicUsize,
+    /// Held by the churn's loop for each tick's creates and deletes; [`Churner::pause`] holds it between ticks.
+    ticking: Mutex<()>,
 }
 
 impl Churner<'_> {
@@ -305,6 +307,11 @@ impl Churner<'_> {
         }
     }
 
+    /// Stops the churn's loop before its next tick until the guard is dropped (the event's own creates go on).
+    pub fn pause(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.ticking.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
     /// Creates `n` pods at once, more than the kubelet starts in a tick: some are still starting a few seconds on.
     pub fn burst(&self, n: usize) {
         for _ in 0..n {
@@ -327,6 +334,7 @@ pub fn during<R>(
         spec,
         report: Mutex::default(),
         next: AtomicUsize::new(0),
+        ticking: Mutex::new(()),
     };
     let result = std::thread::scope(|scope| {
         let churn = scope.spawn(|| churn(&churner, &stop));
@@ -346,6 +354,7 @@ fn churn(churner: &Churner, stop: &AtomicBool) {
     let mut ticks = 0usize;
     while !stop.load(Ordering::Relaxed) {
         let tick = Instant::now();
+        let turn = churner.pause();
         churner.create();
         {
             let mut report = churner.report.lock().unwrap();
@@ -356,6 +365,7 @@ fn churn(churner: &Churner, stop: &AtomicBool) {
                 delete_denied(churner.node, &mut report);
             }
         }
+        drop(turn);
         std::thread::sleep(churner.spec.tick.saturating_sub(tick.elapsed()));
     }
 }

@@ -314,8 +314,11 @@ fn remove_netns(path: &str) {
 /// a sandbox (it forgets a sandbox it was making; a real node's reboot empties `/run/netns`), so the node removes
 /// them at a reboot and when it is done: those made since the node started that hold no interface but `lo` and that
 /// no process is in. Runtimes of other tests may run beside it (one kubelet runs at a time, runtimes without one
-/// do not wait for it): a namespace of theirs has its interfaces, or its sandbox's process, except in the instant
-/// between its making and its first CNI ADD.
+/// do not wait for it, and the next node's kubelet starts while this node's runtime is still being stopped): a
+/// namespace of theirs has its interfaces, or its sandbox's process, except between its making and the end of its
+/// cluster network's ADD, which can be seconds (an ADD that waits for an API server that is down). So when the node
+/// is done it removes only those left empty for [`ABANDONED_AFTER`] since they were made; a reboot, which must
+/// leave none of its own, removes them whatever their age.
 struct RuntimeNetns {
     before: std::collections::HashSet<String>,
 }
@@ -336,24 +339,66 @@ impl RuntimeNetns {
             .filter(|name| is_uuid(name.strip_prefix("cni-").unwrap_or(name)))
     }
 
-    /// Removes those made since the node started and left empty; their names.
-    fn remove(&self) -> Vec<String> {
+    /// Those made since the node started and left empty, with how long ago each was made.
+    fn left(&self) -> Vec<(String, Duration)> {
         let in_use = netns_in_use();
-        let made: Vec<String> = Self::names()
+        Self::names()
             .filter(|name| !self.before.contains(name) && left_empty(name, &in_use))
+            .filter_map(|name| Some((age(&name)?, name)))
+            .map(|(age, name)| (name, age))
+            .collect()
+    }
+
+    /// Removes those made since the node started and left empty, at least `min_age` old; their names.
+    fn remove(&self, min_age: Duration) -> Vec<String> {
+        let old: Vec<String> = self
+            .left()
+            .into_iter()
+            .filter(|(_, age)| *age >= min_age)
+            .map(|(name, _)| name)
             .collect();
-        for name in &made {
+        for name in &old {
             remove_netns(&format!("{}/{name}", crate::netns::NETNS_RUN_DIR));
         }
-        made
+        old
     }
 }
 
+/// How long a namespace a runtime made stays without interfaces before the node takes it for abandoned.
+const ABANDONED_AFTER: Duration = Duration::from_secs(60);
+
+/// How long ago the namespace `name` in `/run/netns` was made: its pinned inode (nsfs) is made when the runtime
+/// mounts it there, and so carries that time.
+fn age(name: &str) -> Option<Duration> {
+    let made = std::fs::metadata(format!("{}/{name}", crate::netns::NETNS_RUN_DIR))
+        .and_then(|m| m.modified())
+        .ok()?;
+    Some(
+        std::time::SystemTime::now()
+            .duration_since(made)
+            .unwrap_or_default(),
+    )
+}
+
 impl Drop for RuntimeNetns {
+    /// Removes those left empty long enough; while younger ones are empty, waits for each to be filled or removed
+    /// by its runtime, or to be old enough (at most [`ABANDONED_AFTER`] and a few seconds).
     fn drop(&mut self) {
-        let left = self.remove();
-        if !left.is_empty() {
-            eprintln!("cleanup: removed the runtime's namespaces {left:?}");
+        let deadline = Instant::now() + ABANDONED_AFTER + Duration::from_secs(5);
+        let mut removed = Vec::new();
+        loop {
+            removed.extend(self.remove(ABANDONED_AFTER));
+            let young = self.left();
+            if young.is_empty() || Instant::now() >= deadline {
+                if !young.is_empty() {
+                    eprintln!("cleanup: left the young empty namespaces {young:?} (another test's, or made late)");
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_secs(1));
+        }
+        if !removed.is_empty() {
+            eprintln!("cleanup: removed the runtime's namespaces {removed:?}");
         }
     }
 }
@@ -629,6 +674,37 @@ impl DsNode {
             .unwrap_or(0)
     }
 
+    /// Waits (at most `limit`) until the node daemon's pod cache holds as many pods as the API server has on the
+    /// node; whether it did. Meant for when no pod is being created or deleted: the counts then meet once the
+    /// daemon's watch has delivered every pod the server has.
+    pub fn wait_for_daemon_pod_cache(&self, limit: Duration) -> bool {
+        use plexus_cni::daemon::proto::{Answer, Request};
+        let socket = self.node("/run/plexus").join("daemon.sock");
+        let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
+        let deadline = Instant::now() + limit;
+        let mut last = (None, None);
+        while Instant::now() < deadline {
+            let cached = match plexus_cni::daemon::client::ask(
+                &socket,
+                &Request::Health,
+                Duration::from_secs(2),
+            ) {
+                Ok(Answer::Health(h)) => Some(h.cache.pods),
+                _ => None,
+            };
+            let listed = get(&self.api, &path).and_then(|l| l["items"].as_array().map(Vec::len));
+            if cached.is_some() && cached == listed {
+                return true;
+            }
+            last = (cached, listed);
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        eprintln!(
+            "the daemon's pod cache did not meet the API server's pods of the node within {limit:?}: (cached, listed) {last:?}"
+        );
+        false
+    }
+
     /// Whether the node runs [`POLICY_HOOK`] in its ADDs, as its own NodeHookStatus says.
     pub fn policy_active(&self) -> bool {
         let path = format!("/apis/plexus.dev/v1alpha1/nodehookstatuses/{NODE}");
@@ -755,7 +831,7 @@ impl DsNode {
             }
         }
         // And every other namespace the runtime made: `/run/netns` is emptied.
-        self.runtime_netns.remove();
+        self.runtime_netns.remove(Duration::ZERO);
         let run = self.node("/run/plexus");
         for entry in std::fs::read_dir(&run).into_iter().flatten().flatten() {
             let path = entry.path();

@@ -113,9 +113,15 @@ impl NodeEvent {
                 figures.new_daemon_restarts = Some(rolling_update(ds, daemon));
             }
             NodeEvent::ApiOutage(outage) => {
-                // More pods than the kubelet starts at once: their ADDs run during the outage.
+                // More pods than the kubelet starts at once: their ADDs run during the outage. The server stops
+                // once the daemon's watch has delivered them: the kubelet may have a pod the daemon's watch does
+                // not yet (two streams), and an ADD of such a pod has no cache to start from (it fails, naming
+                // the pod's read, and the kubelet's retry succeeds once the server is back).
+                let paused = churn.pause();
                 churn.burst(16);
+                ds.wait_for_daemon_pod_cache(Duration::from_secs(10));
                 ds.api.stop();
+                drop(paused);
                 std::thread::sleep(outage);
                 let back = SystemTime::now();
                 ds.api.start_again();
