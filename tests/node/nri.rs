@@ -1154,7 +1154,80 @@ fn slow_delegates(node: &Node, ms: u64) -> std::path::PathBuf {
     bin
 }
 
+/// A sandbox no session attached (made while no plugin was registered; its attachment at the next session's start
+/// failed, its NAD missing) is attached at its container's creation: while the NAD is missing, CreateContainer fails
+/// naming it and nothing is attached; once it exists, the container is made with the pod's networks in place, and a
+/// second container's creation attaches nothing again.
+fn a_sandbox_no_session_attached_is_attached_before_its_container_is_made(kind: RuntimeKind) {
+    let mut node = Node::new(kind);
+    let image_dir = tempfile::tempdir().unwrap();
+    let image_tar = image_dir.path().join("plexus.tar");
+    plexus_tests::image::build(&image_tar);
+    node.runtime
+        .load_image(&image_tar, plexus_tests::image::IMAGE);
+    let bridge = HostBridge::reserve("nrc");
+    let side = bridge_host_local("side", &bridge, &node.ipam);
+    let api = api_server();
+    let uid = pod_of(&api, "web", "side");
+    let id = node.run_as("web", &uid);
+    let d = NriDaemon::on(&node, api, Path::new(cni_bin_dir()));
+    let until = Instant::now() + Duration::from_secs(20);
+    while !d
+        .daemon
+        .log_text()
+        .contains("attaching a pod the runtime had before this session")
+    {
+        assert!(
+            Instant::now() < until,
+            "the session's start did not try the pod; daemon:\n{}",
+            d.daemon.log_text()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let plan = node
+        .dirs
+        .path()
+        .join(format!("cache/attachments/{id}.json"));
+    assert!(!plan.exists(), "the failed attachment left no plan");
+
+    let cri = node.runtime.cri();
+    let create = |container: &str| {
+        cri.create_container(&id, NS, "web", &uid, container, plexus_tests::image::IMAGE)
+    };
+    let refused = create("app").unwrap_err().to_string();
+    assert!(refused.contains(&format!("{NS}/side")), "{refused}");
+    assert!(node.ipam.reserved_ips("side").is_empty() && !plan.exists());
+
+    d.api.nad(NS, "side", &side);
+    create("app").unwrap_or_else(|e| {
+        panic!(
+            "CreateContainer: {e}\ndaemon: {}\nruntime: {}",
+            d.daemon.log_text(),
+            node.runtime.log()
+        )
+    });
+    assert!(plan.exists(), "attached before the container was made");
+    assert_eq!(node.ipam.reserved_ips("side").len(), 1);
+    let netns = std::fs::read_to_string(&plan).unwrap();
+    let netns: serde_json::Value = serde_json::from_str(&netns).unwrap();
+    let names: Vec<String> = links_at(Path::new(netns["netns"].as_str().unwrap()))
+        .into_iter()
+        .map(|l| l.ifname)
+        .collect();
+    assert!(names.contains(&"net1".to_string()), "{names:?}");
+
+    create("sidecar").unwrap();
+    assert_eq!(node.ipam.reserved_ips("side").len(), 1, "attached once");
+    let attached = "attached a sandbox at its container's creation";
+    assert_eq!(d.daemon.log_text().matches(attached).count(), 1);
+
+    cri.stop_pod_sandbox(&id).unwrap();
+    cri.remove_pod_sandbox(&id).unwrap();
+    assert!(node.ipam.reserved_ips("side").is_empty() && !plan.exists());
+}
+
 plexus_tests::on_each_runtime!(
+    a_sandbox_no_session_attached_is_attached_before_its_container_is_made,
     a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then_deleted,
     a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_meanwhile,
     a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it,

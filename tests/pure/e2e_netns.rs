@@ -1277,4 +1277,23 @@ fn the_cluster_networks_interface_reads_from_its_namespace_as_a_result() {
         plexus_cni::podnet::interface_result("/run/netns/plexus-no-such-ns", "eth0", "1.1.0")
             .unwrap_err();
     assert!(gone.to_string().contains("plexus-no-such-ns"), "{gone}");
+
+    // A sandbox known by its address alone: its namespace is found among the pinned ones by its eth0's address,
+    // not by another interface's, and none holds an address of the subnet that no interface has.
+    let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
+    let dir = std::path::Path::new(plexus_tests::netns::NETNS_RUN_DIR);
+    let holding = |ifname: &str, ips: &[std::net::IpAddr]| {
+        plexus_cni::podnet::namespace_holding(dir, ifname, ips)
+    };
+    assert_eq!(
+        holding("eth0", &[ip(&net.host(9)), ip(&net.host(5))]).as_deref(),
+        Some(ns.path())
+    );
+    assert_eq!(
+        holding("eth0", &[ip("fd00:5::5")]).as_deref(),
+        Some(ns.path())
+    );
+    assert_eq!(holding("net1", &[ip(&net.host(5))]), None);
+    assert_eq!(holding("eth0", &[ip(&net.host(9))]), None);
+    assert_eq!(holding("eth0", &[]), None);
 }

@@ -1,6 +1,6 @@
 //! A minimal CRI client (`runtime.v1.RuntimeService`), to drive a real containerd the way kubelet does:
-//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox. gRPC over the runtime's
-//! unix socket.
+//! RunPodSandbox, StopPodSandbox, RemovePodSandbox, PodSandboxStatus, ListPodSandbox, and CreateContainer (which the
+//! runtime's NRI plugins hear of). gRPC over the runtime's unix socket.
 //!
 //! Only the messages and fields these calls need are declared (with prost's derive); unknown fields in answers
 //! are skipped by protobuf's rules. Field numbers are those of the CRI API (`k8s.io/cri-api`,
@@ -52,6 +52,49 @@ pub struct RunPodSandboxRequest {
 pub struct RunPodSandboxResponse {
     #[prost(string, tag = "1")]
     pub pod_sandbox_id: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerMetadata {
+    #[prost(string, tag = "1")]
+    pub name: String,
+    #[prost(uint32, tag = "2")]
+    pub attempt: u32,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ImageSpec {
+    #[prost(string, tag = "1")]
+    pub image: String,
+    /// The image as the pod spec names it (CRI-O checks the image's signature policy by it).
+    #[prost(string, tag = "18")]
+    pub user_specified_image: String,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct ContainerConfig {
+    #[prost(message, optional, tag = "1")]
+    pub metadata: Option<ContainerMetadata>,
+    #[prost(message, optional, tag = "2")]
+    pub image: Option<ImageSpec>,
+    #[prost(string, repeated, tag = "3")]
+    pub command: Vec<String>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CreateContainerRequest {
+    #[prost(string, tag = "1")]
+    pub pod_sandbox_id: String,
+    #[prost(message, optional, tag = "2")]
+    pub config: Option<ContainerConfig>,
+    #[prost(message, optional, tag = "3")]
+    pub sandbox_config: Option<PodSandboxConfig>,
+}
+
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct CreateContainerResponse {
+    #[prost(string, tag = "1")]
+    pub container_id: String,
 }
 
 /// The request of StopPodSandbox and of RemovePodSandbox (both carry only the id).
@@ -196,21 +239,44 @@ impl Cri {
         uid: &str,
     ) -> Result<String, CriError> {
         let req = RunPodSandboxRequest {
-            config: Some(PodSandboxConfig {
-                metadata: Some(PodSandboxMetadata {
-                    name: name.into(),
-                    uid: uid.into(),
-                    namespace: namespace.into(),
-                    attempt: 0,
-                }),
-                hostname: name.into(),
-                ..PodSandboxConfig::default()
-            }),
+            config: Some(sandbox_config(namespace, name, uid)),
             runtime_handler: String::new(),
         };
         let resp: RunPodSandboxResponse =
             self.call("/runtime.v1.RuntimeService/RunPodSandbox", req)?;
         Ok(resp.pod_sandbox_id)
+    }
+
+    /// CreateContainer of a container `container` (image `image`, which the runtime has: Plexus's, whose binary it
+    /// would run) in the sandbox `sandbox` that [`Cri::run_pod_sandbox`] made for `namespace/name` (uid `uid`);
+    /// returns the container's id. The container is not started; removing the sandbox removes it.
+    pub fn create_container(
+        &self,
+        sandbox: &str,
+        namespace: &str,
+        name: &str,
+        uid: &str,
+        container: &str,
+        image: &str,
+    ) -> Result<String, CriError> {
+        let req = CreateContainerRequest {
+            pod_sandbox_id: sandbox.into(),
+            config: Some(ContainerConfig {
+                metadata: Some(ContainerMetadata {
+                    name: container.into(),
+                    attempt: 0,
+                }),
+                image: Some(ImageSpec {
+                    image: image.into(),
+                    user_specified_image: image.into(),
+                }),
+                command: vec!["/usr/local/bin/plexus".into(), "--version".into()],
+            }),
+            sandbox_config: Some(sandbox_config(namespace, name, uid)),
+        };
+        let resp: CreateContainerResponse =
+            self.call("/runtime.v1.RuntimeService/CreateContainer", req)?;
+        Ok(resp.container_id)
     }
 
     pub fn stop_pod_sandbox(&self, id: &str) -> Result<(), CriError> {
@@ -244,6 +310,20 @@ impl Cri {
             verbose: true,
         };
         self.call("/runtime.v1.RuntimeService/PodSandboxStatus", req)
+    }
+}
+
+/// The sandbox configuration of pod `namespace/name` (uid `uid`), as the tests' RunPodSandbox sends it.
+fn sandbox_config(namespace: &str, name: &str, uid: &str) -> PodSandboxConfig {
+    PodSandboxConfig {
+        metadata: Some(PodSandboxMetadata {
+            name: name.into(),
+            uid: uid.into(),
+            namespace: namespace.into(),
+            attempt: 0,
+        }),
+        hostname: name.into(),
+        ..PodSandboxConfig::default()
     }
 }
 

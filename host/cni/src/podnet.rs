@@ -2,6 +2,7 @@
 
 use std::io::Read as _;
 use std::net::IpAddr;
+use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use plexus_core::cni::{CniResult, IpNet, Route};
@@ -180,6 +181,47 @@ pub fn interface_result(
         .map_err(|_| fail("the reader thread panicked".into()))?
         .map_err(fail)?;
     Ok(interface.result(ifname, netns, cni_version))
+}
+
+/// The most network namespaces [`namespace_holding`] looks into.
+pub const MAX_SCANNED: usize = 4096;
+
+/// The network namespace pinned in `dir` (a runtime's, `/var/run/netns`) whose interface `ifname` holds one of
+/// `ips`, if one does. For a sandbox whose runtime reports its addresses but not its namespace: containerd,
+/// restarted while it made the sandbox, keeps the sandbox and its address but not its spec, where the namespace's
+/// path is. Read in-process, on one thread of its own that enters each namespace in turn (at most [`MAX_SCANNED`]);
+/// one that cannot be entered, or has no `ifname`, is skipped.
+pub fn namespace_holding(dir: &Path, ifname: &str, ips: &[IpAddr]) -> Option<PathBuf> {
+    use std::os::fd::AsFd as _;
+    if ips.is_empty() {
+        return None;
+    }
+    let paths: Vec<PathBuf> = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .take(MAX_SCANNED)
+        .map(|e| e.path())
+        .collect();
+    let (name, ips) = (ifname.to_string(), ips.to_vec());
+    std::thread::Builder::new()
+        .name("plexus-netns".into())
+        .spawn(move || {
+            paths.into_iter().find(|path| {
+                let Ok(ns) = std::fs::File::open(path) else {
+                    return false;
+                };
+                rustix::thread::move_into_link_name_space(
+                    ns.as_fd(),
+                    Some(rustix::thread::LinkNameSpaceType::Network),
+                )
+                .is_ok()
+                    && read_interface(&name)
+                        .is_ok_and(|i| i.addrs.iter().any(|(ip, _)| ips.contains(ip)))
+            })
+        })
+        .ok()?
+        .join()
+        .ok()?
 }
 
 /// What the kernel says of one interface: what [`interface_result`] reports.

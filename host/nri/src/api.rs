@@ -18,9 +18,13 @@ pub enum Event {
     RunPodSandbox = 1,
     StopPodSandbox = 2,
     RemovePodSandbox = 3,
+    /// A container about to be made in a pod's sandbox: the runtime's `CreateContainer` call, which carries the
+    /// pod (and the container, which Plexus does not read). An error fails the container's creation.
+    CreateContainer = 4,
 }
 
 impl Event {
+    /// The pod events a `StateChange` call may carry (a container's are not read).
     pub fn from_number(n: i32) -> Option<Event> {
         match n {
             1 => Some(Event::RunPodSandbox),
@@ -186,6 +190,31 @@ mod tests {
             0b111
         );
         assert_eq!(Event::mask(&[Event::RemovePodSandbox]), 0b100);
+        assert_eq!(
+            Event::mask(&[Event::RunPodSandbox, Event::CreateContainer]),
+            0b1001
+        );
+    }
+
+    /// `CreateContainerRequest` is `{pod = 1, container = 2}`: the pod decodes as a `PodSandboxRequest`'s, the
+    /// container skipped.
+    #[test]
+    fn a_create_container_call_decodes_as_its_pod() {
+        let pod = PodSandbox {
+            id: "sb".into(),
+            name: "web".into(),
+            ..PodSandbox::default()
+        }
+        .encode_to_vec();
+        let mut wire = vec![0x0a, pod.len() as u8];
+        wire.extend(&pod);
+        // container { id: "c1" }
+        wire.extend([0x12, 4, 0x0a, 2, b'c', b'1']);
+        let req = PodSandboxRequest::decode(wire.as_slice()).unwrap();
+        assert_eq!(
+            req.pod.map(|p| (p.id, p.name)),
+            Some(("sb".into(), "web".into()))
+        );
     }
 
     /// The field numbers, checked against bytes written by hand from the protocol's definition: a pod with its id

@@ -8,7 +8,8 @@
 //! treats the plugin as broken, drops it and lets the pod go on without it, so a session answers an event shortly
 //! before the deadline ([`answer_by`]) and leaves the handler running: a `RunPodSandbox` with an error (the
 //! runtime then fails the sandbox and sends its stop and remove events, which find the handler's work done or under
-//! way), a stop or removal with success (it is not held up).
+//! way), a `CreateContainer` with an error too (the kubelet makes the container again later), a stop or removal
+//! with success (it is not held up).
 
 use std::path::Path;
 use std::sync::{Arc, Mutex};
@@ -337,6 +338,11 @@ impl Session {
                 self.event(Event::RemovePodSandbox, decode_pod(payload), deadline)
                     .await
             }
+            // Its answer is a `CreateContainerResponse` with no adjustment: empty, as an `Empty` is.
+            "CreateContainer" => {
+                self.event(Event::CreateContainer, decode_pod(payload), deadline)
+                    .await
+            }
             "StateChange" => match api::StateChangeEvent::decode(payload) {
                 Ok(change) => match Event::from_number(change.event) {
                     Some(event) => {
@@ -436,7 +442,12 @@ impl Session {
             Ok(Err(e)) => Err(format!(
                 "plexus: the {event:?} handler of {name} failed: {e}"
             )),
-            // A sandbox that is not set up in time fails; its stop and removal are not held up.
+            // A sandbox that is not set up in time fails; so does a container (the kubelet makes it again, and
+            // the handler's work, done by then, stays); its stop and removal are not held up.
+            Err(_) if event == Event::CreateContainer => Err(format!(
+                "plexus: {event:?} in {name} was not done before the runtime's deadline (its NRI request \
+                 timeout); it goes on, and the container's next creation finds it done"
+            )),
             Err(_) if event == Event::RunPodSandbox => {
                 let plugin = self.plugin.clone();
                 tokio::spawn(async move {

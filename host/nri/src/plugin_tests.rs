@@ -26,6 +26,8 @@ struct Recorder {
     run_takes: Duration,
     /// How long a `StopPodSandbox` takes.
     stop_takes: Duration,
+    /// How long a `CreateContainer` takes.
+    create_takes: Duration,
 }
 
 #[async_trait::async_trait]
@@ -62,6 +64,7 @@ impl Plugin for Recorder {
         match event {
             Event::RunPodSandbox => tokio::time::sleep(self.run_takes).await,
             Event::StopPodSandbox => tokio::time::sleep(self.stop_takes).await,
+            Event::CreateContainer => tokio::time::sleep(self.create_takes).await,
             Event::RemovePodSandbox => {}
         }
         self.seen.lock().unwrap().push(format!(
@@ -176,6 +179,14 @@ fn pod_call(name: &str) -> Vec<u8> {
     .encode_to_vec()
 }
 
+/// A `CreateContainerRequest` of a container in `name`'s sandbox.
+fn container_call(name: &str) -> Vec<u8> {
+    let mut wire = pod_call(name);
+    // container { id: "c1" }, which the plugin does not read
+    wire.extend([0x12, 4, 0x0a, 2, b'c', b'1']);
+    wire
+}
+
 fn registration() -> Registration {
     Registration {
         name: "plexus".into(),
@@ -184,6 +195,7 @@ fn registration() -> Registration {
             Event::RunPodSandbox,
             Event::StopPodSandbox,
             Event::RemovePodSandbox,
+            Event::CreateContainer,
         ],
     }
 }
@@ -255,7 +267,7 @@ async fn a_session_registers_then_is_configured_synchronized_and_called_at_each_
     let events = api::ConfigureResponse::decode(answer.into_result().unwrap().as_slice())
         .unwrap()
         .events;
-    assert_eq!(events, 0b111);
+    assert_eq!(events, 0b1111);
 
     // The pods in two parts: the plugin hears of them once, all together.
     let part = |names: &[&str], more| {
@@ -324,8 +336,28 @@ async fn a_session_registers_then_is_configured_synchronized_and_called_at_each_
         .await
         .into_result()
         .is_ok());
+    assert!(rt
+        .call(
+            "CreateContainer",
+            container_call("web"),
+            Duration::from_secs(2)
+        )
+        .await
+        .into_result()
+        .is_ok());
+    let refused = rt
+        .call(
+            "CreateContainer",
+            container_call("refused"),
+            Duration::from_secs(2),
+        )
+        .await;
+    assert_eq!(
+        refused.into_result(),
+        Err((code::UNKNOWN, "no network for you".into()))
+    );
     let other = rt
-        .call("CreateContainer", Vec::new(), Duration::from_secs(2))
+        .call("UpdateContainer", Vec::new(), Duration::from_secs(2))
         .await
         .into_result()
         .unwrap_err();
@@ -333,7 +365,7 @@ async fn a_session_registers_then_is_configured_synchronized_and_called_at_each_
     assert!(
         other
             .1
-            .contains("nri.pkg.api.v1alpha1.Plugin.CreateContainer"),
+            .contains("nri.pkg.api.v1alpha1.Plugin.UpdateContainer"),
         "{}",
         other.1
     );
@@ -358,6 +390,8 @@ async fn a_session_registers_then_is_configured_synchronized_and_called_at_each_
             r#"RunPodSandbox web Some("/run/netns/web")"#,
             r#"RunPodSandbox refused Some("/run/netns/refused")"#,
             "StopPodSandbox old None",
+            r#"CreateContainer web Some("/run/netns/web")"#,
+            r#"CreateContainer refused Some("/run/netns/refused")"#,
         ]
     );
 }
@@ -455,6 +489,43 @@ async fn a_late_sandbox_whose_handler_then_fails_has_nothing_to_undo() {
         *plugin.seen.lock().unwrap(),
         [r#"RunPodSandbox refused Some("/run/netns/refused")"#],
         "a handler that failed undid itself"
+    );
+    drop(rt);
+    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
+}
+
+/// A container whose `CreateContainer` is not done in time fails (the kubelet makes it again); the handler goes on
+/// and nothing is undone: the sandbox lives, and the container's next creation finds the work done.
+#[tokio::test]
+async fn a_container_not_done_by_its_deadline_fails_in_time_and_its_handler_goes_on_undone() {
+    let plugin = Arc::new(Recorder {
+        create_takes: Duration::from_millis(700),
+        ..Default::default()
+    });
+    let (session, mut rt, _dir) = registered(plugin.clone()).await;
+    let started = std::time::Instant::now();
+    let answer = rt
+        .call(
+            "CreateContainer",
+            container_call("slow"),
+            Duration::from_millis(400),
+        )
+        .await;
+    assert!(
+        started.elapsed() < Duration::from_millis(400),
+        "answered after {:?}",
+        started.elapsed()
+    );
+    let (_, msg) = answer.into_result().unwrap_err();
+    assert!(
+        msg.contains("not done before the runtime's deadline"),
+        "{msg}"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *plugin.seen.lock().unwrap(),
+        [r#"CreateContainer slow Some("/run/netns/slow")"#],
+        "nothing undone"
     );
     drop(rt);
     assert_eq!(session.await.unwrap(), Ok(Ended::Closed));

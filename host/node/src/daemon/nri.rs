@@ -8,7 +8,11 @@
 //! mode. An ADD that fails fails the sandbox: the runtime reports the error, removes the sandbox, and kubelet
 //! tries again. At `StopPodSandbox` and `RemovePodSandbox` it runs DEL; one that fails does not hold the runtime
 //! up (the stop succeeds) and is tried again until it succeeds. When a session starts, the pods the runtime reports are
-//! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted.
+//! reconciled with the attachment cache: pods without a plan are attached, plans without a pod are deleted. At
+//! `CreateContainer`, a sandbox without a finished plan is attached before its container is made: one whose
+//! `RunPodSandbox` no session heard (made while the daemon was registering again) or whose attachment at the
+//! session's start failed. An ADD that fails there fails the container, so no container of a pod runs without its
+//! networks once the daemon is registered.
 //! The daemon registers once its caches have listed; when the runtime closes the connection (a restart), it
 //! connects again, backing off up to 30 s. A daemon in CNI mode deletes what NRI mode left on a node moved back
 //! ([`sweep_after_nri_mode`]).
@@ -16,7 +20,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 
 use plexus_cni::cache::{AttachmentCache, AttachmentPlan};
@@ -35,6 +39,8 @@ const NAME: &str = "plexus";
 const INDEX: &str = "50";
 /// The most bytes of the plexus configuration file read.
 const CONF_CAP: u64 = 1 << 20;
+/// Where containerd and CRI-O pin the sandboxes' network namespaces.
+const NETNS_DIR: &str = "/var/run/netns";
 /// The interface the runtime's CNI gave the cluster network (kubelet's, always).
 const CLUSTER_IFNAME: &str = "eth0";
 const MAX_BACKOFF: Duration = Duration::from_secs(30);
@@ -94,6 +100,8 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         cache_dir,
         handle: tokio::runtime::Handle::current(),
         retry: Mutex::new(Retries::default()),
+        attaching: Mutex::default(),
+        attached: Condvar::new(),
     })));
     tokio::spawn(retry_dels(plugin.0.clone()));
     let registration = Registration {
@@ -103,6 +111,7 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
             Event::RunPodSandbox,
             Event::StopPodSandbox,
             Event::RemovePodSandbox,
+            Event::CreateContainer,
         ],
     };
     let socket = plugin.0.settings.socket.clone();
@@ -139,6 +148,35 @@ struct Inner {
     handle: tokio::runtime::Handle,
     /// Sandboxes whose DEL failed.
     retry: Mutex<Retries>,
+    /// Sandboxes being attached by [`Inner::attach_unplanned`], and the signal that one is done.
+    attaching: Mutex<BTreeSet<String>>,
+    attached: Condvar,
+}
+
+/// What the attachment cache holds for a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Planned {
+    No,
+    /// A plan with an attachment of Plexus's without a result: its ADD did not finish.
+    Unfinished,
+    Finished,
+}
+
+/// The sandbox's turn to be attached by [`Inner::attach_unplanned`]; ends when dropped.
+struct Turn<'a> {
+    inner: &'a Inner,
+    id: String,
+}
+
+impl Drop for Turn<'_> {
+    fn drop(&mut self) {
+        self.inner
+            .attaching
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .remove(&self.id);
+        self.inner.attached.notify_all();
+    }
 }
 
 /// Sandboxes whose DEL failed, by id, with when each is tried next: the runtime does not ask again, so the daemon
@@ -269,6 +307,15 @@ impl plexus_nri::Plugin for NriPlugin {
         tracing::debug!(pod = %name, container = %pod.id, netns = ?pod.network_namespace(), "NRI {event:?}");
         tokio::task::spawn_blocking(move || match event {
             Event::RunPodSandbox => inner.add(&pod),
+            Event::CreateContainer => match inner.attach_unplanned(&pod) {
+                Ok(true) => {
+                    tracing::info!(pod = %pod.label(), container = %pod.id,
+                        "attached a sandbox at its container's creation (no session had attached it)");
+                    Ok(())
+                }
+                Ok(false) => Ok(()),
+                Err(e) => Err(e),
+            },
             // A failed DEL is the daemon's to retry ([`retry_dels`]); refusing the stop or removal would only hold
             // the sandbox (CRI-O fails its StopPodSandbox, and kubelet would try again for as long as it fails).
             Event::StopPodSandbox | Event::RemovePodSandbox => {
@@ -323,9 +370,14 @@ impl Inner {
 
     /// ADD of the pod's networks; nothing for a pod on the host's network ([`on_host_network`]).
     fn add(&self, pod: &PodSandbox) -> Result<(), String> {
-        let Some(netns) = pod.network_namespace().filter(|n| !on_host_network(n)) else {
-            return Ok(());
-        };
+        match sandbox_netns(pod).filter(|n| !on_host_network(n)) {
+            Some(netns) => self.add_in(pod, &netns),
+            None => Ok(()),
+        }
+    }
+
+    /// ADD of the pod's networks in its sandbox's namespace `netns`.
+    fn add_in(&self, pod: &PodSandbox, netns: &str) -> Result<(), String> {
         let mut inv = self.invocation("ADD", pod, Some(netns))?;
         let cluster = plexus_cni::podnet::interface_result(
             netns,
@@ -378,48 +430,80 @@ impl Inner {
     /// unfinished one attached first). Plans of sandboxes the runtime no longer has are deleted. Failures are
     /// logged: the session goes on.
     fn reconcile(&self, pods: &[PodSandbox]) {
-        let cache = AttachmentCache::open_existing(&self.cache_dir)
-            .ok()
-            .flatten();
-        let planned: BTreeSet<String> = cache
-            .as_ref()
-            .and_then(|c| c.container_ids().ok())
-            .unwrap_or_default()
-            .into_iter()
-            .collect();
-        let unfinished = |id: &str| {
-            cache
-                .as_ref()
-                .and_then(|c| c.load(id).ok().flatten())
-                .is_some_and(|plan| {
-                    plan.attachments
-                        .iter()
-                        .any(|a| !a.external && a.result.is_none())
-                })
-        };
-        // Sandboxes with a namespace of their own that still exists (a stopped one's is gone).
-        let attachable = |p: &&PodSandbox| {
-            p.network_namespace()
-                .is_some_and(|n| !on_host_network(n) && Path::new(n).exists())
-        };
-        for pod in pods.iter().filter(attachable) {
-            let what = match planned.contains(&pod.id) {
-                false => "a pod the runtime had before this session",
-                true if unfinished(&pod.id) => "a pod whose ADD an earlier session left unfinished",
-                true => continue,
+        for pod in pods {
+            let what = match self.planned(&pod.id) {
+                Planned::No => "a pod the runtime had before this session",
+                Planned::Unfinished => "a pod whose ADD an earlier session left unfinished",
+                Planned::Finished => continue,
             };
-            match self.add(pod) {
-                Ok(()) => tracing::info!(pod = %pod.label(), "attached {what}"),
+            match self.attach_unplanned(pod) {
+                Ok(true) => tracing::info!(pod = %pod.label(), "attached {what}"),
+                // Attached meanwhile, at its container's creation.
+                Ok(false) => {}
                 Err(e) => tracing::warn!(pod = %pod.label(), "attaching {what}: {e}"),
             }
         }
-        let Some(cache) = cache else { return };
+        let Some(cache) = AttachmentCache::open_existing(&self.cache_dir)
+            .ok()
+            .flatten()
+        else {
+            return;
+        };
         let live: BTreeSet<&str> = pods.iter().map(|p| p.id.as_str()).collect();
         self.del_plans(
             &cache,
             |plan| !live.contains(plan.container_id.as_str()),
             "deleted the networks of a sandbox the runtime no longer has",
         );
+    }
+
+    /// What the attachment cache holds for the sandbox `id`.
+    fn planned(&self, id: &str) -> Planned {
+        let plan = AttachmentCache::open_existing(&self.cache_dir)
+            .ok()
+            .flatten()
+            .and_then(|c| c.load(id).ok().flatten());
+        match plan {
+            None => Planned::No,
+            Some(p)
+                if p.attachments
+                    .iter()
+                    .any(|a| !a.external && a.result.is_none()) =>
+            {
+                Planned::Unfinished
+            }
+            Some(_) => Planned::Finished,
+        }
+    }
+
+    /// ADD of an attachable sandbox ([`attachable`]) without a finished plan; whether it ran. One sandbox is
+    /// attached by one caller at a time (a session's reconciliation, a container's creation), and a caller that
+    /// waited finds the plan the other made.
+    fn attach_unplanned(&self, pod: &PodSandbox) -> Result<bool, String> {
+        if self.planned(&pod.id) == Planned::Finished {
+            return Ok(false);
+        }
+        let Some(netns) = attachable(pod) else {
+            return Ok(false);
+        };
+        let _turn = self.turn(&pod.id);
+        if self.planned(&pod.id) == Planned::Finished {
+            return Ok(false);
+        }
+        self.add_in(pod, &netns).map(|()| true)
+    }
+
+    /// Waits until no other caller attaches the sandbox `id`, then holds it.
+    fn turn(&self, id: &str) -> Turn<'_> {
+        let mut busy = self.attaching.lock().unwrap_or_else(|e| e.into_inner());
+        while busy.contains(id) {
+            busy = self.attached.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        busy.insert(id.to_string());
+        Turn {
+            inner: self,
+            id: id.to_string(),
+        }
     }
 
     /// DEL of each plan made in NRI mode (its cluster network the runtime's) whose sandbox's network namespace is
@@ -470,6 +554,27 @@ fn del_plans(
             tracing::info!(pod = label.as_deref().unwrap_or("?"), container = %id, "{done}");
         }
     }
+}
+
+/// The network namespace of `pod`'s sandbox when Plexus attaches networks to it: one of its own, which still
+/// exists (a stopped sandbox's is gone).
+fn attachable(pod: &PodSandbox) -> Option<String> {
+    sandbox_netns(pod).filter(|n| !on_host_network(n) && Path::new(n).exists())
+}
+
+/// The network namespace of `pod`'s sandbox: as the runtime names it; else, when the runtime gives the sandbox's
+/// addresses but not its namespace (containerd, killed while it made the sandbox, keeps the sandbox without its
+/// spec once restarted), the one of the runtime's ([`NETNS_DIR`]) whose cluster interface holds one of them.
+fn sandbox_netns(pod: &PodSandbox) -> Option<String> {
+    if let Some(netns) = pod.network_namespace() {
+        return Some(netns.to_string());
+    }
+    let ips: Vec<std::net::IpAddr> = pod.ips.iter().filter_map(|ip| ip.parse().ok()).collect();
+    let found = plexus_cni::podnet::namespace_holding(Path::new(NETNS_DIR), CLUSTER_IFNAME, &ips)?;
+    let found = found.display().to_string();
+    tracing::info!(pod = %pod.label(), container = %pod.id, netns = %found, ips = ?pod.ips,
+        "the runtime names no network namespace for the sandbox; found it by its address");
+    Some(found)
 }
 
 /// Whether `plan` was made in NRI mode: its cluster network the runtime's.
