@@ -428,138 +428,101 @@ async fn a_runtime_that_closes_before_answering_the_registration_is_an_error_and
     assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
 }
 
+/// Calls `method` with `payload` and a deadline of 400 ms on a session of `plugin` (whose handler takes 700 ms):
+/// checks that the answer came before the deadline, waits until the handler has ended, and ends the session. The
+/// answer, and what the plugin was told.
+async fn late_call(
+    plugin: Recorder,
+    method: &str,
+    payload: Vec<u8>,
+) -> (Result<Vec<u8>, (i32, String)>, Vec<String>) {
+    let plugin = Arc::new(plugin);
+    let (session, mut rt, _dir) = registered(plugin.clone()).await;
+    let started = std::time::Instant::now();
+    let answer = rt.call(method, payload, Duration::from_millis(400)).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(400),
+        "answered after {took:?}, past the deadline"
+    );
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    drop(rt);
+    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
+    let seen = plugin.seen.lock().unwrap().clone();
+    (answer.into_result(), seen)
+}
+
 #[tokio::test]
 async fn an_event_not_done_by_its_deadline_is_answered_with_an_error_in_time_and_its_handler_goes_on(
 ) {
-    let plugin = Arc::new(Recorder {
+    let slow = Recorder {
         run_takes: Duration::from_millis(700),
         ..Default::default()
-    });
-    let (session, mut rt, _dir) = registered(plugin.clone()).await;
-    let started = std::time::Instant::now();
-    let answer = rt
-        .call(
-            "RunPodSandbox",
-            pod_call("slow"),
-            Duration::from_millis(400),
-        )
-        .await;
-    let took = started.elapsed();
-    let (code, msg) = answer.into_result().unwrap_err();
+    };
+    let (answer, seen) = late_call(slow, "RunPodSandbox", pod_call("slow")).await;
+    let (code, msg) = answer.unwrap_err();
     assert_eq!(code, code::UNKNOWN);
     assert!(
         msg.contains("not done before the runtime's deadline"),
         "{msg}"
     );
-    assert!(
-        took < Duration::from_millis(400),
-        "answered after {took:?}, past the deadline"
-    );
     // The handler was not cancelled: it finishes on its own, and the plugin is told to undo it (the runtime
     // failed the sandbox and sends no stop for it).
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        *plugin.seen.lock().unwrap(),
+        seen,
         [
             r#"RunPodSandbox slow Some("/run/netns/slow")"#,
             "abandoned slow"
         ]
     );
-    drop(rt);
-    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
 }
 
 #[tokio::test]
 async fn a_late_sandbox_whose_handler_then_fails_has_nothing_to_undo() {
-    let plugin = Arc::new(Recorder {
+    let slow = Recorder {
         run_takes: Duration::from_millis(700),
         ..Default::default()
-    });
-    let (session, mut rt, _dir) = registered(plugin.clone()).await;
-    let answer = rt
-        .call(
-            "RunPodSandbox",
-            pod_call("refused"),
-            Duration::from_millis(400),
-        )
-        .await;
-    assert!(answer.into_result().is_err());
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let (answer, seen) = late_call(slow, "RunPodSandbox", pod_call("refused")).await;
+    assert!(answer.is_err());
     assert_eq!(
-        *plugin.seen.lock().unwrap(),
+        seen,
         [r#"RunPodSandbox refused Some("/run/netns/refused")"#],
         "a handler that failed undid itself"
     );
-    drop(rt);
-    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
 }
 
 /// A container whose `CreateContainer` is not done in time fails (the kubelet makes it again); the handler goes on
 /// and nothing is undone: the sandbox lives, and the container's next creation finds the work done.
 #[tokio::test]
 async fn a_container_not_done_by_its_deadline_fails_in_time_and_its_handler_goes_on_undone() {
-    let plugin = Arc::new(Recorder {
+    let slow = Recorder {
         create_takes: Duration::from_millis(700),
         ..Default::default()
-    });
-    let (session, mut rt, _dir) = registered(plugin.clone()).await;
-    let started = std::time::Instant::now();
-    let answer = rt
-        .call(
-            "CreateContainer",
-            container_call("slow"),
-            Duration::from_millis(400),
-        )
-        .await;
-    assert!(
-        started.elapsed() < Duration::from_millis(400),
-        "answered after {:?}",
-        started.elapsed()
-    );
-    let (_, msg) = answer.into_result().unwrap_err();
+    };
+    let (answer, seen) = late_call(slow, "CreateContainer", container_call("slow")).await;
+    let (_, msg) = answer.unwrap_err();
     assert!(
         msg.contains("not done before the runtime's deadline"),
         "{msg}"
     );
-    tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(
-        *plugin.seen.lock().unwrap(),
+        seen,
         [r#"CreateContainer slow Some("/run/netns/slow")"#],
         "nothing undone"
     );
-    drop(rt);
-    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
 }
 
 #[tokio::test]
 async fn a_stop_not_done_by_its_deadline_is_answered_with_success_in_time_and_its_handler_goes_on()
 {
-    let plugin = Arc::new(Recorder {
+    let slow = Recorder {
         stop_takes: Duration::from_millis(700),
         ..Default::default()
-    });
-    let (session, mut rt, _dir) = registered(plugin.clone()).await;
-    let started = std::time::Instant::now();
-    let answer = rt
-        .call(
-            "StopPodSandbox",
-            pod_call("slow"),
-            Duration::from_millis(400),
-        )
-        .await;
-    assert!(
-        started.elapsed() < Duration::from_millis(400),
-        "answered after {:?}",
-        started.elapsed()
-    );
-    assert!(answer.into_result().is_ok(), "a stop is not held up");
-    tokio::time::sleep(Duration::from_millis(500)).await;
-    assert_eq!(
-        *plugin.seen.lock().unwrap(),
-        [r#"StopPodSandbox slow Some("/run/netns/slow")"#]
-    );
-    drop(rt);
-    assert_eq!(session.await.unwrap(), Ok(Ended::Closed));
+    };
+    let (answer, seen) = late_call(slow, "StopPodSandbox", pod_call("slow")).await;
+    assert!(answer.is_ok(), "a stop is not held up");
+    assert_eq!(seen, [r#"StopPodSandbox slow Some("/run/netns/slow")"#]);
 }
 
 /// A runtime that sends calls and reads none of the answers: the answers fill the socket and then the outbox, and
