@@ -251,184 +251,303 @@ pub(crate) fn bench_api(multus: bool) -> KubeApiServer {
     api
 }
 
+/// The section's node: its API server with the measured pods and their NADs, and the plexus confs of each mode.
+struct Node<'a> {
+    o: &'a Opts,
+    /// The pods with 4 attachments, and those with 11 (in a namespace and world of their own).
+    w: World,
+    w10: World,
+    api: KubeApiServer,
+    uids: Vec<String>,
+    uids10: Vec<String>,
+    daemon_kubeconfig: std::path::PathBuf,
+    socket: std::path::PathBuf,
+    /// Thin mode, daemon mode, daemon mode without the CNI process's report, daemon mode for the 11-attachment pods.
+    thin: Value,
+    served: Value,
+    unreported: Value,
+    served10: Value,
+}
+
+/// Each cycle's (ADD, DEL) times, ms, by subject.
+type Samples = std::collections::BTreeMap<&'static str, (Vec<f64>, Vec<f64>)>;
+
+/// The ADDs of a burst: each one's run, its container id and its pod.
+type BurstRuns = Vec<(std::io::Result<crate::proc::ChildRun>, String, usize)>;
+
 pub fn daemon(o: &Opts) -> Result<Value, String> {
     let t0 = Instant::now();
-    let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
-    let multus_bins = multus::provided();
-    let api = bench_api(multus_bins.is_some());
-    api.namespace(POD_NS);
-    let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
-    for (i, net) in w.nets.iter().enumerate().skip(1) {
-        api.nad(POD_NS, &format!("net{i}"), &net.list);
-    }
-    let uids = create_pods(&api, POD_NS, PODS, &selection)?;
-    // Pods that select 10 NADs, in a namespace of their own (the worlds name their networks alike).
-    let w10 = World::new(&o.work, "daemon-10", Delegates::Noop, 11, 0, &json!({}));
-    api.namespace(NS_10);
-    let selection10: Vec<String> = (1..w10.nets.len()).map(|i| format!("net{i}")).collect();
-    for (i, net) in w10.nets.iter().enumerate().skip(1) {
-        api.nad(NS_10, &format!("net{i}"), &net.list);
-    }
-    let uids10 = create_pods(&api, NS_10, PODS_10, &selection10)?;
+    let n = Node::new(o)?;
     log(&format!(
         "daemon: API server with {PODS} pods in {:.1}s",
         t0.elapsed().as_secs_f64()
     ));
-
-    let cni_kubeconfig = w.root.join("cni.kubeconfig");
-    let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
-    api.write_kubeconfig(&cni_kubeconfig, "cni-token");
-    // The node's identity, as the DaemonSet pod's token carries it: the API server authorizes the claims' network
-    // data by it.
-    let daemon_token = api.node_bound_token("kube-system", "plexus", NODE);
-    api.write_kubeconfig(&daemon_kubeconfig, &daemon_token);
-    let socket = w.run.join("daemon.sock");
-    let thin = w.kube_conf(&cni_kubeconfig, json!(false));
-    let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
-    // One node, one runDir: the daemon's socket is there.
-    // The same without the report each CNI process hands the daemon for its metrics: what reporting costs.
-    let unreported = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000, "report": false}));
-    let mut served10 = w10.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
-    served10["runDir"] = json!(w.run);
-
-    // 1. Per-cycle cost, interleaved run by run: 4 attachments (floor, thin, daemon through plexus and through
-    // plexus-cni) and 11 (floor, daemon).
-    let d = Daemon::start(
-        &o.plexus,
-        &daemon_kubeconfig,
-        &socket,
-        &w.root.join("daemon-1.log"),
+    let cycles = n.cycle_section()?;
+    log(&format!(
+        "daemon: cycles done ({:.0}s)",
+        t0.elapsed().as_secs_f64()
+    ));
+    let (d, memory) = n.memory_section()?;
+    log(&format!(
+        "daemon: {} KiB resident with {PODS} pods and {NADS} NADs",
+        memory["rssKiB"]
+    ));
+    let burst = n.burst_section(&d);
+    let killed = n.killed_section(&d);
+    drop(d);
+    // 5. Dynamic networks: a running pod's annotation changed, to its network-status written (the API server
+    // took the daemon's write), attaching a second network and detaching it again, one change at a time.
+    let hotplug = hotplug_latency(
+        o,
+        &n.api,
+        &n.w,
+        &n.daemon_kubeconfig,
+        &n.socket,
+        &n.served,
+        n.runs(),
     )?;
-    let dra_pods = dra_setup(&api, &w)?;
-    d.wait("synced", Duration::from_secs(60), |h| {
-        plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS && h.cache.dra_synced
-    })?;
-    // Multus's thick plugin on the same node, pods and NADs, when one is provided.
-    let multus = match &multus_bins {
-        Some(bins) => {
-            multus::rbac(&api);
-            let m = multus::Multus::start(bins, &api, &w, NODE)?;
-            m.warm(&w, &args("pod-0", &uids[0]))?;
-            log(&format!("daemon: Multus {} answers", m.version));
-            Some(m)
+    Ok(json!({
+        "cycles": cycles,
+        "memory": memory,
+        "burst": burst,
+        "killedDuringBurst": killed,
+        "hotplug": hotplug,
+        "seconds": t0.elapsed().as_secs_f64(),
+    }))
+}
+
+impl<'a> Node<'a> {
+    /// The API server with 500 pods selecting 3 NADs and 10 pods selecting 10 NADs, and the confs.
+    fn new(o: &'a Opts) -> Result<Node<'a>, String> {
+        let w = World::new(&o.work, "daemon", Delegates::Noop, 4, 0, &json!({}));
+        let api = bench_api(multus::provided().is_some());
+        api.namespace(POD_NS);
+        let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
+        for (i, net) in w.nets.iter().enumerate().skip(1) {
+            api.nad(POD_NS, &format!("net{i}"), &net.list);
         }
-        None => None,
-    };
-    let runs = if o.quick { 5 } else { o.runs.min(40) };
-    let mut samples: std::collections::BTreeMap<&str, (Vec<f64>, Vec<f64>)> = Default::default();
-    let mut push = |key: &'static str, (add, del): (f64, f64)| {
-        let e = samples.entry(key).or_default();
-        e.0.push(add);
-        e.1.push(del);
-    };
-    let pod_args = |pod: usize| args(&format!("pod-{pod}"), &uids[pod]);
-    let pod_args10 = |pod: usize| args_in(NS_10, &format!("pod-{pod}"), &uids10[pod]);
-    cycle(&o.plexus, &w, &thin, "warm-thin", &pod_args(0))?;
-    cycle(&o.plexus, &w, &served, "warm-daemon", &pod_args(0))?;
-    cycle(
-        &o.plexus_cni,
-        &w10,
-        &served10,
-        "warm-daemon",
-        &pod_args10(0),
-    )?;
-    for i in 0..runs {
-        let pod = 1 + i % 10;
-        push("floor", floor_cycle(&w, &format!("floor-{i}"))?);
-        push(
-            "thin",
-            cycle(&o.plexus, &w, &thin, &format!("thin-{i}"), &pod_args(pod))?,
-        );
-        push(
-            "daemon",
-            cycle(
-                &o.plexus,
-                &w,
-                &served,
-                &format!("daemon-{i}"),
-                &pod_args(pod),
-            )?,
-        );
-        push(
-            "daemonCni",
-            cycle(
-                &o.plexus_cni,
-                &w,
-                &served,
-                &format!("cni-{i}"),
-                &pod_args(pod),
-            )?,
-        );
-        push(
-            "daemonCniUnreported",
-            cycle(
-                &o.plexus_cni,
-                &w,
-                &unreported,
-                &format!("unreported-{i}"),
-                &pod_args(pod),
-            )?,
-        );
-        if let Some(m) = &multus {
+        let uids = create_pods(&api, POD_NS, PODS, &selection)?;
+        // Pods that select 10 NADs, in a namespace of their own (the worlds name their networks alike).
+        let w10 = World::new(&o.work, "daemon-10", Delegates::Noop, 11, 0, &json!({}));
+        api.namespace(NS_10);
+        let selection10: Vec<String> = (1..w10.nets.len()).map(|i| format!("net{i}")).collect();
+        for (i, net) in w10.nets.iter().enumerate().skip(1) {
+            api.nad(NS_10, &format!("net{i}"), &net.list);
+        }
+        let uids10 = create_pods(&api, NS_10, PODS_10, &selection10)?;
+        let cni_kubeconfig = w.root.join("cni.kubeconfig");
+        let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
+        api.write_kubeconfig(&cni_kubeconfig, "cni-token");
+        // The node's identity, as the DaemonSet pod's token carries it: the API server authorizes the claims'
+        // network data by it.
+        let daemon_token = api.node_bound_token("kube-system", "plexus", NODE);
+        api.write_kubeconfig(&daemon_kubeconfig, &daemon_token);
+        // One node, one runDir: the daemon's socket is there.
+        let socket = w.run.join("daemon.sock");
+        let thin = w.kube_conf(&cni_kubeconfig, json!(false));
+        let served = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+        // The same without the report each CNI process hands the daemon for its metrics: what reporting costs.
+        let unreported = w.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000, "report": false}));
+        let mut served10 = w10.kube_conf(&cni_kubeconfig, json!({"timeoutMs": 5000}));
+        served10["runDir"] = json!(w.run);
+        Ok(Node {
+            o,
+            w,
+            w10,
+            api,
+            uids,
+            uids10,
+            daemon_kubeconfig,
+            socket,
+            thin,
+            served,
+            unreported,
+            served10,
+        })
+    }
+
+    /// Cycles per subject.
+    fn runs(&self) -> usize {
+        if self.o.quick {
+            5
+        } else {
+            self.o.runs.min(40)
+        }
+    }
+
+    /// The CNI_ARGS of the 4-attachment pod `pod`.
+    fn pod_args(&self, pod: usize) -> String {
+        args(&format!("pod-{pod}"), &self.uids[pod])
+    }
+
+    /// Section 1: per-cycle cost, interleaved run by run: 4 attachments (floor, thin, daemon through plexus and through
+    /// plexus-cni, Multus when provided) and 11 (floor, daemon); DELs while the API server hangs; where an ADD and
+    /// a DEL spend their time; requests per ADD; the DRA comparison.
+    fn cycle_section(&self) -> Result<Value, String> {
+        let (o, w, api) = (self.o, &self.w, &self.api);
+        let d = Daemon::start(
+            &o.plexus,
+            &self.daemon_kubeconfig,
+            &self.socket,
+            &w.root.join("daemon-1.log"),
+        )?;
+        let dra_pods = dra_setup(api, w)?;
+        d.wait("synced", Duration::from_secs(60), |h| {
+            plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS && h.cache.dra_synced
+        })?;
+        // Multus's thick plugin on the same node, pods and NADs, when one is provided.
+        let multus = match multus::provided() {
+            Some(bins) => {
+                multus::rbac(api);
+                let m = multus::Multus::start(&bins, api, w, NODE)?;
+                m.warm(w, &self.pod_args(0))?;
+                log(&format!("daemon: Multus {} answers", m.version));
+                Some(m)
+            }
+            None => None,
+        };
+        let runs = self.runs();
+        let samples = self.cycles(multus.as_ref(), runs)?;
+        let hung_runs = runs.min(20);
+        let hung = self.dels_with_the_api_stopped(hung_runs)?;
+        let breakdown = self.traced_phases(&samples, &self.served, "daemon", runs.min(30))?;
+        let breakdown_thin = self.traced_phases(&samples, &self.thin, "thin", runs.min(10))?;
+        let requests = json!({
+            "thin": self.requests_per_add(&d, &self.thin, "thin")?,
+            "daemon": self.requests_per_add(&d, &self.served, "daemon")?,
+        });
+        let dra = dra_cycles(o, api, w, &dra_pods, runs)?;
+        let mut cycles = cycles_json(&samples, runs, self.w10.nets.len());
+        cycles["del"]["apiStopped"] = hung_json(&hung, hung_runs);
+        cycles["requestsPerAdd"] = requests;
+        cycles["breakdown"] = breakdown;
+        cycles["breakdownThin"] = breakdown_thin;
+        cycles["dra"] = dra;
+        cycles["multus"] = match &multus {
+            Some(m) => multus_json(m, &samples),
+            None => json!({"skipped": format!("{} not set", multus::ENV)}),
+        };
+        Ok(cycles)
+    }
+
+    /// `runs` cycles of each subject, interleaved run by run (after one warm-up cycle of each Plexus mode).
+    fn cycles(&self, multus: Option<&multus::Multus>, runs: usize) -> Result<Samples, String> {
+        let (o, w, w10) = (self.o, &self.w, &self.w10);
+        let mut samples = Samples::new();
+        let mut push = |key: &'static str, (add, del): (f64, f64)| {
+            let e = samples.entry(key).or_default();
+            e.0.push(add);
+            e.1.push(del);
+        };
+        let pod_args10 = |pod: usize| args_in(NS_10, &format!("pod-{pod}"), &self.uids10[pod]);
+        cycle(&o.plexus, w, &self.thin, "warm-thin", &self.pod_args(0))?;
+        cycle(&o.plexus, w, &self.served, "warm-daemon", &self.pod_args(0))?;
+        cycle(
+            &o.plexus_cni,
+            w10,
+            &self.served10,
+            "warm-daemon",
+            &pod_args10(0),
+        )?;
+        for i in 0..runs {
+            let a = self.pod_args(1 + i % 10);
+            push("floor", floor_cycle(w, &format!("floor-{i}"))?);
             push(
-                "multus",
-                m.cycle(&w, &format!("multus-{i}"), &pod_args(pod))?,
+                "thin",
+                cycle(&o.plexus, w, &self.thin, &format!("thin-{i}"), &a)?,
+            );
+            push(
+                "daemon",
+                cycle(&o.plexus, w, &self.served, &format!("daemon-{i}"), &a)?,
+            );
+            push(
+                "daemonCni",
+                cycle(&o.plexus_cni, w, &self.served, &format!("cni-{i}"), &a)?,
+            );
+            push(
+                "daemonCniUnreported",
+                cycle(
+                    &o.plexus_cni,
+                    w,
+                    &self.unreported,
+                    &format!("unreported-{i}"),
+                    &a,
+                )?,
+            );
+            if let Some(m) = multus {
+                push("multus", m.cycle(w, &format!("multus-{i}"), &a)?);
+            }
+            push("floor10", floor_cycle(w10, &format!("floor-{i}"))?);
+            push(
+                "daemon10",
+                cycle(
+                    &o.plexus_cni,
+                    w10,
+                    &self.served10,
+                    &format!("daemon-{i}"),
+                    &pod_args10(i % PODS_10),
+                )?,
             );
         }
-        push("floor10", floor_cycle(&w10, &format!("floor-{i}"))?);
-        push(
-            "daemon10",
-            cycle(
-                &o.plexus_cni,
-                &w10,
-                &served10,
-                &format!("daemon-{i}"),
-                &pod_args10(i % PODS_10),
-            )?,
-        );
+        Ok(samples)
     }
-    // DEL while the API server hangs (SIGSTOP): ADDs with it up, then their DELs with it stopped, in thin and
-    // daemon mode, against the floor's DELs of the same run.
-    let hung_runs = runs.min(20);
-    let mut hung: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
-    for (key, conf) in [("thin", &thin), ("daemon", &served)] {
-        for i in 0..hung_runs {
-            let pod = 1 + i % 10;
-            let id = format!("hung-{key}-{i}");
-            let add = w
-                .plexus_args(&o.plexus_cni, conf, "ADD", &id, &pod_args(pod))
-                .map_err(|e| e.to_string())?;
-            if !add.success {
-                return Err(format!(
-                    "ADD {id}: {}",
-                    String::from_utf8_lossy(&add.stdout)
-                ));
+
+    /// DEL while the API server hangs (SIGSTOP): ADDs with it up, then their DELs with it stopped, in thin and
+    /// daemon mode, against the floor's DELs of the same run. DEL times, ms, by subject.
+    fn dels_with_the_api_stopped(
+        &self,
+        runs: usize,
+    ) -> Result<std::collections::BTreeMap<&'static str, Vec<f64>>, String> {
+        let (o, w) = (self.o, &self.w);
+        let mut hung: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+        for (key, conf) in [("thin", &self.thin), ("daemon", &self.served)] {
+            for i in 0..runs {
+                let id = format!("hung-{key}-{i}");
+                let add = w
+                    .plexus_args(&o.plexus_cni, conf, "ADD", &id, &self.pod_args(1 + i % 10))
+                    .map_err(|e| e.to_string())?;
+                if !add.success {
+                    return Err(format!(
+                        "ADD {id}: {}",
+                        String::from_utf8_lossy(&add.stdout)
+                    ));
+                }
             }
-        }
-        api.pause();
-        let mut dels = Vec::new();
-        let mut failed = None;
-        for i in 0..hung_runs {
-            let pod = 1 + i % 10;
-            let id = format!("hung-{key}-{i}");
-            match w.plexus_args(&o.plexus_cni, conf, "DEL", &id, &pod_args(pod)) {
-                Ok(r) if r.success => dels.push(ms(r.elapsed)),
-                Ok(r) => failed = Some(format!("DEL {id}: {}", String::from_utf8_lossy(&r.stdout))),
-                Err(e) => failed = Some(e.to_string()),
+            self.api.pause();
+            let mut dels = Vec::new();
+            let mut failed = None;
+            for i in 0..runs {
+                let id = format!("hung-{key}-{i}");
+                match w.plexus_args(&o.plexus_cni, conf, "DEL", &id, &self.pod_args(1 + i % 10)) {
+                    Ok(r) if r.success => dels.push(ms(r.elapsed)),
+                    Ok(r) => {
+                        failed = Some(format!("DEL {id}: {}", String::from_utf8_lossy(&r.stdout)))
+                    }
+                    Err(e) => failed = Some(e.to_string()),
+                }
+                let floor = floor_cycle(w, &format!("hung-floor-{key}-{i}"))?;
+                hung.entry("floor").or_default().push(floor.1);
             }
-            let floor = floor_cycle(&w, &format!("hung-floor-{key}-{i}"))?;
-            hung.entry("floor").or_default().push(floor.1);
+            self.api.resume();
+            if let Some(e) = failed {
+                return Err(format!("with the API server stopped: {e}"));
+            }
+            hung.insert(key, dels);
         }
-        api.resume();
-        if let Some(e) = failed {
-            return Err(format!("with the API server stopped: {e}"));
-        }
-        hung.insert(key, dels);
+        Ok(hung)
     }
-    // Where one ADD and one DEL of plexus-cni spend their time: the same cycles with logLevel debug, each
-    // invocation's phases read back from its log (a separate run: the log lines cost time of their own). Daemon
-    // mode, and thin mode (where the pod, the NADs and the status are API requests of the CNI process).
-    let traced_phases = |conf: &Value, tag: &str, runs: usize| -> Result<Value, String> {
+
+    /// Where one ADD and one DEL of plexus-cni spend their time: the same cycles with logLevel debug, each
+    /// invocation's phases read back from its log (a separate run: the log lines cost time of their own). Daemon
+    /// mode, and thin mode (where the pod, the NADs and the status are API requests of the CNI process).
+    fn traced_phases(
+        &self,
+        samples: &Samples,
+        conf: &Value,
+        tag: &str,
+        runs: usize,
+    ) -> Result<Value, String> {
+        let w = &self.w;
         let phase_log = w.root.join(format!("phases-{tag}.log"));
         let _ = std::fs::remove_file(&phase_log);
         let mut traced = conf.clone();
@@ -436,11 +555,11 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
         traced["logFile"] = json!(phase_log);
         let (mut add_wall, mut del_wall) = (Vec::new(), Vec::new());
         for i in 0..runs {
-            let a = pod_args(1 + i % 10);
+            let a = self.pod_args(1 + i % 10);
             let id = format!("phases-{tag}-{i}");
             for (command, wall) in [("ADD", &mut add_wall), ("DEL", &mut del_wall)] {
                 let r = w
-                    .plexus_args(&o.plexus_cni, &traced, command, &id, &a)
+                    .plexus_args(&self.o.plexus_cni, &traced, command, &id, &a)
                     .map_err(|e| e.to_string())?;
                 if !r.success {
                     return Err(format!(
@@ -463,20 +582,19 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
                 / (2 * w.nets.len()) as f64,
             "delegates": w.nets.len(),
         }))
-    };
-    let breakdown = traced_phases(&served, "daemon", runs.min(30))?;
-    let breakdown_thin = traced_phases(&thin, "thin", runs.min(10))?;
+    }
 
-    // Requests per ADD, by identity, over 10 ADDs in each mode.
-    let per_add = |conf: &Value, tag: &str| -> Result<Value, String> {
-        let before = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
+    /// Requests per ADD, by identity, over 10 ADDs with `conf`.
+    fn requests_per_add(&self, d: &Daemon, conf: &Value, tag: &str) -> Result<Value, String> {
+        let api = &self.api;
+        let before = (counts(api, CNI_USER), counts(api, PLEXUS_USER));
         for i in 0..10 {
             cycle(
-                &o.plexus,
-                &w,
+                &self.o.plexus,
+                &self.w,
                 conf,
                 &format!("count-{tag}-{i}"),
-                &pod_args(20 + i),
+                &self.pod_args(20 + i),
             )?;
         }
         // The daemon writes and posts after it answered, paced by its --kube-api-qps: count once its writes are
@@ -485,150 +603,72 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
             h.pending_writes == 0
         })?;
         std::thread::sleep(Duration::from_secs(8));
-        let after = (counts(&api, CNI_USER), counts(&api, PLEXUS_USER));
+        let after = (counts(api, CNI_USER), counts(api, PLEXUS_USER));
         let per = |a: [usize; 3], b: [usize; 3]| {
             let d = |i: usize| (b[i] - a[i]) as f64 / 10.0;
             json!({"reads": d(0), "statusWrites": d(1), "events": d(2)})
         };
         Ok(json!({"cni": per(before.0, after.0), "daemon": per(before.1, after.1)}))
-    };
-    let requests = json!({"thin": per_add(&thin, "thin")?, "daemon": per_add(&served, "daemon")?});
-    let dra = dra_cycles(o, &api, &w, &dra_pods, runs)?;
-
-    let total = |key: &str| -> Vec<f64> {
-        let (add, del) = &samples[key];
-        add.iter().zip(del).map(|(a, d)| a + d).collect()
-    };
-    let over =
-        |key: &str, floor: &str| stats::median_of(total(key)) / stats::median_of(total(floor));
-    let del_over = |v: &[f64], floor: &[f64]| {
-        stats::median_of(v.iter().copied()) / stats::median_of(floor.iter().copied())
-    };
-    let cycles = json!({
-        "runs": runs,
-        "floor": stats::summary(&total("floor")),
-        "thin": stats::summary(&total("thin")),
-        "daemon": stats::summary(&total("daemon")),
-        "daemonCni": stats::summary(&total("daemonCni")),
-        "thinOverFloor": over("thin", "floor"),
-        "daemonOverFloor": over("daemon", "floor"),
-        "daemonCniOverFloor": over("daemonCni", "floor"),
-        "report": {
-            "on": stats::summary(&total("daemonCni")),
-            "off": stats::summary(&total("daemonCniUnreported")),
-            "onOverOff": over("daemonCni", "daemonCniUnreported"),
-            "addOn": stats::summary(&samples["daemonCni"].0),
-            "addOff": stats::summary(&samples["daemonCniUnreported"].0),
-        },
-        "ten": {
-            "attachments": w10.nets.len(),
-            "floor": stats::summary(&total("floor10")),
-            "daemon": stats::summary(&total("daemon10")),
-            "daemonOverFloor": over("daemon10", "floor10"),
-        },
-        "del": {
-            "floor": stats::summary(&samples["floor"].1),
-            "thin": stats::summary(&samples["thin"].1),
-            "daemon": stats::summary(&samples["daemon"].1),
-            "daemonCni": stats::summary(&samples["daemonCni"].1),
-            "daemonCniOverFloor": del_over(&samples["daemonCni"].1, &samples["floor"].1),
-            "thinOverFloor": del_over(&samples["thin"].1, &samples["floor"].1),
-            "apiStopped": {
-                "runs": hung_runs,
-                "floor": stats::summary(&hung["floor"]),
-                "thin": stats::summary(&hung["thin"]),
-                "daemon": stats::summary(&hung["daemon"]),
-                "thinOverFloor": del_over(&hung["thin"], &hung["floor"]),
-                "daemonOverFloor": del_over(&hung["daemon"], &hung["floor"]),
-            },
-        },
-        "requestsPerAdd": requests,
-        "breakdown": breakdown,
-        "breakdownThin": breakdown_thin,
-        "dra": dra,
-        "multus": match &multus {
-            Some(m) => json!({
-                "version": m.version,
-                "shimBytes": m.shim_bytes(),
-                "cycle": stats::summary(&total("multus")),
-                "add": stats::summary(&samples["multus"].0),
-                "del": stats::summary(&samples["multus"].1),
-                "overFloor": over("multus", "floor"),
-                "plexusCniOverMultus": stats::median_of(total("daemonCni"))
-                    / stats::median_of(total("multus")),
-                "delOverFloor": del_over(&samples["multus"].1, &samples["floor"].1),
-            }),
-            None => json!({"skipped": format!("{} not set", multus::ENV)}),
-        },
-    });
-    drop(multus);
-    log(&format!(
-        "daemon: cycles done ({:.0}s)",
-        t0.elapsed().as_secs_f64()
-    ));
-    drop(d);
-
-    // 2. Memory with 500 pods on the node and 10,000 NADs in the cluster.
-    let nads: Vec<Value> = (0..NADS)
-        .map(|i| {
-            let ns = format!("tenant-{}", i % 20);
-            json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
-                "metadata": {"name": format!("nad-{i}"), "namespace": ns},
-                "spec": {"config": json!({"cniVersion": "1.0.0", "name": format!("nad-{i}"), "type": "macvlan",
-                    "master": "eth0", "mode": "bridge",
-                    "ipam": {"type": "host-local", "subnet": format!("10.{}.{}.0/24", 100 + i / 256 % 100, i % 256)}}).to_string()}})
-        })
-        .collect();
-    for t in 0..20 {
-        api.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("tenant-{t}")}}));
     }
-    let failed = api.create_many(&nads);
-    if failed > 0 {
-        return Err(format!("{failed} of {NADS} NADs could not be created"));
-    }
-    log(&format!(
-        "daemon: {NADS} NADs created ({:.0}s)",
-        t0.elapsed().as_secs_f64()
-    ));
-    let d = Daemon::start(
-        &o.plexus,
-        &daemon_kubeconfig,
-        &socket,
-        &w.root.join("daemon-2.log"),
-    )?;
-    let started = Instant::now();
-    d.wait("synced with everything", Duration::from_secs(120), |h| {
-        plexus_tests::plexus::settled(h)
-            && h.cache.pods == NODE_PODS
-            && h.cache.nads == NADS + 3 + 10 + 4
-    })?;
-    let sync_seconds = started.elapsed().as_secs_f64();
-    std::thread::sleep(Duration::from_secs(2));
-    let (rss, hwm) = d.memory_kib();
-    let memory = json!({"pods": PODS + PODS_10 + 2 * PODS_DRA, "nads": NADS + 17, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
-    log(&format!(
-        "daemon: {rss} KiB resident with {PODS} pods and {NADS} NADs"
-    ));
 
-    // 3. A burst of 200 simultaneous ADDs, then their DELs.
-    let burst = |tag: &str,
-                 first: usize,
-                 kill: Option<&Daemon>|
-     -> Vec<(std::io::Result<crate::proc::ChildRun>, String, usize)> {
+    /// Section 2: memory with 500 pods on the node and 10,000 NADs in the cluster: a new daemon synced with all of
+    /// them, returned for the bursts.
+    fn memory_section(&self) -> Result<(Daemon, Value), String> {
+        let api = &self.api;
+        let nads: Vec<Value> = (0..NADS)
+            .map(|i| {
+                let ns = format!("tenant-{}", i % 20);
+                json!({"apiVersion": "k8s.cni.cncf.io/v1", "kind": "NetworkAttachmentDefinition",
+                    "metadata": {"name": format!("nad-{i}"), "namespace": ns},
+                    "spec": {"config": json!({"cniVersion": "1.0.0", "name": format!("nad-{i}"), "type": "macvlan",
+                        "master": "eth0", "mode": "bridge",
+                        "ipam": {"type": "host-local", "subnet": format!("10.{}.{}.0/24", 100 + i / 256 % 100, i % 256)}}).to_string()}})
+            })
+            .collect();
+        for t in 0..20 {
+            api.create(&json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": format!("tenant-{t}")}}));
+        }
+        let failed = api.create_many(&nads);
+        if failed > 0 {
+            return Err(format!("{failed} of {NADS} NADs could not be created"));
+        }
+        log(&format!("daemon: {NADS} NADs created"));
+        let d = Daemon::start(
+            &self.o.plexus,
+            &self.daemon_kubeconfig,
+            &self.socket,
+            &self.w.root.join("daemon-2.log"),
+        )?;
+        let started = Instant::now();
+        d.wait("synced with everything", Duration::from_secs(120), |h| {
+            plexus_tests::plexus::settled(h)
+                && h.cache.pods == NODE_PODS
+                && h.cache.nads == NADS + 3 + 10 + 4
+        })?;
+        let sync_seconds = started.elapsed().as_secs_f64();
+        std::thread::sleep(Duration::from_secs(2));
+        let (rss, hwm) = d.memory_kib();
+        let memory = json!({"pods": PODS + PODS_10 + 2 * PODS_DRA, "nads": NADS + 17, "syncSeconds": sync_seconds, "rssKiB": rss, "peakKiB": hwm});
+        Ok((d, memory))
+    }
+
+    /// [`BURST`] simultaneous ADDs of daemon mode, of the pods from `first`; with `kill`, that daemon killed 100 ms
+    /// into them.
+    fn burst(&self, tag: &str, first: usize, kill: Option<&Daemon>) -> BurstRuns {
         let barrier = Barrier::new(BURST + 1);
         let results = Mutex::new(Vec::new());
         std::thread::scope(|s| {
             for p in first..first + BURST {
-                let (barrier, results, served, w, uids) = (&barrier, &results, &served, &w, &uids);
+                let (barrier, results) = (&barrier, &results);
                 s.spawn(move || {
                     barrier.wait();
                     let id = format!("{tag}-{p}");
-                    let r = w.plexus_args(
-                        &o.plexus,
-                        served,
+                    let r = self.w.plexus_args(
+                        &self.o.plexus,
+                        &self.served,
                         "ADD",
                         &id,
-                        &args(&format!("pod-{p}"), &uids[p]),
+                        &self.pod_args(p),
                     );
                     results
                         .lock()
@@ -645,22 +685,24 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
             }
         });
         results.into_inner().unwrap_or_else(|e| e.into_inner())
-    };
-    let del_all = |ids: &[(String, usize)]| -> usize {
+    }
+
+    /// DELs of `ids`, 16 at a time; how many failed.
+    fn del_all(&self, ids: &[(String, usize)]) -> usize {
         let failures = Mutex::new(0usize);
         std::thread::scope(|s| {
             for chunk in ids.chunks(ids.len().div_ceil(16).max(1)) {
                 let failures = &failures;
-                let (served, w, uids) = (&served, &w, &uids);
                 s.spawn(move || {
                     for (id, p) in chunk {
-                        let ok = w
+                        let ok = self
+                            .w
                             .plexus_args(
-                                &o.plexus,
-                                served,
+                                &self.o.plexus,
+                                &self.served,
                                 "DEL",
                                 id,
-                                &args(&format!("pod-{p}"), &uids[*p]),
+                                &self.pod_args(*p),
                             )
                             .is_ok_and(|r| r.success);
                         if !ok {
@@ -671,81 +713,154 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
             }
         });
         failures.into_inner().unwrap_or_else(|e| e.into_inner())
-    };
-    let shed_before = d.health().map(|h| h.shed).unwrap_or(0);
-    let results = burst("burst", 0, None);
-    let (_, hwm_burst) = d.memory_kib();
-    let mut lat = Vec::new();
-    let mut failures = Vec::new();
-    for (r, _, _) in &results {
-        match r {
-            Ok(run) if run.success => lat.push(ms(run.elapsed)),
-            Ok(run) => failures.push(String::from_utf8_lossy(&run.stdout).into_owned()),
-            Err(e) => failures.push(e.to_string()),
-        }
     }
-    let h = d.health();
-    let del_failures = del_all(&ids_of(&results));
-    let burst_json = json!({
-        "adds": BURST,
-        "add": stats::summary(&lat),
-        "failures": failures,
-        "delFailures": del_failures,
-        "shed": h.as_ref().map(|h| h.shed - shed_before),
-        "apiReadsByDaemon": h.as_ref().map(|h| h.api_reads),
-        "daemonPeakKiB": hwm_burst,
-        "cacheLeftAfterDel": w.cached(),
-    });
-    log(&format!(
-        "daemon: burst of {BURST}: {} failures, daemon peak {hwm_burst} KiB",
-        failures.len()
-    ));
 
-    // 4. The daemon killed 100 ms into a burst: every ADD completes or fails with a CNI error, every DEL
-    // succeeds, nothing is left in the attachment cache.
-    let cni_before = counts(&api, CNI_USER);
-    let results = burst("killed", BURST, Some(&d));
-    let cni_after = counts(&api, CNI_USER);
-    let (mut ok, mut clean, mut unclean) = (0, 0, Vec::new());
-    for (r, _, _) in &results {
-        match r {
-            Ok(run) if run.success => ok += 1,
-            Ok(run)
-                if serde_json::from_slice::<Value>(&run.stdout)
-                    .is_ok_and(|v| v["code"].is_u64()) =>
-            {
-                clean += 1
+    /// Section 3: a burst of 200 simultaneous ADDs, then their DELs.
+    fn burst_section(&self, d: &Daemon) -> Value {
+        let shed_before = d.health().map(|h| h.shed).unwrap_or(0);
+        let results = self.burst("burst", 0, None);
+        let (_, hwm_burst) = d.memory_kib();
+        let mut lat = Vec::new();
+        let mut failures = Vec::new();
+        for (r, _, _) in &results {
+            match r {
+                Ok(run) if run.success => lat.push(ms(run.elapsed)),
+                Ok(run) => failures.push(String::from_utf8_lossy(&run.stdout).into_owned()),
+                Err(e) => failures.push(e.to_string()),
             }
-            Ok(run) => unclean.push(String::from_utf8_lossy(&run.stdout).into_owned()),
-            Err(e) => unclean.push(e.to_string()),
         }
+        let h = d.health();
+        let del_failures = self.del_all(&ids_of(&results));
+        log(&format!(
+            "daemon: burst of {BURST}: {} failures, daemon peak {hwm_burst} KiB",
+            failures.len()
+        ));
+        json!({
+            "adds": BURST,
+            "add": stats::summary(&lat),
+            "failures": failures,
+            "delFailures": del_failures,
+            "shed": h.as_ref().map(|h| h.shed - shed_before),
+            "apiReadsByDaemon": h.as_ref().map(|h| h.api_reads),
+            "daemonPeakKiB": hwm_burst,
+            "cacheLeftAfterDel": self.w.cached(),
+        })
     }
-    let del_failures = del_all(&ids_of(&results));
-    let killed = json!({
-        "adds": BURST,
-        "succeeded": ok,
-        "failedCleanly": clean,
-        "failedUncleanly": unclean,
-        // What the CNI processes that went thin after the kill read and wrote themselves.
-        "thinReads": cni_after[0] - cni_before[0],
-        "thinStatusWrites": cni_after[1] - cni_before[1],
-        "delFailures": del_failures,
-        "cacheLeftAfterDel": w.cached(),
-    });
-    log(&format!("daemon: killed mid-burst: {ok} ADDs ok, {clean} failed cleanly, {} otherwise; {del_failures} DEL failures", unclean.len()));
-    drop(d);
 
-    // 5. Dynamic networks: a running pod's annotation changed, to its network-status written (the API server
-    // took the daemon's write), attaching a second network and detaching it again, one change at a time.
-    let hotplug = hotplug_latency(o, &api, &w, &daemon_kubeconfig, &socket, &served, runs)?;
-    Ok(json!({
-        "cycles": cycles,
-        "memory": memory,
-        "burst": burst_json,
-        "killedDuringBurst": killed,
-        "hotplug": hotplug,
-        "seconds": t0.elapsed().as_secs_f64(),
-    }))
+    /// Section 4: the daemon killed 100 ms into a burst: every ADD completes or fails with a CNI error, every DEL
+    /// succeeds, nothing is left in the attachment cache.
+    fn killed_section(&self, d: &Daemon) -> Value {
+        let cni_before = counts(&self.api, CNI_USER);
+        let results = self.burst("killed", BURST, Some(d));
+        let cni_after = counts(&self.api, CNI_USER);
+        let (mut ok, mut clean, mut unclean) = (0, 0, Vec::new());
+        for (r, _, _) in &results {
+            match r {
+                Ok(run) if run.success => ok += 1,
+                Ok(run)
+                    if serde_json::from_slice::<Value>(&run.stdout)
+                        .is_ok_and(|v| v["code"].is_u64()) =>
+                {
+                    clean += 1
+                }
+                Ok(run) => unclean.push(String::from_utf8_lossy(&run.stdout).into_owned()),
+                Err(e) => unclean.push(e.to_string()),
+            }
+        }
+        let del_failures = self.del_all(&ids_of(&results));
+        log(&format!("daemon: killed mid-burst: {ok} ADDs ok, {clean} failed cleanly, {} otherwise; {del_failures} DEL failures", unclean.len()));
+        json!({
+            "adds": BURST,
+            "succeeded": ok,
+            "failedCleanly": clean,
+            "failedUncleanly": unclean,
+            // What the CNI processes that went thin after the kill read and wrote themselves.
+            "thinReads": cni_after[0] - cni_before[0],
+            "thinStatusWrites": cni_after[1] - cni_before[1],
+            "delFailures": del_failures,
+            "cacheLeftAfterDel": self.w.cached(),
+        })
+    }
+}
+
+/// Cycle `key`'s ADD+DEL times.
+fn totals(samples: &Samples, key: &str) -> Vec<f64> {
+    let (add, del) = &samples[key];
+    add.iter().zip(del).map(|(a, d)| a + d).collect()
+}
+
+/// The median cycle of `key` over `floor`'s.
+fn over(samples: &Samples, key: &str, floor: &str) -> f64 {
+    stats::median_of(totals(samples, key)) / stats::median_of(totals(samples, floor))
+}
+
+/// The median of `v` over `floor`'s.
+fn median_over(v: &[f64], floor: &[f64]) -> f64 {
+    stats::median_of(v.iter().copied()) / stats::median_of(floor.iter().copied())
+}
+
+/// The cycles' figures, with 11 attachments for the `ten` subjects.
+fn cycles_json(samples: &Samples, runs: usize, ten: usize) -> Value {
+    let total = |key: &str| totals(samples, key);
+    let over = |key: &str, floor: &str| over(samples, key, floor);
+    json!({
+        "runs": runs,
+        "floor": stats::summary(&total("floor")),
+        "thin": stats::summary(&total("thin")),
+        "daemon": stats::summary(&total("daemon")),
+        "daemonCni": stats::summary(&total("daemonCni")),
+        "thinOverFloor": over("thin", "floor"),
+        "daemonOverFloor": over("daemon", "floor"),
+        "daemonCniOverFloor": over("daemonCni", "floor"),
+        "report": {
+            "on": stats::summary(&total("daemonCni")),
+            "off": stats::summary(&total("daemonCniUnreported")),
+            "onOverOff": over("daemonCni", "daemonCniUnreported"),
+            "addOn": stats::summary(&samples["daemonCni"].0),
+            "addOff": stats::summary(&samples["daemonCniUnreported"].0),
+        },
+        "ten": {
+            "attachments": ten,
+            "floor": stats::summary(&total("floor10")),
+            "daemon": stats::summary(&total("daemon10")),
+            "daemonOverFloor": over("daemon10", "floor10"),
+        },
+        "del": {
+            "floor": stats::summary(&samples["floor"].1),
+            "thin": stats::summary(&samples["thin"].1),
+            "daemon": stats::summary(&samples["daemon"].1),
+            "daemonCni": stats::summary(&samples["daemonCni"].1),
+            "daemonCniOverFloor": median_over(&samples["daemonCni"].1, &samples["floor"].1),
+            "thinOverFloor": median_over(&samples["thin"].1, &samples["floor"].1),
+        },
+    })
+}
+
+/// The DELs with the API server stopped.
+fn hung_json(hung: &std::collections::BTreeMap<&str, Vec<f64>>, runs: usize) -> Value {
+    json!({
+        "runs": runs,
+        "floor": stats::summary(&hung["floor"]),
+        "thin": stats::summary(&hung["thin"]),
+        "daemon": stats::summary(&hung["daemon"]),
+        "thinOverFloor": median_over(&hung["thin"], &hung["floor"]),
+        "daemonOverFloor": median_over(&hung["daemon"], &hung["floor"]),
+    })
+}
+
+/// Multus's cycles against the floor's and plexus-cni's.
+fn multus_json(m: &multus::Multus, samples: &Samples) -> Value {
+    json!({
+        "version": m.version,
+        "shimBytes": m.shim_bytes(),
+        "cycle": stats::summary(&totals(samples, "multus")),
+        "add": stats::summary(&samples["multus"].0),
+        "del": stats::summary(&samples["multus"].1),
+        "overFloor": over(samples, "multus", "floor"),
+        "plexusCniOverMultus": stats::median_of(totals(samples, "daemonCni"))
+            / stats::median_of(totals(samples, "multus")),
+        "delOverFloor": median_over(&samples["multus"].1, &samples["floor"].1),
+    })
 }
 
 /// Section 5 of [`daemon`]: hot-plug latency, ms, from the annotation patch's answer to the daemon's status write
