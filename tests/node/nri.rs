@@ -585,18 +585,11 @@ impl NriDaemon {
             ],
         );
         daemon.wait("synced", plexus_tests::plexus::settled);
-        let until = Instant::now() + Duration::from_secs(20);
-        while !daemon
-            .log_text()
-            .contains("registered with the runtime's NRI")
-        {
-            assert!(
-                Instant::now() < until,
-                "the daemon did not register with the runtime's NRI:\n{}",
-                daemon.log_text()
-            );
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        daemon.wait_for_log(
+            "registered with the runtime's NRI",
+            20,
+            "the registration with the runtime's NRI",
+        );
         NriDaemon { api, daemon }
     }
 
@@ -986,19 +979,11 @@ fn a_sandbox_attached_past_the_runtimes_deadline_fails_and_its_networks_are_then
 
     // The ADD goes on and succeeds after the runtime gave up; the runtime sends no stop for the sandbox it
     // failed, so the daemon deletes what the ADD attached itself.
-    let until = Instant::now() + Duration::from_secs(20);
-    while !d
-        .daemon
-        .log_text()
-        .contains("attached past the runtime's deadline")
-    {
-        assert!(
-            Instant::now() < until,
-            "the late ADD was not undone; daemon:\n{}",
-            d.daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    d.daemon.wait_for_log(
+        "attached past the runtime's deadline",
+        20,
+        "the late ADD undone",
+    );
     assert!(
         node.ipam.reserved_ips("side").is_empty(),
         "side's address released"
@@ -1171,24 +1156,15 @@ fn a_sandbox_no_session_attached_is_attached_before_its_container_is_made(kind: 
     let uid = pod_of(&api, "web", "side");
     let id = node.run_as("web", &uid);
     let d = NriDaemon::on(&node, api, Path::new(cni_bin_dir()));
-    let until = Instant::now() + Duration::from_secs(20);
-    while !d
-        .daemon
-        .log_text()
-        .contains("attaching a pod the runtime had before this session")
-    {
-        assert!(
-            Instant::now() < until,
-            "the session's start did not try the pod; daemon:\n{}",
-            d.daemon.log_text()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-    let plan = node
-        .dirs
-        .path()
-        .join(format!("cache/attachments/{id}.json"));
-    assert!(!plan.exists(), "the failed attachment left no plan");
+    d.daemon.wait_for_log(
+        "attaching a pod the runtime had before this session",
+        20,
+        "the session's start trying the pod",
+    );
+    assert!(
+        node.plan(&id).is_none(),
+        "the failed attachment left no plan"
+    );
 
     let cri = node.runtime.cri();
     let create = |container: &str| {
@@ -1196,7 +1172,7 @@ fn a_sandbox_no_session_attached_is_attached_before_its_container_is_made(kind: 
     };
     let refused = create("app").unwrap_err().to_string();
     assert!(refused.contains(&format!("{NS}/side")), "{refused}");
-    assert!(node.ipam.reserved_ips("side").is_empty() && !plan.exists());
+    assert!(node.ipam.reserved_ips("side").is_empty() && node.plan(&id).is_none());
 
     d.api.nad(NS, "side", &side);
     create("app").unwrap_or_else(|e| {
@@ -1206,11 +1182,11 @@ fn a_sandbox_no_session_attached_is_attached_before_its_container_is_made(kind: 
             node.runtime.log()
         )
     });
-    assert!(plan.exists(), "attached before the container was made");
+    let plan = node
+        .plan(&id)
+        .expect("attached before the container was made");
     assert_eq!(node.ipam.reserved_ips("side").len(), 1);
-    let netns = std::fs::read_to_string(&plan).unwrap();
-    let netns: serde_json::Value = serde_json::from_str(&netns).unwrap();
-    let names: Vec<String> = links_at(Path::new(netns["netns"].as_str().unwrap()))
+    let names: Vec<String> = links_at(Path::new(plan["netns"].as_str().unwrap()))
         .into_iter()
         .map(|l| l.ifname)
         .collect();
@@ -1223,7 +1199,7 @@ fn a_sandbox_no_session_attached_is_attached_before_its_container_is_made(kind: 
 
     cri.stop_pod_sandbox(&id).unwrap();
     cri.remove_pod_sandbox(&id).unwrap();
-    assert!(node.ipam.reserved_ips("side").is_empty() && !plan.exists());
+    assert!(node.ipam.reserved_ips("side").is_empty() && node.plan(&id).is_none());
 }
 
 plexus_tests::on_each_runtime!(

@@ -344,8 +344,7 @@ impl RuntimeNetns {
         let in_use = netns_in_use();
         Self::names()
             .filter(|name| !self.before.contains(name) && left_empty(name, &in_use))
-            .filter_map(|name| Some((age(&name)?, name)))
-            .map(|(age, name)| (name, age))
+            .filter_map(|name| age(&name).map(|age| (name, age)))
             .collect()
     }
 
@@ -678,20 +677,12 @@ impl DsNode {
     /// node; whether it did. Meant for when no pod is being created or deleted: the counts then meet once the
     /// daemon's watch has delivered every pod the server has.
     pub fn wait_for_daemon_pod_cache(&self, limit: Duration) -> bool {
-        use plexus_cni::daemon::proto::{Answer, Request};
         let socket = self.node("/run/plexus").join("daemon.sock");
         let path = format!("/api/v1/pods?fieldSelector=spec.nodeName%3D{NODE}");
         let deadline = Instant::now() + limit;
         let mut last = (None, None);
         while Instant::now() < deadline {
-            let cached = match plexus_cni::daemon::client::ask(
-                &socket,
-                &Request::Health,
-                Duration::from_secs(2),
-            ) {
-                Ok(Answer::Health(h)) => Some(h.cache.pods),
-                _ => None,
-            };
+            let cached = crate::plexus::daemon_health(&socket).map(|h| h.cache.pods);
             let listed = get(&self.api, &path).and_then(|l| l["items"].as_array().map(Vec::len));
             if cached.is_some() && cached == listed {
                 return true;

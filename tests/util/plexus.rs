@@ -551,14 +551,20 @@ impl NodeDaemon {
 
     /// Its health, or `None` while it does not answer (within 2 s).
     pub fn health(&self) -> Option<plexus_cni::daemon::proto::DaemonHealth> {
-        use plexus_cni::daemon::proto::{Answer, Request};
-        match plexus_cni::daemon::client::ask(
-            &self.socket,
-            &Request::Health,
-            std::time::Duration::from_secs(2),
-        ) {
-            Ok(Answer::Health(h)) => Some(h),
-            _ => None,
+        daemon_health(&self.socket)
+    }
+
+    /// Waits (at most `secs`) until its log has `text`; fails naming `what`, with its log, if it does not.
+    #[track_caller]
+    pub fn wait_for_log(&self, text: &str, secs: u64, what: &str) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+        while !self.log_text().contains(text) {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "daemon: {what} not within {secs} s; log:\n{}",
+                self.log_text()
+            );
+            std::thread::sleep(std::time::Duration::from_millis(50));
         }
     }
 
@@ -589,6 +595,19 @@ impl NodeDaemon {
     /// Everything it logged so far.
     pub fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+/// The health of the node daemon serving `socket`, or `None` while it does not answer (within 2 s).
+pub fn daemon_health(socket: &Path) -> Option<plexus_cni::daemon::proto::DaemonHealth> {
+    use plexus_cni::daemon::proto::{Answer, Request};
+    match plexus_cni::daemon::client::ask(
+        socket,
+        &Request::Health,
+        std::time::Duration::from_secs(2),
+    ) {
+        Ok(Answer::Health(h)) => Some(h),
+        _ => None,
     }
 }
 

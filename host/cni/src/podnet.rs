@@ -155,7 +155,6 @@ pub fn interface_result(
     ifname: &str,
     cni_version: &str,
 ) -> Result<Value, PlexusError> {
-    use std::os::fd::AsFd as _;
     let fail = |e: String| PlexusError::Io {
         path: netns.into(),
         source: std::io::Error::other(format!("interface {ifname}: {e}")),
@@ -168,11 +167,7 @@ pub fn interface_result(
     let reader = std::thread::Builder::new()
         .name("plexus-netns".into())
         .spawn(move || {
-            rustix::thread::move_into_link_name_space(
-                ns.as_fd(),
-                Some(rustix::thread::LinkNameSpaceType::Network),
-            )
-            .map_err(|e| format!("entering the network namespace: {e}"))?;
+            enter_netns(&ns).map_err(|e| format!("entering the network namespace: {e}"))?;
             read_interface(&name)
         })
         .map_err(|e| fail(format!("starting the reader thread: {e}")))?;
@@ -192,7 +187,6 @@ pub const MAX_SCANNED: usize = 4096;
 /// path is. Read in-process, on one thread of its own that enters each namespace in turn (at most [`MAX_SCANNED`]);
 /// one that cannot be entered, or has no `ifname`, is skipped.
 pub fn namespace_holding(dir: &Path, ifname: &str, ips: &[IpAddr]) -> Option<PathBuf> {
-    use std::os::fd::AsFd as _;
     if ips.is_empty() {
         return None;
     }
@@ -207,14 +201,7 @@ pub fn namespace_holding(dir: &Path, ifname: &str, ips: &[IpAddr]) -> Option<Pat
         .name("plexus-netns".into())
         .spawn(move || {
             paths.into_iter().find(|path| {
-                let Ok(ns) = std::fs::File::open(path) else {
-                    return false;
-                };
-                rustix::thread::move_into_link_name_space(
-                    ns.as_fd(),
-                    Some(rustix::thread::LinkNameSpaceType::Network),
-                )
-                .is_ok()
+                std::fs::File::open(path).is_ok_and(|ns| enter_netns(&ns).is_ok())
                     && read_interface(&name)
                         .is_ok_and(|i| i.addrs.iter().any(|(ip, _)| ips.contains(ip)))
             })
@@ -222,6 +209,16 @@ pub fn namespace_holding(dir: &Path, ifname: &str, ips: &[IpAddr]) -> Option<Pat
         .ok()?
         .join()
         .ok()?
+}
+
+/// Moves the calling thread into the network namespace `ns` (a namespace file: `/proc/<pid>/ns/net`, or one
+/// pinned in `/run/netns`). Only for a thread of its own that ends with its work.
+fn enter_netns(ns: &std::fs::File) -> rustix::io::Result<()> {
+    use std::os::fd::AsFd as _;
+    rustix::thread::move_into_link_name_space(
+        ns.as_fd(),
+        Some(rustix::thread::LinkNameSpaceType::Network),
+    )
 }
 
 /// What the kernel says of one interface: what [`interface_result`] reports.

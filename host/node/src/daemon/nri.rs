@@ -308,13 +308,14 @@ impl plexus_nri::Plugin for NriPlugin {
         tokio::task::spawn_blocking(move || match event {
             Event::RunPodSandbox => inner.add(&pod),
             Event::CreateContainer => match inner.attach_unplanned(&pod) {
-                Ok(true) => {
-                    tracing::info!(pod = %pod.label(), container = %pod.id,
-                        "attached a sandbox at its container's creation (no session had attached it)");
+                Ok(attached) => {
+                    if attached.is_some() {
+                        tracing::info!(pod = %pod.label(), container = %pod.id,
+                            "attached a sandbox at its container's creation (no session had attached it)");
+                    }
                     Ok(())
                 }
-                Ok(false) => Ok(()),
-                Err(e) => Err(e),
+                Err((_, e)) => Err(e),
             },
             // A failed DEL is the daemon's to retry ([`retry_dels`]); refusing the stop or removal would only hold
             // the sandbox (CRI-O fails its StopPodSandbox, and kubelet would try again for as long as it fails).
@@ -430,17 +431,18 @@ impl Inner {
     /// unfinished one attached first). Plans of sandboxes the runtime no longer has are deleted. Failures are
     /// logged: the session goes on.
     fn reconcile(&self, pods: &[PodSandbox]) {
+        let what = |was: Planned| match was {
+            Planned::Unfinished => "a pod whose ADD an earlier session left unfinished",
+            _ => "a pod the runtime had before this session",
+        };
         for pod in pods {
-            let what = match self.planned(&pod.id) {
-                Planned::No => "a pod the runtime had before this session",
-                Planned::Unfinished => "a pod whose ADD an earlier session left unfinished",
-                Planned::Finished => continue,
-            };
             match self.attach_unplanned(pod) {
-                Ok(true) => tracing::info!(pod = %pod.label(), "attached {what}"),
-                // Attached meanwhile, at its container's creation.
-                Ok(false) => {}
-                Err(e) => tracing::warn!(pod = %pod.label(), "attaching {what}: {e}"),
+                Ok(Some(was)) => tracing::info!(pod = %pod.label(), "attached {}", what(was)),
+                // Attached already (or meanwhile, at its container's creation), or nothing to attach.
+                Ok(None) => {}
+                Err((was, e)) => {
+                    tracing::warn!(pod = %pod.label(), "attaching {}: {e}", what(was))
+                }
             }
         }
         let Some(cache) = AttachmentCache::open_existing(&self.cache_dir)
@@ -476,21 +478,24 @@ impl Inner {
         }
     }
 
-    /// ADD of an attachable sandbox ([`attachable`]) without a finished plan; whether it ran. One sandbox is
-    /// attached by one caller at a time (a session's reconciliation, a container's creation), and a caller that
-    /// waited finds the plan the other made.
-    fn attach_unplanned(&self, pod: &PodSandbox) -> Result<bool, String> {
+    /// ADD of an attachable sandbox ([`attachable`]) without a finished plan: what the cache held for it when the
+    /// ADD ran (with the ADD's error), `None` when none ran. One sandbox is attached by one caller at a time (a
+    /// session's reconciliation, a container's creation), and a caller that waited finds the plan the other made.
+    fn attach_unplanned(&self, pod: &PodSandbox) -> Result<Option<Planned>, (Planned, String)> {
         if self.planned(&pod.id) == Planned::Finished {
-            return Ok(false);
+            return Ok(None);
         }
         let Some(netns) = attachable(pod) else {
-            return Ok(false);
+            return Ok(None);
         };
         let _turn = self.turn(&pod.id);
-        if self.planned(&pod.id) == Planned::Finished {
-            return Ok(false);
+        match self.planned(&pod.id) {
+            Planned::Finished => Ok(None),
+            was => self
+                .add_in(pod, &netns)
+                .map(|()| Some(was))
+                .map_err(|e| (was, e)),
         }
-        self.add_in(pod, &netns).map(|()| true)
     }
 
     /// Waits until no other caller attaches the sandbox `id`, then holds it.
