@@ -125,7 +125,7 @@ fn a_delegate_dies_with_a_killed_plexus() {
         std::process::Stdio::null(),
     );
     // Until the delegate runs (the plan is cached just before).
-    wait_until(|| !sb.cached().is_empty());
+    wait_until(|| sb.planned("c1"));
     std::thread::sleep(std::time::Duration::from_millis(200));
     child.kill().unwrap();
     child.wait().unwrap();
@@ -168,10 +168,10 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
         .spawn()
         .unwrap();
     // Killed while the delegate runs (the plan is cached just before it), once the shell has written plexus's pid
-    // (on a loaded machine plexus can plan before the shell's echo).
+    // (on a loaded machine plexus can plan before the shell's echo). The plan is written to a temporary file and
+    // renamed: wait for its name.
     wait_until(|| {
-        !sb.cached().is_empty()
-            && std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
+        sb.planned("c1") && std::fs::read_to_string(&pid_file).is_ok_and(|p| p.ends_with('\n'))
     });
     assert_eq!(sb.cached(), vec!["c1.json".to_string()], "the ADD planned");
     runtime.kill().unwrap();

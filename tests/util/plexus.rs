@@ -448,6 +448,13 @@ impl Sandbox {
         list_cache(&self.path("cache/attachments"))
     }
 
+    /// Whether container `id`'s plan is in the cache (renamed into place: its temporary file does not count).
+    pub fn planned(&self, id: &str) -> bool {
+        self.path("cache/attachments")
+            .join(format!("{id}.json"))
+            .exists()
+    }
+
     /// The plan cached for container `id` with its results journal applied, as plexus reads it.
     pub fn cached_plan(&self, id: &str) -> Option<Value> {
         read_cached_plan(&self.path("cache/attachments"), id)
