@@ -497,13 +497,12 @@ fn a_pods_networks_over_its_life(kind: RuntimeKind, mode: Mode) {
     let ifs = interfaces(&netns);
     assert!(has_addr_in(&ifs, "net2", &node.prefix("net-b")), "{ifs:?}");
     assert_eq!(node.reserved("net-b").len(), 1);
-    assert!(
+    // The event is posted once the change is done, apart from the status write: it may come a little later.
+    node.within(20, "the NetworksChanged event naming net-b", || {
         node.events("NetworksChanged")
             .iter()
-            .any(|(_, m)| m.contains("net-b")),
-        "{:?}",
-        node.events("NetworksChanged")
-    );
+            .any(|(_, m)| m.contains("net-b"))
+    });
 
     // Removed: the interface is gone and its address released; the rest is untouched.
     node.annotate("net-a");

@@ -841,8 +841,9 @@ fn a_new_session_attaches_the_pods_it_missed_and_deletes_the_sandboxes_gone_mean
 
 fn a_daemon_killed_during_a_sandboxs_add_has_the_next_one_finish_it(kind: RuntimeKind) {
     let mut node = Node::new(kind);
-    // The delegates: the reference plugins and `slow`, a recording fake whose ADD takes 1.5 s.
-    let bin = slow_delegates(&node, 1500);
+    // The delegates: the reference plugins and `slow`, a recording fake whose ADD takes 5 s (the daemon is killed
+    // well within it).
+    let bin = slow_delegates(&node, 5000);
     let fake_config = bin.join("fake-config.json");
     let side_bridge = HostBridge::reserve("nrk");
     let d = NriDaemon::start_with(&node, &bin);

@@ -1553,13 +1553,13 @@ fn s7_3_same_container_never_overlaps_across_processes() {
 
     // Control: the same runs with a lock directory each do overlap, so the check above can see it.
     let sb = Sandbox::new();
-    timed_cluster(&sb, 600);
+    timed_cluster(&sb, 2000);
     let own_lock = |d: &str| sb.conf(json!({"runDir": sb.path(d)}));
     run_concurrently_with(
         &sb,
         &[
             (0, "ADD", "c1", own_lock("run-a")),
-            (150, "DEL", "c1", own_lock("run-b")),
+            (0, "DEL", "c1", own_lock("run-b")),
         ],
     );
     let s = spans(&sb);
@@ -1572,7 +1572,7 @@ fn s7_3_same_container_never_overlaps_across_processes() {
 #[test]
 fn s7_3_different_containers_run_in_parallel() {
     let sb = Sandbox::new();
-    timed_cluster(&sb, 1500);
+    timed_cluster(&sb, 3000);
     for run in run_concurrently(&sb, &[(0, "ADD", "c1"), (0, "ADD", "c2")]) {
         assert!(run.success, "{} {}", run.stdout, run.stderr);
     }

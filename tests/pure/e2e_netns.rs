@@ -1280,19 +1280,20 @@ fn the_cluster_networks_interface_reads_from_its_namespace_as_a_result() {
 
     // A sandbox known by its address alone: its namespace is found among the pinned ones by its eth0's address,
     // not by another interface's, and none holds an address of the subnet that no interface has.
+    // The scan runs over a directory of the test's own, linking this namespace (the node's `/run/netns` holds other
+    // tests' namespaces, whose addresses may be the same).
     let ip = |s: &str| s.parse::<std::net::IpAddr>().unwrap();
-    let dir = std::path::Path::new(plexus_tests::netns::NETNS_RUN_DIR);
+    let dir = tempfile::tempdir().unwrap();
+    let link = dir.path().join("ns");
+    std::os::unix::fs::symlink(ns.path(), &link).unwrap();
     let holding = |ifname: &str, ips: &[std::net::IpAddr]| {
-        plexus_cni::podnet::namespace_holding(dir, ifname, ips)
+        plexus_cni::podnet::namespace_holding(dir.path(), ifname, ips)
     };
     assert_eq!(
-        holding("eth0", &[ip(&net.host(9)), ip(&net.host(5))]).as_deref(),
-        Some(ns.path())
+        holding("eth0", &[ip(&net.host(9)), ip(&net.host(5))]),
+        Some(link.clone())
     );
-    assert_eq!(
-        holding("eth0", &[ip("fd00:5::5")]).as_deref(),
-        Some(ns.path())
-    );
+    assert_eq!(holding("eth0", &[ip("fd00:5::5")]), Some(link.clone()));
     assert_eq!(holding("net1", &[ip(&net.host(5))]), None);
     assert_eq!(holding("eth0", &[ip(&net.host(9))]), None);
     assert_eq!(holding("eth0", &[]), None);

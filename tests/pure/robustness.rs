@@ -721,7 +721,7 @@ fn operations_on_one_container_never_overlap() {
 #[test]
 fn operations_on_different_containers_overlap() {
     let sb = Sandbox::new();
-    slow_cluster_net(&sb, 1500);
+    slow_cluster_net(&sb, 3000);
     for run in run_concurrently(&sb, &[("ADD", "c1"), ("ADD", "c2")]) {
         run.ok();
     }

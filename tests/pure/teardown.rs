@@ -107,7 +107,15 @@ fn a_delegate_dies_with_a_killed_plexus() {
     // after that DEL.
     let sb = Sandbox::new();
     let marker = sb.path("attached-after-kill");
-    sb.script_cluster(&format!("sleep 1; touch {}", marker.display()), "exit 0");
+    let started = sb.path("delegate-started");
+    sb.script_cluster(
+        &format!(
+            "touch {}; sleep 3; touch {}",
+            started.display(),
+            marker.display()
+        ),
+        "exit 0",
+    );
     let conf = sb.conf(json!({}));
     let env = [
         ("CNI_COMMAND", "ADD"),
@@ -124,12 +132,12 @@ fn a_delegate_dies_with_a_killed_plexus() {
         std::process::Stdio::null(),
         std::process::Stdio::null(),
     );
-    // Until the delegate runs (the plan is cached just before).
-    wait_until(|| sb.planned("c1"));
-    std::thread::sleep(std::time::Duration::from_millis(200));
+    // Until the delegate runs; killed well before it would touch the marker, which is then looked for after the
+    // delegate's whole sleep.
+    wait_until(|| started.exists());
     child.kill().unwrap();
     child.wait().unwrap();
-    std::thread::sleep(std::time::Duration::from_millis(1500));
+    std::thread::sleep(std::time::Duration::from_millis(3500));
     assert!(
         !marker.exists(),
         "the delegate outlived plexus and finished its ADD"
@@ -147,7 +155,7 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
     use std::os::unix::process::CommandExt;
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0")
-        .fake_config(json!({"cluster-plugin": {"ADD": {"sleepMs": 1000}}}));
+        .fake_config(json!({"cluster-plugin": {"ADD": {"sleepMs": 4000}}}));
     let conf_file = sb.path("conf.json");
     std::fs::write(&conf_file, sb.conf(json!({})).to_string()).unwrap();
     let (out, pid_file) = (sb.path("plexus.out"), sb.path("plexus.pid"));
@@ -212,7 +220,7 @@ fn an_add_whose_runtime_is_killed_before_its_answer_tears_itself_down() {
 fn a_del_whose_plugin_is_killed_finishes_its_teardown() {
     let sb = Sandbox::new();
     sb.cluster_net("1.0.0")
-        .fake_config(json!({"cluster-plugin": {"DEL": {"sleepMs": 800}}}));
+        .fake_config(json!({"cluster-plugin": {"DEL": {"sleepMs": 3000}}}));
     let conf = sb.conf(json!({}));
     sb.run("ADD", "c1", "", &conf).ok();
     assert_eq!(sb.cached(), vec!["c1.json".to_string()]);

@@ -318,7 +318,8 @@ fn remove_netns(path: &str) {
 /// namespace of theirs has its interfaces, or its sandbox's process, except between its making and the end of its
 /// cluster network's ADD, which can be seconds (an ADD that waits for an API server that is down). So when the node
 /// is done it removes only those left empty for [`ABANDONED_AFTER`] since they were made; a reboot, which must
-/// leave none of its own, removes them whatever their age.
+/// leave none of its own, removes them whatever their age, once those made in its last seconds are still empty a
+/// few seconds later.
 struct RuntimeNetns {
     before: std::collections::HashSet<String>,
 }
@@ -346,6 +347,24 @@ impl RuntimeNetns {
             .filter(|name| !self.before.contains(name) && left_empty(name, &in_use))
             .filter_map(|name| age(&name).map(|age| (name, age)))
             .collect()
+    }
+
+    /// At a reboot: every one left empty, whatever its age (this node's runtime is off, so its own stay empty).
+    /// One made in the last seconds may be another runtime's before its cluster network's ADD: those are looked at
+    /// again after a few seconds, and removed if still empty.
+    fn remove_at_reboot(&self) {
+        const SETTLE: Duration = Duration::from_secs(5);
+        self.remove(SETTLE);
+        let young: Vec<String> = self.left().into_iter().map(|(name, _)| name).collect();
+        if young.is_empty() {
+            return;
+        }
+        std::thread::sleep(SETTLE);
+        for (name, _) in self.left() {
+            if young.contains(&name) {
+                remove_netns(&format!("{}/{name}", crate::netns::NETNS_RUN_DIR));
+            }
+        }
     }
 
     /// Removes those made since the node started and left empty, at least `min_age` old; their names.
@@ -822,7 +841,7 @@ impl DsNode {
             }
         }
         // And every other namespace the runtime made: `/run/netns` is emptied.
-        self.runtime_netns.remove(Duration::ZERO);
+        self.runtime_netns.remove_at_reboot();
         let run = self.node("/run/plexus");
         for entry in std::fs::read_dir(&run).into_iter().flatten().flatten() {
             let path = entry.path();

@@ -398,12 +398,14 @@ impl Sandbox {
         }
     }
 
-    /// Every recorded delegate call so far, in order.
+    /// Every recorded delegate call so far, in order (a line still being written, without its newline, is not
+    /// one yet).
     pub fn calls(&self) -> Vec<Call> {
         let Ok(text) = std::fs::read_to_string(self.path("bin/calls.jsonl")) else {
             return Vec::new();
         };
-        text.lines()
+        text.split_inclusive('\n')
+            .filter(|l| l.ends_with('\n'))
             .map(|l| {
                 let v: Value = serde_json::from_str(l).unwrap();
                 Call {
