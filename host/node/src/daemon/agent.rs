@@ -29,7 +29,8 @@
 //! [`AgentEffects`], so that these guarantees are tested in process on a paused clock (`reconcile_tests`);
 //! the real parts test the wiring. The report and the removal of old status entries go through the cluster
 //! crate's request layer with one attempt each ([`KubeApi::without_retries`]): the agent is their durable writer,
-//! keeping what it has not got through and sending it again at its next reconcile, so nothing below it retries.
+//! keeping what it has not got through and sending it again (a refused report when it changes, one that failed for
+//! a transient reason after its own backoff, 1 s doubling to 5 min), so nothing below it retries.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::path::{Path, PathBuf};
@@ -138,9 +139,28 @@ struct Record {
 
 /// A module that could not be made ready, tried again with backoff.
 struct Retrying {
+    retry: Retry,
+    error: Failure,
+}
+
+/// When something is tried again, and the backoff that says so.
+struct Retry {
     backoff: plexus_cluster::backoff::Backoff,
     next: Instant,
-    error: Failure,
+}
+
+impl Retry {
+    /// After a first failure: due in about [`FIRST_RETRY`].
+    fn first() -> Retry {
+        let mut backoff = plexus_cluster::backoff::Backoff::jittered(FIRST_RETRY, MAX_RETRY);
+        let next = Instant::now() + backoff.next_delay();
+        Retry { backoff, next }
+    }
+
+    /// After one more failure: the delay doubles, up to [`MAX_RETRY`].
+    fn again(&mut self) {
+        self.next = Instant::now() + self.backoff.next_delay();
+    }
 }
 
 /// The agent's state between reconciliations.
@@ -163,6 +183,9 @@ struct Agent {
     applied: Option<Value>,
     /// The node's object as last refused by the API server as invalid: not sent again until it changes.
     refused: Option<Value>,
+    /// A report that did not get through for a transient reason: sent again with its own backoff (1 s doubling
+    /// to 5 min, jittered), not only at the next change or resync.
+    report_retry: Option<Retry>,
     /// Component digests no longer in the set, since when.
     retired: HashMap<String, Instant>,
     /// Probe verdicts by the entry probed (component, kind, settings, limits): a module is probed once per
@@ -471,6 +494,7 @@ impl Agent {
             published,
             on_disk,
             failures: HashMap::new(),
+            report_retry: None,
             reported: HashMap::new(),
             applied: None,
             refused: None,
@@ -582,7 +606,7 @@ impl Agent {
             }
             .await;
             if let (Err(_), Some(f)) = (&made, self.failures.get(&spec.module)) {
-                next_attempt.insert(name.to_string(), wall_clock(f.next));
+                next_attempt.insert(name.to_string(), wall_clock(f.retry.next));
             }
             ready.insert(name.to_string(), made);
         }
@@ -604,7 +628,9 @@ impl Agent {
         self.probes.retain(|k, _| used.contains(k));
         self.collect_garbage();
         self.report(planned.reports, node_uid).await;
-        self.failures.values().map(|f| f.next).min()
+        let report_due = self.report_retry.as_ref().map(|r| r.next);
+        let module_due = self.failures.values().map(|f| f.retry.next);
+        module_due.chain(report_due).min()
     }
 
     /// What each published hook runs, and whether it may still run: signatures are off, or the key its signature
@@ -715,7 +741,7 @@ impl Agent {
             }
         }
         if let Some(f) = self.failures.get(module) {
-            if Instant::now() < f.next {
+            if Instant::now() < f.retry.next {
                 return Err(f.error.clone());
             }
         }
@@ -726,13 +752,18 @@ impl Agent {
             }
             Err(error) => {
                 tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
-                let f = self.failures.entry(module.to_string()).or_insert(Retrying {
-                    backoff: plexus_cluster::backoff::Backoff::jittered(FIRST_RETRY, MAX_RETRY),
-                    next: Instant::now(),
-                    error: error.clone(),
-                });
-                f.next = Instant::now() + f.backoff.next_delay();
-                f.error = error.clone();
+                match self.failures.get_mut(module) {
+                    Some(f) => {
+                        f.retry.again();
+                        f.error = error.clone();
+                    }
+                    None => {
+                        let retry = Retry::first();
+                        let error = error.clone();
+                        self.failures
+                            .insert(module.to_string(), Retrying { retry, error });
+                    }
+                }
                 Err(error)
             }
         }
@@ -911,20 +942,30 @@ impl Agent {
         }
         let object = report.object(&self.settings.node, node_uid);
         if self.applied.as_ref() == Some(&object) || self.refused.as_ref() == Some(&object) {
+            // Nothing the API server has not had its answer on: nothing to try again.
+            self.report_retry = None;
             return;
         }
         match self.effects.apply_report(&object).await {
             Ok(()) => {
                 self.applied = Some(object);
                 self.refused = None;
+                self.report_retry = None;
             }
             // Refused for what it says (invalid, forbidden): sending it again changes nothing. Logged once, the
             // answer counted in the API request metrics by its code; sent again when the report changes.
             Err(error) if refusal(&error) => {
                 tracing::error!(%error, "the API server refused the node's hook report; not sent again until it changes");
                 self.refused = Some(object);
+                self.report_retry = None;
             }
-            Err(error) => tracing::warn!(%error, "cannot report the node's hooks"),
+            Err(error) => {
+                tracing::warn!(%error, "cannot report the node's hooks; retrying with backoff");
+                match &mut self.report_retry {
+                    Some(retry) => retry.again(),
+                    None => self.report_retry = Some(Retry::first()),
+                }
+            }
         }
     }
 

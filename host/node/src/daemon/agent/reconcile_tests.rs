@@ -1,6 +1,6 @@
 //! The agent's guarantees in process, against [`FakeEffects`] on tokio's paused clock: last good kept through
-//! outages, unready entries, a refused report not sent again, trust following the keys, the order of a
-//! rollout, and the registry's backoff. The hook set and the module records are real files in a temporary
+//! outages, unready entries, a refused report not sent again and a failed one sent again with backoff, trust
+//! following the keys, the order of a rollout, and the registry's backoff. The hook set and the module records are real files in a temporary
 //! directory, as an ADD reads them.
 
 use std::collections::BTreeMap;
@@ -301,6 +301,55 @@ async fn a_refused_report_is_not_sent_again_until_it_changes_and_a_failed_one_is
     // Taken: nothing to send until it changes.
     w.reconcile().await;
     assert_eq!(w.fx.reports_sent(), 4);
+}
+
+/// The agent is the report's durable writer: a report the API server did not take for a transient reason is sent
+/// again when the agent says a retry is due, 1 s doubling (jittered), with nothing else changing in between.
+#[tokio::test(start_paused = true)]
+async fn a_report_that_failed_for_a_transient_reason_is_sent_again_with_backoff() {
+    let mut w = World::new(SignaturePolicy::Off);
+    let m = w.fx.push("a", b"a", None);
+    w.hook("a", &m, json!({}));
+    w.fx.api_down.store(true, Ordering::SeqCst);
+    let mut next = w.reconcile().await.expect("the report is due again");
+    for _ in 0..6 {
+        tokio::time::sleep_until(next).await;
+        next = w.reconcile().await.expect("the report is still due again");
+    }
+    let sent: Vec<Instant> =
+        w.fx.calls()
+            .into_iter()
+            .filter_map(|(at, e, _)| matches!(e, super::fake::Effect::Report(_)).then_some(at))
+            .collect();
+    let gaps: Vec<Duration> = sent.windows(2).map(|p| p[1] - p[0]).collect();
+    assert_eq!(gaps.len(), 6, "{gaps:?}");
+    for (i, gap) in gaps.iter().enumerate() {
+        let nominal = Duration::from_secs(1 << i);
+        assert!(
+            *gap >= nominal.mul_f64(0.75) && *gap <= nominal.mul_f64(1.25),
+            "retry {i}: {gap:?} for {nominal:?} ({gaps:?})"
+        );
+    }
+    assert!(w.reported("a").is_none());
+
+    // Back: taken at the next retry, and nothing more is due.
+    w.fx.api_down.store(false, Ordering::SeqCst);
+    tokio::time::sleep_until(next).await;
+    assert_eq!(w.reconcile().await, None, "taken: nothing left to retry");
+    assert_eq!(w.reported("a").unwrap()["reason"], "Active");
+    assert_eq!(w.fx.reports_sent(), 8);
+
+    // A later failure starts again at about a second.
+    w.fx.api_down.store(true, Ordering::SeqCst);
+    w.hook("a", &m, json!({"order": 3}));
+    let now = Instant::now();
+    let next = w.reconcile().await.expect("the new report is due again");
+    assert!(
+        next - now <= Duration::from_millis(1250),
+        "{:?}",
+        next - now
+    );
+    assert_eq!(w.fx.reports_sent(), 9);
 }
 
 #[tokio::test(start_paused = true)]
