@@ -100,8 +100,7 @@ pub async fn run(state: Arc<NodeState>, settings: NriSettings, conf: Value) {
         cache_dir,
         handle: tokio::runtime::Handle::current(),
         retry: Mutex::new(Retries::default()),
-        attaching: Mutex::default(),
-        attached: Condvar::new(),
+        attaching: Turns::default(),
     })));
     tokio::spawn(retry_dels(plugin.0.clone()));
     let registration = Registration {
@@ -148,9 +147,8 @@ struct Inner {
     handle: tokio::runtime::Handle,
     /// Sandboxes whose DEL failed.
     retry: Mutex<Retries>,
-    /// Sandboxes being attached by [`Inner::attach_unplanned`], and the signal that one is done.
-    attaching: Mutex<BTreeSet<String>>,
-    attached: Condvar,
+    /// Sandboxes being attached by [`Inner::attach_unplanned`].
+    attaching: Turns,
 }
 
 /// What the attachment cache holds for a sandbox.
@@ -162,20 +160,44 @@ enum Planned {
     Finished,
 }
 
-/// The sandbox's turn to be attached by [`Inner::attach_unplanned`]; ends when dropped.
+/// Turns by key, one holder at a time: the sandboxes being attached by [`Inner::attach_unplanned`], and the
+/// signal that one is done.
+#[derive(Default)]
+struct Turns {
+    busy: Mutex<BTreeSet<String>>,
+    done: Condvar,
+}
+
+impl Turns {
+    /// Waits until no one holds `id`'s turn, then holds it (until the [`Turn`] is dropped). The wait is as long
+    /// as the holder's work (an ADD, bounded by its delegates' and the API's timeouts).
+    fn take(&self, id: &str) -> Turn<'_> {
+        let mut busy = self.busy.lock().unwrap_or_else(|e| e.into_inner());
+        while busy.contains(id) {
+            busy = self.done.wait(busy).unwrap_or_else(|e| e.into_inner());
+        }
+        busy.insert(id.to_string());
+        Turn {
+            turns: self,
+            id: id.to_string(),
+        }
+    }
+}
+
+/// A held turn of [`Turns`]; given back when dropped.
 struct Turn<'a> {
-    inner: &'a Inner,
+    turns: &'a Turns,
     id: String,
 }
 
 impl Drop for Turn<'_> {
     fn drop(&mut self) {
-        self.inner
-            .attaching
+        self.turns
+            .busy
             .lock()
             .unwrap_or_else(|e| e.into_inner())
             .remove(&self.id);
-        self.inner.attached.notify_all();
+        self.turns.done.notify_all();
     }
 }
 
@@ -488,26 +510,13 @@ impl Inner {
         let Some(netns) = attachable(pod) else {
             return Ok(None);
         };
-        let _turn = self.turn(&pod.id);
+        let _turn = self.attaching.take(&pod.id);
         match self.planned(&pod.id) {
             Planned::Finished => Ok(None),
             was => self
                 .add_in(pod, &netns)
                 .map(|()| Some(was))
                 .map_err(|e| (was, e)),
-        }
-    }
-
-    /// Waits until no other caller attaches the sandbox `id`, then holds it.
-    fn turn(&self, id: &str) -> Turn<'_> {
-        let mut busy = self.attaching.lock().unwrap_or_else(|e| e.into_inner());
-        while busy.contains(id) {
-            busy = self.attached.wait(busy).unwrap_or_else(|e| e.into_inner());
-        }
-        busy.insert(id.to_string());
-        Turn {
-            inner: self,
-            id: id.to_string(),
         }
     }
 
@@ -682,6 +691,34 @@ mod tests {
             namespace: "team-a".into(),
             ..Default::default()
         }
+    }
+
+    /// One holder of a sandbox's turn at a time; another sandbox's turn is not held up, and a waiter takes the
+    /// turn once it is given back.
+    #[test]
+    fn a_sandboxs_turn_has_one_holder_and_the_next_takes_it_when_given_back() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let turns = Turns::default();
+        let given_back = AtomicBool::new(false);
+        std::thread::scope(|s| {
+            let first = turns.take("a");
+            let waiter = s.spawn(|| {
+                let _second = turns.take("a");
+                // Only after the first holder gave it back.
+                given_back.load(Ordering::SeqCst)
+            });
+            // Another sandbox's turn is free meanwhile.
+            drop(turns.take("b"));
+            std::thread::sleep(Duration::from_millis(100));
+            assert!(!waiter.is_finished(), "a second holder of the same turn");
+            given_back.store(true, Ordering::SeqCst);
+            drop(first);
+            assert!(
+                waiter.join().unwrap(),
+                "the waiter held the turn before it was given back"
+            );
+        });
+        assert!(turns.busy.lock().unwrap().is_empty());
     }
 
     #[test]
