@@ -39,9 +39,8 @@ pub fn cni_process(compile: Compile) -> u8 {
     let _ = std::io::stdin()
         .take(crate::conf::STDIN_CAP as u64 + 1)
         .read_to_end(&mut stdin);
-    if env.get("CNI_COMMAND").map(String::as_str) == Some("DEL") && !env.contains_key(DETACHED_DEL)
-    {
-        if let Some(code) = del_detached(&stdin) {
+    if env.get("CNI_COMMAND").map(String::as_str) == Some("DEL") {
+        if let Some(code) = del_detached() {
             return code;
         }
     }
@@ -58,45 +57,74 @@ pub fn cni_process(compile: Compile) -> u8 {
     u8::from(!outcome.success)
 }
 
-/// Set in the environment of the process a DEL's teardown runs in ([`del_detached`]).
-const DETACHED_DEL: &str = "PLEXUS_DETACHED_DEL";
-
-/// Runs this DEL in a process of its own (this executable again, in a process group of its own) and answers what
-/// it answered; `None` when it cannot be started (the DEL then runs here). A runtime may kill the plugin it runs:
-/// CRI-O kills it with SIGKILL when the kubelet's request is cancelled (a kubelet restart does that), then counts
-/// the sandbox's network as stopped and never sends the DEL again, leaving its addresses and interfaces. The
-/// teardown process outlives such a kill and finishes (a DEL is always wanted, and repeating one is harmless;
-/// another DEL of the container waits for it on the container's lock). Its answer then has no reader.
-fn del_detached(stdin: &[u8]) -> Option<u8> {
+/// Runs this DEL in a process of its own (a fork of this one, in a process group of its own) and answers what it
+/// answered; `None` in that process, and when it cannot be started (the DEL then runs here). A runtime may kill the
+/// plugin it runs: CRI-O kills it with SIGKILL when the kubelet's request is cancelled (a kubelet restart does
+/// that), then counts the sandbox's network as stopped and never sends the DEL again, leaving its addresses and
+/// interfaces. The teardown process outlives such a kill and finishes (a DEL is always wanted, and repeating one is
+/// harmless; another DEL of the container waits for it on the container's lock). Its answer then has no reader.
+///
+/// A fork, not a new process of this executable: nothing is loaded again (the exec cost about 1.4 ms per DEL), and
+/// this process has read its environment and stdin and started no thread, so the copy goes on from here as a
+/// process of its own would. With more than one thread (never in the plugin's `main`) the DEL runs here.
+fn del_detached() -> Option<u8> {
     use std::io::{Read, Write};
-    use std::os::unix::process::{CommandExt, ExitStatusExt};
-    use std::process::{Command, Stdio};
-    let exe = std::env::current_exe().ok()?;
-    let mut child = Command::new(exe)
-        .env(DETACHED_DEL, "1")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .process_group(0)
-        .spawn()
-        .ok()?;
-    // The conf is at most STDIN_CAP bytes and the teardown reads all of it before it writes anything.
-    if let Some(mut input) = child.stdin.take() {
-        let _ = input.write_all(stdin);
+    use std::os::fd::AsRawFd;
+    if !single_threaded() {
+        return None;
     }
+    let (mut answer_read, answer_write) = std::io::pipe().ok()?;
+    // SAFETY: this process has one thread (checked above), so the child is a whole copy of it, free to go on.
+    #[allow(unsafe_code)]
+    let pid = unsafe { libc::fork() };
+    if pid < 0 {
+        return None;
+    }
+    if pid == 0 {
+        // The child: a process group of its own (a kill of the plugin's group does not reach it), and its answer
+        // to the parent: the runtime's end of stdout must not wait for the teardown.
+        // SAFETY: plain system calls on this process and fds it owns.
+        #[allow(unsafe_code)]
+        unsafe {
+            libc::setpgid(0, 0);
+            libc::dup2(answer_write.as_raw_fd(), libc::STDOUT_FILENO);
+        }
+        drop((answer_read, answer_write));
+        return None;
+    }
+    drop(answer_write);
     let mut answer = Vec::new();
-    if let Some(output) = child.stdout.take() {
-        let _ = output
-            .take(crate::conf::STDIN_CAP as u64)
-            .read_to_end(&mut answer);
+    let _ = (&mut answer_read)
+        .take(crate::conf::STDIN_CAP as u64)
+        .read_to_end(&mut answer);
+    drop(answer_read);
+    let mut status = 0;
+    loop {
+        // SAFETY: waits for this process's own child.
+        #[allow(unsafe_code)]
+        let waited = unsafe { libc::waitpid(pid, &mut status, 0) };
+        if waited == pid {
+            break;
+        }
+        if waited < 0 && std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+            return Some(1);
+        }
     }
-    let status = child.wait().ok()?;
     let mut out = std::io::stdout().lock();
     let _ = out.write_all(&answer);
     let _ = out.flush();
-    Some(match status.code() {
-        Some(code) => u8::try_from(code).unwrap_or(1),
-        None => 128u8.saturating_add(u8::try_from(status.signal().unwrap_or(0)).unwrap_or(0)),
+    Some(if libc::WIFEXITED(status) {
+        u8::try_from(libc::WEXITSTATUS(status)).unwrap_or(1)
+    } else {
+        128u8.saturating_add(u8::try_from(libc::WTERMSIG(status)).unwrap_or(0))
+    })
+}
+
+/// Whether this process has one thread (`Threads:` in its status).
+fn single_threaded() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines()
+            .any(|l| l.strip_prefix("Threads:").is_some_and(|n| n.trim() == "1"))
     })
 }
 
