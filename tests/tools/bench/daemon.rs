@@ -107,6 +107,11 @@ impl Daemon {
         }
     }
 
+    /// The status writes the API server took from the daemon so far (0 while it does not answer).
+    fn status_writes(&self) -> u64 {
+        self.health().map(|h| h.status_writes).unwrap_or(0)
+    }
+
     /// Resident and peak resident memory, KiB, from /proc.
     fn memory_kib(&self) -> (u64, u64) {
         let pid = self.child.id();
@@ -297,15 +302,7 @@ pub fn daemon(o: &Opts) -> Result<Value, String> {
     drop(d);
     // 5. Dynamic networks: a running pod's annotation changed, to its network-status written (the API server
     // took the daemon's write), attaching a second network and detaching it again, one change at a time.
-    let hotplug = hotplug_latency(
-        o,
-        &n.api,
-        &n.w,
-        &n.daemon_kubeconfig,
-        &n.socket,
-        &n.served,
-        n.runs(),
-    )?;
+    let hotplug = n.hotplug_section()?;
     Ok(json!({
         "cycles": cycles,
         "memory": memory,
@@ -781,6 +778,123 @@ impl<'a> Node<'a> {
             "cacheLeftAfterDel": self.w.cached(),
         })
     }
+
+    /// Section 5: hot-plug latency, ms, from the annotation patch's answer to the daemon's status write being taken
+    /// by the API server, for attach and detach; the sandbox's cache is empty after its DEL.
+    fn hotplug_section(&self) -> Result<Value, String> {
+        let (o, w) = (self.o, &self.w);
+        let runs = self.runs();
+        let (d, uid) = self.hotplug_daemon()?;
+        let cni = |command: &str| {
+            w.plexus_args(
+                &o.plexus,
+                &self.served,
+                command,
+                "hotplug-0",
+                &args("hotplug", &uid),
+            )
+            .map_err(|e| e.to_string())
+        };
+        let run = cni("ADD")?;
+        if !run.success {
+            return Err(format!(
+                "hot-plug ADD: {}",
+                String::from_utf8_lossy(&run.stdout)
+            ));
+        }
+        // Writes kept by the daemon killed in section 4 are sent first, and the ADD's own: none left pending.
+        d.wait("no status write pending", Duration::from_secs(60), |h| {
+            h.pending_writes == 0
+        })?;
+        let (attach, detach) = self.hotplug_changes(&d, runs)?;
+        let del = cni("DEL")?;
+        log(&format!(
+            "daemon: hot-plug attach median {:.1} ms, detach median {:.1} ms",
+            stats::summary(&attach)["median"].as_f64().unwrap_or(0.0),
+            stats::summary(&detach)["median"].as_f64().unwrap_or(0.0)
+        ));
+        Ok(json!({
+            "changes": runs,
+            "attach": stats::summary(&attach),
+            "detach": stats::summary(&detach),
+            "delOk": del.success,
+            "cacheLeftAfterDel": w.cached(),
+        }))
+    }
+
+    /// A daemon with dynamic networks on, synced with the pod `hotplug` (selecting `net1`) and with no write left
+    /// from the daemon killed before it; the pod's UID.
+    fn hotplug_daemon(&self) -> Result<(Daemon, String), String> {
+        let (o, w, api) = (self.o, &self.w, &self.api);
+        let cache_dir = w.root.join("cache");
+        let d = Daemon::start_on(
+            &o.plexus,
+            NODE,
+            &self.daemon_kubeconfig,
+            &self.socket,
+            &w.root.join("daemon-hotplug.log"),
+            &[
+                "--dynamic-networks".as_ref(),
+                "--cache-dir".as_ref(),
+                cache_dir.as_os_str(),
+                "--metrics-bind-address".as_ref(),
+                "0".as_ref(),
+            ],
+        )?;
+        let pod = api.pod(
+            POD_NS,
+            "hotplug",
+            NODE,
+            json!({"k8s.v1.cni.cncf.io/networks": "net1"}),
+        );
+        let uid = pod["metadata"]["uid"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string();
+        d.wait(
+            "synced with the hot-plug pod",
+            Duration::from_secs(120),
+            |h| plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS + 1,
+        )?;
+        // The writes the daemon killed mid-burst kept are sent first (at --kube-api-qps): measured once they are.
+        d.wait("the kept writes sent", Duration::from_secs(180), |h| {
+            h.pending_writes == 0
+        })?;
+        Ok((d, uid))
+    }
+
+    /// `runs` changes of the pod `hotplug`'s networks each way, one at a time: attaching `net2`, then detaching it;
+    /// each change's latency to its status write taken, ms.
+    fn hotplug_changes(&self, d: &Daemon, runs: usize) -> Result<(Vec<f64>, Vec<f64>), String> {
+        let (mut attach, mut detach) = (Vec::new(), Vec::new());
+        for i in 0..runs {
+            for (networks, into) in [("net1,net2", &mut attach), ("net1", &mut detach)] {
+                let before = d.status_writes();
+                self.api.must(
+                    "PATCH",
+                    &format!("/api/v1/namespaces/{POD_NS}/pods/hotplug"),
+                    Some(&json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": networks}}})),
+                );
+                let t = Instant::now();
+                status_write_taken(d, before + 1)
+                    .map_err(|e| format!("{e} (change {i}, {networks})"))?;
+                into.push(ms(t.elapsed()));
+            }
+        }
+        Ok((attach, detach))
+    }
+}
+
+/// Waits (at most 20 s, polling every ms) until the API server has taken the hot-plug daemon's `n`th status write.
+fn status_write_taken(d: &Daemon, n: u64) -> Result<(), String> {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while d.status_writes() < n {
+        if Instant::now() > deadline {
+            return Err(format!("hot-plug: status write {n} not taken within 20 s"));
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// Cycle `key`'s ADD+DEL times.
@@ -861,112 +975,6 @@ fn multus_json(m: &multus::Multus, samples: &Samples) -> Value {
             / stats::median_of(totals(samples, "multus")),
         "delOverFloor": median_over(&samples["multus"].1, &samples["floor"].1),
     })
-}
-
-/// Section 5 of [`daemon`]: hot-plug latency, ms, from the annotation patch's answer to the daemon's status write
-/// being taken by the API server, for attach and detach; the sandbox's cache is empty after its DEL.
-fn hotplug_latency(
-    o: &Opts,
-    api: &KubeApiServer,
-    w: &World,
-    kubeconfig: &Path,
-    socket: &Path,
-    served: &Value,
-    runs: usize,
-) -> Result<Value, String> {
-    let cache_dir = w.root.join("cache");
-    let d = Daemon::start_on(
-        &o.plexus,
-        NODE,
-        kubeconfig,
-        socket,
-        &w.root.join("daemon-hotplug.log"),
-        &[
-            "--dynamic-networks".as_ref(),
-            "--cache-dir".as_ref(),
-            cache_dir.as_os_str(),
-            "--metrics-bind-address".as_ref(),
-            "0".as_ref(),
-        ],
-    )?;
-    let pod = api.pod(
-        POD_NS,
-        "hotplug",
-        NODE,
-        json!({"k8s.v1.cni.cncf.io/networks": "net1"}),
-    );
-    let uid = pod["metadata"]["uid"]
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
-    d.wait(
-        "synced with the hot-plug pod",
-        Duration::from_secs(120),
-        |h| plexus_tests::plexus::settled(h) && h.cache.pods == NODE_PODS + 1,
-    )?;
-    // The writes the daemon killed mid-burst kept are sent first (at --kube-api-qps): measured once they are.
-    d.wait("the kept writes sent", Duration::from_secs(180), |h| {
-        h.pending_writes == 0
-    })?;
-    let cni = |command: &str| {
-        w.plexus_args(
-            &o.plexus,
-            served,
-            command,
-            "hotplug-0",
-            &args("hotplug", &uid),
-        )
-        .map_err(|e| e.to_string())
-    };
-    let run = cni("ADD")?;
-    if !run.success {
-        return Err(format!(
-            "hot-plug ADD: {}",
-            String::from_utf8_lossy(&run.stdout)
-        ));
-    }
-    let written = || d.health().map(|h| h.status_writes).unwrap_or(0);
-    let settle = |n: u64| -> Result<(), String> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while written() < n {
-            if Instant::now() > deadline {
-                return Err(format!("hot-plug: status write {n} not taken within 20 s"));
-            }
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        Ok(())
-    };
-    // Writes kept by the daemon killed in section 4 are sent first, and the ADD's own: none left pending.
-    d.wait("no status write pending", Duration::from_secs(60), |h| {
-        h.pending_writes == 0
-    })?;
-    let (mut attach, mut detach) = (Vec::new(), Vec::new());
-    for i in 0..runs {
-        for (networks, into) in [("net1,net2", &mut attach), ("net1", &mut detach)] {
-            let before = written();
-            api.must(
-                "PATCH",
-                &format!("/api/v1/namespaces/{POD_NS}/pods/hotplug"),
-                Some(&json!({"metadata": {"annotations": {"k8s.v1.cni.cncf.io/networks": networks}}})),
-            );
-            let t = Instant::now();
-            settle(before + 1).map_err(|e| format!("{e} (change {i}, {networks})"))?;
-            into.push(ms(t.elapsed()));
-        }
-    }
-    let del = cni("DEL")?;
-    log(&format!(
-        "daemon: hot-plug attach median {:.1} ms, detach median {:.1} ms",
-        stats::summary(&attach)["median"].as_f64().unwrap_or(0.0),
-        stats::summary(&detach)["median"].as_f64().unwrap_or(0.0)
-    ));
-    Ok(json!({
-        "changes": runs,
-        "attach": stats::summary(&attach),
-        "detach": stats::summary(&detach),
-        "delOk": del.success,
-        "cacheLeftAfterDel": w.cached(),
-    }))
 }
 
 /// The container IDs of a burst's ADDs with their pods, for their DELs.

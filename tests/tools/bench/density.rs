@@ -120,30 +120,7 @@ pub fn density(o: &Opts, shape: &Shape) -> Result<Value, String> {
     }
     let pods = shape.pods;
     let rounds = if o.quick { 1 } else { shape.rounds };
-    let multus_bins = multus::provided();
-    let api = crate::daemon::bench_api(multus_bins.is_some());
-    api.apply_node_authority();
-    if multus_bins.is_some() {
-        multus::rbac(&api);
-    }
-    api.namespace(NS);
-    let w = World::new(&o.work, "density", Delegates::Real, 3, 0, &json!({}));
-    let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
-    for (i, net) in w.nets.iter().enumerate().skip(1) {
-        api.nad(NS, &format!("net{i}"), &net.list);
-    }
-    let control = [
-        Component::scheduler(&api, &w.root),
-        Component::controller_manager(&api, &w.root, &["node-lifecycle-controller"]),
-    ];
-    let control_pids: Vec<u32> = control.iter().map(Component::pid).collect();
-    let cni_kubeconfig = w.root.join("cni.kubeconfig");
-    api.write_kubeconfig(&cni_kubeconfig, "cni-token");
-    let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
-    let token = api.node_bound_token("kube-system", "plexus", NODE);
-    api.write_kubeconfig(&daemon_kubeconfig, &token);
-    let bin = cni_bin_dir(o, &w, multus_bins.as_deref())?;
-
+    let c = Cluster::new(o)?;
     let mut bursts: BTreeMap<&str, Vec<Burst>> = BTreeMap::new();
     let mut multus_version = None;
     for round in 0..rounds {
@@ -158,91 +135,27 @@ pub fn density(o: &Opts, shape: &Shape) -> Result<Value, String> {
             if !chosen || (subject == "runtime-3" && o.runtime == RuntimeKind::CriO) {
                 continue;
             }
-            let conf_dir = w.root.join(format!("conf-{subject}"));
-            let _ = std::fs::remove_dir_all(&conf_dir);
-            std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
-            let agent = match subject {
-                // NRI mode's daemon registers with the runtime, which each burst starts afresh: started there.
-                "floor" | "plexus-nri" => {
-                    write_conf(&conf_dir.join("10-cluster.conflist"), &w.nets[0].list)?;
-                    Agent::None
-                }
-                "runtime-3" => {
-                    for (i, net) in w.nets.iter().enumerate() {
-                        write_conf(&conf_dir.join(format!("{i}0-net.conflist")), &net.list)?;
-                    }
-                    Agent::None
-                }
-                "plexus-daemon" | "plexus-thin" => {
-                    let socket = w.run.join("daemon.sock");
-                    let served = subject == "plexus-daemon";
-                    let daemon = if served {
-                        json!({"socket": socket, "timeoutMs": 5000})
-                    } else {
-                        json!(false)
-                    };
-                    let conf = plexus_list(w.kube_conf(&cni_kubeconfig, daemon));
-                    write_conf(&conf_dir.join("00-plexus.conflist"), &conf)?;
-                    if served {
-                        let d = Daemon::start_on(
-                            &o.plexus,
-                            NODE,
-                            &daemon_kubeconfig,
-                            &socket,
-                            &w.root.join(format!("daemon-{round}.log")),
-                            &[],
-                        )?;
-                        d.wait("synced", Duration::from_secs(60), |h| {
-                            plexus_tests::plexus::settled(h)
-                        })?;
-                        Agent::Plexus(d)
-                    } else {
-                        Agent::None
-                    }
-                }
-                _ => match &multus_bins {
-                    Some(bins) => {
-                        let m = multus::Multus::start(bins, &api, &w, NODE)?;
-                        multus_version = Some(m.version.clone());
-                        write_conf(&conf_dir.join("00-multus.conf"), m.shim_conf())?;
-                        Agent::Multus(m)
-                    }
-                    None => continue,
-                },
-            };
-            let nri = (subject == "plexus-nri").then(|| NriStart {
-                plexus: o.plexus.clone(),
-                kubeconfig: daemon_kubeconfig.clone(),
-                conf: w.root.join("nri-plexus.json"),
-                socket: w.run.join("daemon.sock"),
-                log: w.root.join(format!("daemon-nri-{round}.log")),
-                cni_path: bin.clone(),
-            });
-            if let Some(n) = &nri {
-                write_conf(&n.conf, &w.kube_conf(&daemon_kubeconfig, json!(false)))?;
+            if let Some(burst) = c.subject_burst(subject, round, pods, &mut multus_version)? {
+                bursts.entry(subject).or_default().push(burst);
             }
-            log(&format!("density: round {round}, {subject}: {pods} pods"));
-            let burst = burst(
-                o.runtime,
-                &api,
-                &w,
-                &bin,
-                &conf_dir,
-                (&agent, nri.as_ref()),
-                subject,
-                pods,
-                &selection,
-                &control_pids,
-            )?;
-            log(&format!(
-                "density: {subject}: Ready p50 {:.0} ms, p99 {:.0} ms, {:.1} pods/s",
-                stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.5),
-                stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.99),
-                burst.pods_per_second
-            ));
-            bursts.entry(subject).or_default().push(burst);
         }
     }
+    let subjects = subjects_json(&bursts);
+    Ok(json!({
+        "runtime": o.runtime.name(),
+        "pods": pods,
+        "rounds": rounds,
+        "networks": c.w.nets.len(),
+        "multus": multus_version.map_or_else(
+            || json!({"skipped": format!("{} not set", multus::ENV)}),
+            |v| json!({"version": v})),
+        "subjects": subjects,
+    }))
+}
+
+/// Each subject's rounds ([`summarize`]), with containerd's timer of its CNI set-up and teardown per round where
+/// every round has it.
+fn subjects_json<'s>(bursts: &BTreeMap<&'s str, Vec<Burst>>) -> BTreeMap<&'s str, Value> {
     let p99s = |subject: &str| -> Vec<f64> {
         bursts
             .get(subject)
@@ -255,7 +168,7 @@ pub fn density(o: &Opts, shape: &Shape) -> Result<Value, String> {
             .map(|b| b.cni_ms.map_or(f64::NAN, |c| c.0))
             .collect()
     });
-    let subjects: BTreeMap<&str, Value> = bursts
+    bursts
         .iter()
         .map(|(subject, runs)| {
             let mut v = summarize(runs, &floor_p99, &runtime_p99);
@@ -276,17 +189,177 @@ pub fn density(o: &Opts, shape: &Shape) -> Result<Value, String> {
             }
             (*subject, v)
         })
-        .collect();
-    Ok(json!({
-        "runtime": o.runtime.name(),
-        "pods": pods,
-        "rounds": rounds,
-        "networks": w.nets.len(),
-        "multus": multus_version.map_or_else(
-            || json!({"skipped": format!("{} not set", multus::ENV)}),
-            |v| json!({"version": v})),
-        "subjects": subjects,
-    }))
+        .collect()
+}
+
+/// The density section's cluster, set up once for all its bursts: the API server with the NADs, the scheduler and
+/// the controllers, the kubeconfigs of the CNI plugin and of the node's daemon, the runtime's CNI binary dir.
+struct Cluster<'a> {
+    o: &'a Opts,
+    /// The scheduler and the controller manager (stopped first as the section ends), and their processes.
+    _control: [Component; 2],
+    control_pids: Vec<u32>,
+    w: World,
+    api: KubeApiServer,
+    /// Multus's binaries, when provided.
+    multus_bins: Option<PathBuf>,
+    /// The NADs every pod selects.
+    selection: Vec<String>,
+    cni_kubeconfig: PathBuf,
+    daemon_kubeconfig: PathBuf,
+    /// The runtime's CNI binary dir.
+    bin: PathBuf,
+}
+
+/// When each pod's create was sent, and when each was first seen with `PodReadyToStartContainers` and with `Ready`.
+type PodTimes = (
+    BTreeMap<String, Instant>,
+    BTreeMap<String, (Instant, Instant)>,
+);
+
+impl<'a> Cluster<'a> {
+    /// The API server (with Multus's RBAC when Multus is provided) and the namespace's NADs, the scheduler and the
+    /// controllers, the kubeconfigs, the CNI binary dir.
+    fn new(o: &'a Opts) -> Result<Cluster<'a>, String> {
+        let multus_bins = multus::provided();
+        let api = crate::daemon::bench_api(multus_bins.is_some());
+        api.apply_node_authority();
+        if multus_bins.is_some() {
+            multus::rbac(&api);
+        }
+        api.namespace(NS);
+        let w = World::new(&o.work, "density", Delegates::Real, 3, 0, &json!({}));
+        let selection: Vec<String> = (1..w.nets.len()).map(|i| format!("net{i}")).collect();
+        for (i, net) in w.nets.iter().enumerate().skip(1) {
+            api.nad(NS, &format!("net{i}"), &net.list);
+        }
+        let control = [
+            Component::scheduler(&api, &w.root),
+            Component::controller_manager(&api, &w.root, &["node-lifecycle-controller"]),
+        ];
+        let control_pids: Vec<u32> = control.iter().map(Component::pid).collect();
+        let cni_kubeconfig = w.root.join("cni.kubeconfig");
+        api.write_kubeconfig(&cni_kubeconfig, "cni-token");
+        let daemon_kubeconfig = w.root.join("daemon.kubeconfig");
+        let token = api.node_bound_token("kube-system", "plexus", NODE);
+        api.write_kubeconfig(&daemon_kubeconfig, &token);
+        let bin = cni_bin_dir(o, &w, multus_bins.as_deref())?;
+        Ok(Cluster {
+            o,
+            _control: control,
+            control_pids,
+            w,
+            api,
+            multus_bins,
+            selection,
+            cni_kubeconfig,
+            daemon_kubeconfig,
+            bin,
+        })
+    }
+
+    /// Round `round`'s burst of `subject`, with its CNI configuration and node agent; `None` for Multus when it is not
+    /// provided.
+    fn subject_burst(
+        &self,
+        subject: &str,
+        round: usize,
+        pods: usize,
+        multus_version: &mut Option<String>,
+    ) -> Result<Option<Burst>, String> {
+        let w = &self.w;
+        let conf_dir = w.root.join(format!("conf-{subject}"));
+        let _ = std::fs::remove_dir_all(&conf_dir);
+        std::fs::create_dir_all(&conf_dir).map_err(|e| e.to_string())?;
+        let Some(agent) = self.agent(subject, round, &conf_dir, multus_version)? else {
+            return Ok(None);
+        };
+        let nri = (subject == "plexus-nri").then(|| NriStart {
+            plexus: self.o.plexus.clone(),
+            kubeconfig: self.daemon_kubeconfig.clone(),
+            conf: w.root.join("nri-plexus.json"),
+            socket: w.run.join("daemon.sock"),
+            log: w.root.join(format!("daemon-nri-{round}.log")),
+            cni_path: self.bin.clone(),
+        });
+        if let Some(n) = &nri {
+            write_conf(&n.conf, &w.kube_conf(&self.daemon_kubeconfig, json!(false)))?;
+        }
+        log(&format!("density: round {round}, {subject}: {pods} pods"));
+        let burst = self.burst(&conf_dir, (&agent, nri.as_ref()), subject, pods)?;
+        log(&format!(
+            "density: {subject}: Ready p50 {:.0} ms, p99 {:.0} ms, {:.1} pods/s",
+            stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.5),
+            stats::percentile_of(burst.startup.iter().map(|s| s.1), 0.99),
+            burst.pods_per_second
+        ));
+        Ok(Some(burst))
+    }
+
+    /// Writes `subject`'s CNI configuration into `conf_dir` and starts its node agent; `None` for Multus when it is
+    /// not provided.
+    fn agent(
+        &self,
+        subject: &str,
+        round: usize,
+        conf_dir: &Path,
+        multus_version: &mut Option<String>,
+    ) -> Result<Option<Agent>, String> {
+        let w = &self.w;
+        Ok(Some(match subject {
+            // NRI mode's daemon registers with the runtime, which each burst starts afresh: started there.
+            "floor" | "plexus-nri" => {
+                write_conf(&conf_dir.join("10-cluster.conflist"), &w.nets[0].list)?;
+                Agent::None
+            }
+            "runtime-3" => {
+                for (i, net) in w.nets.iter().enumerate() {
+                    write_conf(&conf_dir.join(format!("{i}0-net.conflist")), &net.list)?;
+                }
+                Agent::None
+            }
+            "plexus-daemon" | "plexus-thin" => self.plexus_agent(subject, round, conf_dir)?,
+            _ => match &self.multus_bins {
+                Some(bins) => {
+                    let m = multus::Multus::start(bins, &self.api, w, NODE)?;
+                    *multus_version = Some(m.version.clone());
+                    write_conf(&conf_dir.join("00-multus.conf"), m.shim_conf())?;
+                    Agent::Multus(m)
+                }
+                None => return Ok(None),
+            },
+        }))
+    }
+
+    /// The plexus conflist in `conf_dir`, with the node daemon (`plexus-daemon`, its daemon started and synced) or
+    /// without (`plexus-thin`).
+    fn plexus_agent(&self, subject: &str, round: usize, conf_dir: &Path) -> Result<Agent, String> {
+        let w = &self.w;
+        let socket = w.run.join("daemon.sock");
+        let served = subject == "plexus-daemon";
+        let daemon = if served {
+            json!({"socket": socket, "timeoutMs": 5000})
+        } else {
+            json!(false)
+        };
+        let conf = plexus_list(w.kube_conf(&self.cni_kubeconfig, daemon));
+        write_conf(&conf_dir.join("00-plexus.conflist"), &conf)?;
+        if !served {
+            return Ok(Agent::None);
+        }
+        let d = Daemon::start_on(
+            &self.o.plexus,
+            NODE,
+            &self.daemon_kubeconfig,
+            &socket,
+            &w.root.join(format!("daemon-{round}.log")),
+            &[],
+        )?;
+        d.wait("synced", Duration::from_secs(60), |h| {
+            plexus_tests::plexus::settled(h)
+        })?;
+        Ok(Agent::Plexus(d))
+    }
 }
 
 /// The runtime's CNI binary dir: `plexus` (the CNI-only binary, as nodes install it), `multus-shim`, the reference
@@ -378,88 +451,156 @@ impl NriStart {
     }
 }
 
-/// One burst of `pods` pods on a fresh runtime and kubelet with `conf_dir` as the runtime's CNI configuration. The
-/// subject's node agent is `agent`, or NRI mode's daemon, started once the runtime is.
-#[allow(clippy::too_many_arguments)]
-fn burst(
-    kind: RuntimeKind,
-    api: &KubeApiServer,
-    w: &World,
-    bin: &Path,
-    conf_dir: &Path,
-    (agent, nri): (&Agent, Option<&NriStart>),
-    subject: &str,
-    pods: usize,
-    selection: &[String],
-    control: &[u32],
-) -> Result<Burst, String> {
-    let networks = if subject == "runtime-3" {
-        w.nets.len()
-    } else {
-        1
-    };
-    // containerd serves its timer of the CNI calls on a metrics port; CRI-O is measured without one.
-    let runtime = match kind {
-        RuntimeKind::Containerd => {
-            Runtime::Containerd(Containerd::start_measured(bin, conf_dir, networks))
+impl Cluster<'_> {
+    /// One burst of `pods` pods on a fresh runtime and kubelet with `conf_dir` as the runtime's CNI configuration. The
+    /// subject's node agent is `agent`, or NRI mode's daemon, started once the runtime is.
+    fn burst(
+        &self,
+        conf_dir: &Path,
+        (agent, nri): (&Agent, Option<&NriStart>),
+        subject: &str,
+        pods: usize,
+    ) -> Result<Burst, String> {
+        let (api, w) = (&self.api, &self.w);
+        let runtime = self.start_runtime(conf_dir, subject);
+        let nri_agent = nri.map(|n| n.start(&runtime)).transpose()?;
+        let agent = nri_agent.as_ref().unwrap_or(agent);
+        let since = Timestamp::now();
+        let kubelet = Kubelet::start(api, &runtime.socket());
+        // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
+        wait_heartbeat(api, &since)?;
+        // Every burst starts from the same machine, whatever the bursts before it left.
+        let dropped = fresh_caches(&self.warm_files(&runtime));
+        let settle_seconds = quiet_machine(subject);
+        let users = users_of(subject);
+        let requests_before = requests_of(api, users);
+        let sampler = agent.pid().map(Sampler::start);
+        let ledger = cpu_ledger(api, &runtime, &kubelet, agent, &self.control_pids);
+        let names: Vec<String> = (0..pods).map(|i| format!("p{i}")).collect();
+        let (created, seen) = self.create_until_ready(&runtime, &kubelet, subject, &names)?;
+        let done = Instant::now();
+        let cpu = ledger.stop();
+        let agent_use = sampler.map(|s| s.stop());
+        check_held(w, subject, pods)?;
+        // NRI mode's secondary networks are attached outside the runtime's CNI calls: its timer would show the floor's.
+        let timed = subject != "plexus-nri";
+        let setup_ms = cni_timer(&runtime, "set_up_pod").filter(|_| timed);
+        let api_requests = requests_of(api, users).saturating_sub(requests_before);
+        let (startup, pods_per_second) = startup_ms(&names, &created, &seen, done);
+        let after_kib = agent.pid().map(|pid| {
+            std::thread::sleep(Duration::from_secs(5));
+            rss_kib(pid)
+        });
+        delete_all(api, pods)?;
+        let teardown_ms = cni_timer(&runtime, "tear_down_pod").filter(|_| timed);
+        let addresses = addresses_left(w);
+        drop(kubelet);
+        drop(runtime);
+        // Counted above; the next burst starts with every address free.
+        w.clear_reservations();
+        Ok(Burst {
+            startup,
+            pods_per_second,
+            agent: agent_use.map(|mut a| {
+                a.after_kib = after_kib.unwrap_or(0);
+                a
+            }),
+            api_requests,
+            left_addresses: addresses,
+            cni_ms: setup_ms.zip(teardown_ms),
+            cpu,
+            settle_seconds,
+            dropped,
+        })
+    }
+
+    /// A fresh runtime with `conf_dir` as its CNI configuration: containerd serves its timer of the CNI calls on a
+    /// metrics port; CRI-O is measured without one.
+    fn start_runtime(&self, conf_dir: &Path, subject: &str) -> Runtime {
+        let networks = if subject == "runtime-3" {
+            self.w.nets.len()
+        } else {
+            1
+        };
+        match self.o.runtime {
+            RuntimeKind::Containerd => {
+                Runtime::Containerd(Containerd::start_measured(&self.bin, conf_dir, networks))
+            }
+            RuntimeKind::CriO => Runtime::CriO(CriO::start(&self.bin, conf_dir, None, None)),
         }
-        RuntimeKind::CriO => Runtime::CriO(CriO::start(bin, conf_dir, None, None)),
-    };
-    let nri_agent = nri.map(|n| n.start(&runtime)).transpose()?;
-    let agent = nri_agent.as_ref().unwrap_or(agent);
-    let since = Timestamp::now();
-    let kubelet = Kubelet::start(api, &runtime.socket());
-    // The node stays Ready in the API from the previous burst's kubelet: wait for this one's heartbeat.
-    wait_heartbeat(api, &since)?;
-    // Every burst starts from the same machine, whatever the bursts before it left.
-    let dropped = fresh_caches(&match &runtime {
-        Runtime::Containerd(c) => vec![
-            bin.to_path_buf(),
-            c.root(),
-            plexus_tests::parts::bin("containerd-shim-runc-v2"),
-            PathBuf::from("/usr/sbin/runc"),
-        ],
-        Runtime::CriO(c) => vec![
-            bin.to_path_buf(),
-            c.storage(),
-            PathBuf::from("/usr/bin/conmon"),
-            PathBuf::from("/usr/sbin/runc"),
-        ],
-    });
+    }
+
+    /// What a burst on `runtime` execs and reads, read back into the page cache before it ([`fresh_caches`]).
+    fn warm_files(&self, runtime: &Runtime) -> Vec<PathBuf> {
+        match runtime {
+            Runtime::Containerd(c) => vec![
+                self.bin.clone(),
+                c.root(),
+                plexus_tests::parts::bin("containerd-shim-runc-v2"),
+                PathBuf::from("/usr/sbin/runc"),
+            ],
+            Runtime::CriO(c) => vec![
+                self.bin.clone(),
+                c.storage(),
+                PathBuf::from("/usr/bin/conmon"),
+                PathBuf::from("/usr/sbin/runc"),
+            ],
+        }
+    }
+
+    /// Creates the pods `names`, watched from before the creates, and waits until every one is Ready; on failure the
+    /// error carries the tails of the kubelet's and the runtime's logs.
+    fn create_until_ready(
+        &self,
+        runtime: &Runtime,
+        kubelet: &Kubelet,
+        subject: &str,
+        names: &[String],
+    ) -> Result<PodTimes, String> {
+        let api = &self.api;
+        let limit = Duration::from_secs(60 + 2 * names.len() as u64);
+        let watch = PodWatch::start(api, limit)?;
+        let created = create_all(api, names, &self.selection.join(","))?;
+        let seen = watch.until_ready(names).map_err(|e| {
+            let log = runtime.log();
+            let lines: Vec<&str> = log.lines().collect();
+            format!(
+                "density {subject}: {e}\nkubelet:\n{}\n{}:\n{}",
+                kubelet.log_tail(20),
+                self.o.runtime.name(),
+                lines[lines.len().saturating_sub(20)..].join("\n")
+            )
+        })?;
+        Ok((created, seen))
+    }
+}
+
+/// Waits (at most 120 s) for a quiet machine before a burst of `subject`, saying so when that took long; the seconds
+/// waited.
+fn quiet_machine(subject: &str) -> f64 {
     let (settle_seconds, busy) = cpu::settle(QUIET_CORES, Duration::from_secs(120));
     if settle_seconds > 1.5 {
         log(&format!(
             "density: {subject}: waited {settle_seconds:.0} s for a quiet machine ({busy:.2} cores busy)"
         ));
     }
-    let users: &[&str] = match subject {
+    settle_seconds
+}
+
+/// The identities whose API requests a burst of `subject` counts.
+fn users_of(subject: &str) -> &'static [&'static str] {
+    match subject {
         "plexus-daemon" => &[PLEXUS_USER, CNI_USER],
         "plexus-thin" => &[CNI_USER],
         "plexus-nri" => &[PLEXUS_USER],
         "multus-thick" => &[MULTUS_USER],
         _ => &[],
-    };
-    let requests_before = requests_of(api, users);
-    let sampler = agent.pid().map(Sampler::start);
-    let ledger = cpu_ledger(api, &runtime, &kubelet, agent, control);
-    let names: Vec<String> = (0..pods).map(|i| format!("p{i}")).collect();
-    let limit = Duration::from_secs(60 + 2 * pods as u64);
-    let watch = PodWatch::start(api, limit)?;
-    let created = create_all(api, &names, &selection.join(","))?;
-    let seen = watch.until_ready(&names).map_err(|e| {
-        let log = runtime.log();
-        let lines: Vec<&str> = log.lines().collect();
-        format!(
-            "density {subject}: {e}\nkubelet:\n{}\n{}:\n{}",
-            kubelet.log_tail(20),
-            kind.name(),
-            lines[lines.len().saturating_sub(20)..].join("\n")
-        )
-    })?;
-    let done = Instant::now();
-    let cpu = ledger.stop();
-    let agent_use = sampler.map(|s| s.stop());
-    // Every subject but the floor gave each pod all three networks: each network holds an address per pod.
+    }
+}
+
+/// Every subject but the floor gave each pod all three networks: each network must hold an address per pod once the
+/// `pods` pods are Ready.
+fn check_held(w: &World, subject: &str, pods: usize) -> Result<(), String> {
     let held = w.reserved_addresses();
     let wanted = if subject == "floor" { 1 } else { w.nets.len() };
     for net in w.nets.iter().take(wanted) {
@@ -471,14 +612,25 @@ fn burst(
             ));
         }
     }
-    let cni_timer = |operation: &str| match &runtime {
+    Ok(())
+}
+
+/// containerd's timer of network plugin operation `operation`, mean ms per sandbox; `None` on CRI-O.
+fn cni_timer(runtime: &Runtime, operation: &str) -> Option<f64> {
+    match runtime {
         Runtime::Containerd(c) => c.metrics().ok().and_then(|m| cni_mean_ms(&m, operation)),
         Runtime::CriO(_) => None,
-    };
-    // NRI mode's secondary networks are attached outside the runtime's CNI calls: its timer would show the floor's.
-    let timed = subject != "plexus-nri";
-    let setup_ms = cni_timer("set_up_pod").filter(|_| timed);
-    let api_requests = requests_of(api, users).saturating_sub(requests_before);
+    }
+}
+
+/// Each pod's startup, ms from its creation request to (sandbox ready, Ready), and the pods per second from the first
+/// create to the last pod Ready (`done` where there is none).
+fn startup_ms(
+    names: &[String],
+    created: &BTreeMap<String, Instant>,
+    seen: &BTreeMap<String, (Instant, Instant)>,
+    done: Instant,
+) -> (Vec<(f64, f64)>, f64) {
     let first = created.values().min().copied().unwrap_or(done);
     let last_ready = seen.values().map(|s| s.1).max().unwrap_or(done);
     let startup = names
@@ -492,32 +644,8 @@ fn burst(
             )
         })
         .collect();
-    let pods_per_second = pods as f64 / last_ready.duration_since(first).as_secs_f64();
-    let after_kib = agent.pid().map(|pid| {
-        std::thread::sleep(Duration::from_secs(5));
-        rss_kib(pid)
-    });
-    delete_all(api, pods)?;
-    let teardown_ms = cni_timer("tear_down_pod").filter(|_| timed);
-    let addresses = addresses_left(w);
-    drop(kubelet);
-    drop(runtime);
-    // Counted above; the next burst starts with every address free.
-    w.clear_reservations();
-    Ok(Burst {
-        startup,
-        pods_per_second,
-        agent: agent_use.map(|mut a| {
-            a.after_kib = after_kib.unwrap_or(0);
-            a
-        }),
-        api_requests,
-        left_addresses: addresses,
-        cni_ms: setup_ms.zip(teardown_ms),
-        cpu,
-        settle_seconds,
-        dropped,
-    })
+    let pods_per_second = names.len() as f64 / last_ready.duration_since(first).as_secs_f64();
+    (startup, pods_per_second)
 }
 
 /// The parts of the node whose CPU time a burst counts, from the first create to the last pod Ready.

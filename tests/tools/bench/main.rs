@@ -551,8 +551,6 @@ fn concurrency(o: &Opts) -> Result<Vec<Value>, String> {
 
 /// One container hammered by concurrent ADD and DEL: the per-container lock must serialize them.
 fn hammer(o: &Opts) -> Result<Value, String> {
-    const THREADS: usize = 8;
-    let ops_per_thread = if o.quick { 3 } else { 6 };
     let log_path = o.work.join("hammer-delegates.log");
     let _ = std::fs::remove_file(&log_path);
     let w = World::new(
@@ -565,11 +563,70 @@ fn hammer(o: &Opts) -> Result<Value, String> {
     );
     let conf = w.conf(&o.target, false);
     let container = "hammered";
+    let ops = hammer_ops(o, &w, &conf, container);
+    let by_pid: BTreeMap<u32, &str> = ops
+        .iter()
+        .filter_map(|(c, r)| r.as_ref().ok().map(|r| (r.pid, *c)))
+        .collect();
+    let errors: Vec<String> = ops
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().err().cloned())
+        .collect();
+    let calls = delegate_calls(&log_path, &by_pid)?;
+    let overlaps = calls.windows(2).filter(|p| p[1].3 < p[0].4).count();
+    let runs = plexus_runs(&calls);
+    let mut seen = std::collections::BTreeSet::new();
+    let interleaved = runs.iter().filter(|p| !seen.insert(**p)).count();
+    let last_op = runs.last().and_then(|p| by_pid.get(p)).copied();
+    let consistent = hammered_consistent(&w, container, last_op);
+    // Leave nothing behind.
+    w.plexus(
+        &o.plexus,
+        &conf,
+        "DEL",
+        container,
+        "/var/run/netns/bench-noop",
+        0,
+    )?;
+    let unknown_parents = runs.iter().filter(|p| !by_pid.contains_key(p)).count();
+    log(&format!("hammer: {} ops, {} delegate calls, {overlaps} overlaps, {interleaved} interleavings, consistent {consistent}", ops.len(), calls.len()));
+    Ok(json!({
+        "threads": HAMMER_THREADS,
+        "ops": ops.len(),
+        "adds": ops.iter().filter(|(c, _)| *c == "ADD").count(),
+        "dels": ops.iter().filter(|(c, _)| *c == "DEL").count(),
+        "errors": errors,
+        "delegateCalls": calls.len(),
+        "plexusProcessesSeen": runs.len(),
+        "overlappingDelegateCalls": overlaps,
+        "interleavedProcesses": interleaved,
+        "callsFromUnknownParents": unknown_parents,
+        "lastOperation": last_op,
+        "finalStateConsistent": consistent,
+        "cacheLeftAfterFinalDel": w.cached(),
+    }))
+}
+
+/// The threads of the hammer section, each alternating ADD and DEL of the one container.
+const HAMMER_THREADS: usize = 8;
+
+/// One delegate call of the hammer section's log: (the plexus pid it ran under, command, ifname, start, end).
+type DelegateCall = (u32, String, String, u128, u128);
+
+/// ADDs and DELs of `container` from [`HAMMER_THREADS`] threads started together, alternating in each: every
+/// operation with its outcome, in the order they ended.
+fn hammer_ops(
+    o: &Opts,
+    w: &World,
+    conf: &Value,
+    container: &str,
+) -> Vec<(&'static str, Result<proc::ChildRun, String>)> {
+    let ops_per_thread = if o.quick { 3 } else { 6 };
     let ops = Mutex::new(Vec::new());
-    let barrier = Barrier::new(THREADS);
+    let barrier = Barrier::new(HAMMER_THREADS);
     std::thread::scope(|s| {
-        for t in 0..THREADS {
-            let (w, conf, ops, barrier) = (&w, &conf, &ops, &barrier);
+        for t in 0..HAMMER_THREADS {
+            let (ops, barrier) = (&ops, &barrier);
             s.spawn(move || {
                 barrier.wait();
                 for i in 0..ops_per_thread {
@@ -589,24 +646,29 @@ fn hammer(o: &Opts) -> Result<Value, String> {
             });
         }
     });
-    let ops = ops.into_inner().unwrap_or_else(|e| e.into_inner());
-    let by_pid: BTreeMap<u32, &str> = ops
-        .iter()
-        .filter_map(|(c, r)| r.as_ref().ok().map(|r| (r.pid, *c)))
-        .collect();
-    let errors: Vec<String> = ops
-        .iter()
-        .filter_map(|(_, r)| r.as_ref().err().cloned())
-        .collect();
-    // Every delegate interval, in start order: (parent plexus pid, command, ifname, start, end).
-    let text = std::fs::read_to_string(&log_path)
+    ops.into_inner().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Every delegate interval the no-op delegates logged at `log_path`, in start order, each under the plexus process
+/// of `plexus_pids` it ran for: its parent, or its parent's parent (a DEL's teardown process), else its parent.
+fn delegate_calls(
+    log_path: &Path,
+    plexus_pids: &BTreeMap<u32, &str>,
+) -> Result<Vec<DelegateCall>, String> {
+    let text = std::fs::read_to_string(log_path)
         .map_err(|e| format!("read {}: {e}", log_path.display()))?;
-    let mut calls: Vec<(u32, String, String, u128, u128)> = text
+    let mut calls: Vec<DelegateCall> = text
         .lines()
         .filter_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
+            let parent: u32 = f[0].parse().ok()?;
+            let grandparent: Option<u32> = f.get(5).and_then(|g| g.parse().ok());
+            let ran_for = match grandparent {
+                Some(g) if !plexus_pids.contains_key(&parent) && plexus_pids.contains_key(&g) => g,
+                _ => parent,
+            };
             Some((
-                f[0].parse().ok()?,
+                ran_for,
                 f[1].to_string(),
                 f[2].to_string(),
                 f[3].parse().ok()?,
@@ -615,19 +677,26 @@ fn hammer(o: &Opts) -> Result<Value, String> {
         })
         .collect();
     calls.sort_by_key(|c| c.3);
-    let overlaps = calls.windows(2).filter(|p| p[1].3 < p[0].4).count();
-    // Serialized means each plexus process's delegate calls form one contiguous run.
+    Ok(calls)
+}
+
+/// The plexus processes of `calls` run by run: serialized means each process's delegate calls form one contiguous
+/// run, so a pid seen twice is an interleaving.
+fn plexus_runs(calls: &[DelegateCall]) -> Vec<u32> {
     let mut runs: Vec<u32> = Vec::new();
-    for c in &calls {
+    for c in calls {
         if runs.last() != Some(&c.0) {
             runs.push(c.0);
         }
     }
-    let mut seen = std::collections::BTreeSet::new();
-    let interleaved = runs.iter().filter(|p| !seen.insert(**p)).count();
-    let last_op = runs.last().and_then(|p| by_pid.get(p)).copied();
+    runs
+}
+
+/// Whether `container`'s state is the last operation's: after an ADD a plan with the 4 attachments' results and the
+/// status written, after a DEL no plan.
+fn hammered_consistent(w: &World, container: &str, last_op: Option<&str>) -> bool {
     let plan = w.plan(container);
-    let consistent = match last_op {
+    match last_op {
         Some("ADD") => {
             plan.as_ref().is_some_and(|p| {
                 p["attachments"]
@@ -637,33 +706,7 @@ fn hammer(o: &Opts) -> Result<Value, String> {
         }
         Some("DEL") => plan.is_none(),
         _ => false,
-    };
-    // Leave nothing behind.
-    w.plexus(
-        &o.plexus,
-        &conf,
-        "DEL",
-        container,
-        "/var/run/netns/bench-noop",
-        0,
-    )?;
-    let unknown_parents = runs.iter().filter(|p| !by_pid.contains_key(p)).count();
-    log(&format!("hammer: {} ops, {} delegate calls, {overlaps} overlaps, {interleaved} interleavings, consistent {consistent}", ops.len(), calls.len()));
-    Ok(json!({
-        "threads": THREADS,
-        "ops": ops.len(),
-        "adds": ops.iter().filter(|(c, _)| *c == "ADD").count(),
-        "dels": ops.iter().filter(|(c, _)| *c == "DEL").count(),
-        "errors": errors,
-        "delegateCalls": calls.len(),
-        "plexusProcessesSeen": runs.len(),
-        "overlappingDelegateCalls": overlaps,
-        "interleavedProcesses": interleaved,
-        "callsFromUnknownParents": unknown_parents,
-        "lastOperation": last_op,
-        "finalStateConsistent": consistent,
-        "cacheLeftAfterFinalDel": w.cached(),
-    }))
+    }
 }
 
 /// Where the time of one no-op ADD goes: strace's syscall summary, perf stat, callgrind's top functions.
@@ -675,62 +718,21 @@ fn profile(o: &Opts) -> Value {
     let mut out = json!({});
     for (name, hooks) in [("nohooks", false), ("hooks", true)] {
         let conf = w.conf(&o.target, hooks);
+        let prof = |command: &str| {
+            w.plexus(
+                &o.plexus,
+                &conf,
+                command,
+                "prof",
+                "/var/run/netns/bench-noop",
+                0,
+            )
+        };
         // Fill the hook cache: the profile is of the warm path.
-        let _ = w.plexus(
-            &o.plexus,
-            &conf,
-            "ADD",
-            "prof",
-            "/var/run/netns/bench-noop",
-            0,
-        );
-        let _ = w.plexus(
-            &o.plexus,
-            &conf,
-            "DEL",
-            "prof",
-            "/var/run/netns/bench-noop",
-            0,
-        );
-        let tools: [(&str, Vec<String>); 3] = [
-            (
-                "strace",
-                vec![
-                    "strace".into(),
-                    "-c".into(),
-                    "-w".into(),
-                    "-o".into(),
-                    dir.join(format!("strace-{name}.txt")).display().to_string(),
-                ],
-            ),
-            (
-                "perf",
-                vec![
-                    "perf".into(),
-                    "stat".into(),
-                    "-o".into(),
-                    dir.join(format!("perf-{name}.txt")).display().to_string(),
-                ],
-            ),
-            (
-                "callgrind",
-                vec![
-                    "valgrind".into(),
-                    "--tool=callgrind".into(),
-                    "--quiet".into(),
-                    format!(
-                        "--callgrind-out-file={}",
-                        dir.join(format!("callgrind-{name}.out")).display()
-                    ),
-                ],
-            ),
-        ];
-        for (tool, wrapper) in tools {
-            let which = Command::new("sh")
-                .args(["-c", &format!("command -v {}", wrapper[0])])
-                .stdout(Stdio::null())
-                .status();
-            if !matches!(which, Ok(s) if s.success()) {
+        let _ = prof("ADD");
+        let _ = prof("DEL");
+        for (tool, wrapper) in profilers(&dir, name) {
+            if !installed(&wrapper[0]) {
                 out[format!("{tool}-{name}")] =
                     json!({"error": format!("{} is not installed", wrapper[0])});
                 continue;
@@ -744,28 +746,9 @@ fn profile(o: &Opts) -> Value {
                 "/var/run/netns/bench-noop",
                 0,
             );
-            let _ = w.plexus(
-                &o.plexus,
-                &conf,
-                "DEL",
-                "prof",
-                "/var/run/netns/bench-noop",
-                0,
-            );
+            let _ = prof("DEL");
             out[format!("{tool}-{name}")] = match r {
-                Ok(_) => {
-                    let text = match tool {
-                        "callgrind" => Command::new("callgrind_annotate")
-                            .args(["--inclusive=no", "--threshold=90", "--auto=no"])
-                            .arg(dir.join(format!("callgrind-{name}.out")))
-                            .output()
-                            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
-                            .unwrap_or_default(),
-                        _ => std::fs::read_to_string(dir.join(format!("{tool}-{name}.txt")))
-                            .unwrap_or_default(),
-                    };
-                    json!({"text": text})
-                }
+                Ok(_) => json!({"text": profile_text(&dir, tool, name)}),
                 Err(e) => json!({"error": e}),
             };
         }
@@ -775,6 +758,66 @@ fn profile(o: &Opts) -> Value {
     }
     log("profiles done");
     out
+}
+
+/// The profilers of an ADD with the hooks of `name`, each with the command line it wraps plexus in, writing under
+/// `dir`.
+fn profilers(dir: &Path, name: &str) -> [(&'static str, Vec<String>); 3] {
+    [
+        (
+            "strace",
+            vec![
+                "strace".into(),
+                "-c".into(),
+                "-w".into(),
+                "-o".into(),
+                dir.join(format!("strace-{name}.txt")).display().to_string(),
+            ],
+        ),
+        (
+            "perf",
+            vec![
+                "perf".into(),
+                "stat".into(),
+                "-o".into(),
+                dir.join(format!("perf-{name}.txt")).display().to_string(),
+            ],
+        ),
+        (
+            "callgrind",
+            vec![
+                "valgrind".into(),
+                "--tool=callgrind".into(),
+                "--quiet".into(),
+                format!(
+                    "--callgrind-out-file={}",
+                    dir.join(format!("callgrind-{name}.out")).display()
+                ),
+            ],
+        ),
+    ]
+}
+
+/// Whether the shell finds `program`.
+fn installed(program: &str) -> bool {
+    let which = Command::new("sh")
+        .args(["-c", &format!("command -v {program}")])
+        .stdout(Stdio::null())
+        .status();
+    matches!(which, Ok(s) if s.success())
+}
+
+/// What profiler `tool` wrote under `dir` for the hooks of `name` (callgrind's through callgrind_annotate).
+fn profile_text(dir: &Path, tool: &str, name: &str) -> String {
+    match tool {
+        "callgrind" => Command::new("callgrind_annotate")
+            .args(["--inclusive=no", "--threshold=90", "--auto=no"])
+            .arg(dir.join(format!("callgrind-{name}.out")))
+            .output()
+            .map(|o| String::from_utf8_lossy(&o.stdout).into_owned())
+            .unwrap_or_default(),
+        _ => std::fs::read_to_string(dir.join(format!("{tool}-{name}.txt"))).unwrap_or_default(),
+    }
 }
 
 /// Process start and exit alone: plexus and plexus-cni answering VERSION against the no-op delegate doing the
@@ -957,11 +1000,7 @@ fn run(o: &Opts) -> Result<(), String> {
         return perf_loop(o, which == Section::PerfLoopHooks);
     }
     let on = |s: Section| o.only.is_empty() || o.only.contains(&s);
-    let startup = if on(Section::Startup) {
-        startup(o)?
-    } else {
-        Value::Null
-    };
+    let startup = section(on(Section::Startup), || startup(o))?;
     let mut cases = Vec::new();
     if on(Section::MatrixNoop) {
         cases.extend(matrix(o, Delegates::Noop)?);
@@ -969,55 +1008,21 @@ fn run(o: &Opts) -> Result<(), String> {
     if on(Section::MatrixReal) {
         cases.extend(matrix(o, Delegates::Real)?);
     }
-    let scaling = if on(Section::Scaling) {
-        json!(scaling(o)?)
-    } else {
-        Value::Null
-    };
-    let concurrency = if on(Section::Concurrency) {
-        json!(concurrency(o)?)
-    } else {
-        Value::Null
-    };
-    let hammer = if on(Section::Hammer) {
-        hammer(o)?
-    } else {
-        Value::Null
-    };
-    let daemon = if on(Section::Daemon) {
-        daemon::daemon(o)?
-    } else {
-        Value::Null
-    };
-    let density = if on(Section::Density) {
-        density::density(o, &o.density)?
-    } else {
-        Value::Null
-    };
+    let scaling = section(on(Section::Scaling), || Ok(json!(scaling(o)?)))?;
+    let concurrency = section(on(Section::Concurrency), || Ok(json!(concurrency(o)?)))?;
+    let hammer = section(on(Section::Hammer), || hammer(o))?;
+    let daemon = section(on(Section::Daemon), || daemon::daemon(o))?;
+    let density = section(on(Section::Density), || density::density(o, &o.density))?;
     // A failure here is reported, not fatal: the run's other sections stand.
-    let density_large = if on(Section::DensityLarge) {
-        density::density(o, &o.density_large).unwrap_or_else(|e| {
+    let density_large = section(on(Section::DensityLarge), || {
+        Ok(density::density(o, &o.density_large).unwrap_or_else(|e| {
             log(&format!("density-large: {e}"));
             json!({"failed": e})
-        })
-    } else {
-        Value::Null
-    };
-    let hook_memory = if on(Section::HookMemory) {
-        hook_memory::hook_memory(o)?
-    } else {
-        Value::Null
-    };
-    let languages = if on(Section::Languages) {
-        languages::languages(o)?
-    } else {
-        Value::Null
-    };
-    let profile = if on(Section::Profile) {
-        profile(o)
-    } else {
-        Value::Null
-    };
+        }))
+    })?;
+    let hook_memory = section(on(Section::HookMemory), || hook_memory::hook_memory(o))?;
+    let languages = section(on(Section::Languages), || languages::languages(o))?;
+    let profile = section(on(Section::Profile), || Ok(profile(o)))?;
     let results = json!({
         "generatedAt": SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
         "runs": o.runs,
@@ -1039,21 +1044,36 @@ fn run(o: &Opts) -> Result<(), String> {
         "benchSeconds": started.elapsed().as_secs_f64(),
         "loadavgEnd": std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim(),
     });
-    if let Some(dir) = o.out.parent() {
-        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
-    }
-    std::fs::write(
-        &o.out,
-        serde_json::to_vec_pretty(&results).map_err(|e| e.to_string())?,
-    )
-    .map_err(|e| format!("write {}: {e}", o.out.display()))?;
-    if std::env::var_os("PLEXUS_BENCH_KEEP").is_none() {
-        let _ = std::fs::remove_dir_all(&o.work);
-    }
+    write_results(o, &results)?;
     log(&format!(
         "wrote {} in {:.0}s",
         o.out.display(),
         started.elapsed().as_secs_f64()
     ));
+    Ok(())
+}
+
+/// A section's results when it is `on` (run by `run`), null when it is not.
+fn section(on: bool, run: impl FnOnce() -> Result<Value, String>) -> Result<Value, String> {
+    if on {
+        run()
+    } else {
+        Ok(Value::Null)
+    }
+}
+
+/// Writes `results` to `--out`, then removes the work directory unless `PLEXUS_BENCH_KEEP` is set.
+fn write_results(o: &Opts, results: &Value) -> Result<(), String> {
+    if let Some(dir) = o.out.parent() {
+        std::fs::create_dir_all(dir).map_err(|e| format!("create {}: {e}", dir.display()))?;
+    }
+    std::fs::write(
+        &o.out,
+        serde_json::to_vec_pretty(results).map_err(|e| e.to_string())?,
+    )
+    .map_err(|e| format!("write {}: {e}", o.out.display()))?;
+    if std::env::var_os("PLEXUS_BENCH_KEEP").is_none() {
+        let _ = std::fs::remove_dir_all(&o.work);
+    }
     Ok(())
 }

@@ -75,75 +75,11 @@ impl Multus {
                 return Err(format!("{ENV}: {} is missing", b.display()));
             }
         }
-        // "multus-daemon: version:v4.3.0(...), commit:..., date:..."
-        let version = Command::new(&daemon_bin)
-            .arg("-version")
-            .output()
-            .ok()
-            .and_then(|o| {
-                let text = String::from_utf8_lossy(&o.stdout).into_owned();
-                let v = text
-                    .split("version:")
-                    .nth(1)?
-                    .split([',', '('])
-                    .next()?
-                    .trim();
-                Some(v.to_string())
-            })
-            .unwrap_or_else(|| "(version unknown)".into());
+        let version = daemon_version(&daemon_bin);
         let root = w.root.join("multus");
-        // A socket or shim conf of an earlier daemon must not pass for this one's.
-        let _ = std::fs::remove_dir_all(&root);
-        for d in ["secrets", "sock", "cache", "net.d", "multus.d"] {
-            std::fs::create_dir_all(root.join(d))
-                .map_err(|e| format!("{}: {e}", root.display()))?;
-        }
-        let write = |p: PathBuf, text: &[u8]| {
-            std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
-        };
-        write(root.join("secrets/token"), TOKEN.0.as_bytes())?;
-        write(root.join("secrets/namespace"), b"kube-system")?;
-        std::fs::copy(api.ca_cert(), root.join("secrets/ca.crt"))
-            .map_err(|e| format!("CA: {e}"))?;
-        // The default network: the world's cluster network, the only conf in Multus's conf dir.
-        write(
-            root.join("net.d/10-cluster.conflist"),
-            w.nets[0].list.to_string().as_bytes(),
-        )?;
-        let config = json!({
-            "cniVersion": "1.0.0",
-            "logLevel": "error",
-            "logFile": root.join("multus.log"),
-            "socketDir": root.join("sock"),
-            "daemonSocketDir": root.join("sock"),
-            "binDir": w.cni_path,
-            "cniDir": root.join("cache"),
-            "confDir": root.join("multus.d"),
-            "cniConfigDir": root.join("net.d"),
-            "multusAutoconfigDir": root.join("net.d"),
-            "multusConfigFile": "auto",
-        });
-        write(
-            root.join("daemon-config.json"),
-            config.to_string().as_bytes(),
-        )?;
+        write_root(&root, api, w)?;
         let made = mount_point()?;
-        let log = std::fs::File::create(root.join("daemon.stderr")).map_err(|e| e.to_string())?;
-        let script = format!(
-            "mount --bind {} {SECRETS} && exec {} -config {}",
-            root.join("secrets").display(),
-            daemon_bin.display(),
-            root.join("daemon-config.json").display()
-        );
-        let daemon = Command::new("unshare")
-            .args(["-m", "--propagation", "slave", "sh", "-c", &script])
-            .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
-            .env("KUBERNETES_SERVICE_PORT", api.port().to_string())
-            .env("MULTUS_NODE_NAME", node)
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .map_err(|e| format!("start multus-daemon (unshare): {e}"))?;
+        let daemon = spawn_daemon(&root, &daemon_bin, api, node)?;
         let mut m = Multus {
             daemon,
             shim,
@@ -152,13 +88,19 @@ impl Multus {
             made,
             version,
         };
-        // Ready: its socket listens, and it has written the shim's conf (what a runtime would find first in
-        // its conf dir, naming the default network; the daemon reads the network settings from it).
+        m.wait_ready(&root)?;
+        Ok(m)
+    }
+
+    /// Waits (at most 30 s) until the daemon is ready: its socket listens, and it has written the shim's conf (what a
+    /// runtime would find first in its conf dir, naming the default network; the daemon reads the network settings
+    /// from it), which it keeps.
+    fn wait_ready(&mut self, root: &Path) -> Result<(), String> {
         let socket = root.join("sock/multus.sock");
         let conf = root.join("net.d/00-multus.conf");
         let deadline = Instant::now() + Duration::from_secs(30);
         while !socket.exists() || !conf.exists() {
-            if let Ok(Some(status)) = m.daemon.try_wait() {
+            if let Ok(Some(status)) = self.daemon.try_wait() {
                 let err = std::fs::read_to_string(root.join("daemon.stderr")).unwrap_or_default();
                 return Err(format!("multus-daemon exited ({status}): {}", err.trim()));
             }
@@ -168,9 +110,9 @@ impl Multus {
             std::thread::sleep(Duration::from_millis(100));
         }
         let text = std::fs::read(&conf).map_err(|e| format!("{}: {e}", conf.display()))?;
-        m.shim_conf =
+        self.shim_conf =
             serde_json::from_slice(&text).map_err(|e| format!("{}: {e}", conf.display()))?;
-        Ok(m)
+        Ok(())
     }
 
     /// The daemon's process (the mount namespace's shell execs it).
@@ -221,6 +163,89 @@ impl Drop for Multus {
             let _ = std::fs::remove_dir(d);
         }
     }
+}
+
+/// multus-daemon's version, from its `-version` ("multus-daemon: version:v4.3.0(...), commit:..., date:...").
+fn daemon_version(daemon_bin: &Path) -> String {
+    Command::new(daemon_bin)
+        .arg("-version")
+        .output()
+        .ok()
+        .and_then(|o| {
+            let text = String::from_utf8_lossy(&o.stdout).into_owned();
+            let v = text
+                .split("version:")
+                .nth(1)?
+                .split([',', '('])
+                .next()?
+                .trim();
+            Some(v.to_string())
+        })
+        .unwrap_or_else(|| "(version unknown)".into())
+}
+
+/// Multus's directory `root`, made afresh: the service account's token, namespace and CA, the default network and
+/// the daemon's config.
+fn write_root(root: &Path, api: &KubeApiServer, w: &World) -> Result<(), String> {
+    // A socket or shim conf of an earlier daemon must not pass for this one's.
+    let _ = std::fs::remove_dir_all(root);
+    for d in ["secrets", "sock", "cache", "net.d", "multus.d"] {
+        std::fs::create_dir_all(root.join(d)).map_err(|e| format!("{}: {e}", root.display()))?;
+    }
+    let write = |p: PathBuf, text: &[u8]| {
+        std::fs::write(&p, text).map_err(|e| format!("{}: {e}", p.display()))
+    };
+    write(root.join("secrets/token"), TOKEN.0.as_bytes())?;
+    write(root.join("secrets/namespace"), b"kube-system")?;
+    std::fs::copy(api.ca_cert(), root.join("secrets/ca.crt")).map_err(|e| format!("CA: {e}"))?;
+    // The default network: the world's cluster network, the only conf in Multus's conf dir.
+    write(
+        root.join("net.d/10-cluster.conflist"),
+        w.nets[0].list.to_string().as_bytes(),
+    )?;
+    let config = json!({
+        "cniVersion": "1.0.0",
+        "logLevel": "error",
+        "logFile": root.join("multus.log"),
+        "socketDir": root.join("sock"),
+        "daemonSocketDir": root.join("sock"),
+        "binDir": w.cni_path,
+        "cniDir": root.join("cache"),
+        "confDir": root.join("multus.d"),
+        "cniConfigDir": root.join("net.d"),
+        "multusAutoconfigDir": root.join("net.d"),
+        "multusConfigFile": "auto",
+    });
+    write(
+        root.join("daemon-config.json"),
+        config.to_string().as_bytes(),
+    )
+}
+
+/// multus-daemon for `node`, in a mount namespace of its own where the secrets of `root` are the in-cluster ones,
+/// with the API server's address in its environment and its stderr in `root`.
+fn spawn_daemon(
+    root: &Path,
+    daemon_bin: &Path,
+    api: &KubeApiServer,
+    node: &str,
+) -> Result<Child, String> {
+    let log = std::fs::File::create(root.join("daemon.stderr")).map_err(|e| e.to_string())?;
+    let script = format!(
+        "mount --bind {} {SECRETS} && exec {} -config {}",
+        root.join("secrets").display(),
+        daemon_bin.display(),
+        root.join("daemon-config.json").display()
+    );
+    Command::new("unshare")
+        .args(["-m", "--propagation", "slave", "sh", "-c", &script])
+        .env("KUBERNETES_SERVICE_HOST", "127.0.0.1")
+        .env("KUBERNETES_SERVICE_PORT", api.port().to_string())
+        .env("MULTUS_NODE_NAME", node)
+        .stdout(Stdio::null())
+        .stderr(log)
+        .spawn()
+        .map_err(|e| format!("start multus-daemon (unshare): {e}"))
 }
 
 /// Makes the mount point on the host if it is not there; the directories it made, deepest first.

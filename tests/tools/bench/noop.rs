@@ -1,9 +1,10 @@
 //! The no-op delegate: the bench binary itself, exec'd under the name `bench-noop`. It reads its conf and prints
 //! a fixed result for ADD, so that what remains of a pod's wait is process creation plus the caller's own work.
 //!
-//! With `"benchLog": PATH` in its plugin conf it appends `<parent pid> <command> <ifname> <start ns> <end ns>`
-//! to PATH, sleeping `benchSleepMs` in between, so that the serialization check sees every delegate's interval
-//! and which plexus process ran it.
+//! With `"benchLog": PATH` in its plugin conf it appends `<parent pid> <command> <ifname> <start ns> <end ns>
+//! <grandparent pid>` to PATH, sleeping `benchSleepMs` in between, so that the serialization check sees every
+//! delegate's interval and which plexus process ran it (a DEL runs its delegates from a teardown process of its
+//! own, whose parent is the plexus process the runtime started).
 
 use std::io::{Read, Write};
 use std::process::ExitCode;
@@ -16,6 +17,12 @@ fn now_ns() -> u128 {
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0)
+}
+
+/// The parent of process `pid` (the fourth field of its `/proc/<pid>/stat`, after the parenthesized name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
 }
 
 pub fn main() -> ExitCode {
@@ -31,10 +38,11 @@ pub fn main() -> ExitCode {
             std::thread::sleep(Duration::from_millis(ms));
         }
         if let Some(path) = conf.get("benchLog").and_then(|v| v.as_str()) {
+            let parent = std::os::unix::process::parent_id();
             let line = format!(
-                "{} {command} {ifname} {start} {}\n",
-                std::os::unix::process::parent_id(),
-                now_ns()
+                "{parent} {command} {ifname} {start} {} {}\n",
+                now_ns(),
+                parent_of(parent).unwrap_or(0)
             );
             // O_APPEND and one write per line: lines of concurrent writers never interleave.
             let ok = std::fs::OpenOptions::new()

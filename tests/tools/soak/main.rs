@@ -1079,74 +1079,108 @@ fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
     let (killed, hooked) = (pods / 2, pods / 2);
     let mut w = DaemonWorld::new(pods + killed + hooked);
     w.start_daemon();
-    let mut rows = Vec::new();
+    vec![
+        w.outage_row(pods, outage),
+        w.killed_row(pods..pods + killed),
+        w.hook_row(pods + killed..pods + killed + hooked),
+    ]
+}
 
-    eprintln!("soak: daemon: API outage of {outage:?} while {pods} pods are added");
-    w.api.pause();
-    let paused = Instant::now();
-    let added = (0..pods).filter(|i| w.run("ADD", *i)).count();
-    std::thread::sleep(outage.saturating_sub(paused.elapsed()));
-    w.api.resume();
-    let lost = w.lost(0..pods);
-    rows.push(DaemonRow {
-        fault: format!(
-            "API server hung (SIGSTOP) for {} s while pods are added",
-            outage.as_secs()
-        ),
-        pods,
-        outcome: format!(
-            "ADD succeeded {added}/{pods} during the outage; network-status present on {}/{pods} after it",
-            pods - lost
-        ),
-        lost,
-        leaks: w.teardown(0..pods),
-    });
+impl DaemonWorld {
+    /// The API server hung for `outage` while pods `0..pods` are added: the statuses written after it.
+    fn outage_row(&self, pods: usize, outage: Duration) -> DaemonRow {
+        eprintln!("soak: daemon: API outage of {outage:?} while {pods} pods are added");
+        self.api.pause();
+        let paused = Instant::now();
+        let added = (0..pods).filter(|i| self.run("ADD", *i)).count();
+        std::thread::sleep(outage.saturating_sub(paused.elapsed()));
+        self.api.resume();
+        let lost = self.lost(0..pods);
+        DaemonRow {
+            fault: format!(
+                "API server hung (SIGSTOP) for {} s while pods are added",
+                outage.as_secs()
+            ),
+            pods,
+            outcome: format!(
+                "ADD succeeded {added}/{pods} during the outage; network-status present on {}/{pods} after it",
+                pods - lost
+            ),
+            lost,
+            leaks: self.teardown(0..pods),
+        }
+    }
 
-    eprintln!("soak: daemon: kill -9 with {killed} status writes pending");
-    let range = pods..pods + killed;
-    w.api.pause();
-    let added = range.clone().filter(|i| w.run("ADD", *i)).count();
-    let pending = w.health().map(|h| h.pending_writes).unwrap_or_default();
-    w.kill_daemon();
-    w.api.resume();
-    w.start_daemon();
-    let lost = w.lost(range.clone());
-    rows.push(DaemonRow {
-        fault: "kill -9 of the daemon with status writes pending (API server hung), then a new daemon"
-            .into(),
-        pods: killed,
-        outcome: format!(
-            "ADD succeeded {added}/{killed}; {pending} writes pending at the kill; network-status present on {}/{killed} after the restart",
-            killed - lost
-        ),
-        lost,
-        leaks: w.teardown(range),
-    });
+    /// The daemon killed (-9) with the status writes of the pods of `range` pending, the API server hung; the statuses
+    /// the new daemon writes.
+    fn killed_row(&mut self, range: std::ops::Range<usize>) -> DaemonRow {
+        let killed = range.len();
+        eprintln!("soak: daemon: kill -9 with {killed} status writes pending");
+        self.api.pause();
+        let added = range.clone().filter(|i| self.run("ADD", *i)).count();
+        let pending = self.health().map(|h| h.pending_writes).unwrap_or_default();
+        self.kill_daemon();
+        self.api.resume();
+        self.start_daemon();
+        let lost = self.lost(range.clone());
+        DaemonRow {
+            fault: "kill -9 of the daemon with status writes pending (API server hung), then a new daemon"
+                .into(),
+            pods: killed,
+            outcome: format!(
+                "ADD succeeded {added}/{killed}; {pending} writes pending at the kill; network-status present on {}/{killed} after the restart",
+                killed - lost
+            ),
+            lost,
+            leaks: self.teardown(range),
+        }
+    }
 
-    eprintln!("soak: daemon: a NetworkHook that cannot serve its kind, applied while {hooked} pods are added");
-    let range = pods + killed..pods + killed + hooked;
-    let reference = w.registry.push_hook(
-        &plexus::guest_wasm("test-policy-only"),
-        "vendor/policy-only:v1",
-        Some(&w.key.0),
-    );
-    w.api.create(
-        &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
-        "metadata": {"name": "wrong-kind"},
-        "spec": {"kind": "status", "module": reference, "failurePolicy": "Fail"}}),
-    );
-    // failurePolicy Fail fails closed (#45): once the node knows the hook cannot serve, its ADDs are refused,
-    // naming the hook; an ADD that failed otherwise is lost.
-    let answers: Vec<Result<(), String>> = range.clone().map(|i| w.run_answer("ADD", i)).collect();
-    let refused = answers
-        .iter()
-        .filter(|a| a.as_ref().is_err_and(|e| e.contains("wrong-kind")))
-        .count();
-    let failed_otherwise = answers.iter().filter(|a| a.is_err()).count() - refused;
-    let reason = {
+    /// A NetworkHook whose module cannot serve its kind (failurePolicy Fail) applied while the pods of `range` are
+    /// added: the ADDs refused naming it, and those that failed otherwise (lost).
+    fn hook_row(&self, range: std::ops::Range<usize>) -> DaemonRow {
+        let hooked = range.len();
+        eprintln!("soak: daemon: a NetworkHook that cannot serve its kind, applied while {hooked} pods are added");
+        let reference = self.registry.push_hook(
+            &plexus::guest_wasm("test-policy-only"),
+            "vendor/policy-only:v1",
+            Some(&self.key.0),
+        );
+        self.api.create(
+            &json!({"apiVersion": "plexus.dev/v1alpha1", "kind": "NetworkHook",
+            "metadata": {"name": "wrong-kind"},
+            "spec": {"kind": "status", "module": reference, "failurePolicy": "Fail"}}),
+        );
+        // failurePolicy Fail fails closed (#45): once the node knows the hook cannot serve, its ADDs are refused,
+        // naming the hook; an ADD that failed otherwise is lost.
+        let answers: Vec<Result<(), String>> =
+            range.clone().map(|i| self.run_answer("ADD", i)).collect();
+        let refused = answers
+            .iter()
+            .filter(|a| a.as_ref().is_err_and(|e| e.contains("wrong-kind")))
+            .count();
+        let failed_otherwise = answers.iter().filter(|a| a.is_err()).count() - refused;
+        let reason = self.hook_reason();
+        DaemonRow {
+            fault: "a NetworkHook whose module exports another kind (failurePolicy Fail), applied while pods are added"
+                .into(),
+            pods: hooked,
+            outcome: format!(
+                "{} ADDs before the node knew it succeeded; then {refused} refused naming the hook (failurePolicy Fail \
+                 fails closed), {failed_otherwise} failed otherwise; the node reported the hook {reason}",
+                hooked - refused - failed_otherwise
+            ),
+            lost: failed_otherwise,
+            leaks: self.teardown(range),
+        }
+    }
+
+    /// The reason the node reports for hook `wrong-kind` in its NodeHookStatus, waited for (at most 60 s); "not
+    /// reported" when it does not.
+    fn hook_reason(&self) -> String {
         let end = Instant::now() + Duration::from_secs(60);
         loop {
-            let (code, text) = w
+            let (code, text) = self
                 .api
                 .request(
                     "GET",
@@ -1161,27 +1195,14 @@ fn daemon_rows(pods: usize, outage: Duration) -> Vec<DaemonRow> {
                 .and_then(|h| h["reason"].as_str())
                 .map(str::to_string);
             if let (200, Some(r)) = (code, found) {
-                break r;
+                return r;
             }
             if Instant::now() >= end {
-                break "not reported".into();
+                return "not reported".into();
             }
             std::thread::sleep(Duration::from_millis(200));
         }
-    };
-    rows.push(DaemonRow {
-        fault: "a NetworkHook whose module exports another kind (failurePolicy Fail), applied while pods are added"
-            .into(),
-        pods: hooked,
-        outcome: format!(
-            "{} ADDs before the node knew it succeeded; then {refused} refused naming the hook (failurePolicy Fail \
-             fails closed), {failed_otherwise} failed otherwise; the node reported the hook {reason}",
-            hooked - refused - failed_otherwise
-        ),
-        lost: failed_otherwise,
-        leaks: w.teardown(range),
-    });
-    rows
+    }
 }
 
 fn print_daemon_rows(rows: &[DaemonRow]) {
