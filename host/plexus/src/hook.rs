@@ -6,8 +6,8 @@ use serde_json::{json, Value};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use crate::distribution::{self, Registry, RegistryOptions, TrustedKeys};
-use crate::node_report;
+use plexus_node::distribution::{self, Registry, RegistryOptions, TrustedKeys};
+use plexus_node::node_report;
 
 const RUN_INPUT: &str = "\
 --input, by kind:
@@ -203,7 +203,10 @@ pub fn main(args: HookArgs) -> u8 {
     match result {
         Ok(out) => {
             // What registries, hooks and nodes wrote, without a character a terminal would act on.
-            let text = format!("{}\n", crate::terminal::json(&out).unwrap_or_default());
+            let text = format!(
+                "{}\n",
+                plexus_node::terminal::json(&out).unwrap_or_default()
+            );
             if let Err(msg) = write_stdout(&mut std::io::stdout().lock(), &text) {
                 return fail(msg);
             }
@@ -215,7 +218,7 @@ pub fn main(args: HookArgs) -> u8 {
             }
         }
         Err(CliError::Usage(msg)) => {
-            eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
+            eprintln!("plexus hook: {}", plexus_node::terminal::printable(&msg));
             2
         }
         Err(CliError::Failed(msg)) => fail(msg),
@@ -223,7 +226,7 @@ pub fn main(args: HookArgs) -> u8 {
 }
 
 fn fail(msg: String) -> u8 {
-    eprintln!("plexus hook: {}", crate::terminal::printable(&msg));
+    eprintln!("plexus hook: {}", plexus_node::terminal::printable(&msg));
     1
 }
 
@@ -284,10 +287,12 @@ fn probe(cache_dir: &Path) -> Result<Value, CliError> {
         .map_err(failed)?;
     let entry: plexus_hooks::HookSpec = serde_json::from_slice(&text)
         .map_err(|e| CliError::Usage(format!("the entry on stdin is not a hook entry: {e}")))?;
-    Ok(match crate::daemon::agent::probe_entry(&entry, cache_dir) {
-        Ok(()) => json!({"passed": true}),
-        Err(f) => json!({"passed": false, "reason": f.reason.as_str(), "message": f.message}),
-    })
+    Ok(
+        match plexus_node::daemon::agent::probe_entry(&entry, cache_dir) {
+            Ok(()) => json!({"passed": true}),
+            Err(f) => json!({"passed": false, "reason": f.reason.as_str(), "message": f.message}),
+        },
+    )
 }
 
 fn compile(file: &Path, cache_dir: &Path) -> Result<Value, CliError> {
@@ -518,12 +523,14 @@ async fn read_reports(
     name: &str,
 ) -> Result<(Option<i64>, Vec<(String, node_report::NodeReport)>), String> {
     use kube::api::{Api, DynamicObject};
-    let hooks =
-        Api::<DynamicObject>::all_with(api.client().clone(), &crate::daemon::agent::api_resource());
+    let hooks = Api::<DynamicObject>::all_with(
+        api.client().clone(),
+        &plexus_node::daemon::agent::api_resource(),
+    );
     let generation = api
         .get_cluster_scoped(
             &hooks,
-            (crate::daemon::agent::PLURAL, node_report::GROUP),
+            (plexus_node::daemon::agent::PLURAL, node_report::GROUP),
             name,
         )
         .await

@@ -1,10 +1,21 @@
 //! The `plexus` binary: a CNI plugin when exec'd by a runtime, plus the node's long-running process and the
 //! operator subcommands. (The CNI plugin alone, without the compiler and the node's parts, is `plexus-cni`.)
+//!
+//! Each crate has one job: `plexus-cni` is the CNI path, `plexus-node` what runs on a node (`plexus daemon`, the
+//! hook agent and its distribution, `plexus install`), and this crate the command line: the dispatch, and the
+//! commands an operator types against a node or the cluster ([`status`], [`hook`], [`migrate`] check), each a
+//! client of the other two.
 
 // The test harness brings its own main.
 #![cfg_attr(not(test), no_main)]
+#![warn(clippy::too_many_lines)]
 
 use clap::{CommandFactory, Parser, Subcommand};
+
+mod cluster_args;
+mod hook;
+mod migrate;
+mod status;
 
 plexus_cni::c_main!(real_main);
 
@@ -27,10 +38,10 @@ enum PlexusCommand {
     Install(plexus_node::install::InstallArgs),
     Daemon(plexus_node::daemon::DaemonArgs),
     /// Inspect, compile, run, push and verify WebAssembly hooks
-    Hook(plexus_node::hook_cli::HookArgs),
-    Status(plexus_node::status::StatusArgs),
+    Hook(hook::HookArgs),
+    Status(status::StatusArgs),
     /// Moving from Multus: what would behave differently under Plexus
-    Migrate(plexus_node::multus::MigrateArgs),
+    Migrate(migrate::MigrateArgs),
     /// Print a shell completion script for plexus
     Completions {
         /// bash, elvish, fish, powershell or zsh
@@ -51,9 +62,9 @@ fn real_main() -> u8 {
     match cli.command {
         PlexusCommand::Install(args) => plexus_node::install::main(&args),
         PlexusCommand::Daemon(args) => plexus_node::daemon::main(args),
-        PlexusCommand::Hook(args) => plexus_node::hook_cli::main(args),
-        PlexusCommand::Status(args) => plexus_node::status::main(&args),
-        PlexusCommand::Migrate(args) => plexus_node::multus::main(args),
+        PlexusCommand::Hook(args) => hook::main(args),
+        PlexusCommand::Status(args) => status::main(&args),
+        PlexusCommand::Migrate(args) => migrate::main(args),
         PlexusCommand::Completions { shell } => {
             clap_complete::generate(shell, &mut Cli::command(), "plexus", &mut std::io::stdout());
             0

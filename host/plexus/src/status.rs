@@ -235,9 +235,11 @@ fn pending(queue: &Path, problems: &mut Vec<String>) -> Vec<PendingWrite> {
     for entry in entries.flatten().take(MAX_SANDBOXES) {
         let path = entry.path();
         let read =
-            crate::daemon::status_queue::read_kept(queue, &path).map(|(kept, size)| PendingWrite {
-                pod: format!("{}/{}", kept.pod.namespace, kept.pod.name),
-                bytes: size as u64,
+            plexus_node::daemon::status_queue::read_kept(queue, &path).map(|(kept, size)| {
+                PendingWrite {
+                    pod: format!("{}/{}", kept.pod.namespace, kept.pod.name),
+                    bytes: size as u64,
+                }
             });
         match read {
             Ok(w) => out.push(w),
@@ -326,7 +328,7 @@ fn interface(ifname: &str, network: &str, default: bool, result: Option<&Value>)
 /// that pods, hooks, registries and delegates had a hand in, each shown with its control characters escaped
 /// ([`printable`]).
 pub fn render(s: &NodeStatus) -> String {
-    use crate::terminal::printable as p;
+    use plexus_node::terminal::printable as p;
     use std::fmt::Write;
     let mut o = String::new();
     match &s.daemon.health {
@@ -412,7 +414,7 @@ pub fn render(s: &NodeStatus) -> String {
 pub fn main(args: &StatusArgs) -> u8 {
     let status = gather(args);
     if args.json {
-        match crate::terminal::json(&status) {
+        match plexus_node::terminal::json(&status) {
             Ok(text) => println!("{text}"),
             Err(e) => {
                 eprintln!("plexus status: {e}");

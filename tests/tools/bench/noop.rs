@@ -22,7 +22,12 @@ fn now_ns() -> u128 {
 /// The parent of process `pid` (the fourth field of its `/proc/<pid>/stat`, after the parenthesized name).
 fn parent_of(pid: u32) -> Option<u32> {
     let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 pub fn main() -> ExitCode {

@@ -998,7 +998,7 @@ fn wall_clock(at: Instant) -> String {
 
 /// Loads one entry as an ADD would and calls its kind's export once on a synthetic pod; (reason, message) when
 /// the module cannot serve as that kind.
-pub(crate) fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
+pub fn probe_entry(entry: &HookSpec, cache_dir: &Path) -> Result<(), Failure> {
     use plexus_hooks::{HookError, Hooks, LoadError};
     let hooks = match Hooks::load(std::slice::from_ref(entry), cache_dir) {
         Ok(h) => h,
