@@ -111,14 +111,8 @@ impl Containerd {
             )
             .expect("hosts.toml");
         }
-        // A free port, released for containerd to bind: only when asked for, as another process may take it in
-        // between (then containerd does not start, and the caller's start fails).
-        let metrics = metrics.then(|| {
-            std::net::TcpListener::bind("127.0.0.1:0")
-                .and_then(|l| l.local_addr())
-                .map(|a| a.to_string())
-                .expect("a free port for containerd's metrics")
-        });
+        // A free port, released for containerd to bind: only when asked for.
+        let metrics = metrics.then(|| format!("127.0.0.1:{}", crate::kubeapi::free_port()));
         let metrics_section = metrics
             .as_ref()
             .map(|a| format!("\n[metrics]\n  address = \"{a}\"\n"))

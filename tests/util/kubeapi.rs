@@ -33,8 +33,31 @@ pub fn apiserver_bin() -> PathBuf {
     crate::parts::bin("kube-apiserver")
 }
 
-/// A port of 127.0.0.1 free when asked (released at once: another process may take it before it is bound).
+/// A port of 127.0.0.1 free when asked, for a server started later (or stopped and started again on it). It is
+/// taken below the kernel's ephemeral range (`ip_local_port_range`), where no outgoing connection's source port
+/// lands, so nothing but another server can take it between its release and its use; within this process each
+/// call gives another port (a counter from a start of the process's own), and one found bound is skipped. Without
+/// room below the range, the kernel's pick (which a connection may take in between).
 pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU32, Ordering};
+    /// How many ports below the ephemeral range the tests use.
+    const SPAN: u32 = 8192;
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(32768);
+    if low > SPAN + 1024 {
+        let base = low - SPAN;
+        let start = std::process::id() * 97 % SPAN;
+        for _ in 0..SPAN {
+            let port = base + (start + NEXT.fetch_add(1, Ordering::Relaxed)) % SPAN;
+            let port = u16::try_from(port).expect("a port below the ephemeral range");
+            if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+                return port;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()

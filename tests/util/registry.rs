@@ -1,7 +1,6 @@
 //! A real OCI registry for the tests: Debian's `docker-registry` (the CNCF distribution registry) on loopback,
 //! plain HTTP, storage in a temp dir; and ECDSA P-256 key pairs made with openssl.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -16,11 +15,8 @@ pub struct Registry {
 impl Registry {
     /// Starts a registry on a free port and waits (at most 20 s) until `GET /v2/` answers.
     pub fn start() -> Registry {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // Stopped and started again on the same port by some tests: one no connection takes meanwhile.
+        let port = crate::kubeapi::free_port();
         let dir = tempfile::Builder::new()
             .prefix("plexus-registry-")
             .tempdir()
