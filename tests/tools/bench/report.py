@@ -277,6 +277,15 @@ def main():
       f"{r['benchSeconds'] / 60:.0f} minutes of measuring after the build). Every latency is a median or p95 over "
       f"{runs} runs unless stated; every ratio compares medians taken in this same run, interleaved run by run, "
       f"because the machine is shared and noisy.")
+    if r.get("separately"):
+        names = {"densityLarge": "density-large"}
+        runs_alone = ", ".join(
+            f"`{names.get(k, k)}` at "
+            + datetime.datetime.fromtimestamp(t, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            for k, t in sorted(r["separately"].items()))
+        w("")
+        w(f"Measured again in a run of their own (`plexus-bench --only SECTION`, given to the report with `--extra`), "
+          f"on the same machine, and shown in place of that run's: {runs_alone}. A ratio compares figures of one run.")
     w("")
     w("## Machine")
     w("")
