@@ -325,8 +325,10 @@ impl Drop for Containerd {
         // Shims outlive containerd by design; they name its socket on their command line.
         let socket = self.socket().display().to_string();
         crate::kill_processes_naming(&socket);
-        // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
+        // Containers the shims were making when killed: their runc state, and a first process waiting to start.
         let root = self.dir.path().display().to_string();
+        crate::runc_power_off(Path::new(RUNC_ROOT), &root);
+        // Mounts the shims left (sandbox rootfs, shm) under our dir, deepest first.
         crate::unmount_under(&root);
     }
 }

@@ -435,6 +435,8 @@ impl Drop for CriO {
         // conmons outlive CRI-O by design; their command lines name paths in our dir.
         let root = self.dir.path().display().to_string();
         crate::kill_processes_naming(&root);
+        // Containers conmon was making when killed: their runc state, and a first process waiting to start.
+        crate::runc_power_off(&self.dir.path().join("runc"), &root);
         // Mounts left under our dir (shm, the containers' root file systems), deepest first.
         crate::unmount_under(&root);
         let mut host = HOST_PATHS.lock().unwrap_or_else(|e| e.into_inner());

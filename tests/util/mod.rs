@@ -66,6 +66,35 @@ pub fn kill_processes_naming(text: &str) {
     }
 }
 
+/// kill -9 of every `runc init` whose parent is gone (its parent is then pid 1): a container's first process, left
+/// waiting to be started when the shim or conmon that was making it was killed (a power-off, a runtime killed
+/// mid-create). A live one's parent is `runc create`, or its shim or conmon (subreapers), never pid 1.
+pub fn kill_orphaned_runc_inits() {
+    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+            continue;
+        };
+        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let runc_init = args.len() >= 2 && args[0].ends_with(b"runc") && args[1] == b"init";
+        let parent = std::fs::read_to_string(entry.path().join("stat"))
+            .ok()
+            .and_then(|s| {
+                s.rsplit_once(')')?
+                    .1
+                    .split_whitespace()
+                    .nth(1)?
+                    .parse::<i32>()
+                    .ok()
+            });
+        if runc_init && parent == Some(1) {
+            let _ = std::process::Command::new("kill")
+                .args(["-9", &pid.to_string()])
+                .status();
+        }
+    }
+}
+
 /// kill -9 of the process a fixture keeps in `slot` (a runtime, the kubelet, kube-apiserver), if one runs, and its
 /// reaping; the slot is left empty for the next start.
 pub fn kill_child(slot: &std::sync::Mutex<Option<std::process::Child>>) {
@@ -140,4 +169,5 @@ pub fn runc_power_off(root: &std::path::Path, ours: &str) {
                 .output();
         }
     }
+    kill_orphaned_runc_inits();
 }
