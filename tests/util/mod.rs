@@ -54,45 +54,44 @@ pub fn mount_points() -> Vec<String> {
 /// kill -9 of every process whose command line names `text` (a runtime's shims or conmons, which outlive it by
 /// design and name its socket or directory).
 pub fn kill_processes_naming(text: &str) {
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        if String::from_utf8_lossy(&cmd).contains(text) {
-            if let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() {
-                let _ = std::process::Command::new("kill")
-                    .args(["-9", &pid.to_string()])
-                    .status();
-            }
-        }
-    }
+    kill_processes_where(|_, cmd| String::from_utf8_lossy(cmd).contains(text));
 }
 
 /// kill -9 of every `runc init` whose parent is gone (its parent is then pid 1): a container's first process, left
 /// waiting to be started when the shim or conmon that was making it was killed (a power-off, a runtime killed
 /// mid-create). A live one's parent is `runc create`, or its shim or conmon (subreapers), never pid 1.
 pub fn kill_orphaned_runc_inits() {
+    kill_processes_where(|pid, cmd| {
+        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
+        let runc_init = args.len() >= 2 && args[0].ends_with(b"runc") && args[1] == b"init";
+        runc_init && parent_of(pid) == Some(1)
+    });
+}
+
+/// kill -9 of every process `kill(pid, command line)` picks (the command line as `/proc/<pid>/cmdline` has it).
+fn kill_processes_where(kill: impl Fn(u32, &[u8]) -> bool) {
     for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Ok(pid) = entry.file_name().to_string_lossy().parse::<i32>() else {
+        let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
             continue;
         };
         let cmd = std::fs::read(entry.path().join("cmdline")).unwrap_or_default();
-        let args: Vec<&[u8]> = cmd.split(|b| *b == 0).collect();
-        let runc_init = args.len() >= 2 && args[0].ends_with(b"runc") && args[1] == b"init";
-        let parent = std::fs::read_to_string(entry.path().join("stat"))
-            .ok()
-            .and_then(|s| {
-                s.rsplit_once(')')?
-                    .1
-                    .split_whitespace()
-                    .nth(1)?
-                    .parse::<i32>()
-                    .ok()
-            });
-        if runc_init && parent == Some(1) {
+        if kill(pid, &cmd) {
             let _ = std::process::Command::new("kill")
                 .args(["-9", &pid.to_string()])
                 .status();
         }
     }
+}
+
+/// The parent of process `pid` (the second field after the parenthesized name in `/proc/<pid>/stat`).
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
 }
 
 /// kill -9 of the process a fixture keeps in `slot` (a runtime, the kubelet, kube-apiserver), if one runs, and its

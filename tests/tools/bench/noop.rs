@@ -19,17 +19,6 @@ fn now_ns() -> u128 {
         .unwrap_or(0)
 }
 
-/// The parent of process `pid` (the fourth field of its `/proc/<pid>/stat`, after the parenthesized name).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
-}
-
 pub fn main() -> ExitCode {
     let mut input = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut input);
@@ -47,7 +36,7 @@ pub fn main() -> ExitCode {
             let line = format!(
                 "{parent} {command} {ifname} {start} {} {}\n",
                 now_ns(),
-                parent_of(parent).unwrap_or(0)
+                plexus_tests::parent_of(parent).unwrap_or(0)
             );
             // O_APPEND and one write per line: lines of concurrent writers never interleave.
             let ok = std::fs::OpenOptions::new()

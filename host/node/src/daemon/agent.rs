@@ -150,16 +150,15 @@ struct Retry {
 }
 
 impl Retry {
-    /// After a first failure: due in about [`FIRST_RETRY`].
-    fn first() -> Retry {
-        let mut backoff = plexus_cluster::backoff::Backoff::jittered(FIRST_RETRY, MAX_RETRY);
+    /// After a failure: due in about [`FIRST_RETRY`] after a first one, the delay doubling with each one after
+    /// `previous`, up to [`MAX_RETRY`].
+    fn after(previous: Option<Retry>) -> Retry {
+        let mut backoff = previous.map_or_else(
+            || plexus_cluster::backoff::Backoff::jittered(FIRST_RETRY, MAX_RETRY),
+            |r| r.backoff,
+        );
         let next = Instant::now() + backoff.next_delay();
         Retry { backoff, next }
-    }
-
-    /// After one more failure: the delay doubles, up to [`MAX_RETRY`].
-    fn again(&mut self) {
-        self.next = Instant::now() + self.backoff.next_delay();
     }
 }
 
@@ -752,18 +751,12 @@ impl Agent {
             }
             Err(error) => {
                 tracing::warn!(module, reason = %error.reason, "{}; retrying with backoff", error.message);
-                match self.failures.get_mut(module) {
-                    Some(f) => {
-                        f.retry.again();
-                        f.error = error.clone();
-                    }
-                    None => {
-                        let retry = Retry::first();
-                        let error = error.clone();
-                        self.failures
-                            .insert(module.to_string(), Retrying { retry, error });
-                    }
-                }
+                let retry = Retry::after(self.failures.remove(module).map(|f| f.retry));
+                let failed = Retrying {
+                    retry,
+                    error: error.clone(),
+                };
+                self.failures.insert(module.to_string(), failed);
                 Err(error)
             }
         }
@@ -961,10 +954,7 @@ impl Agent {
             }
             Err(error) => {
                 tracing::warn!(%error, "cannot report the node's hooks; retrying with backoff");
-                match &mut self.report_retry {
-                    Some(retry) => retry.again(),
-                    None => self.report_retry = Some(Retry::first()),
-                }
+                self.report_retry = Some(Retry::after(self.report_retry.take()));
             }
         }
     }
